@@ -1,0 +1,555 @@
+//! Configuration: the only module that reads files or the environment.
+//!
+//! Layers, lowest first: built-in defaults (including the shipped models table,
+//! `config/models.toml`), the TOML file, then environment variables
+//! `COMPACTOR_<SECTION>__<KEY>`. Every struct denies unknown keys, so a typo is an error that
+//! names the key rather than a silently ignored setting. [`Config::validate`] checks what
+//! serde cannot (URLs, paired TLS files, ratios) so that `check-config` and `serve` fail at
+//! start-up, never at the first request.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::Figment;
+use serde::{Deserialize, Serialize};
+
+/// The path `serve` and `check-config` read when no `--config` is given (if it exists).
+pub const DEFAULT_CONFIG_PATH: &str = "config/compactor.toml";
+
+/// The models table shipped with compactor; user entries of the same name override these.
+const SHIPPED_MODELS: &str = include_str!("../config/models.toml");
+
+/// Shown instead of a secret by [`Config::redacted`].
+const REDACTED: &str = "[redacted]";
+
+/// A configuration problem, always naming the offending key when there is one.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file, the environment or a value could not be read into the schema.
+    #[error("{0}")]
+    Load(Box<figment::Error>),
+    /// A value parsed but makes no sense.
+    #[error("invalid `{key}`: {reason}")]
+    Invalid {
+        /// The dotted key, e.g. `upstream.base_url`.
+        key: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+}
+
+impl From<figment::Error> for ConfigError {
+    fn from(e: figment::Error) -> Self {
+        ConfigError::Load(Box::new(e))
+    }
+}
+
+fn invalid(key: impl Into<String>, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key: key.into(),
+        reason: reason.into(),
+    }
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Listeners, limits, logging.
+    pub server: ServerConfig,
+    /// The default upstream.
+    pub upstream: UpstreamConfig,
+    /// Extra upstreams selected by path prefix, tried in order before the default.
+    pub routes: Vec<RouteConfig>,
+    /// The compaction engine.
+    pub compaction: CompactionConfig,
+    /// Which backend writes summaries.
+    pub summarizer: SummarizerConfig,
+    /// The admin listener.
+    pub admin: AdminConfig,
+    /// Context windows by model name or glob (`"gpt-4o*"`).
+    pub models: BTreeMap<String, ModelConfig>,
+}
+
+/// `[server]`
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// Proxy listener.
+    pub listen: SocketAddr,
+    /// Admin listener (`/metrics`, `/livez`, `/readyz`, sessions).
+    pub admin_listen: SocketAddr,
+    /// Largest request body compactor reads into memory (chat requests); larger ones get 413.
+    pub max_body_bytes: usize,
+    /// How long shutdown waits for in-flight requests and streams.
+    pub shutdown_grace_secs: f64,
+    /// `text` or `json`.
+    pub log_format: LogFormat,
+    /// PEM certificate chain for inbound TLS; set together with `tls_key`.
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key for inbound TLS.
+    pub tls_key: Option<PathBuf>,
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// `[upstream]`
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct UpstreamConfig {
+    /// Where requests go unless a route matches; a path here is prepended to request paths.
+    pub base_url: String,
+    /// TCP (+ TLS) connect timeout.
+    pub connect_timeout_secs: f64,
+    /// How long to wait for the upstream's response head (status + headers).
+    pub response_timeout_secs: f64,
+    /// How long an idle pooled connection is kept.
+    pub pool_idle_timeout_secs: f64,
+    /// Extra PEM root certificates trusted for `https` upstreams (besides webpki and native
+    /// roots), e.g. a private CA in front of a self-hosted model server.
+    pub ca_file: Option<PathBuf>,
+}
+
+/// One `[[routes]]` entry.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RouteConfig {
+    /// Path prefix that selects this route, e.g. `/anthropic`.
+    pub prefix: String,
+    /// Upstream for matching requests.
+    pub base_url: String,
+    /// Remove `prefix` from the path before forwarding (default true).
+    #[serde(default = "yes")]
+    pub strip_prefix: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// `[compaction]`
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct CompactionConfig {
+    /// Master switch; when false every request passes through unchanged.
+    pub enabled: bool,
+    /// Compact when a request holds more messages than this.
+    pub max_messages: usize,
+    /// Floor of the preserved (verbatim) tail, in estimated tokens.
+    pub min_preserve_tokens: usize,
+    /// Ceiling of the preserved tail, in estimated tokens.
+    pub max_preserve_tokens: usize,
+    /// Mask old tool outputs in the transcript handed to the summarizer.
+    pub mask_observations: bool,
+    /// Compact when estimated input tokens reach this share of the usable window.
+    pub trigger_ratio: f64,
+    /// Preserve budget as a share of the usable window (then clamped to min/max preserve).
+    pub preserve_ratio: f64,
+    /// Context window assumed for models missing from the models table.
+    pub default_context_window: usize,
+    /// After repeated failed compactions a session stops compacting for this long.
+    pub breaker_cooldown_secs: f64,
+}
+
+/// `[summarizer]`
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SummarizerConfig {
+    /// The backend tried first: `openai`, `anthropic`, `extractive` or `exec`.
+    pub backend: String,
+    /// Backends tried in order when the previous one fails.
+    pub fallback: Vec<String>,
+    /// How long one summary may take, per backend attempt.
+    pub timeout_secs: f64,
+    /// `[summarizer.openai]`
+    pub openai: OpenAiSummarizerConfig,
+    /// `[summarizer.anthropic]`
+    pub anthropic: AnthropicSummarizerConfig,
+    /// `[summarizer.extractive]`
+    pub extractive: ExtractiveSummarizerConfig,
+    /// `[summarizer.exec]`
+    pub exec: ExecSummarizerConfig,
+}
+
+/// `[summarizer.openai]`: any OpenAI-compatible chat endpoint.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct OpenAiSummarizerConfig {
+    /// Endpoint base (e.g. `https://openrouter.ai/api/v1`); unset: the request's own upstream.
+    pub base_url: Option<String>,
+    /// Model; unset: the request's own model.
+    pub model: Option<String>,
+    /// Environment variable holding the API key; unset: the caller's own `Authorization`.
+    pub api_key_env: Option<String>,
+    /// Output budget of the summary.
+    pub max_tokens: u32,
+    /// Sampling temperature; unset: the provider's default.
+    pub temperature: Option<f64>,
+}
+
+/// `[summarizer.anthropic]`: the Anthropic Messages API.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct AnthropicSummarizerConfig {
+    /// Endpoint base; unset: the request's own upstream.
+    pub base_url: Option<String>,
+    /// Model; unset: the request's own model.
+    pub model: Option<String>,
+    /// Environment variable holding the API key; unset: the caller's own `x-api-key`.
+    pub api_key_env: Option<String>,
+    /// `anthropic-version` header.
+    pub anthropic_version: String,
+    /// Output budget of the summary.
+    pub max_tokens: u32,
+}
+
+/// `[summarizer.extractive]`: local, deterministic.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct ExtractiveSummarizerConfig {
+    /// Each user message is cut to this many characters in the summary.
+    pub max_message_chars: usize,
+}
+
+/// `[summarizer.exec]`: any program speaking the JSON protocol of `plugins/README.md`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct ExecSummarizerConfig {
+    /// The program to run; required when `exec` is used.
+    pub command: Option<String>,
+    /// Its arguments.
+    pub args: Vec<String>,
+    /// The only environment it gets besides `PATH`.
+    pub env: BTreeMap<String, String>,
+}
+
+/// `[admin]`
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    /// When set, admin endpoints other than `/livez` and `/readyz` need `Bearer <token>`.
+    pub token: Option<String>,
+}
+
+/// `[models."<name or glob>"]`
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// The model's context window in tokens.
+    pub context_window: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8787)),
+            admin_listen: SocketAddr::from(([127, 0, 0, 1], 9787)),
+            max_body_bytes: 32 * 1024 * 1024,
+            shutdown_grace_secs: 30.0,
+            log_format: LogFormat::Text,
+            tls_cert: None,
+            tls_key: None,
+        }
+    }
+}
+
+impl Default for UpstreamConfig {
+    fn default() -> Self {
+        UpstreamConfig {
+            base_url: "https://api.openai.com".into(),
+            connect_timeout_secs: 10.0,
+            response_timeout_secs: 600.0,
+            pool_idle_timeout_secs: 90.0,
+            ca_file: None,
+        }
+    }
+}
+
+impl Default for CompactionConfig {
+    fn default() -> Self {
+        CompactionConfig {
+            enabled: true,
+            max_messages: 80,
+            min_preserve_tokens: 2_000,
+            max_preserve_tokens: 15_000,
+            mask_observations: true,
+            trigger_ratio: 0.85,
+            preserve_ratio: 0.25,
+            default_context_window: 128_000,
+            breaker_cooldown_secs: 300.0,
+        }
+    }
+}
+
+impl Default for SummarizerConfig {
+    fn default() -> Self {
+        SummarizerConfig {
+            backend: "openai".into(),
+            fallback: Vec::new(),
+            timeout_secs: 60.0,
+            openai: OpenAiSummarizerConfig {
+                max_tokens: 4_096,
+                ..Default::default()
+            },
+            anthropic: AnthropicSummarizerConfig {
+                anthropic_version: "2023-06-01".into(),
+                max_tokens: 4_096,
+                ..Default::default()
+            },
+            extractive: ExtractiveSummarizerConfig {
+                max_message_chars: 500,
+            },
+            exec: ExecSummarizerConfig::default(),
+        }
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            server: ServerConfig::default(),
+            upstream: UpstreamConfig::default(),
+            routes: Vec::new(),
+            compaction: CompactionConfig::default(),
+            summarizer: SummarizerConfig::default(),
+            admin: AdminConfig::default(),
+            models: BTreeMap::new(),
+        }
+    }
+}
+
+impl Config {
+    /// Loads defaults < `path` (or [`DEFAULT_CONFIG_PATH`] when it exists) < environment, and
+    /// validates the result.
+    pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
+        let mut figment = Figment::from(Serialized::defaults(Config::default()))
+            .merge(Toml::string(SHIPPED_MODELS));
+        match path {
+            // An explicitly named file must exist.
+            Some(p) => figment = figment.merge(Toml::file_exact(p)),
+            None if Path::new(DEFAULT_CONFIG_PATH).exists() => {
+                figment = figment.merge(Toml::file_exact(DEFAULT_CONFIG_PATH))
+            }
+            None => {}
+        }
+        let config: Config = figment
+            .merge(Env::prefixed("COMPACTOR_").split("__"))
+            .extract()?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Parses a TOML document over the defaults (no environment): for tests and tools.
+    pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
+        let config: Config = Figment::from(Serialized::defaults(Config::default()))
+            .merge(Toml::string(SHIPPED_MODELS))
+            .merge(Toml::string(text))
+            .extract()?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks what deserialisation cannot.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        check_base_url("upstream.base_url", &self.upstream.base_url)?;
+        for (i, route) in self.routes.iter().enumerate() {
+            check_base_url(&format!("routes[{i}].base_url"), &route.base_url)?;
+            if !route.prefix.starts_with('/') || route.prefix.len() < 2 {
+                return Err(invalid(
+                    format!("routes[{i}].prefix"),
+                    "must start with `/` and name a path segment",
+                ));
+            }
+        }
+        if self.server.tls_cert.is_some() != self.server.tls_key.is_some() {
+            return Err(invalid(
+                "server.tls_cert",
+                "`server.tls_cert` and `server.tls_key` must be set together",
+            ));
+        }
+        if self.server.max_body_bytes == 0 {
+            return Err(invalid("server.max_body_bytes", "must be positive"));
+        }
+        for (key, secs) in [
+            ("server.shutdown_grace_secs", self.server.shutdown_grace_secs),
+            ("upstream.connect_timeout_secs", self.upstream.connect_timeout_secs),
+            ("upstream.response_timeout_secs", self.upstream.response_timeout_secs),
+            ("upstream.pool_idle_timeout_secs", self.upstream.pool_idle_timeout_secs),
+            ("summarizer.timeout_secs", self.summarizer.timeout_secs),
+            ("compaction.breaker_cooldown_secs", self.compaction.breaker_cooldown_secs),
+        ] {
+            secs_to_duration(key, secs)?;
+        }
+        let c = &self.compaction;
+        for (key, ratio) in [
+            ("compaction.trigger_ratio", c.trigger_ratio),
+            ("compaction.preserve_ratio", c.preserve_ratio),
+        ] {
+            if !(ratio > 0.0 && ratio <= 1.0) {
+                return Err(invalid(key, "must be in (0, 1]"));
+            }
+        }
+        if c.min_preserve_tokens > c.max_preserve_tokens {
+            return Err(invalid(
+                "compaction.min_preserve_tokens",
+                "must not exceed `compaction.max_preserve_tokens`",
+            ));
+        }
+        if c.max_messages < 2 {
+            return Err(invalid("compaction.max_messages", "must be at least 2"));
+        }
+        if c.default_context_window == 0 {
+            return Err(invalid("compaction.default_context_window", "must be positive"));
+        }
+        for (name, model) in &self.models {
+            if model.context_window == 0 {
+                return Err(invalid(
+                    format!("models.\"{name}\".context_window"),
+                    "must be positive",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// A copy safe to print: every secret replaced by `[redacted]`.
+    pub fn redacted(&self) -> Config {
+        let mut c = self.clone();
+        if c.admin.token.is_some() {
+            c.admin.token = Some(REDACTED.into());
+        }
+        for value in c.summarizer.exec.env.values_mut() {
+            *value = REDACTED.into();
+        }
+        c
+    }
+
+    /// The configuration as TOML (call on [`Config::redacted`] before printing).
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot render: {e}\n"))
+    }
+
+    /// The upstream response-head timeout.
+    pub fn response_timeout(&self) -> Duration {
+        Duration::from_secs_f64(self.upstream.response_timeout_secs)
+    }
+
+    /// The shutdown drain period.
+    pub fn shutdown_grace(&self) -> Duration {
+        Duration::from_secs_f64(self.server.shutdown_grace_secs)
+    }
+
+    /// The upstream connect timeout.
+    pub fn connect_timeout(&self) -> Duration {
+        Duration::from_secs_f64(self.upstream.connect_timeout_secs)
+    }
+
+    /// The idle time after which pooled upstream connections close.
+    pub fn pool_idle_timeout(&self) -> Duration {
+        Duration::from_secs_f64(self.upstream.pool_idle_timeout_secs)
+    }
+
+    /// The per-attempt summarizer timeout.
+    pub fn summarizer_timeout(&self) -> Duration {
+        Duration::from_secs_f64(self.summarizer.timeout_secs)
+    }
+}
+
+fn secs_to_duration(key: &str, secs: f64) -> Result<Duration, ConfigError> {
+    if !(secs > 0.0) {
+        return Err(invalid(key, "must be a positive number of seconds"));
+    }
+    Duration::try_from_secs_f64(secs).map_err(|e| invalid(key, e.to_string()))
+}
+
+fn check_base_url(key: &str, url: &str) -> Result<(), ConfigError> {
+    let uri: http::Uri = url
+        .parse()
+        .map_err(|e: http::uri::InvalidUri| invalid(key, e.to_string()))?;
+    match uri.scheme_str() {
+        Some("http") | Some("https") => {}
+        _ => return Err(invalid(key, "must start with http:// or https://")),
+    }
+    if uri.authority().is_none() {
+        return Err(invalid(key, "must name a host"));
+    }
+    if uri.query().is_some() {
+        return Err(invalid(key, "must not carry a query string"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_match_the_documented_values() {
+        let c = Config::from_toml("").expect("defaults load");
+        assert_eq!(c.server.listen.to_string(), "127.0.0.1:8787");
+        assert_eq!(c.server.admin_listen.to_string(), "127.0.0.1:9787");
+        assert_eq!(c.upstream.base_url, "https://api.openai.com");
+        assert_eq!(c.compaction.max_messages, 80);
+        assert_eq!(c.compaction.min_preserve_tokens, 2_000);
+        assert_eq!(c.compaction.max_preserve_tokens, 15_000);
+        assert!(c.compaction.mask_observations);
+        assert_eq!(c.compaction.trigger_ratio, 0.85);
+        assert!(c.models.contains_key("gpt-4o*"), "shipped models table is loaded");
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected_with_their_name() {
+        let err = Config::from_toml("[server]\nlisten_port = 1\n").unwrap_err();
+        assert!(err.to_string().contains("listen_port"), "{err}");
+        let err = Config::from_toml("[nonsense]\nx = 1\n").unwrap_err();
+        assert!(err.to_string().contains("nonsense"), "{err}");
+    }
+
+    #[test]
+    fn bad_values_name_their_key() {
+        let err = Config::from_toml("[upstream]\nbase_url = \"ftp://x\"\n").unwrap_err();
+        assert!(err.to_string().contains("upstream.base_url"), "{err}");
+        let err = Config::from_toml("[[routes]]\nprefix = \"/a\"\nbase_url = \"nope\"\n")
+            .unwrap_err();
+        assert!(err.to_string().contains("routes[0].base_url"), "{err}");
+        let err = Config::from_toml("[server]\nlog_format = \"xml\"\n").unwrap_err();
+        assert!(err.to_string().contains("log_format"), "{err}");
+        let err = Config::from_toml("[server]\ntls_cert = \"/a.pem\"\n").unwrap_err();
+        assert!(err.to_string().contains("server.tls_cert"), "{err}");
+        let err = Config::from_toml("[compaction]\ntrigger_ratio = 1.5\n").unwrap_err();
+        assert!(err.to_string().contains("compaction.trigger_ratio"), "{err}");
+    }
+
+    #[test]
+    fn routes_default_to_stripping_their_prefix_and_user_models_override() {
+        let c = Config::from_toml(
+            "[[routes]]\nprefix = \"/anthropic\"\nbase_url = \"https://api.anthropic.com\"\n\
+             [models.\"gpt-4o*\"]\ncontext_window = 1000\n",
+        )
+        .expect("valid");
+        assert!(c.routes[0].strip_prefix);
+        assert_eq!(c.models["gpt-4o*"].context_window, 1000);
+    }
+
+    #[test]
+    fn redaction_hides_secrets() {
+        let c = Config::from_toml(
+            "[admin]\ntoken = \"hunter2\"\n[summarizer.exec]\ncommand = \"x\"\nenv = { KEY = \"sk-1\" }\n",
+        )
+        .expect("valid");
+        let shown = c.redacted().to_toml();
+        assert!(!shown.contains("hunter2") && !shown.contains("sk-1"), "{shown}");
+        assert!(shown.contains(REDACTED));
+    }
+}

@@ -1,0 +1,36 @@
+//! compactor: a transparent reverse proxy for LLM chat APIs that compacts long conversations.
+//!
+//! Agents point their base URL at compactor. Every request is forwarded to the configured
+//! upstream unchanged and every response streamed back unbuffered, except chat requests
+//! (`…/chat/completions`, `…/messages`, `…/responses`): their body is read, parsed by a
+//! dialect into a neutral transcript, and when the conversation passes the message count or
+//! nears the model's context window, the compaction engine replaces older turns with a summary
+//! written by a pluggable summarizer before forwarding. Any failure forwards the original.
+//!
+//! # Layout
+//! - [`config`]: the only reader of files and environment.
+//! - [`server`]: listeners (proxy + admin), accept loops, TLS, graceful shutdown.
+//! - [`proxy`]: the only place that orders the steps of a request.
+//! - [`upstream`]: pooled HTTP client, URI/Host rewrite, hop-by-hop headers.
+//! - [`dialect`]: one module per wire format, to and from the neutral transcript.
+//! - [`compaction`]: the engine (trigger, estimate, mask, boundary, prompt, files, processor).
+//! - [`summarizer`]: the one place that maps backend names to summarizer plugins.
+//! - [`admin`]: `/metrics`, `/livez`, `/readyz`.
+//! - [`metrics`]: the only place that names metrics.
+//! - [`error`]: the error enum whose variants know their HTTP status.
+
+pub mod admin;
+pub mod app;
+pub mod compaction;
+pub mod config;
+pub mod dialect;
+pub mod error;
+pub mod metrics;
+pub mod proxy;
+pub mod server;
+pub mod summarizer;
+pub mod upstream;
+
+pub use app::App;
+pub use config::Config;
+pub use server::Server;

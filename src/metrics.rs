@@ -1,0 +1,249 @@
+//! Metrics: the only module that names a metric.
+//!
+//! One [`Metrics`] value owns one Prometheus [`Registry`]; nothing is global, so parallel tests
+//! (each with its own app) never share counters. Labels are bounded enums or short static
+//! strings: never a path, a key or a session id.
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+/// Latency buckets for whole requests and upstream waits (seconds).
+const LATENCY_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+    300.0,
+];
+
+/// Buckets for slower work such as compactions and summaries (seconds).
+const WORK_BUCKETS: &[f64] = &[0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0];
+
+/// Token-count buckets for request sizes.
+const TOKEN_BUCKETS: &[f64] = &[
+    100.0, 500.0, 1_000.0, 2_000.0, 5_000.0, 10_000.0, 20_000.0, 50_000.0, 100_000.0, 200_000.0,
+    500_000.0, 1_000_000.0,
+];
+
+/// Every metric compactor exports.
+pub struct Metrics {
+    registry: Registry,
+    /// `compactor_requests_total{route,method,status_class}`
+    pub requests: IntCounterVec,
+    /// `compactor_request_duration_seconds{route}`
+    pub request_duration: HistogramVec,
+    /// `compactor_upstream_ttfb_seconds`
+    pub upstream_ttfb: Histogram,
+    /// `compactor_in_flight_requests`
+    pub in_flight: IntGauge,
+    /// `compactor_upstream_errors_total{kind}`
+    pub upstream_errors: IntCounterVec,
+    /// `compactor_build_info{version}`
+    pub build_info: IntGaugeVec,
+    /// `compactor_compactions_total{trigger,outcome}`
+    pub compactions: IntCounterVec,
+    /// `compactor_compaction_duration_seconds`
+    pub compaction_duration: Histogram,
+    /// `compactor_request_tokens_estimated`
+    pub request_tokens_estimated: Histogram,
+    /// `compactor_tokens_saved_total`
+    pub tokens_saved: IntCounter,
+    /// `compactor_summarizer_requests_total{backend,outcome}`
+    pub summarizer_requests: IntCounterVec,
+    /// `compactor_summarizer_duration_seconds{backend}`
+    pub summarizer_duration: HistogramVec,
+}
+
+/// The route label: which kind of endpoint a request hit. A closed set, never a raw path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RouteLabel {
+    /// `POST …/chat/completions`
+    ChatCompletions,
+    /// `POST …/messages`
+    Messages,
+    /// `POST …/responses`
+    Responses,
+    /// Anything else, passed through untouched.
+    Other,
+}
+
+impl RouteLabel {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RouteLabel::ChatCompletions => "chat_completions",
+            RouteLabel::Messages => "messages",
+            RouteLabel::Responses => "responses",
+            RouteLabel::Other => "other",
+        }
+    }
+}
+
+/// `1xx` … `5xx` for a status code.
+pub fn status_class(status: u16) -> &'static str {
+    match status {
+        100..=199 => "1xx",
+        200..=299 => "2xx",
+        300..=399 => "3xx",
+        400..=499 => "4xx",
+        _ => "5xx",
+    }
+}
+
+impl Metrics {
+    /// Creates and registers every metric in a fresh registry.
+    pub fn new() -> Result<Metrics, prometheus::Error> {
+        let registry = Registry::new();
+        let r = &registry;
+        let m = Metrics {
+            requests: counter_vec(
+                r,
+                "compactor_requests_total",
+                "Requests handled, by route kind, method and response status class.",
+                &["route", "method", "status_class"],
+            )?,
+            request_duration: histogram_vec(
+                r,
+                "compactor_request_duration_seconds",
+                "Time from request received to response head sent, by route kind.",
+                &["route"],
+                LATENCY_BUCKETS,
+            )?,
+            upstream_ttfb: histogram(
+                r,
+                "compactor_upstream_ttfb_seconds",
+                "Time from forwarding a request to receiving the upstream's response head.",
+                LATENCY_BUCKETS,
+            )?,
+            in_flight: register(
+                r,
+                IntGauge::new(
+                    "compactor_in_flight_requests",
+                    "Requests whose response has not finished streaming.",
+                )?,
+            )?,
+            upstream_errors: counter_vec(
+                r,
+                "compactor_upstream_errors_total",
+                "Upstream failures by kind (connect, timeout, protocol).",
+                &["kind"],
+            )?,
+            build_info: register(
+                r,
+                IntGaugeVec::new(
+                    Opts::new("compactor_build_info", "Always 1; the version as a label."),
+                    &["version"],
+                )?,
+            )?,
+            compactions: counter_vec(
+                r,
+                "compactor_compactions_total",
+                "Compactions attempted, by trigger and outcome.",
+                &["trigger", "outcome"],
+            )?,
+            compaction_duration: histogram(
+                r,
+                "compactor_compaction_duration_seconds",
+                "Time spent compacting one request, summarizer included.",
+                WORK_BUCKETS,
+            )?,
+            request_tokens_estimated: histogram(
+                r,
+                "compactor_request_tokens_estimated",
+                "Estimated input tokens of chat requests as received.",
+                TOKEN_BUCKETS,
+            )?,
+            tokens_saved: register(
+                r,
+                IntCounter::new(
+                    "compactor_tokens_saved_total",
+                    "Estimated input tokens removed from forwarded requests by compaction.",
+                )?,
+            )?,
+            summarizer_requests: counter_vec(
+                r,
+                "compactor_summarizer_requests_total",
+                "Summarizer calls by backend and outcome (ok, fallback_ok, or an error kind).",
+                &["backend", "outcome"],
+            )?,
+            summarizer_duration: histogram_vec(
+                r,
+                "compactor_summarizer_duration_seconds",
+                "Time one summarizer backend took to answer.",
+                &["backend"],
+                WORK_BUCKETS,
+            )?,
+            registry,
+        };
+        m.build_info
+            .with_label_values(&[env!("CARGO_PKG_VERSION")])
+            .set(1);
+        Ok(m)
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        let encoder = TextEncoder::new();
+        if let Err(e) = encoder.encode(&self.registry.gather(), &mut buf) {
+            tracing::warn!(error = %e, "metrics encoding failed");
+        }
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+fn register<M: prometheus::core::Collector + Clone + 'static>(
+    r: &Registry,
+    m: M,
+) -> Result<M, prometheus::Error> {
+    r.register(Box::new(m.clone()))?;
+    Ok(m)
+}
+
+fn counter_vec(
+    r: &Registry,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+) -> Result<IntCounterVec, prometheus::Error> {
+    register(r, IntCounterVec::new(Opts::new(name, help), labels)?)
+}
+
+fn histogram(
+    r: &Registry,
+    name: &str,
+    help: &str,
+    buckets: &[f64],
+) -> Result<Histogram, prometheus::Error> {
+    register(
+        r,
+        Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets.to_vec()))?,
+    )
+}
+
+fn histogram_vec(
+    r: &Registry,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+    buckets: &[f64],
+) -> Result<HistogramVec, prometheus::Error> {
+    register(
+        r,
+        HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets.to_vec()), labels)?,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registries_are_independent_and_render_help() {
+        let a = Metrics::new().expect("metrics");
+        let b = Metrics::new().expect("metrics");
+        a.tokens_saved.inc_by(7);
+        assert!(a.render().contains("compactor_tokens_saved_total 7"));
+        assert!(b.render().contains("compactor_tokens_saved_total 0"));
+        assert!(a.render().contains("# HELP compactor_build_info"));
+    }
+}

@@ -1,0 +1,242 @@
+//! The request path: the only place that orders the steps of a proxied request.
+//!
+//! 1. classify: resolve the route and recognise chat endpoints (dialect by path);
+//! 2. prepare: strip hop-by-hop headers, set `Host`, append `X-Forwarded-For`;
+//! 3. compact (chat calls only): read the body within `server.max_body_bytes`, let the engine
+//!    decide, forward the rewritten body or the original bytes (fail open);
+//! 4. send upstream with the response-head timeout;
+//! 5. respond: stream the upstream body back untouched, minus hop-by-hop headers, plus the
+//!    `x-compactor-*` headers; record metrics once the head is out and keep the in-flight gauge
+//!    up until the body is finished or dropped.
+//!
+//! Everything else (bodies of non-chat calls, every response body) streams frame by frame.
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use bytes::Bytes;
+use compactor_plugin_api::Caller;
+use http::header::{self, HeaderMap, HeaderValue};
+use http::{Method, Request, Response};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+
+use crate::app::App;
+use crate::compaction::Outcome;
+use crate::dialect::DialectKind;
+use crate::error::Error;
+use crate::metrics::{status_class, Metrics, RouteLabel};
+use crate::upstream::{prepare_headers, strip_hop_by_hop, BoxError, ProxyBody, Resolved};
+
+/// Response header saying whether the forwarded request carries a summary.
+pub const HEADER_COMPACTED: &str = "x-compactor-compacted";
+
+/// Request headers whose values are credentials: handed to summarizers that call the caller's
+/// own provider, never logged.
+const CREDENTIAL_HEADERS: [&str; 3] = ["authorization", "x-api-key", "api-key"];
+
+/// Serves one proxied request. Never fails: errors become OpenAI-shaped JSON responses.
+pub async fn handle(app: Arc<App>, request: Request<Incoming>, peer: SocketAddr) -> Response<ProxyBody> {
+    let started = Instant::now();
+    let in_flight = InFlight::start(app.metrics.clone());
+    let method = method_label(request.method());
+
+    let resolved = app.upstream.resolve(request.uri());
+    let dialect = match (&resolved, request.method()) {
+        (Ok(r), &Method::POST) => DialectKind::from_path(&r.api_path),
+        _ => None,
+    };
+    let route = match dialect {
+        Some(DialectKind::ChatCompletions) => RouteLabel::ChatCompletions,
+        Some(DialectKind::Messages) => RouteLabel::Messages,
+        Some(DialectKind::Responses) => RouteLabel::Responses,
+        None => RouteLabel::Other,
+    };
+
+    let result = match resolved {
+        Ok(resolved) => forward(&app, request, resolved, dialect, peer).await,
+        Err(e) => Err(e),
+    };
+    let response = result.unwrap_or_else(|e| {
+        tracing::warn!(route = route.as_str(), status = e.status().as_u16(), error = %e, "request failed");
+        e.to_response::<Full<Bytes>>()
+            .map(|b| b.map_err(|never| match never {}).boxed_unsync())
+    });
+
+    let status = response.status().as_u16();
+    app.metrics
+        .requests
+        .with_label_values(&[route.as_str(), method, status_class(status)])
+        .inc();
+    app.metrics
+        .request_duration
+        .with_label_values(&[route.as_str()])
+        .observe(started.elapsed().as_secs_f64());
+    tracing::debug!(route = route.as_str(), method, status, elapsed_ms = started.elapsed().as_millis() as u64, "proxied");
+
+    response.map(|body| {
+        Tracked {
+            inner: body,
+            _in_flight: in_flight,
+        }
+        .boxed_unsync()
+    })
+}
+
+async fn forward(
+    app: &App,
+    request: Request<Incoming>,
+    resolved: Resolved,
+    dialect: Option<DialectKind>,
+    peer: SocketAddr,
+) -> Result<Response<ProxyBody>, Error> {
+    let (mut parts, body) = request.into_parts();
+    prepare_headers(&mut parts.headers, &resolved.host, peer.ip());
+    parts.uri = resolved.uri.clone();
+
+    let mut compacted = None;
+    let body = match dialect {
+        Some(dialect) if app.config.compaction.enabled => {
+            let original = read_body(body, &parts.headers, app.config.server.max_body_bytes).await?;
+            let caller = caller(&parts.headers, &resolved, dialect);
+            let forwarded = match app.compactor.process(dialect, &original, &caller).await {
+                Outcome::Rewritten { body, .. } => {
+                    compacted = Some(true);
+                    body
+                }
+                Outcome::Unchanged | Outcome::Failed => {
+                    compacted = Some(false);
+                    original
+                }
+            };
+            parts
+                .headers
+                .insert(header::CONTENT_LENGTH, HeaderValue::from(forwarded.len()));
+            Full::new(forwarded).map_err(|never| match never {}).boxed_unsync()
+        }
+        Some(_) => {
+            compacted = Some(false);
+            body.map_err(BoxError::from).boxed_unsync()
+        }
+        None => body.map_err(BoxError::from).boxed_unsync(),
+    };
+
+    let sent = Instant::now();
+    let response = app
+        .upstream
+        .send(Request::from_parts(parts, body))
+        .await
+        .map_err(|e| {
+            app.metrics.upstream_errors.with_label_values(&[e.kind()]).inc();
+            Error::from(e)
+        })?;
+    app.metrics
+        .upstream_ttfb
+        .observe(sent.elapsed().as_secs_f64());
+
+    let (mut parts, body) = response.into_parts();
+    strip_hop_by_hop(&mut parts.headers);
+    if let Some(compacted) = compacted {
+        parts.headers.insert(
+            HEADER_COMPACTED,
+            HeaderValue::from_static(if compacted { "true" } else { "false" }),
+        );
+    }
+    Ok(Response::from_parts(
+        parts,
+        body.map_err(BoxError::from).boxed_unsync(),
+    ))
+}
+
+/// Reads a request body whole, refusing more than `limit` bytes (early, from
+/// `Content-Length`, when the client declares it).
+async fn read_body(body: Incoming, headers: &HeaderMap, limit: usize) -> Result<Bytes, Error> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(Error::BodyTooLarge { limit });
+    }
+    match Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(Error::BodyTooLarge { limit }),
+        Err(e) => Err(Error::BadRequestBody(e.to_string())),
+    }
+}
+
+/// What a summarizer needs to call the caller's own provider.
+fn caller(headers: &HeaderMap, resolved: &Resolved, dialect: DialectKind) -> Caller {
+    let credentials = CREDENTIAL_HEADERS
+        .iter()
+        .filter_map(|name| {
+            let value = headers.get(*name)?.to_str().ok()?;
+            Some((name.to_string(), value.to_string()))
+        })
+        .collect();
+    Caller {
+        upstream_base_url: resolved.base_url.clone(),
+        api_prefix: dialect.api_prefix(&resolved.api_path).to_string(),
+        credentials,
+    }
+}
+
+/// A bounded method label: the standard methods, else `other`.
+fn method_label(method: &Method) -> &'static str {
+    match *method {
+        Method::GET => "GET",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::PATCH => "PATCH",
+        Method::HEAD => "HEAD",
+        Method::OPTIONS => "OPTIONS",
+        _ => "other",
+    }
+}
+
+/// Holds `compactor_in_flight_requests` up for as long as it lives; decrements exactly once.
+struct InFlight(Arc<Metrics>);
+
+impl InFlight {
+    fn start(metrics: Arc<Metrics>) -> InFlight {
+        metrics.in_flight.inc();
+        InFlight(metrics)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.dec();
+    }
+}
+
+/// A response body that carries the in-flight guard: it is dropped when the body finishes or
+/// when the client goes away and hyper drops the body mid-stream.
+struct Tracked {
+    inner: ProxyBody,
+    _in_flight: InFlight,
+}
+
+impl Body for Tracked {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

@@ -1,0 +1,354 @@
+//! The upstream side: where a request goes, how its headers are cleaned, and the pooled client
+//! that carries it.
+//!
+//! [`Upstream::resolve`] maps an incoming URI onto a target (the first `[[routes]]` prefix that
+//! matches, else the default `upstream.base_url`), [`prepare_headers`] removes hop-by-hop
+//! headers and sets `Host` / `X-Forwarded-For`, and [`Upstream::send`] sends through one shared
+//! hyper-util pool (rustls with the `ring` provider; webpki, native and optional extra roots)
+//! with the response-head timeout. Classifying failures (connect / timeout / protocol) lives here
+//! because only this module knows the client's error types.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::uri::{Authority, PathAndQuery, Scheme};
+use http::{Request, Response, Uri, Version};
+use http_body_util::combinators::UnsyncBoxBody;
+use hyper::body::Incoming;
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::CertificateDer;
+
+use crate::config::Config;
+use crate::error::Error;
+
+/// The error type of every body compactor forwards.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The body type compactor sends upstream and back to clients.
+pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
+
+/// Headers that describe one connection, not the message: never forwarded (RFC 9110 §7.6.1).
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    header::PROXY_AUTHORIZATION,
+];
+
+/// Where one upstream lives.
+#[derive(Debug, Clone)]
+struct Target {
+    scheme: Scheme,
+    authority: Authority,
+    /// Path of the base URL without its trailing slash ("" for none).
+    base_path: String,
+    host: HeaderValue,
+    /// The base URL as configured, handed to summarizers that call the same upstream.
+    base_url: String,
+}
+
+impl Target {
+    fn parse(url: &str) -> Result<Target, Error> {
+        let uri: Uri = url
+            .parse()
+            .map_err(|e: http::uri::InvalidUri| Error::BadTarget(e.to_string()))?;
+        let scheme = uri.scheme().cloned().unwrap_or(Scheme::HTTPS);
+        let authority = uri
+            .authority()
+            .cloned()
+            .ok_or_else(|| Error::BadTarget(format!("no host in {url}")))?;
+        let host = HeaderValue::from_str(authority.as_str())
+            .map_err(|e| Error::BadTarget(e.to_string()))?;
+        Ok(Target {
+            scheme,
+            authority,
+            base_path: uri.path().trim_end_matches('/').to_string(),
+            host,
+            base_url: url.trim_end_matches('/').to_string(),
+        })
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Route {
+    prefix: String,
+    strip_prefix: bool,
+    target: Target,
+}
+
+/// A request's destination, as decided by [`Upstream::resolve`].
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    /// The absolute URI to send to.
+    pub uri: Uri,
+    /// The `Host` header value for it.
+    pub host: HeaderValue,
+    /// The path as the upstream API sees it, relative to the base URL (used to recognise
+    /// chat endpoints): `/v1/chat/completions` for `/anthropic/v1/...` under a stripping route.
+    pub api_path: String,
+    /// The target's base URL plus the request path before the API part is added by callers.
+    pub base_url: String,
+}
+
+/// The pooled client and the routing table.
+pub struct Upstream {
+    client: Client<HttpsConnector<HttpConnector>, ProxyBody>,
+    default: Target,
+    routes: Vec<Route>,
+    response_timeout: Duration,
+}
+
+impl Upstream {
+    /// Builds the client and routing table from the configuration.
+    pub fn new(config: &Config) -> Result<Upstream, Error> {
+        let default = Target::parse(&config.upstream.base_url)?;
+        let routes = config
+            .routes
+            .iter()
+            .map(|r| {
+                Ok(Route {
+                    prefix: r.prefix.trim_end_matches('/').to_string(),
+                    strip_prefix: r.strip_prefix,
+                    target: Target::parse(&r.base_url)?,
+                })
+            })
+            .collect::<Result<Vec<_>, Error>>()?;
+
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(config.connect_timeout()));
+        let tls = tls_client_config(config)?;
+        let connector = HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_all_versions()
+            .wrap_connector(http);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(config.pool_idle_timeout())
+            .pool_timer(TokioTimer::new())
+            .timer(TokioTimer::new())
+            .build(connector);
+        Ok(Upstream {
+            client,
+            default,
+            routes,
+            response_timeout: config.response_timeout(),
+        })
+    }
+
+    /// Picks the target for `uri` and builds the upstream URI: the first route whose prefix
+    /// matches a whole path segment wins, else the default upstream.
+    pub fn resolve(&self, uri: &Uri) -> Result<Resolved, Error> {
+        let path = uri.path();
+        let (target, api_path) = self
+            .routes
+            .iter()
+            .find_map(|r| {
+                let rest = path.strip_prefix(r.prefix.as_str())?;
+                if !(rest.is_empty() || rest.starts_with('/')) {
+                    return None;
+                }
+                let api = if r.strip_prefix { rest } else { path };
+                Some((&r.target, api))
+            })
+            .unwrap_or((&self.default, path));
+        let api_path = if api_path.is_empty() { "/" } else { api_path };
+        let mut full = String::with_capacity(target.base_path.len() + api_path.len() + 32);
+        full.push_str(&target.base_path);
+        full.push_str(api_path);
+        if let Some(q) = uri.query() {
+            full.push('?');
+            full.push_str(q);
+        }
+        let path_and_query =
+            PathAndQuery::try_from(full).map_err(|e| Error::BadTarget(e.to_string()))?;
+        let uri = Uri::builder()
+            .scheme(target.scheme.clone())
+            .authority(target.authority.clone())
+            .path_and_query(path_and_query)
+            .build()
+            .map_err(|e| Error::BadTarget(e.to_string()))?;
+        Ok(Resolved {
+            uri,
+            host: target.host.clone(),
+            api_path: api_path.to_string(),
+            base_url: target.base_url.clone(),
+        })
+    }
+
+    /// Sends a prepared request; waits at most `upstream.response_timeout_secs` for the head.
+    pub async fn send(&self, mut request: Request<ProxyBody>) -> Result<Response<Incoming>, SendError> {
+        // The pool picks HTTP/1.1 or HTTP/2 per connection (ALPN); an HTTP/2 version left over
+        // from the client side would make an HTTP/1.1 upstream connection refuse the request.
+        *request.version_mut() = Version::HTTP_11;
+        match tokio::time::timeout(self.response_timeout, self.client.request(request)).await {
+            Err(_) => Err(SendError::Timeout),
+            Ok(Ok(response)) => Ok(response),
+            Ok(Err(e)) if e.is_connect() => Err(SendError::Connect(error_chain(&e))),
+            Ok(Err(e)) => Err(SendError::Protocol(error_chain(&e))),
+        }
+    }
+}
+
+/// Why a request got no response head.
+#[derive(Debug)]
+pub enum SendError {
+    /// Could not connect (refused, DNS, TLS handshake, connect timeout).
+    Connect(String),
+    /// No response head in time.
+    Timeout,
+    /// Connected, but the exchange failed (reset, malformed response).
+    Protocol(String),
+}
+
+impl SendError {
+    /// The bounded `kind` label of `compactor_upstream_errors_total`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            SendError::Connect(_) => "connect",
+            SendError::Timeout => "timeout",
+            SendError::Protocol(_) => "protocol",
+        }
+    }
+}
+
+impl From<SendError> for Error {
+    fn from(e: SendError) -> Error {
+        match e {
+            SendError::Timeout => Error::UpstreamTimeout,
+            SendError::Connect(cause) | SendError::Protocol(cause) => {
+                Error::UpstreamUnavailable(cause)
+            }
+        }
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+/// Cleans request or response headers for the other side of the proxy: removes the fixed
+/// hop-by-hop set and every header the `Connection` header names.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named.iter().chain(HOP_BY_HOP.iter()) {
+        headers.remove(name);
+    }
+    headers.remove("proxy-authenticate");
+}
+
+/// Prepares request headers for the upstream: hop-by-hop removed, `Host` set to the target,
+/// the client's address appended to `X-Forwarded-For`.
+pub fn prepare_headers(headers: &mut HeaderMap, host: &HeaderValue, client_ip: IpAddr) {
+    strip_hop_by_hop(headers);
+    headers.insert(header::HOST, host.clone());
+    let prior: Vec<&str> = headers
+        .get_all("x-forwarded-for")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .collect();
+    let value = if prior.is_empty() {
+        client_ip.to_string()
+    } else {
+        format!("{}, {client_ip}", prior.join(", "))
+    };
+    if let Ok(v) = HeaderValue::from_str(&value) {
+        headers.insert("x-forwarded-for", v);
+    }
+}
+
+fn tls_client_config(config: &Config) -> Result<rustls::ClientConfig, Error> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    // Native roots are best effort: a machine without a system store still has webpki's.
+    let native = rustls_native_certs::load_native_certs();
+    for cert in native.certs {
+        let _ = roots.add(cert);
+    }
+    if let Some(path) = &config.upstream.ca_file {
+        let certs = CertificateDer::pem_file_iter(path)
+            .map_err(|e| Error::Tls(format!("upstream.ca_file {}: {e}", path.display())))?;
+        for cert in certs {
+            let cert =
+                cert.map_err(|e| Error::Tls(format!("upstream.ca_file {}: {e}", path.display())))?;
+            roots
+                .add(cert)
+                .map_err(|e| Error::Tls(format!("upstream.ca_file {}: {e}", path.display())))?;
+        }
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| Error::Tls(e.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(tls)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn upstream(toml: &str) -> Upstream {
+        let config = Config::from_toml(toml).expect("config");
+        Upstream::new(&config).expect("upstream")
+    }
+
+    #[test]
+    fn routes_match_whole_segments_and_strip_on_request() {
+        let u = upstream(
+            "[upstream]\nbase_url = \"http://default:1/base/\"\n\
+             [[routes]]\nprefix = \"/anthropic\"\nbase_url = \"https://api.anthropic.com\"\n\
+             [[routes]]\nprefix = \"/keep\"\nbase_url = \"http://k:2\"\nstrip_prefix = false\n",
+        );
+        let r = u.resolve(&"/anthropic/v1/messages?x=1".parse().expect("uri")).expect("ok");
+        assert_eq!(r.uri.to_string(), "https://api.anthropic.com/v1/messages?x=1");
+        assert_eq!(r.api_path, "/v1/messages");
+        assert_eq!(r.host, "api.anthropic.com");
+        let r = u.resolve(&"/keep/v1/x".parse().expect("uri")).expect("ok");
+        assert_eq!(r.uri.to_string(), "http://k:2/keep/v1/x");
+        let r = u.resolve(&"/anthropicx/v1".parse().expect("uri")).expect("ok");
+        assert_eq!(r.uri.to_string(), "http://default:1/base/anthropicx/v1");
+        assert_eq!(r.host, "default:1");
+    }
+
+    #[test]
+    fn hop_by_hop_and_connection_named_headers_are_removed() {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONNECTION, HeaderValue::from_static("close, x-private"));
+        h.insert("x-private", HeaderValue::from_static("1"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer k"));
+        h.insert("x-forwarded-for", HeaderValue::from_static("10.0.0.1"));
+        prepare_headers(&mut h, &HeaderValue::from_static("up:1"), [127, 0, 0, 1].into());
+        assert!(h.get("x-private").is_none() && h.get("keep-alive").is_none());
+        assert!(h.get(header::CONNECTION).is_none());
+        assert_eq!(h[header::AUTHORIZATION], "Bearer k");
+        assert_eq!(h[header::HOST], "up:1");
+        assert_eq!(h["x-forwarded-for"], "10.0.0.1, 127.0.0.1");
+    }
+}
