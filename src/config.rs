@@ -553,3 +553,16 @@ mod tests {
         assert!(shown.contains(REDACTED));
     }
 }
+
+#[cfg(test)]
+mod documented_defaults {
+    use super::*;
+
+    /// The shipped `config/compactor.toml` documents the defaults: loading it must change
+    /// nothing, so a default edited in code but not in the file (or vice versa) fails here.
+    #[test]
+    fn shipped_config_file_equals_the_built_in_defaults() {
+        let shipped = Config::from_toml(include_str!("../config/compactor.toml")).expect("valid");
+        assert_eq!(shipped, Config::from_toml("").expect("defaults"));
+    }
+}
