@@ -14,6 +14,7 @@
 //! - [`upstream`]: pooled HTTP client, URI/Host rewrite, hop-by-hop headers.
 //! - [`dialect`]: one module per wire format, to and from the neutral transcript.
 //! - [`compaction`]: the engine (trigger, estimate, mask, boundary, prompt, files, processor).
+//! - [`session`]: chain hashing, checkpoints, session stores, single flight, per-session breaker.
 //! - [`summarizer`]: the one place that maps backend names to summarizer plugins.
 //! - [`admin`]: `/metrics`, `/livez`, `/readyz`.
 //! - [`metrics`]: the only place that names metrics.
@@ -28,6 +29,7 @@ pub mod error;
 pub mod metrics;
 pub mod proxy;
 pub mod server;
+pub mod session;
 pub mod summarizer;
 pub mod upstream;
 

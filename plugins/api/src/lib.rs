@@ -32,8 +32,10 @@ pub trait Summarizer: Send + Sync {
     ///
     /// compactor enforces its own timeout around this future; backends that talk to a network
     /// or a process should still bound their own waits with [`SummaryRequest::timeout`].
-    fn summarize<'a>(&'a self, request: &'a SummaryRequest)
-        -> BoxFuture<'a, Result<Summary, SummarizeError>>;
+    fn summarize<'a>(
+        &'a self,
+        request: &'a SummaryRequest,
+    ) -> BoxFuture<'a, Result<Summary, SummarizeError>>;
 }
 
 /// Everything known about one compaction. Serialises (without credentials) to the JSON the

@@ -1,0 +1,224 @@
+//! The `anthropic` summarizer: the Anthropic Messages API.
+//!
+//! POSTs `{"model", "max_tokens", "system", "messages": [{"role": "user", "content": prompt}]}`
+//! to `{base_url}/v1/messages`, or with no `base_url` to the caller's own upstream
+//! (`upstream_base_url` + `api_prefix` + `/messages`), and reads the concatenated `text` blocks
+//! of `content`. Credentials: the configured key as `x-api-key`, else the caller's
+//! `x-api-key`, else the caller's `authorization` (OAuth-style callers).
+//!
+//! HTTP, timeouts and error mapping are shared with the `openai` backend
+//! ([`compactor_plugin_openai::transport`]).
+#![deny(missing_docs)]
+
+use std::fmt;
+use std::path::PathBuf;
+
+use http::header::{HeaderName, HeaderValue, AUTHORIZATION};
+use serde_json::{json, Value};
+use tokio::time::Instant;
+
+use compactor_plugin_api::{
+    BoxFuture, Caller, SummarizeError, Summarizer, Summary, SummaryRequest,
+};
+use compactor_plugin_openai::transport::{join_url, output_budget, secret_header, HttpClient};
+
+/// The system prompt sent with every summary request.
+pub const SYSTEM_PROMPT: &str = compactor_plugin_openai::SYSTEM_PROMPT;
+
+/// Settings of one `anthropic` backend. `Debug` never prints the key.
+#[derive(Clone, Default)]
+pub struct AnthropicConfig {
+    /// Endpoint base, e.g. `https://api.anthropic.com`; `None`: the caller's upstream.
+    pub base_url: Option<String>,
+    /// Model; `None`: the request's own model.
+    pub model: Option<String>,
+    /// API key sent as `x-api-key`; `None`: the caller's own credentials.
+    pub api_key: Option<String>,
+    /// The `anthropic-version` header.
+    pub anthropic_version: String,
+    /// Output budget (capped further by [`SummaryRequest::max_output_tokens`]).
+    pub max_tokens: u32,
+    /// Extra PEM roots trusted for `https` endpoints.
+    pub ca_file: Option<PathBuf>,
+}
+
+impl fmt::Debug for AnthropicConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AnthropicConfig")
+            .field("base_url", &self.base_url)
+            .field("model", &self.model)
+            .field("api_key", &self.api_key.as_ref().map(|_| "[redacted]"))
+            .field("anthropic_version", &self.anthropic_version)
+            .field("max_tokens", &self.max_tokens)
+            .field("ca_file", &self.ca_file)
+            .finish()
+    }
+}
+
+/// The `anthropic` backend. One instance owns one connection pool.
+#[derive(Debug)]
+pub struct AnthropicSummarizer {
+    config: AnthropicConfig,
+    http: HttpClient,
+}
+
+impl AnthropicSummarizer {
+    /// Builds the backend and its HTTP client.
+    pub fn new(config: AnthropicConfig) -> Result<AnthropicSummarizer, SummarizeError> {
+        let http = HttpClient::new(config.ca_file.as_deref())?;
+        Ok(AnthropicSummarizer { config, http })
+    }
+
+    /// The endpoint a request goes to.
+    pub fn endpoint(&self, caller: &Caller) -> Result<String, SummarizeError> {
+        match &self.config.base_url {
+            Some(base) => Ok(join_url(base, "v1/messages")),
+            None if caller.upstream_base_url.is_empty() => Err(SummarizeError::Config(
+                "no base_url configured and the request has no upstream".into(),
+            )),
+            None => {
+                let prefix = if caller.api_prefix.is_empty() {
+                    "/v1"
+                } else {
+                    caller.api_prefix.as_str()
+                };
+                Ok(join_url(
+                    &join_url(&caller.upstream_base_url, prefix),
+                    "messages",
+                ))
+            }
+        }
+    }
+
+    async fn run(&self, request: &SummaryRequest) -> Result<Summary, SummarizeError> {
+        let deadline = Instant::now() + request.timeout;
+        let url = self.endpoint(&request.caller)?;
+        let model = self
+            .config
+            .model
+            .as_deref()
+            .or(request.model.as_deref())
+            .ok_or_else(|| {
+                SummarizeError::Config("no model configured and the request names none".into())
+            })?;
+        let (mut headers, secrets) = self.auth(&request.caller)?;
+        let version = HeaderValue::from_str(&self.config.anthropic_version)
+            .map_err(|_| SummarizeError::Config("invalid anthropic_version".into()))?;
+        headers.push((HeaderName::from_static("anthropic-version"), version));
+        let secrets: Vec<&str> = secrets.iter().map(String::as_str).collect();
+
+        let body = json!({
+            "model": model,
+            "max_tokens": output_budget(self.config.max_tokens, request.max_output_tokens),
+            "system": SYSTEM_PROMPT,
+            "messages": [{"role": "user", "content": request.prompt}],
+        });
+        let answer = self
+            .http
+            .post_json(&url, &headers, &body, &secrets, deadline, request.timeout)
+            .await?;
+        Summary::new(text_content(&answer)?.trim())
+    }
+
+    /// Headers carrying credentials, and the secret values they hold (for redaction).
+    fn auth(
+        &self,
+        caller: &Caller,
+    ) -> Result<(Vec<(HeaderName, HeaderValue)>, Vec<String>), SummarizeError> {
+        let x_api_key = HeaderName::from_static("x-api-key");
+        let key = self
+            .config
+            .api_key
+            .as_deref()
+            .or_else(|| caller.credential("x-api-key"));
+        if let Some(key) = key {
+            return Ok((vec![(x_api_key, secret_header(key)?)], vec![key.to_owned()]));
+        }
+        if let Some(auth) = caller.credential("authorization") {
+            let mut secrets = vec![auth.to_owned()];
+            if let Some(token) = auth.strip_prefix("Bearer ") {
+                secrets.push(token.trim().to_owned());
+            }
+            return Ok((vec![(AUTHORIZATION, secret_header(auth)?)], secrets));
+        }
+        Ok((Vec::new(), Vec::new()))
+    }
+}
+
+impl Summarizer for AnthropicSummarizer {
+    fn name(&self) -> &str {
+        "anthropic"
+    }
+
+    fn summarize<'a>(
+        &'a self,
+        request: &'a SummaryRequest,
+    ) -> BoxFuture<'a, Result<Summary, SummarizeError>> {
+        Box::pin(self.run(request))
+    }
+}
+
+/// The concatenated `text` blocks of `content`.
+fn text_content(answer: &Value) -> Result<String, SummarizeError> {
+    let blocks = answer["content"]
+        .as_array()
+        .ok_or_else(|| SummarizeError::InvalidOutput("response has no `content` array".into()))?;
+    let texts: Vec<&str> = blocks
+        .iter()
+        .filter(|b| b["type"] == "text")
+        .filter_map(|b| b["text"].as_str())
+        .collect();
+    if texts.is_empty() && !blocks.is_empty() {
+        return Err(SummarizeError::InvalidOutput(
+            "response `content` has no text block".into(),
+        ));
+    }
+    Ok(texts.join(""))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_blocks_are_concatenated() {
+        let a = json!({"content":[{"type":"thinking","thinking":"x"},{"type":"text","text":"a"},{"type":"text","text":"b"}]});
+        assert_eq!(text_content(&a).ok().as_deref(), Some("ab"));
+        assert!(matches!(
+            text_content(&json!({"content":[{"type":"tool_use"}]})),
+            Err(SummarizeError::InvalidOutput(_))
+        ));
+        assert!(matches!(
+            text_content(&json!({"id":"x"})),
+            Err(SummarizeError::InvalidOutput(_))
+        ));
+    }
+
+    #[test]
+    fn endpoints_follow_config_or_caller() {
+        let s = |base: Option<&str>| {
+            AnthropicSummarizer::new(AnthropicConfig {
+                base_url: base.map(str::to_owned),
+                ..Default::default()
+            })
+            .expect("build")
+        };
+        let caller = Caller {
+            upstream_base_url: "https://gw.example/anthropic".into(),
+            api_prefix: "/v1".into(),
+            credentials: vec![],
+        };
+        assert_eq!(
+            s(Some("https://api.anthropic.com/"))
+                .endpoint(&caller)
+                .ok()
+                .as_deref(),
+            Some("https://api.anthropic.com/v1/messages")
+        );
+        assert_eq!(
+            s(None).endpoint(&caller).ok().as_deref(),
+            Some("https://gw.example/anthropic/v1/messages")
+        );
+        assert!(s(None).endpoint(&Caller::default()).is_err());
+    }
+}

@@ -1,0 +1,450 @@
+//! The `extractive` summarizer: local, deterministic, no network.
+//!
+//! It fills the same nine sections the compaction prompt asks an LLM for, straight from the
+//! structured [`SummaryRequest`]: every user message in order (each cut to
+//! `max_message_chars`), the tools used, the files read and modified, the last error lines
+//! seen in tool outputs, the steps taken, the latest assistant text as the current work, the
+//! focus instructions of a manual compaction, and the prior summary carried forward under its
+//! own heading. The same request always yields the same text, so it is the offline default and
+//! the safe last fallback.
+#![deny(missing_docs)]
+
+use std::fmt::Write as _;
+
+use compactor_plugin_api::{
+    BoxFuture, Entry, Part, Role, SummarizeError, Summarizer, Summary, SummaryRequest,
+};
+
+/// Most error lines kept in section 4 (the latest ones).
+const MAX_ERROR_LINES: usize = 8;
+/// Longest error line kept.
+const MAX_ERROR_LINE_CHARS: usize = 200;
+/// Most tool calls listed in section 5 (the latest ones).
+const MAX_STEPS: usize = 12;
+/// Longest tool-call argument string shown in section 5.
+const MAX_ARGUMENT_CHARS: usize = 120;
+/// Words that mark a tool-output line as an error (matched case-insensitively).
+const ERROR_MARKERS: [&str; 6] = [
+    "error",
+    "exception",
+    "traceback",
+    "failed",
+    "fatal",
+    "panicked",
+];
+/// Masked tool outputs carry no information worth extracting.
+const MASKED_PREFIX: &str = "[output masked";
+/// The prior summary is never cut below this many characters, whatever the budget.
+const MIN_PRIOR_CHARS: usize = 2_000;
+/// Rough characters per token, to turn `max_output_tokens` into a character budget.
+const CHARS_PER_TOKEN: usize = 4;
+
+/// Settings of the `extractive` backend.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExtractiveConfig {
+    /// Each quoted user message (and the current work) is cut to this many characters.
+    pub max_message_chars: usize,
+}
+
+impl Default for ExtractiveConfig {
+    fn default() -> Self {
+        ExtractiveConfig {
+            max_message_chars: 500,
+        }
+    }
+}
+
+/// The `extractive` backend.
+#[derive(Debug, Clone, Default)]
+pub struct ExtractiveSummarizer {
+    config: ExtractiveConfig,
+}
+
+impl ExtractiveSummarizer {
+    /// A backend with these settings.
+    pub fn new(config: ExtractiveConfig) -> ExtractiveSummarizer {
+        ExtractiveSummarizer { config }
+    }
+}
+
+impl Summarizer for ExtractiveSummarizer {
+    fn name(&self) -> &str {
+        "extractive"
+    }
+
+    fn summarize<'a>(
+        &'a self,
+        request: &'a SummaryRequest,
+    ) -> BoxFuture<'a, Result<Summary, SummarizeError>> {
+        let text = extract(request, &self.config);
+        Box::pin(async move { Summary::new(text) })
+    }
+}
+
+/// Writes the nine-section summary of `request`. Pure and deterministic.
+pub fn extract(request: &SummaryRequest, config: &ExtractiveConfig) -> String {
+    let max = config.max_message_chars.max(1);
+    let user_messages: Vec<String> = request
+        .entries
+        .iter()
+        .filter(|e| e.role == Role::User)
+        .filter_map(|e| entry_text(e))
+        .collect();
+    let tool_calls: Vec<(&str, &str)> = request
+        .entries
+        .iter()
+        .flat_map(|e| &e.parts)
+        .filter_map(|p| match p {
+            Part::ToolCall { name, arguments } => Some((name.as_str(), arguments.as_str())),
+            _ => None,
+        })
+        .collect();
+    let latest_assistant = request
+        .entries
+        .iter()
+        .rev()
+        .filter(|e| e.role == Role::Assistant)
+        .find_map(entry_text);
+    let focus = request
+        .instructions
+        .as_deref()
+        .map(str::trim)
+        .filter(|s| !s.is_empty());
+
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "(Summary of compaction #{} extracted from the conversation without a language model; \
+         quotes are cut to {max} characters.)",
+        request.compaction_num
+    );
+    if let Some(focus) = focus {
+        let _ = writeln!(
+            out,
+            "Focus requested for this summary: {}",
+            clip(focus, max)
+        );
+    }
+
+    section(&mut out, 1, "Primary Request and Intent");
+    match user_messages.first() {
+        Some(first) => item(&mut out, &clip(first, max)),
+        None => item(&mut out, "No user message in the summarised turns."),
+    }
+    if request.prior_summary.is_some() {
+        item(
+            &mut out,
+            "Earlier requests are in the prior summary carried forward at the end.",
+        );
+    }
+
+    section(&mut out, 2, "Key Technical Concepts");
+    let tools = tool_counts(&tool_calls);
+    if tools.is_empty() {
+        item(&mut out, "No tools were used in the summarised turns.");
+    } else {
+        let list: Vec<String> = tools.iter().map(|(n, c)| format!("{n} ×{c}")).collect();
+        item(&mut out, &format!("Tools used: {}", list.join(", ")));
+    }
+    if let Some(model) = &request.model {
+        item(&mut out, &format!("Model: {model}"));
+    }
+
+    section(&mut out, 3, "Files and Code Sections");
+    file_list(&mut out, "Read", &request.read_files);
+    file_list(&mut out, "Modified", &request.modified_files);
+
+    section(&mut out, 4, "Errors and fixes");
+    let errors = error_lines(&request.entries);
+    if errors.is_empty() {
+        item(&mut out, "No errors seen in tool outputs.");
+    }
+    for line in &errors {
+        item(&mut out, line);
+    }
+
+    section(&mut out, 5, "Problem Solving");
+    if tool_calls.is_empty() {
+        item(&mut out, "No tool calls in the summarised turns.");
+    } else {
+        let skipped = tool_calls.len().saturating_sub(MAX_STEPS);
+        if skipped > 0 {
+            item(
+                &mut out,
+                &format!("({skipped} earlier tool calls omitted; latest last)"),
+            );
+        }
+        for (name, args) in &tool_calls[skipped..] {
+            item(
+                &mut out,
+                &format!("{name}({})", clip(args, MAX_ARGUMENT_CHARS)),
+            );
+        }
+    }
+
+    section(&mut out, 6, "All user messages");
+    if user_messages.is_empty() {
+        item(&mut out, "None in the summarised turns.");
+    }
+    for (i, message) in user_messages.iter().enumerate() {
+        let _ = writeln!(out, "   {}. {}", i + 1, clip(message, max));
+    }
+
+    section(&mut out, 7, "Pending Tasks");
+    if let Some(focus) = focus {
+        item(&mut out, &format!("Honour the focus: {}", clip(focus, max)));
+    }
+    match user_messages.last() {
+        Some(last) => item(
+            &mut out,
+            &format!(
+                "Whatever remains of the latest user message (6.{}): {}",
+                user_messages.len(),
+                clip(last, max)
+            ),
+        ),
+        None => item(&mut out, "None recorded."),
+    }
+
+    section(&mut out, 8, "Current Work");
+    match &latest_assistant {
+        Some(text) => item(&mut out, &clip(text, max)),
+        None => item(&mut out, "No assistant text in the summarised turns."),
+    }
+    if let Some((name, args)) = tool_calls.last() {
+        item(
+            &mut out,
+            &format!("Last tool call: {name}({})", clip(args, MAX_ARGUMENT_CHARS)),
+        );
+    }
+
+    section(&mut out, 9, "Optional Next Step");
+    let last_role = request.entries.last().map(|e| e.role);
+    item(
+        &mut out,
+        if last_role == Some(Role::User) {
+            "Answer the latest user message."
+        } else {
+            "Continue the current work in line with the latest user message."
+        },
+    );
+
+    if let Some(prior) = request
+        .prior_summary
+        .as_deref()
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+    {
+        let _ = writeln!(out, "\nPrior summary (carried forward):");
+        let budget = (request.max_output_tokens as usize).saturating_mul(CHARS_PER_TOKEN);
+        let room = if budget == 0 {
+            usize::MAX
+        } else {
+            budget
+                .saturating_sub(out.chars().count())
+                .max(MIN_PRIOR_CHARS)
+        };
+        out.push_str(&cut(prior, room));
+        out.push('\n');
+    }
+    out
+}
+
+fn section(out: &mut String, n: u32, title: &str) {
+    let _ = writeln!(out, "\n{n}. {title}:");
+}
+
+fn item(out: &mut String, text: &str) {
+    let _ = writeln!(out, "   - {text}");
+}
+
+fn file_list(out: &mut String, label: &str, files: &[String]) {
+    if files.is_empty() {
+        item(out, &format!("{label}: none recorded."));
+    } else {
+        item(out, &format!("{label}:"));
+        for f in files {
+            let _ = writeln!(out, "     - {f}");
+        }
+    }
+}
+
+/// The text parts of an entry joined, or `None` when it has no non-blank text.
+fn entry_text(entry: &Entry) -> Option<String> {
+    let texts: Vec<&str> = entry
+        .parts
+        .iter()
+        .filter_map(|p| match p {
+            Part::Text { text } => Some(text.trim()),
+            _ => None,
+        })
+        .filter(|t| !t.is_empty())
+        .collect();
+    (!texts.is_empty()).then(|| texts.join("\n"))
+}
+
+/// Tool names with their call counts, in order of first use.
+fn tool_counts<'a>(calls: &[(&'a str, &str)]) -> Vec<(&'a str, usize)> {
+    let mut counts: Vec<(&str, usize)> = Vec::new();
+    for (name, _) in calls {
+        match counts.iter_mut().find(|(n, _)| n == name) {
+            Some((_, c)) => *c += 1,
+            None => counts.push((name, 1)),
+        }
+    }
+    counts
+}
+
+/// The latest distinct error lines of tool outputs, oldest first, each prefixed by its tool.
+fn error_lines(entries: &[Entry]) -> Vec<String> {
+    let mut lines: Vec<String> = Vec::new();
+    for part in entries.iter().flat_map(|e| &e.parts) {
+        let Part::ToolResult {
+            name,
+            output,
+            is_error,
+        } = part
+        else {
+            continue;
+        };
+        if output.trim_start().starts_with(MASKED_PREFIX) {
+            continue;
+        }
+        let mut found = false;
+        for line in output.lines().map(str::trim).filter(|l| !l.is_empty()) {
+            let lower = line.to_lowercase();
+            if ERROR_MARKERS.iter().any(|m| lower.contains(m)) {
+                push_unique(
+                    &mut lines,
+                    format!("[{name}] {}", clip(line, MAX_ERROR_LINE_CHARS)),
+                );
+                found = true;
+            }
+        }
+        if *is_error && !found {
+            if let Some(first) = output.lines().map(str::trim).find(|l| !l.is_empty()) {
+                push_unique(
+                    &mut lines,
+                    format!("[{name}] {}", clip(first, MAX_ERROR_LINE_CHARS)),
+                );
+            }
+        }
+    }
+    let skip = lines.len().saturating_sub(MAX_ERROR_LINES);
+    lines.split_off(skip)
+}
+
+fn push_unique(lines: &mut Vec<String>, line: String) {
+    // Keep the latest occurrence so a repeated error counts as recent.
+    lines.retain(|l| l != &line);
+    lines.push(line);
+}
+
+/// `text` on one line (whitespace collapsed), cut to `max` characters with `…`.
+pub fn clip(text: &str, max: usize) -> String {
+    let one_line = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    cut(&one_line, max)
+}
+
+/// `text` cut to `max` characters with `…` when cut.
+fn cut(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((i, _)) => format!("{}…", &text[..i]),
+        None => text.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use compactor_plugin_api::Caller;
+    use std::time::Duration;
+
+    fn text(role: Role, t: &str) -> Entry {
+        Entry {
+            role,
+            parts: vec![Part::Text { text: t.into() }],
+        }
+    }
+
+    fn request(entries: Vec<Entry>) -> SummaryRequest {
+        SummaryRequest {
+            prompt: String::new(),
+            prior_summary: None,
+            entries,
+            read_files: vec![],
+            modified_files: vec![],
+            instructions: None,
+            compaction_num: 1,
+            model: None,
+            max_output_tokens: 0,
+            timeout: Duration::from_secs(1),
+            caller: Caller::default(),
+        }
+    }
+
+    #[test]
+    fn error_lines_keep_the_latest_distinct_ones() {
+        let mut parts = Vec::new();
+        for i in 0..12 {
+            parts.push(Part::ToolResult {
+                name: "bash".into(),
+                output: format!("ok\nError: number {i}\nmore"),
+                is_error: false,
+            });
+        }
+        parts.push(Part::ToolResult {
+            name: "edit".into(),
+            output: "no such file".into(),
+            is_error: true,
+        });
+        parts.push(Part::ToolResult {
+            name: "bash".into(),
+            output: "[output masked for compaction] Error".into(),
+            is_error: false,
+        });
+        let lines = error_lines(&[Entry {
+            role: Role::Assistant,
+            parts,
+        }]);
+        assert_eq!(lines.len(), MAX_ERROR_LINES);
+        assert_eq!(
+            lines.last().map(String::as_str),
+            Some("[edit] no such file")
+        );
+        assert_eq!(lines[0], "[bash] Error: number 5");
+    }
+
+    #[test]
+    fn focus_and_prior_summary_are_carried() {
+        let mut r = request(vec![
+            text(Role::User, "fix the parser"),
+            text(Role::Assistant, "looking at parse.rs"),
+        ]);
+        r.instructions = Some("the API changes".into());
+        r.prior_summary = Some("EARLIER: the user wanted a CLI".into());
+        let s = extract(&r, &ExtractiveConfig::default());
+        assert!(
+            s.contains("Focus requested for this summary: the API changes"),
+            "{s}"
+        );
+        assert!(s.contains("Prior summary (carried forward):\nEARLIER: the user wanted a CLI"));
+        assert!(s.contains("   1. fix the parser"));
+        assert!(s.contains("8. Current Work:\n   - looking at parse.rs"));
+    }
+
+    #[test]
+    fn prior_summary_is_bounded_by_the_output_budget() {
+        let mut r = request(vec![text(Role::User, "go")]);
+        r.prior_summary = Some("p".repeat(100_000));
+        r.max_output_tokens = 1_000;
+        let s = extract(&r, &ExtractiveConfig::default());
+        assert!(s.chars().count() < 4_000 + 10, "{}", s.len());
+    }
+
+    #[test]
+    fn clip_collapses_whitespace_and_cuts() {
+        assert_eq!(clip("a\n\n b  c", 100), "a b c");
+        assert_eq!(clip("abcdef", 3), "abc…");
+    }
+}

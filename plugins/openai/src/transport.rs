@@ -1,0 +1,261 @@
+//! A small JSON-over-HTTP(S) client for summarizer backends that call an LLM endpoint.
+//!
+//! One [`HttpClient`] holds one pooled hyper-util client (rustls with the `ring` provider,
+//! webpki and native roots plus an optional extra CA file), so a backend instance reuses its
+//! connections. [`HttpClient::post_json`] sends one JSON body and maps every way the exchange
+//! can fail onto [`SummarizeError`]: deadline → `Timeout`, connect/IO → `Transport`, non-2xx →
+//! `Status` with the provider's own message (bounded, secrets removed), unreadable JSON →
+//! `InvalidOutput`. The `anthropic` backend uses it too.
+
+use std::error::Error as StdError;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{HeaderName, HeaderValue, ACCEPT, CONTENT_TYPE, USER_AGENT};
+use http::{Request, Uri};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::CertificateDer;
+use tokio::time::Instant;
+
+use compactor_plugin_api::SummarizeError;
+
+/// Largest response body read from a provider.
+pub const MAX_RESPONSE_BYTES: usize = 16 * 1024 * 1024;
+
+/// Longest provider error message kept in a [`SummarizeError::Status`].
+pub const MAX_ERROR_MESSAGE_CHARS: usize = 300;
+
+/// Shown instead of a secret that a provider echoed back.
+const REDACTED: &str = "[redacted]";
+
+/// A pooled HTTP/1.1 + HTTP/2 client for `http` and `https` endpoints.
+#[derive(Clone)]
+pub struct HttpClient {
+    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+}
+
+impl std::fmt::Debug for HttpClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpClient").finish_non_exhaustive()
+    }
+}
+
+impl HttpClient {
+    /// Builds a client trusting webpki's roots, the system's roots (best effort) and, when
+    /// given, every certificate of the PEM file `extra_ca_file`.
+    pub fn new(extra_ca_file: Option<&Path>) -> Result<HttpClient, SummarizeError> {
+        Ok(HttpClient::with_tls_config(tls_config(extra_ca_file)?))
+    }
+
+    /// Builds a client from a ready rustls configuration (its ALPN list must be empty).
+    pub fn with_tls_config(tls: rustls::ClientConfig) -> HttpClient {
+        let connector = HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .enable_http2()
+            .build();
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(90))
+            .build(connector);
+        HttpClient { client }
+    }
+
+    /// POSTs `body` as JSON to `url` and returns the parsed JSON answer of a 2xx response.
+    ///
+    /// Gives up at `deadline` with [`SummarizeError::Timeout`] carrying `timeout`. `secrets`
+    /// are the credential values sent: any of them echoed in an error body is replaced by
+    /// `[redacted]` before it reaches the error (and therefore the logs).
+    pub async fn post_json(
+        &self,
+        url: &str,
+        headers: &[(HeaderName, HeaderValue)],
+        body: &serde_json::Value,
+        secrets: &[&str],
+        deadline: Instant,
+        timeout: Duration,
+    ) -> Result<serde_json::Value, SummarizeError> {
+        let uri: Uri = url
+            .parse()
+            .map_err(|e| SummarizeError::Config(format!("invalid endpoint `{url}`: {e}")))?;
+        let bytes = serde_json::to_vec(body)
+            .map_err(|e| SummarizeError::Config(format!("cannot encode request: {e}")))?;
+        let mut builder = Request::post(uri)
+            .header(CONTENT_TYPE, "application/json")
+            .header(ACCEPT, "application/json")
+            .header(USER_AGENT, concat!("compactor/", env!("CARGO_PKG_VERSION")));
+        for (name, value) in headers {
+            builder = builder.header(name, value);
+        }
+        let request = builder
+            .body(Full::new(Bytes::from(bytes)))
+            .map_err(|e| SummarizeError::Config(format!("cannot build request: {e}")))?;
+
+        let exchange = async {
+            let response = self
+                .client
+                .request(request)
+                .await
+                .map_err(|e| SummarizeError::Transport(error_chain(&e)))?;
+            let status = response.status();
+            let body = Limited::new(response.into_body(), MAX_RESPONSE_BYTES)
+                .collect()
+                .await
+                .map_err(|e| SummarizeError::Transport(format!("reading response: {e}")))?
+                .to_bytes();
+            Ok::<_, SummarizeError>((status, body))
+        };
+        let (status, body) = tokio::time::timeout_at(deadline, exchange)
+            .await
+            .map_err(|_| SummarizeError::Timeout(timeout))??;
+
+        if !status.is_success() {
+            return Err(SummarizeError::Status {
+                status: status.as_u16(),
+                message: provider_message(&body, secrets),
+            });
+        }
+        serde_json::from_slice(&body).map_err(|e| {
+            SummarizeError::InvalidOutput(format!("response is not JSON ({status}): {e}"))
+        })
+    }
+}
+
+/// Builds a header value for a credential, marked sensitive so it never shows in debug output.
+pub fn secret_header(value: &str) -> Result<HeaderValue, SummarizeError> {
+    let mut v = HeaderValue::from_str(value).map_err(|_| {
+        SummarizeError::Config("a credential is not a valid HTTP header value".into())
+    })?;
+    v.set_sensitive(true);
+    Ok(v)
+}
+
+/// The provider's error message from an error body: `error.message`, `error` or `message` of a
+/// JSON body, else the body text; whitespace collapsed, secrets redacted, bounded.
+pub fn provider_message(body: &[u8], secrets: &[&str]) -> String {
+    let json: Option<serde_json::Value> = serde_json::from_slice(body).ok();
+    let from_json = json.as_ref().and_then(|v| {
+        let error = v.get("error");
+        error
+            .and_then(|e| e.get("message"))
+            .and_then(|m| m.as_str())
+            .or_else(|| error.and_then(|e| e.as_str()))
+            .or_else(|| v.get("message").and_then(|m| m.as_str()))
+            .or_else(|| v.get("detail").and_then(|m| m.as_str()))
+            .map(str::to_owned)
+    });
+    let text = from_json.unwrap_or_else(|| String::from_utf8_lossy(body).into_owned());
+    let mut text = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    for secret in secrets {
+        if !secret.is_empty() {
+            text = text.replace(secret, REDACTED);
+        }
+    }
+    bounded(&text, MAX_ERROR_MESSAGE_CHARS)
+}
+
+/// `text` cut to at most `max` characters, with `…` when cut.
+pub fn bounded(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((i, _)) => format!("{}…", &text[..i]),
+        None => text.to_owned(),
+    }
+}
+
+/// The output budget to send: the configured one, capped by the request's when it gives one
+/// (0 means "not given" on either side).
+pub fn output_budget(configured: u32, requested: u32) -> u32 {
+    match (configured, requested) {
+        (0, r) => r,
+        (c, 0) => c,
+        (c, r) => c.min(r),
+    }
+}
+
+/// `base` and `path` joined with exactly one `/`.
+pub fn join_url(base: &str, path: &str) -> String {
+    format!(
+        "{}/{}",
+        base.trim_end_matches('/'),
+        path.trim_start_matches('/')
+    )
+}
+
+fn error_chain(e: &dyn StdError) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
+
+fn tls_config(extra_ca_file: Option<&Path>) -> Result<rustls::ClientConfig, SummarizeError> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    // Native roots are best effort: a machine without a system store still has webpki's.
+    for cert in rustls_native_certs::load_native_certs().certs {
+        let _ = roots.add(cert);
+    }
+    if let Some(path) = extra_ca_file {
+        let bad = |e: &dyn std::fmt::Display| {
+            SummarizeError::Config(format!("CA file {}: {e}", path.display()))
+        };
+        for cert in CertificateDer::pem_file_iter(path).map_err(|e| bad(&e))? {
+            roots.add(cert.map_err(|e| bad(&e))?).map_err(|e| bad(&e))?;
+        }
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    Ok(rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| SummarizeError::Config(format!("TLS setup: {e}")))?
+        .with_root_certificates(roots)
+        .with_no_client_auth())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn provider_messages_are_extracted_redacted_and_bounded() {
+        let body = br#"{"error":{"message":"Incorrect API key provided: sk-live-123.\n Check it.","type":"invalid_request_error"}}"#;
+        assert_eq!(
+            provider_message(body, &["sk-live-123"]),
+            "Incorrect API key provided: [redacted]. Check it."
+        );
+        assert_eq!(provider_message(b"upstream  down", &[]), "upstream down");
+        let long = "x".repeat(1000);
+        let m = provider_message(long.as_bytes(), &[]);
+        assert_eq!(m.chars().count(), MAX_ERROR_MESSAGE_CHARS + 1);
+        assert!(m.ends_with('…'));
+    }
+
+    #[test]
+    fn urls_join_with_one_slash() {
+        assert_eq!(join_url("http://a/v1/", "/chat"), "http://a/v1/chat");
+        assert_eq!(join_url("http://a", "v1/messages"), "http://a/v1/messages");
+    }
+
+    #[test]
+    fn budgets_take_the_smaller_given_value() {
+        assert_eq!(output_budget(4096, 1000), 1000);
+        assert_eq!(output_budget(4096, 0), 4096);
+        assert_eq!(output_budget(0, 2000), 2000);
+    }
+
+    #[test]
+    fn bounded_respects_char_boundaries() {
+        assert_eq!(bounded("héllo", 2), "hé…");
+        assert_eq!(bounded("hi", 2), "hi");
+    }
+}

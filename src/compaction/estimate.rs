@@ -1,0 +1,199 @@
+//! Token estimation without a tokenizer (seed §5.5, `LazyEstimator`).
+//!
+//! compactor estimates 0.25 tokens per character (about four characters per token) over
+//! everything the model reads: message text, tool-call names and arguments, tool outputs,
+//! reasoning, the system prompt and tool definitions, plus a fixed cost per image. Characters
+//! are Unicode scalar values, never bytes, so non-Latin text is not over-counted fourfold.
+//! Estimates are rounded up per message, so the estimate of a request is the sum of the
+//! estimates of its messages plus that of its tool definitions. Dialects count what a message
+//! holds into [`Counts`]; this module turns counts into tokens.
+
+use super::transcript::{Message, Part};
+
+/// Default tokens per character: ~4 characters per token for English text and code (seed
+/// §5.5).
+pub const TOKENS_PER_CHAR: f64 = 0.25;
+
+/// Estimated tokens of one image.
+///
+/// An image's token cost depends on its size and detail level, which compactor cannot see
+/// without downloading or decoding it. 765 is what OpenAI charges for a 1024×1024 image at
+/// `detail: high` (85 base tokens + 4 tiles × 170), a common screenshot size; Anthropic's
+/// formula (width × height / 750) gives ~1,400 for the same image and caps near 1,600. A
+/// fixed value keeps the estimate cheap and deterministic; it errs low for large images,
+/// which the trigger ratio's headroom absorbs.
+pub const IMAGE_TOKENS: usize = 765;
+
+/// What a message (or any piece of a request) holds, as far as the estimate cares.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Characters the model reads.
+    pub chars: usize,
+    /// Images the model sees.
+    pub images: usize,
+}
+
+impl Counts {
+    /// Adds another count to this one.
+    pub fn add(&mut self, other: Counts) {
+        self.chars = self.chars.saturating_add(other.chars);
+        self.images = self.images.saturating_add(other.images);
+    }
+}
+
+/// The seed's `LazyEstimator`: a fixed tokens-per-character ratio.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LazyEstimator {
+    tokens_per_char: f64,
+}
+
+impl Default for LazyEstimator {
+    fn default() -> Self {
+        LazyEstimator {
+            tokens_per_char: TOKENS_PER_CHAR,
+        }
+    }
+}
+
+impl LazyEstimator {
+    /// An estimator with a custom ratio (e.g. calibrated from real `usage`); non-finite or
+    /// non-positive ratios fall back to [`TOKENS_PER_CHAR`].
+    pub fn new(tokens_per_char: f64) -> Self {
+        let tokens_per_char = if tokens_per_char.is_finite() && tokens_per_char > 0.0 {
+            tokens_per_char
+        } else {
+            TOKENS_PER_CHAR
+        };
+        LazyEstimator { tokens_per_char }
+    }
+
+    /// Tokens of `chars` characters, rounded up.
+    pub fn chars(&self, chars: usize) -> usize {
+        let tokens = (chars as f64 * self.tokens_per_char).ceil();
+        if tokens >= usize::MAX as f64 {
+            usize::MAX
+        } else {
+            tokens as usize
+        }
+    }
+
+    /// Tokens of a piece of text.
+    pub fn text(&self, text: &str) -> usize {
+        self.chars(count_chars(text))
+    }
+
+    /// Tokens of counted content: characters plus [`IMAGE_TOKENS`] per image.
+    pub fn counts(&self, counts: Counts) -> usize {
+        self.chars(counts.chars)
+            .saturating_add(counts.images.saturating_mul(IMAGE_TOKENS))
+    }
+
+    /// Tokens of a neutral message, from its parts.
+    pub fn message(&self, message: &Message) -> usize {
+        self.counts(message_counts(message))
+    }
+
+    /// The characters a model that could fit `tokens` tokens would read (inverse of
+    /// [`LazyEstimator::chars`], rounded down).
+    pub fn chars_for_tokens(&self, tokens: usize) -> usize {
+        let chars = (tokens as f64 / self.tokens_per_char).floor();
+        if chars >= usize::MAX as f64 {
+            usize::MAX
+        } else {
+            chars as usize
+        }
+    }
+}
+
+/// Unicode scalar values in `s`, counted as the bytes that do not continue a UTF-8 sequence
+/// (branch-free, so it vectorises; much cheaper than decoding).
+pub fn count_chars(s: &str) -> usize {
+    s.len() - s.bytes().filter(|b| (*b as i8) < -0x40).count()
+}
+
+/// What the model reads of one neutral message.
+pub fn message_counts(message: &Message) -> Counts {
+    let mut counts = Counts::default();
+    for part in &message.parts {
+        match part {
+            Part::Text(text) | Part::Reasoning(text) => counts.chars += count_chars(text),
+            Part::Image => counts.images += 1,
+            Part::ToolCall(call) => {
+                counts.chars += count_chars(&call.name) + count_chars(&call.arguments)
+            }
+            Part::Opaque { chars, .. } => counts.chars += chars,
+        }
+    }
+    counts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compaction::transcript::{Role, ToolCall};
+
+    #[test]
+    fn quarter_token_per_char_is_the_default() {
+        assert_eq!(TOKENS_PER_CHAR, 0.25);
+        let e = LazyEstimator::default();
+        assert_eq!(e.chars(0), 0);
+        assert_eq!(e.chars(4), 1);
+        assert_eq!(e.chars(5), 2, "rounded up");
+        assert_eq!(e.text(&"x".repeat(4000)), 1000);
+    }
+
+    #[test]
+    fn image_cost_is_fixed_and_documented() {
+        assert_eq!(IMAGE_TOKENS, 765);
+        let e = LazyEstimator::default();
+        assert_eq!(e.counts(Counts { chars: 8, images: 2 }), 2 + 2 * 765);
+    }
+
+    #[test]
+    fn characters_not_bytes_are_counted() {
+        assert_eq!(count_chars("héllo"), 5);
+        assert_eq!(count_chars("日本語"), 3);
+        assert_eq!(count_chars("🦀🦀"), 2);
+        assert_eq!(count_chars(""), 0);
+        let e = LazyEstimator::default();
+        assert_eq!(e.text("日本語日"), 1, "4 chars (12 bytes) are one token");
+    }
+
+    #[test]
+    fn everything_the_model_reads_counts() {
+        let m = Message::new(
+            Role::Assistant,
+            vec![
+                Part::Text("abcd".into()),
+                Part::Reasoning("efgh".into()),
+                Part::ToolCall(ToolCall {
+                    id: Some("call_1".into()),
+                    name: "bash".into(),
+                    arguments: "{\"c\":1}".into(),
+                }),
+                Part::Image,
+                Part::Opaque {
+                    kind: "input_audio".into(),
+                    chars: 8,
+                },
+            ],
+        );
+        assert_eq!(
+            message_counts(&m),
+            Counts {
+                chars: 4 + 4 + 4 + 7 + 8,
+                images: 1
+            }
+        );
+        assert_eq!(LazyEstimator::default().message(&m), 7 + 765);
+    }
+
+    #[test]
+    fn bad_ratios_fall_back_and_inverse_is_consistent() {
+        assert_eq!(LazyEstimator::new(f64::NAN), LazyEstimator::default());
+        assert_eq!(LazyEstimator::new(-1.0), LazyEstimator::default());
+        let e = LazyEstimator::new(0.5);
+        assert_eq!(e.chars(3), 2);
+        assert_eq!(LazyEstimator::default().chars_for_tokens(10), 40);
+    }
+}

@@ -1,0 +1,881 @@
+//! File tracking (seed §5.4, `trackFiles`): which files the conversation read and modified.
+//!
+//! The tracker reads the model's tool calls. Tool names are matched case-insensitively after
+//! dropping namespaces (`mcp__fs__read_file` → `read_file`, `functions.bash` → `bash`):
+//! - read tools (`read`, `Read`, `read_file`, `view`, ...) → read, from `file_path`/`path`/
+//!   `file`/`filename`;
+//! - write tools (`write`, `Write`, `edit`, `Edit`, `MultiEdit`, `patch`, `apply_patch`,
+//!   `create`, `edit_file`, ...) → modified; patch bodies (`*** Update File: x`, `+++ b/x`)
+//!   name their files;
+//! - editor tools (`str_replace_editor`, `str_replace_based_edit_tool`): `command: view` →
+//!   read, `create`/`str_replace`/`insert`/`undo_edit` → modified;
+//! - shell tools (`shell`, `bash`, ...) → both, from the `command` string: it is split into
+//!   simple commands (quotes, `&&`, `||`, `;`, pipes, heredocs), then `cat`/`head`/`tail`/
+//!   `less`/`grep`/... operands and `<` sources are read; `sed -i`, `tee`, `touch`, `rm`, the
+//!   destination of `mv`/`cp`, and `>`/`>>` targets are modified;
+//! - SWE-agent: `open` → read and `create` → modified, each making that file the current one;
+//!   `edit` without a path modifies the current file. SWE-agent's text mode (commands in a
+//!   fenced block of the assistant's text: `open x`, `create x`, `edit 1:5` … `end_of_edit`)
+//!   is tracked the same way.
+//!
+//! Lists are deduplicated in order of first appearance and start from the lists of the
+//! previous compaction, so they accumulate over a session.
+
+use std::collections::HashSet;
+use std::sync::LazyLock;
+
+use regex::Regex;
+use serde_json::Value;
+
+use super::transcript::{Message, Part, Role};
+
+/// Argument keys that name the file a tool works on.
+const PATH_KEYS: &[&str] = &[
+    "file_path",
+    "path",
+    "file",
+    "filename",
+    "filepath",
+    "target_file",
+    "notebook_path",
+    "absolute_path",
+];
+
+/// Argument keys holding several files.
+const PATHS_KEYS: &[&str] = &["paths", "file_paths", "files"];
+
+/// `*** Update File: x` / `*** Add File: x` / `*** Delete File: x` / `*** Move to: x` (the
+/// `apply_patch` format).
+static PATCH_FILE: LazyLock<Option<Regex>> = LazyLock::new(|| {
+    Regex::new(r"(?m)^\*\*\* (?:(?:Update|Add|Delete) File|Move to): *(\S.*?)\s*$").ok()
+});
+
+/// `+++ b/x` lines of a unified diff.
+static DIFF_FILE: LazyLock<Option<Regex>> =
+    LazyLock::new(|| Regex::new(r"(?m)^\+\+\+ (?:[ab]/)?(\S+)").ok());
+
+/// A fenced code block in assistant text.
+static FENCED: LazyLock<Option<Regex>> =
+    LazyLock::new(|| Regex::new(r"(?s)```[^\n]*\n(.*?)```").ok());
+
+/// SWE-agent's `open <path> [line]` / `create <path>`.
+static SWE_OPEN_CREATE: LazyLock<Option<Regex>> = LazyLock::new(|| {
+    Regex::new(r#"^(open|create)\s+(?:"([^"]+)"|'([^']+)'|(\S+))(?:\s+\d+)?\s*$"#).ok()
+});
+
+/// SWE-agent's `edit <start>:<end>`.
+static SWE_EDIT: LazyLock<Option<Regex>> =
+    LazyLock::new(|| Regex::new(r"^edit\s+\d+(?::\d+)?\s*$").ok());
+
+/// An environment assignment prefix (`FOO=bar cmd`).
+static ENV_ASSIGNMENT: LazyLock<Option<Regex>> =
+    LazyLock::new(|| Regex::new(r"^[A-Za-z_][A-Za-z0-9_]*=").ok());
+
+fn is_match(re: &LazyLock<Option<Regex>>, text: &str) -> bool {
+    re.as_ref().is_some_and(|r| r.is_match(text))
+}
+
+/// What a tool does to files, by its (normalised) name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ToolKind {
+    Read,
+    Modify,
+    Patch,
+    Editor,
+    Shell,
+    SweOpen,
+    SweCreate,
+    SweEdit,
+    SweSearch,
+}
+
+fn classify(name: &str) -> Option<ToolKind> {
+    let lower = name.trim().to_ascii_lowercase();
+    let short = lower.rsplit("__").next().unwrap_or(&lower);
+    let short = short.rsplit('.').next().unwrap_or(short);
+    let short = short.replace('-', "_");
+    use ToolKind::*;
+    Some(match short.as_str() {
+        "read" | "read_file" | "readfile" | "view" | "view_file" | "open_file" | "cat"
+        | "read_many_files" | "get_file_contents" => Read,
+        "open" => SweOpen,
+        "create" => SweCreate,
+        "edit" => SweEdit,
+        "search_file" => SweSearch,
+        "write" | "write_file" | "writefile" | "write_to_file" | "create_file" | "edit_file"
+        | "multiedit" | "multi_edit" | "str_replace" | "insert" | "replace"
+        | "replace_in_file" | "search_replace" | "notebookedit" | "notebook_edit"
+        | "delete_file" | "append_file" => Modify,
+        "patch" | "apply_patch" | "applypatch" | "apply_diff" => Patch,
+        "str_replace_editor" | "str_replace_based_edit_tool" | "text_editor" | "editor" => {
+            Editor
+        }
+        "shell" | "bash" | "sh" | "zsh" | "run_shell_command" | "execute_command"
+        | "exec_command" | "run_command" | "terminal" | "run_terminal_cmd" | "local_shell"
+        | "exec" | "execute_bash" | "container_exec" | "shell_command" => Shell,
+        _ => return None,
+    })
+}
+
+/// Accumulates the files read and modified.
+#[derive(Debug, Clone, Default)]
+pub struct FileTracker {
+    read: Vec<String>,
+    modified: Vec<String>,
+    read_seen: HashSet<String>,
+    modified_seen: HashSet<String>,
+    /// SWE-agent's open file, which `edit` applies to.
+    current: Option<String>,
+}
+
+impl FileTracker {
+    /// An empty tracker.
+    pub fn new() -> FileTracker {
+        FileTracker::default()
+    }
+
+    /// A tracker continuing from the lists of a previous compaction.
+    pub fn with_prior(read: &[String], modified: &[String]) -> FileTracker {
+        let mut t = FileTracker::new();
+        for f in read {
+            t.add_read(f);
+        }
+        for f in modified {
+            t.add_modified(f);
+        }
+        t
+    }
+
+    /// Files read, in order of first appearance.
+    pub fn read_files(&self) -> &[String] {
+        &self.read
+    }
+
+    /// Files modified, in order of first appearance.
+    pub fn modified_files(&self) -> &[String] {
+        &self.modified
+    }
+
+    /// Scans one message: the tool calls and SWE-agent text commands of assistant messages.
+    pub fn observe_message(&mut self, message: &Message) {
+        if message.role != Role::Assistant {
+            return;
+        }
+        for part in &message.parts {
+            match part {
+                Part::ToolCall(call) => self.observe_tool_call(&call.name, &call.arguments),
+                Part::Text(text) => self.observe_text(text),
+                _ => {}
+            }
+        }
+    }
+
+    /// Scans one tool call.
+    pub fn observe_tool_call(&mut self, name: &str, arguments: &str) {
+        let Some(kind) = classify(name) else { return };
+        let args: Value = serde_json::from_str(arguments).unwrap_or(Value::Null);
+        let paths = paths_in(&args);
+        match kind {
+            ToolKind::Read | ToolKind::SweSearch => paths.iter().for_each(|p| self.add_read(p)),
+            ToolKind::Modify => paths.iter().for_each(|p| self.add_modified(p)),
+            ToolKind::Patch => {
+                paths.iter().for_each(|p| self.add_modified(p));
+                let body = match &args {
+                    Value::Object(map) => ["input", "patch", "diff", "content"]
+                        .iter()
+                        .find_map(|k| map.get(*k).and_then(Value::as_str))
+                        .unwrap_or_default()
+                        .to_string(),
+                    Value::String(s) => s.clone(),
+                    _ => arguments.to_string(),
+                };
+                self.observe_patch(&body, true);
+            }
+            ToolKind::Editor => {
+                let command = args.get("command").and_then(Value::as_str).unwrap_or("");
+                match command {
+                    "view" => paths.iter().for_each(|p| self.add_read(p)),
+                    "create" | "str_replace" | "insert" | "undo_edit" | "write" | "edit" => {
+                        paths.iter().for_each(|p| self.add_modified(p))
+                    }
+                    _ => {}
+                }
+                if let Some(p) = paths.first() {
+                    self.current = Some(p.clone());
+                }
+            }
+            ToolKind::SweOpen => {
+                paths.iter().for_each(|p| self.add_read(p));
+                if let Some(p) = paths.first() {
+                    self.current = Some(p.clone());
+                }
+            }
+            ToolKind::SweCreate => {
+                paths.iter().for_each(|p| self.add_modified(p));
+                if let Some(p) = paths.first() {
+                    self.current = Some(p.clone());
+                }
+            }
+            ToolKind::SweEdit => {
+                if paths.is_empty() {
+                    if let Some(current) = self.current.clone() {
+                        self.add_modified(&current);
+                    }
+                } else {
+                    paths.iter().for_each(|p| self.add_modified(p));
+                }
+            }
+            ToolKind::Shell => {
+                let command = shell_command(&args).unwrap_or_else(|| {
+                    // Not JSON: some harnesses send the command line itself.
+                    if args.is_null() {
+                        arguments.to_string()
+                    } else {
+                        String::new()
+                    }
+                });
+                self.observe_command(&command);
+            }
+        }
+    }
+
+    /// Scans assistant text for SWE-agent commands in fenced blocks.
+    pub fn observe_text(&mut self, text: &str) {
+        if !text.contains("```") {
+            return;
+        }
+        let Some(fenced) = FENCED.as_ref() else {
+            return;
+        };
+        for block in fenced.captures_iter(text) {
+            let Some(body) = block.get(1).map(|m| m.as_str()) else {
+                continue;
+            };
+            let first = body.lines().next().unwrap_or("").trim();
+            if let Some(caps) = SWE_OPEN_CREATE.as_ref().and_then(|r| r.captures(first)) {
+                let path = (2..=4).find_map(|i| caps.get(i)).map(|m| m.as_str());
+                let (Some(verb), Some(path)) = (caps.get(1), path) else {
+                    continue;
+                };
+                if !looks_like_path(path) {
+                    continue;
+                }
+                if verb.as_str() == "open" {
+                    self.add_read(path);
+                } else {
+                    self.add_modified(path);
+                }
+                self.current = Some(path.to_string());
+            } else if is_match(&SWE_EDIT, first) && body.contains("end_of_edit") {
+                if let Some(current) = self.current.clone() {
+                    self.add_modified(&current);
+                }
+            }
+        }
+    }
+
+    /// Scans a shell command line.
+    pub fn observe_command(&mut self, command: &str) {
+        let mentions_patch = command.contains("patch") || command.contains("git apply");
+        self.observe_patch(command, mentions_patch);
+        for segment in split_commands(command) {
+            self.observe_simple_command(&segment);
+        }
+    }
+
+    fn observe_patch(&mut self, text: &str, unified_diffs: bool) {
+        if let Some(re) = PATCH_FILE.as_ref() {
+            for caps in re.captures_iter(text) {
+                if let Some(m) = caps.get(1) {
+                    self.add_modified(m.as_str());
+                }
+            }
+        }
+        if unified_diffs {
+            if let Some(re) = DIFF_FILE.as_ref() {
+                for caps in re.captures_iter(text) {
+                    if let Some(m) = caps.get(1) {
+                        self.add_modified(m.as_str());
+                    }
+                }
+            }
+        }
+    }
+
+    fn observe_simple_command(&mut self, cmd: &SimpleCommand) {
+        for (kind, target) in &cmd.redirects {
+            match kind {
+                Redirect::Out => self.add_modified(target),
+                Redirect::In => self.add_read(target),
+            }
+        }
+        let mut words = cmd.words.iter().map(String::as_str).peekable();
+        // Skip environment assignments and wrappers.
+        while let Some(w) = words.peek() {
+            if is_match(&ENV_ASSIGNMENT, w)
+                || matches!(*w, "sudo" | "env" | "time" | "nohup" | "command" | "exec")
+            {
+                words.next();
+            } else {
+                break;
+            }
+        }
+        let Some(program) = words.next() else { return };
+        let program = program.rsplit('/').next().unwrap_or(program);
+        let rest: Vec<&str> = words.collect();
+        // Flags that take a value, per program; `script_flags` supply the pattern/script.
+        let (value_flags, script_flags): (&[&str], &[&str]) = match program {
+            "head" | "tail" => (&["-n", "-c"], &[]),
+            "grep" | "egrep" | "fgrep" | "rg" | "ag" | "ack" => (
+                &["-e", "-f", "-A", "-B", "-C", "-m", "--regexp", "--file", "-g", "--glob"],
+                &["-e", "-f", "--regexp", "--file"],
+            ),
+            "sed" => (&["-e", "-f", "--expression", "--file"], &["-e", "-f", "--expression", "--file"]),
+            "awk" | "gawk" => (&["-F", "-v", "-f"], &["-f"]),
+            "cp" | "mv" => (&["-t", "--target-directory", "-S", "--suffix"], &[]),
+            "tee" | "touch" => (&["-d", "-r", "-t"], &[]),
+            _ => (&[], &[]),
+        };
+        let mut positional: Vec<&str> = Vec::new();
+        let mut has_script_flag = false;
+        let mut in_place = false;
+        let mut target_dir: Option<&str> = None;
+        let mut iter = rest.iter();
+        let mut options_done = false;
+        while let Some(w) = iter.next() {
+            if !options_done && *w == "--" {
+                options_done = true;
+                continue;
+            }
+            if !options_done && w.starts_with('-') && w.len() > 1 {
+                if program == "sed" && (w.starts_with("-i") || *w == "--in-place") {
+                    in_place = true;
+                }
+                if value_flags.contains(w) {
+                    let value = iter.next();
+                    if script_flags.contains(w) {
+                        has_script_flag = true;
+                    }
+                    if matches!(*w, "-t" | "--target-directory") {
+                        target_dir = value.copied();
+                    }
+                }
+                continue;
+            }
+            positional.push(w);
+        }
+        let operands = |skip_script: bool| -> Vec<&str> {
+            let skip = usize::from(skip_script && !has_script_flag);
+            positional.iter().skip(skip).copied().collect()
+        };
+        match program {
+            "cat" | "head" | "tail" | "less" | "more" | "bat" | "nl" | "wc" | "tac" | "xxd"
+            | "diff" | "cmp" => operands(false).iter().for_each(|p| self.add_read(p)),
+            "grep" | "egrep" | "fgrep" | "rg" | "ag" | "ack" | "awk" | "gawk" => {
+                operands(true).iter().for_each(|p| self.add_read(p))
+            }
+            "sed" => {
+                let files = operands(true);
+                if in_place {
+                    files.iter().for_each(|p| self.add_modified(p));
+                } else {
+                    files.iter().for_each(|p| self.add_read(p));
+                }
+            }
+            "tee" | "touch" | "rm" | "truncate" | "unlink" => {
+                operands(false).iter().for_each(|p| self.add_modified(p))
+            }
+            "cp" | "mv" => {
+                let ops = operands(false);
+                let (sources, dest) = match target_dir {
+                    Some(dir) => (&ops[..], Some(dir)),
+                    None => match ops.split_last() {
+                        Some((last, init)) if !init.is_empty() => (init, Some(*last)),
+                        _ => (&ops[..0], None),
+                    },
+                };
+                if program == "cp" {
+                    sources.iter().for_each(|p| self.add_read(p));
+                }
+                if let Some(d) = dest {
+                    self.add_modified(d);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn add_read(&mut self, path: &str) {
+        let path = clean(path);
+        if looks_like_path(path) && self.read_seen.insert(path.to_string()) {
+            self.read.push(path.to_string());
+        }
+    }
+
+    fn add_modified(&mut self, path: &str) {
+        let path = clean(path);
+        if looks_like_path(path) && self.modified_seen.insert(path.to_string()) {
+            self.modified.push(path.to_string());
+        }
+    }
+}
+
+fn clean(path: &str) -> &str {
+    path.trim().trim_matches(|c| c == '"' || c == '\'' || c == '`')
+}
+
+/// Whether an operand is plausibly a file path (not a flag, number, URL, glob or expansion).
+fn looks_like_path(p: &str) -> bool {
+    !p.is_empty()
+        && p.len() <= 4096
+        && !p.starts_with('-')
+        && !matches!(p, "." | ".." | "/" | "~" | "-")
+        && !p.bytes().all(|b| b.is_ascii_digit())
+        && !p.contains("://")
+        && !p.starts_with("/dev/")
+        && !p.starts_with("/proc/")
+        && !p.chars().any(|c| "*?[]{}$`<>|;&()=\n\r\0".contains(c))
+}
+
+/// The file paths named in a tool's arguments.
+fn paths_in(args: &Value) -> Vec<String> {
+    let mut out = Vec::new();
+    let Value::Object(map) = args else {
+        return out;
+    };
+    for key in PATH_KEYS {
+        if let Some(p) = map.get(*key).and_then(Value::as_str) {
+            out.push(p.to_string());
+        }
+    }
+    for key in PATHS_KEYS {
+        if let Some(Value::Array(items)) = map.get(*key) {
+            for item in items {
+                match item {
+                    Value::String(p) => out.push(p.clone()),
+                    Value::Object(o) => {
+                        if let Some(p) = PATH_KEYS.iter().find_map(|k| o.get(*k)?.as_str()) {
+                            out.push(p.to_string());
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The command line in a shell tool's arguments: `command`/`cmd`/`script` as a string, or an
+/// argv array (`["bash", "-lc", "cat x"]` → `cat x`).
+fn shell_command(args: &Value) -> Option<String> {
+    let value = match args {
+        Value::String(s) => return Some(s.clone()),
+        Value::Object(map) => ["command", "cmd", "script"]
+            .iter()
+            .find_map(|k| map.get(*k))?,
+        _ => return None,
+    };
+    match value {
+        Value::String(s) => Some(s.clone()),
+        Value::Array(items) => {
+            let argv: Vec<&str> = items.iter().filter_map(Value::as_str).collect();
+            let script = argv
+                .iter()
+                .position(|a| matches!(*a, "-c" | "-lc" | "-ic" | "-cl"))
+                .and_then(|i| argv.get(i + 1));
+            Some(match script {
+                Some(s) => s.to_string(),
+                None => argv.join(" "),
+            })
+        }
+        _ => None,
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Redirect {
+    Out,
+    In,
+}
+
+/// One simple command: its words (quotes removed) and redirections.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct SimpleCommand {
+    words: Vec<String>,
+    redirects: Vec<(Redirect, String)>,
+}
+
+/// Splits a shell command line into simple commands: separators `;`, `&&`, `||`, `|`, `&`,
+/// newlines and parentheses; quotes and backslashes are honoured; heredoc bodies and comments
+/// are skipped; `>`, `>>`, `&>`, `N>` and `<` become redirections.
+fn split_commands(cmd: &str) -> Vec<SimpleCommand> {
+    #[derive(PartialEq)]
+    enum Expect {
+        Word,
+        Target(Redirect),
+        HeredocDelimiter,
+        HereString,
+    }
+    let mut out = Vec::new();
+    let mut current = SimpleCommand::default();
+    let mut word = String::new();
+    let mut in_word = false;
+    let mut expect = Expect::Word;
+    let mut heredocs: Vec<String> = Vec::new();
+    let chars: Vec<char> = cmd.chars().collect();
+    let mut i = 0;
+
+    fn finish_word(
+        word: &mut String,
+        in_word: &mut bool,
+        expect: &mut Expect,
+        current: &mut SimpleCommand,
+        heredocs: &mut Vec<String>,
+    ) {
+        if !*in_word {
+            return;
+        }
+        let w = std::mem::take(word);
+        *in_word = false;
+        match std::mem::replace(expect, Expect::Word) {
+            Expect::Word => current.words.push(w),
+            Expect::Target(kind) => current.redirects.push((kind, w)),
+            Expect::HeredocDelimiter => heredocs.push(w.trim_start_matches('-').to_string()),
+            Expect::HereString => {}
+        }
+    }
+
+    while let Some(&c) = chars.get(i) {
+        match c {
+            '\'' => {
+                in_word = true;
+                i += 1;
+                while let Some(&d) = chars.get(i) {
+                    i += 1;
+                    if d == '\'' {
+                        break;
+                    }
+                    word.push(d);
+                }
+                continue;
+            }
+            '"' => {
+                in_word = true;
+                i += 1;
+                while let Some(&d) = chars.get(i) {
+                    i += 1;
+                    match d {
+                        '"' => break,
+                        '\\' => {
+                            if let Some(&e) = chars.get(i) {
+                                i += 1;
+                                if !matches!(e, '"' | '\\' | '$' | '`') {
+                                    word.push('\\');
+                                }
+                                word.push(e);
+                            }
+                        }
+                        _ => word.push(d),
+                    }
+                }
+                continue;
+            }
+            '\\' => {
+                if let Some(&e) = chars.get(i + 1) {
+                    if e != '\n' {
+                        in_word = true;
+                        word.push(e);
+                    }
+                }
+                i += 2;
+                continue;
+            }
+            '#' if !in_word => {
+                while chars.get(i).is_some_and(|&d| d != '\n') {
+                    i += 1;
+                }
+                continue;
+            }
+            ' ' | '\t' | '\r' => {
+                finish_word(&mut word, &mut in_word, &mut expect, &mut current, &mut heredocs)
+            }
+            '\n' | ';' | '|' | '&' | '(' | ')' => {
+                if c == '&' && chars.get(i + 1) == Some(&'>') {
+                    // `&>file` / `&>>file`
+                    finish_word(&mut word, &mut in_word, &mut expect, &mut current, &mut heredocs);
+                    i += 2;
+                    if chars.get(i) == Some(&'>') {
+                        i += 1;
+                    }
+                    expect = Expect::Target(Redirect::Out);
+                    continue;
+                }
+                finish_word(&mut word, &mut in_word, &mut expect, &mut current, &mut heredocs);
+                out.push(std::mem::take(&mut current));
+                expect = Expect::Word;
+                if c == '\n' && !heredocs.is_empty() {
+                    // Skip heredoc bodies up to their delimiter lines.
+                    i += 1;
+                    for delim in std::mem::take(&mut heredocs) {
+                        loop {
+                            let start = i;
+                            while chars.get(i).is_some_and(|&d| d != '\n') {
+                                i += 1;
+                            }
+                            let line: String = chars[start..i].iter().collect();
+                            i += 1;
+                            if line.trim() == delim || i >= chars.len() {
+                                break;
+                            }
+                        }
+                    }
+                    continue;
+                }
+            }
+            '>' => {
+                // A word of digits right before `>` is a file descriptor.
+                if in_word && word.bytes().all(|b| b.is_ascii_digit()) {
+                    word.clear();
+                    in_word = false;
+                } else {
+                    finish_word(&mut word, &mut in_word, &mut expect, &mut current, &mut heredocs);
+                }
+                i += 1;
+                if chars.get(i) == Some(&'>') {
+                    i += 1;
+                }
+                if chars.get(i) == Some(&'&') {
+                    // `>&2`: duplicates a descriptor, no file.
+                    i += 1;
+                    while chars.get(i).is_some_and(|d| d.is_ascii_digit() || *d == '-') {
+                        i += 1;
+                    }
+                    continue;
+                }
+                expect = Expect::Target(Redirect::Out);
+                continue;
+            }
+            '<' => {
+                finish_word(&mut word, &mut in_word, &mut expect, &mut current, &mut heredocs);
+                i += 1;
+                if chars.get(i) == Some(&'<') {
+                    i += 1;
+                    if chars.get(i) == Some(&'<') {
+                        i += 1;
+                        expect = Expect::HereString;
+                    } else {
+                        expect = Expect::HeredocDelimiter;
+                    }
+                } else {
+                    expect = Expect::Target(Redirect::In);
+                }
+                continue;
+            }
+            _ => {
+                in_word = true;
+                word.push(c);
+            }
+        }
+        i += 1;
+    }
+    finish_word(&mut word, &mut in_word, &mut expect, &mut current, &mut heredocs);
+    out.push(current);
+    out.retain(|c| !c.words.is_empty() || !c.redirects.is_empty());
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compaction::transcript::Transcript;
+    use serde::Deserialize;
+
+    fn track(calls: &[(&str, &str)]) -> (Vec<String>, Vec<String>) {
+        let mut t = FileTracker::new();
+        for (name, args) in calls {
+            t.observe_tool_call(name, args);
+        }
+        (t.read_files().to_vec(), t.modified_files().to_vec())
+    }
+
+    fn s(v: &[&str]) -> Vec<String> {
+        v.iter().map(|x| x.to_string()).collect()
+    }
+
+    #[test]
+    fn regexes_compile() {
+        for re in [&PATCH_FILE, &DIFF_FILE, &FENCED, &SWE_OPEN_CREATE, &SWE_EDIT, &ENV_ASSIGNMENT] {
+            assert!(re.is_some());
+        }
+    }
+
+    #[test]
+    fn seed_tools_read_and_modify() {
+        let (read, modified) = track(&[
+            ("read", r#"{"file_path":"/a.go"}"#),
+            ("write", r#"{"file_path":"/b.go"}"#),
+            ("edit", r#"{"path":"/c.go"}"#),
+            ("patch", r#"{"file":"/d.go"}"#),
+            ("apply_patch", r#"{"input":"*** Begin Patch\n*** Update File: /e.go\n@@\n*** Add File: f.go\n*** End Patch"}"#),
+        ]);
+        assert_eq!(read, s(&["/a.go"]));
+        assert_eq!(modified, s(&["/b.go", "/c.go", "/d.go", "/e.go", "f.go"]));
+    }
+
+    #[test]
+    fn tool_name_variants_are_case_insensitive() {
+        let (read, modified) = track(&[
+            ("Read", r#"{"file_path":"r1"}"#),
+            ("read_file", r#"{"path":"r2"}"#),
+            ("view", r#"{"path":"r3"}"#),
+            ("mcp__fs__read_file", r#"{"path":"r4"}"#),
+            ("Edit", r#"{"file_path":"m1"}"#),
+            ("MultiEdit", r#"{"file_path":"m2","edits":[]}"#),
+            ("Write", r#"{"file_path":"m3"}"#),
+            ("write_file", r#"{"filename":"m4"}"#),
+            ("edit_file", r#"{"target_file":"m5"}"#),
+            ("create", r#"{"path":"m6"}"#),
+            ("unknown_tool", r#"{"path":"nope"}"#),
+        ]);
+        assert_eq!(read, s(&["r1", "r2", "r3", "r4"]));
+        assert_eq!(modified, s(&["m1", "m2", "m3", "m4", "m5", "m6"]));
+    }
+
+    #[test]
+    fn str_replace_editor_commands() {
+        let (read, modified) = track(&[
+            ("str_replace_editor", r#"{"command":"view","path":"/repo/a.py"}"#),
+            ("str_replace_editor", r#"{"command":"create","path":"/repo/b.py","file_text":"x"}"#),
+            ("str_replace_based_edit_tool", r#"{"command":"str_replace","path":"/repo/a.py"}"#),
+            ("str_replace_editor", r#"{"command":"insert","path":"/repo/c.py"}"#),
+        ]);
+        assert_eq!(read, s(&["/repo/a.py"]));
+        assert_eq!(modified, s(&["/repo/b.py", "/repo/a.py", "/repo/c.py"]));
+    }
+
+    #[test]
+    fn shell_commands_by_regex_and_words() {
+        let (read, modified) = track(&[
+            ("bash", r#"{"command":"cat src/main.rs | head -n 20 README.md && grep -rn 'fn main' src/lib.rs"}"#),
+            ("shell", r#"{"command":["bash","-lc","sed -i 's/a/b/' x.py; echo hi > out.txt 2>&1"]}"#),
+            ("Bash", r#"{"command":"tail -f log.txt; tee -a t.log < in.txt; touch new.rs; rm -rf build"}"#),
+            ("bash", r#"{"command":"mv a.txt b.txt && cp c.txt d.txt && echo x >> app.log 2>/dev/null"}"#),
+            ("bash", r#"{"command":"python run.py > /dev/null; ls -la; sed -n '1,5p' cfg.toml"}"#),
+        ]);
+        assert_eq!(
+            read,
+            s(&["src/main.rs", "README.md", "src/lib.rs", "log.txt", "in.txt", "c.txt", "cfg.toml"])
+        );
+        assert_eq!(
+            modified,
+            s(&["x.py", "out.txt", "t.log", "new.rs", "build", "b.txt", "d.txt", "app.log"])
+        );
+    }
+
+    #[test]
+    fn heredocs_quotes_and_comments_are_understood() {
+        let (read, modified) = track(&[(
+            "bash",
+            r#"{"command":"cat > 'my file.py' <<'EOF'\nrm -rf /important\ncat secret\nEOF\n# cat commented\ngrep -e pat \"a b.txt\""}"#,
+        )]);
+        assert_eq!(read, s(&["a b.txt"]));
+        assert_eq!(modified, s(&["my file.py"]));
+        let (_, modified) = track(&[(
+            "bash",
+            r#"{"command":"apply_patch <<'PATCH'\n*** Begin Patch\n*** Update File: src/x.rs\n*** End Patch\nPATCH"}"#,
+        )]);
+        assert_eq!(modified, s(&["src/x.rs"]));
+        let (_, modified) = track(&[(
+            "bash",
+            r#"{"command":"git apply <<EOF\n--- a/y.rs\n+++ b/y.rs\n@@\nEOF"}"#,
+        )]);
+        assert_eq!(modified, s(&["y.rs"]));
+    }
+
+    #[test]
+    fn non_json_shell_arguments_are_the_command() {
+        let (read, _) = track(&[("bash", "cat notes.md")]);
+        assert_eq!(read, s(&["notes.md"]));
+    }
+
+    #[test]
+    fn not_paths_are_ignored() {
+        let (read, modified) = track(&[(
+            "bash",
+            r#"{"command":"cat $HOME/x *.rs https://x.y/z 42 - && head -n 5 && rm -- -weird"}"#,
+        )]);
+        assert!(read.is_empty(), "{read:?}");
+        assert!(modified.is_empty(), "{modified:?}");
+    }
+
+    #[test]
+    fn lists_dedupe_in_first_appearance_order_and_carry_forward() {
+        let mut t = FileTracker::with_prior(&s(&["old.rs"]), &s(&["gone.rs"]));
+        t.observe_tool_call("read", r#"{"path":"new.rs"}"#);
+        t.observe_tool_call("read", r#"{"path":"old.rs"}"#);
+        t.observe_tool_call("write", r#"{"path":"gone.rs"}"#);
+        t.observe_tool_call("write", r#"{"path":"new.rs"}"#);
+        assert_eq!(t.read_files(), s(&["old.rs", "new.rs"]));
+        assert_eq!(t.modified_files(), s(&["gone.rs", "new.rs"]));
+    }
+
+    #[derive(Deserialize)]
+    struct Fixture {
+        messages: Vec<Value>,
+    }
+
+    /// Parses a fixture through the Chat Completions dialect and tracks every message.
+    fn track_fixture(json: &str) -> (Vec<String>, Vec<String>) {
+        let fixture: Fixture = serde_json::from_str(json).expect("fixture parses");
+        let body = serde_json::json!({"model": "gpt-4o", "messages": fixture.messages}).to_string();
+        let request = crate::dialect::chat::parse(body.as_bytes()).expect("chat parses");
+        let transcript: &Transcript = &request.transcript;
+        let mut t = FileTracker::new();
+        for m in &transcript.messages {
+            t.observe_message(m);
+        }
+        (t.read_files().to_vec(), t.modified_files().to_vec())
+    }
+
+    #[test]
+    fn swe_agent_function_calling_fixtures_are_tracked() {
+        let (read, modified) = track_fixture(include_str!(
+            "../../tests/fixtures/transcripts/swe-agent-function-calling-simple.json"
+        ));
+        assert_eq!(read, s(&["tests/missing_colon.py"]));
+        assert_eq!(modified, s(&["tests/missing_colon.py"]), "edit applies to the open file");
+
+        let (read, modified) = track_fixture(include_str!(
+            "../../tests/fixtures/transcripts/swe-agent-marshmallow-function-calling.json"
+        ));
+        assert_eq!(read, s(&["src/marshmallow/fields.py"]));
+        assert_eq!(modified, s(&["reproduce.py", "src/marshmallow/fields.py"]));
+    }
+
+    #[test]
+    fn swe_agent_text_mode_fixtures_are_tracked() {
+        let (read, modified) = track_fixture(include_str!(
+            "../../tests/fixtures/transcripts/swe-agent-ctf-katy.json"
+        ));
+        assert!(read.is_empty(), "{read:?}");
+        assert_eq!(
+            modified,
+            s(&["retrieve_random_numbers.py", "get_seed.py", "recover_flag.py"])
+        );
+        let (_, modified) = track_fixture(include_str!(
+            "../../tests/fixtures/transcripts/swe-agent-ctf-web.json"
+        ));
+        assert_eq!(modified, s(&["printenv.pl"]));
+    }
+
+    #[test]
+    fn text_mode_needs_the_exact_command_shape() {
+        let mut t = FileTracker::new();
+        t.observe_text("Run this:\n```bash\nopen the door please\n```");
+        t.observe_text("```\nedit 1:2\nno terminator\n```");
+        t.observe_text("```\nopen \"src/app.py\" 40\n```\n```\nedit 3:4\nx = 1\nend_of_edit\n```");
+        assert_eq!(t.read_files(), s(&["src/app.py"]));
+        assert_eq!(t.modified_files(), s(&["src/app.py"]));
+    }
+}

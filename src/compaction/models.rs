@@ -1,0 +1,175 @@
+//! Model → context window lookup over the `[models]` table.
+//!
+//! Keys are exact model names or globs where `*` matches any run of characters. An exact
+//! name wins; otherwise the longest matching glob wins (ties: the lexicographically first
+//! pattern, so the answer never depends on load order). Matching ignores ASCII case. A name
+//! routed through an aggregator (`openai/gpt-4o`, `anthropic/claude-sonnet-4`) that matches
+//! nothing is retried with the part after its last `/`. Anything unmatched gets
+//! `compaction.default_context_window`.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::config::ModelConfig;
+
+/// The compiled models table.
+#[derive(Debug, Clone)]
+pub struct ModelTable {
+    exact: HashMap<String, usize>,
+    /// Lowercased patterns containing `*`, longest first.
+    globs: Vec<(String, usize)>,
+    default_window: usize,
+}
+
+impl ModelTable {
+    /// Builds the table from the config's `[models]` entries.
+    pub fn new(models: &BTreeMap<String, ModelConfig>, default_window: usize) -> ModelTable {
+        let mut exact = HashMap::new();
+        let mut globs = Vec::new();
+        for (name, model) in models {
+            let key = name.to_ascii_lowercase();
+            if key.contains('*') {
+                globs.push((key, model.context_window));
+            } else {
+                exact.insert(key, model.context_window);
+            }
+        }
+        // Longest first; equal lengths in lexicographic order (stable and deterministic).
+        globs.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then_with(|| a.0.cmp(&b.0)));
+        ModelTable {
+            exact,
+            globs,
+            default_window,
+        }
+    }
+
+    /// The context window of `model`, or the default when it is unknown or absent.
+    pub fn context_window(&self, model: Option<&str>) -> usize {
+        model
+            .and_then(|m| self.lookup(m))
+            .unwrap_or(self.default_window)
+    }
+
+    /// The table entry for `model`, if any.
+    pub fn lookup(&self, model: &str) -> Option<usize> {
+        let name = model.trim().to_ascii_lowercase();
+        self.lookup_lower(&name).or_else(|| {
+            let (_, short) = name.rsplit_once('/')?;
+            self.lookup_lower(short)
+        })
+    }
+
+    fn lookup_lower(&self, name: &str) -> Option<usize> {
+        if name.is_empty() {
+            return None;
+        }
+        if let Some(w) = self.exact.get(name) {
+            return Some(*w);
+        }
+        self.globs
+            .iter()
+            .find(|(pattern, _)| glob_match(pattern, name))
+            .map(|(_, w)| *w)
+    }
+}
+
+/// Whether `text` matches `pattern`, where `*` matches any run of characters (including none)
+/// and everything else matches itself, ignoring ASCII case. Linear time with one backtrack
+/// point (the classic wildcard algorithm).
+pub fn glob_match(pattern: &str, text: &str) -> bool {
+    let p = pattern.as_bytes();
+    let t = text.as_bytes();
+    let (mut pi, mut ti) = (0usize, 0usize);
+    let mut star: Option<(usize, usize)> = None;
+    while ti < t.len() {
+        match p.get(pi) {
+            Some(b'*') => {
+                star = Some((pi, ti));
+                pi += 1;
+            }
+            Some(c) if c.eq_ignore_ascii_case(&t[ti]) => {
+                pi += 1;
+                ti += 1;
+            }
+            _ => match star {
+                Some((sp, st)) => {
+                    pi = sp + 1;
+                    ti = st + 1;
+                    star = Some((sp, st + 1));
+                }
+                None => return false,
+            },
+        }
+    }
+    p[pi.min(p.len())..].iter().all(|c| *c == b'*')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(entries: &[(&str, usize)]) -> ModelTable {
+        let models = entries
+            .iter()
+            .map(|(k, w)| (k.to_string(), ModelConfig { context_window: *w }))
+            .collect();
+        ModelTable::new(&models, 1000)
+    }
+
+    #[test]
+    fn globs_match_any_run() {
+        assert!(glob_match("gpt-4o*", "gpt-4o"));
+        assert!(glob_match("gpt-4o*", "gpt-4o-mini-2024"));
+        assert!(glob_match("*llama-3.1*", "meta-llama/llama-3.1-70b"));
+        assert!(glob_match("a*b*c", "axxbyyc"));
+        assert!(glob_match("a*b*c", "abc"));
+        assert!(glob_match("*", ""));
+        assert!(glob_match("GPT-*", "gpt-5"), "ASCII case is ignored");
+        assert!(!glob_match("gpt-4o*", "gpt-4"));
+        assert!(!glob_match("a*b*c", "axxbyy"));
+        assert!(!glob_match("abc", "abcd"));
+        assert!(!glob_match("", "a"));
+    }
+
+    #[test]
+    fn exact_name_wins_then_longest_glob() {
+        let t = table(&[
+            ("gpt-4", 8192),
+            ("gpt-4*", 1),
+            ("gpt-4o*", 128_000),
+            ("gpt-4o-mini*", 64_000),
+            ("*", 5),
+        ]);
+        assert_eq!(t.lookup("gpt-4"), Some(8192), "exact beats every glob");
+        assert_eq!(t.lookup("gpt-4o-2024-08-06"), Some(128_000));
+        assert_eq!(t.lookup("gpt-4o-mini"), Some(64_000), "longest glob wins");
+        assert_eq!(t.lookup("gpt-4-turbo"), Some(1));
+        assert_eq!(t.lookup("something"), Some(5));
+    }
+
+    #[test]
+    fn unknown_or_missing_models_use_the_default() {
+        let t = table(&[("claude-*", 200_000)]);
+        assert_eq!(t.context_window(Some("mystery")), 1000);
+        assert_eq!(t.context_window(None), 1000);
+        assert_eq!(t.context_window(Some("")), 1000);
+        assert_eq!(t.context_window(Some("Claude-Sonnet-4")), 200_000);
+    }
+
+    #[test]
+    fn aggregator_prefixes_are_retried_without_the_provider() {
+        let t = table(&[("gpt-4o*", 128_000), ("*qwen3*", 131_072)]);
+        assert_eq!(t.lookup("openai/gpt-4o"), Some(128_000));
+        assert_eq!(t.lookup("qwen/qwen3-coder"), Some(131_072), "full name matches first");
+        assert_eq!(t.lookup("x/unknown"), None);
+    }
+
+    #[test]
+    fn shipped_table_answers_common_models() {
+        let config = crate::config::Config::from_toml("").expect("defaults load");
+        let t = ModelTable::new(&config.models, config.compaction.default_context_window);
+        assert_eq!(t.context_window(Some("gpt-4o")), 128_000);
+        assert_eq!(t.context_window(Some("gpt-4")), 8192);
+        assert_eq!(t.context_window(Some("claude-sonnet-4-20250514")), 200_000);
+        assert_eq!(t.context_window(Some("unknown-model")), 128_000);
+    }
+}

@@ -1,0 +1,569 @@
+//! The compaction prompt (seed §5.4, `buildCompactionPrompt`) and the summary message.
+//!
+//! Turns to summarise become [`Entry`] values (tool results folded into the assistant turn
+//! that called the tool, names resolved from the call ids), text truncated to
+//! [`MAX_TEXT_CHARS`], tool arguments to [`MAX_TOOL_ARGS_CHARS`] and tool outputs to
+//! [`MAX_TOOL_OUTPUT_CHARS`] characters. The prompt is laid out exactly as the seed shows:
+//! `<task>` with the nine numbered summary sections (and any focus instructions),
+//! `<conversation>` with an optional `<prior-summary>` and `<user>`/`<assistant>` blocks,
+//! then `<read-files>` and `<modified-files>`. When the prompt would not fit the summarizer's
+//! window (after masking and truncation), the oldest turns are dropped and the prompt says
+//! how many. [`summary_message`] renders what replaces the compacted turns in the request.
+
+use std::fmt::Write as _;
+
+use compactor_plugin_api::{Entry, Part as EntryPart, Role as EntryRole};
+
+use super::estimate::{count_chars, LazyEstimator};
+use super::transcript::{Message, Part, Role};
+
+/// The seed's `maxTextChars`: text (and reasoning) parts are cut to this many characters.
+pub const MAX_TEXT_CHARS: usize = 2_000;
+/// The seed's `maxToolArgsChars`: tool-call arguments are cut to this many characters.
+pub const MAX_TOOL_ARGS_CHARS: usize = 500;
+/// The seed's `maxToolOutputChars`: tool outputs are cut to this many characters.
+pub const MAX_TOOL_OUTPUT_CHARS: usize = 2_000;
+
+/// Appended to anything cut short.
+pub const TRUNCATION_MARKER: &str = " [...truncated]";
+
+/// The nine summary sections of the seed, in order: (name, what goes in it).
+pub const SUMMARY_SECTIONS: [(&str, &str); 9] = [
+    ("Primary Request and Intent", "User's ultimate goal"),
+    ("Key Technical Concepts", "Architecture, patterns, decisions"),
+    ("Files and Code Sections", "Paths, functions, code discussed/modified"),
+    ("Errors and fixes", "Problems and solutions"),
+    ("Problem Solving", "Key decisions and rationale"),
+    ("All user messages", "Every user instruction, in order"),
+    ("Pending Tasks", "Remaining work"),
+    ("Current Work", "What was being worked on at compaction time"),
+    ("Optional Next Step", "Most logical next action"),
+];
+
+/// Opens the task block.
+const TASK_INTRO: &str = "Summarize the conversation so far. The summary will replace the \
+earlier messages, so the work must be able to continue from it alone: keep file paths, \
+function names, commands, error messages and the user's instructions exactly as written. If a \
+<prior-summary> is present, it covers the conversation before the messages shown: merge it \
+with them into one updated summary. Reply with the summary only, using these sections:";
+
+/// Opens the message that replaces the compacted turns.
+pub const SUMMARY_INTRO: &str = "This session is being continued from a previous conversation \
+that was compacted to fit the context window. Summary of the earlier conversation:";
+
+/// Why no prompt could be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PromptError {
+    /// Even without any turn the prompt exceeds what the summarizer can read.
+    #[error("compaction prompt needs {needed} tokens, the summarizer can read {limit}")]
+    TooLarge {
+        /// Estimated tokens of the smallest prompt.
+        needed: usize,
+        /// Tokens available for the prompt.
+        limit: usize,
+    },
+}
+
+/// `text` cut to at most `max` characters (on a character boundary) plus
+/// [`TRUNCATION_MARKER`]; unchanged when short enough.
+pub fn truncate(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        None => text.to_string(),
+        Some((cut, _)) => {
+            let mut out = String::with_capacity(cut + TRUNCATION_MARKER.len());
+            out.push_str(&text[..cut]);
+            out.push_str(TRUNCATION_MARKER);
+            out
+        }
+    }
+}
+
+/// The turns of `messages` as summarizer entries, untruncated. System messages in the middle
+/// of a conversation become user turns marked `[system]`; tool results join the assistant turn
+/// before them.
+pub fn to_entries(messages: &[Message]) -> Vec<Entry> {
+    let mut entries: Vec<Entry> = Vec::new();
+    for m in messages {
+        match m.role {
+            Role::Tool => {
+                let part = EntryPart::ToolResult {
+                    name: m.tool_name.clone().unwrap_or_else(|| "tool".into()),
+                    output: flatten(&m.parts),
+                    is_error: false,
+                };
+                match entries.last_mut() {
+                    Some(e) if e.role == EntryRole::Assistant => e.parts.push(part),
+                    _ => entries.push(Entry {
+                        role: EntryRole::Assistant,
+                        parts: vec![part],
+                    }),
+                }
+            }
+            Role::System => entries.push(Entry {
+                role: EntryRole::User,
+                parts: vec![EntryPart::Text {
+                    text: format!("[system] {}", flatten(&m.parts)),
+                }],
+            }),
+            Role::User | Role::Assistant => {
+                let role = if m.role == Role::User {
+                    EntryRole::User
+                } else {
+                    EntryRole::Assistant
+                };
+                let parts = m.parts.iter().map(entry_part).collect();
+                entries.push(Entry { role, parts });
+            }
+        }
+    }
+    entries
+}
+
+fn entry_part(part: &Part) -> EntryPart {
+    match part {
+        Part::Text(text) => EntryPart::Text { text: text.clone() },
+        Part::Image => EntryPart::Text {
+            text: "[image]".into(),
+        },
+        Part::Opaque { kind, .. } => EntryPart::Text {
+            text: format!("[{kind}]"),
+        },
+        Part::ToolCall(call) => EntryPart::ToolCall {
+            name: call.name.clone(),
+            arguments: call.arguments.clone(),
+        },
+        Part::Reasoning(text) => EntryPart::Reasoning { text: text.clone() },
+    }
+}
+
+/// The parts of a message as one text (tool outputs, mid-conversation system messages).
+fn flatten(parts: &[Part]) -> String {
+    let mut out = String::new();
+    for part in parts {
+        let piece = match part {
+            Part::Text(t) | Part::Reasoning(t) => t.as_str(),
+            Part::Image => "[image]",
+            Part::Opaque { kind, .. } => kind.as_str(),
+            Part::ToolCall(call) => call.name.as_str(),
+        };
+        if !out.is_empty() {
+            out.push('\n');
+        }
+        out.push_str(piece);
+    }
+    out
+}
+
+/// Applies the seed's truncation limits to every part.
+pub fn truncate_entries(entries: &mut [Entry]) {
+    for part in entries.iter_mut().flat_map(|e| e.parts.iter_mut()) {
+        match part {
+            EntryPart::Text { text } | EntryPart::Reasoning { text } => {
+                *text = truncate(text, MAX_TEXT_CHARS)
+            }
+            EntryPart::ToolCall { arguments, .. } => {
+                *arguments = truncate(arguments, MAX_TOOL_ARGS_CHARS)
+            }
+            EntryPart::ToolResult { output, .. } => {
+                *output = truncate(output, MAX_TOOL_OUTPUT_CHARS)
+            }
+        }
+    }
+}
+
+/// What goes into a compaction prompt.
+#[derive(Debug, Clone, Copy)]
+pub struct PromptInput<'a> {
+    /// The summary of the previous compaction, if any.
+    pub prior_summary: Option<&'a str>,
+    /// Files read so far.
+    pub read_files: &'a [String],
+    /// Files modified so far.
+    pub modified_files: &'a [String],
+    /// Focus instructions of a manual compaction.
+    pub instructions: Option<&'a str>,
+}
+
+/// A prompt that fits.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BuiltPrompt {
+    /// The rendered prompt.
+    pub prompt: String,
+    /// The entries it shows (the oldest may have been dropped).
+    pub entries: Vec<Entry>,
+    /// How many of the oldest entries were dropped to fit.
+    pub omitted: usize,
+}
+
+/// Renders the prompt for `entries` (already masked and truncated), dropping the oldest
+/// entries until its estimate is at most `max_tokens`.
+pub fn build_prompt(
+    input: &PromptInput<'_>,
+    entries: Vec<Entry>,
+    max_tokens: usize,
+    estimator: &LazyEstimator,
+) -> Result<BuiltPrompt, PromptError> {
+    let rendered: Vec<String> = entries.iter().map(render_entry).collect();
+    let fixed = render(input, &[], 0).len_chars();
+    let notice_chars = count_chars(&omission_notice(entries.len())) + 1;
+    let limit_chars = estimator.chars_for_tokens(max_tokens);
+
+    let mut total = rendered
+        .iter()
+        .fold(fixed, |acc, r| acc.saturating_add(count_chars(r)));
+    let mut omitted = 0;
+    while total > limit_chars && omitted < rendered.len() {
+        total = total.saturating_sub(count_chars(&rendered[omitted]));
+        if omitted == 0 {
+            total = total.saturating_add(notice_chars);
+        }
+        omitted += 1;
+    }
+    let prompt = render(input, &rendered[omitted..], omitted).text;
+    let needed = estimator.text(&prompt);
+    if needed > max_tokens {
+        return Err(PromptError::TooLarge {
+            needed,
+            limit: max_tokens,
+        });
+    }
+    let entries = entries.into_iter().skip(omitted).collect();
+    Ok(BuiltPrompt {
+        prompt,
+        entries,
+        omitted,
+    })
+}
+
+struct Rendered {
+    text: String,
+}
+
+impl Rendered {
+    fn len_chars(&self) -> usize {
+        count_chars(&self.text)
+    }
+}
+
+fn omission_notice(omitted: usize) -> String {
+    format!("[{omitted} earlier turns omitted to fit the summarizer's context window]")
+}
+
+fn render(input: &PromptInput<'_>, entries: &[String], omitted: usize) -> Rendered {
+    let mut s = String::with_capacity(4096 + entries.iter().map(String::len).sum::<usize>());
+    s.push_str("<task>\n");
+    s.push_str(TASK_INTRO);
+    s.push('\n');
+    for (i, (name, what)) in SUMMARY_SECTIONS.iter().enumerate() {
+        let _ = writeln!(s, "{}. {name} — {what}", i + 1);
+    }
+    if let Some(focus) = input.instructions.map(str::trim).filter(|f| !f.is_empty()) {
+        s.push_str("\nFocus instructions for this summary: ");
+        s.push_str(focus);
+        s.push('\n');
+    }
+    s.push_str("</task>\n\n<conversation>\n");
+    if let Some(prior) = input.prior_summary {
+        s.push_str("<prior-summary>\n");
+        s.push_str(prior.trim_end());
+        s.push_str("\n</prior-summary>\n\n");
+    }
+    if omitted > 0 {
+        s.push_str(&omission_notice(omitted));
+        s.push('\n');
+    }
+    for e in entries {
+        s.push_str(e);
+    }
+    s.push_str("</conversation>\n\n<read-files>\n");
+    for f in input.read_files {
+        s.push_str(f);
+        s.push('\n');
+    }
+    s.push_str("</read-files>\n\n<modified-files>\n");
+    for f in input.modified_files {
+        s.push_str(f);
+        s.push('\n');
+    }
+    s.push_str("</modified-files>\n");
+    Rendered { text: s }
+}
+
+/// One `<user>`/`<assistant>` block.
+pub fn render_entry(entry: &Entry) -> String {
+    let tag = match entry.role {
+        EntryRole::User => "user",
+        EntryRole::Assistant => "assistant",
+    };
+    let mut s = format!("<{tag}>\n");
+    for part in &entry.parts {
+        match part {
+            EntryPart::Text { text } => s.push_str(text),
+            EntryPart::ToolCall { name, arguments } => {
+                let _ = write!(s, "[tool_call: {name}({arguments})]");
+            }
+            EntryPart::ToolResult { name, output, .. } => {
+                let _ = write!(s, "[tool_result: {name} = {output}]");
+            }
+            EntryPart::Reasoning { text } => {
+                let _ = write!(s, "[reasoning: {text}]");
+            }
+        }
+        s.push('\n');
+    }
+    let _ = writeln!(s, "</{tag}>");
+    s
+}
+
+/// The user message that replaces the compacted turns: an introduction saying it summarises
+/// an earlier conversation, the summary, and the files read and modified so far.
+pub fn summary_message(summary: &str, read_files: &[String], modified_files: &[String]) -> String {
+    let mut s = String::with_capacity(SUMMARY_INTRO.len() + summary.len() + 256);
+    s.push_str(SUMMARY_INTRO);
+    s.push_str("\n\n");
+    s.push_str(summary.trim());
+    for (title, files) in [
+        ("Files read so far:", read_files),
+        ("Files modified so far:", modified_files),
+    ] {
+        if files.is_empty() {
+            continue;
+        }
+        s.push_str("\n\n");
+        s.push_str(title);
+        for f in files {
+            s.push_str("\n- ");
+            s.push_str(f);
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compaction::transcript::tests::{call, text};
+    use crate::compaction::transcript::Transcript;
+
+    #[test]
+    fn truncation_limits_match_the_seed() {
+        assert_eq!(MAX_TEXT_CHARS, 2_000);
+        assert_eq!(MAX_TOOL_ARGS_CHARS, 500);
+        assert_eq!(MAX_TOOL_OUTPUT_CHARS, 2_000);
+    }
+
+    #[test]
+    fn nine_sections_with_the_seed_names() {
+        let names: Vec<&str> = SUMMARY_SECTIONS.iter().map(|(n, _)| *n).collect();
+        assert_eq!(
+            names,
+            [
+                "Primary Request and Intent",
+                "Key Technical Concepts",
+                "Files and Code Sections",
+                "Errors and fixes",
+                "Problem Solving",
+                "All user messages",
+                "Pending Tasks",
+                "Current Work",
+                "Optional Next Step",
+            ]
+        );
+    }
+
+    #[test]
+    fn truncation_is_char_boundary_safe() {
+        assert_eq!(truncate("abc", 3), "abc");
+        assert_eq!(truncate("abcd", 3), format!("abc{TRUNCATION_MARKER}"));
+        let s = "é".repeat(10);
+        assert_eq!(truncate(&s, 4), format!("éééé{TRUNCATION_MARKER}"));
+        let crab = "🦀".repeat(3);
+        assert_eq!(truncate(&crab, 2), format!("🦀🦀{TRUNCATION_MARKER}"));
+        assert_eq!(truncate("", 0), "");
+    }
+
+    #[test]
+    fn each_part_kind_has_its_limit() {
+        let mut entries = vec![Entry {
+            role: EntryRole::Assistant,
+            parts: vec![
+                EntryPart::Text {
+                    text: "t".repeat(2_001),
+                },
+                EntryPart::ToolCall {
+                    name: "bash".into(),
+                    arguments: "a".repeat(501),
+                },
+                EntryPart::ToolResult {
+                    name: "bash".into(),
+                    output: "o".repeat(2_001),
+                    is_error: false,
+                },
+                EntryPart::Reasoning {
+                    text: "r".repeat(2_000),
+                },
+            ],
+        }];
+        truncate_entries(&mut entries);
+        let marker = TRUNCATION_MARKER.chars().count();
+        let lens: Vec<usize> = entries[0]
+            .parts
+            .iter()
+            .map(|p| match p {
+                EntryPart::Text { text } | EntryPart::Reasoning { text } => text.chars().count(),
+                EntryPart::ToolCall { arguments, .. } => arguments.chars().count(),
+                EntryPart::ToolResult { output, .. } => output.chars().count(),
+            })
+            .collect();
+        assert_eq!(lens, vec![2_000 + marker, 500 + marker, 2_000 + marker, 2_000]);
+    }
+
+    #[test]
+    fn tool_results_join_the_calling_turn_with_resolved_names() {
+        let mut t = Transcript::new(vec![
+            text(Role::System, "mid-conversation note"),
+            text(Role::User, "fix it"),
+            Message::new(
+                Role::Assistant,
+                vec![Part::Text("looking".into()), call("c1", "read", "{\"path\":\"a.rs\"}")],
+            ),
+            Message::tool_result(Some("c1".into()), "fn main() {}"),
+        ]);
+        t.resolve_tool_names();
+        let entries = to_entries(&t.messages);
+        assert_eq!(entries.len(), 3);
+        assert_eq!(entries[0].role, EntryRole::User);
+        assert_eq!(
+            entries[2].parts[2],
+            EntryPart::ToolResult {
+                name: "read".into(),
+                output: "fn main() {}".into(),
+                is_error: false
+            }
+        );
+    }
+
+    fn sample_entries() -> Vec<Entry> {
+        vec![
+            Entry {
+                role: EntryRole::User,
+                parts: vec![EntryPart::Text {
+                    text: "Fix the bug".into(),
+                }],
+            },
+            Entry {
+                role: EntryRole::Assistant,
+                parts: vec![
+                    EntryPart::Text {
+                        text: "On it".into(),
+                    },
+                    EntryPart::ToolCall {
+                        name: "bash".into(),
+                        arguments: "{\"command\":\"ls\"}".into(),
+                    },
+                    EntryPart::ToolResult {
+                        name: "bash".into(),
+                        output: "src".into(),
+                        is_error: false,
+                    },
+                    EntryPart::Reasoning {
+                        text: "think".into(),
+                    },
+                ],
+            },
+        ]
+    }
+
+    #[test]
+    fn layout_follows_the_seed() {
+        let read = vec!["/a.go".to_string()];
+        let modified = vec!["/b.go".to_string()];
+        let input = PromptInput {
+            prior_summary: Some("Earlier: did X"),
+            read_files: &read,
+            modified_files: &modified,
+            instructions: Some("focus on the API"),
+        };
+        let built = build_prompt(&input, sample_entries(), 100_000, &LazyEstimator::default())
+            .expect("fits");
+        let p = &built.prompt;
+        let order = [
+            "<task>\n",
+            "1. Primary Request and Intent — ",
+            "9. Optional Next Step — ",
+            "focus on the API",
+            "</task>",
+            "<conversation>\n<prior-summary>\nEarlier: did X\n</prior-summary>",
+            "<user>\nFix the bug\n</user>",
+            "<assistant>\nOn it\n[tool_call: bash({\"command\":\"ls\"})]\n\
+             [tool_result: bash = src]\n[reasoning: think]\n</assistant>",
+            "</conversation>",
+            "<read-files>\n/a.go\n</read-files>",
+            "<modified-files>\n/b.go\n</modified-files>",
+        ];
+        let mut at = 0;
+        for piece in order {
+            let found = p[at..].find(piece).unwrap_or_else(|| panic!("{piece:?} in\n{p}"));
+            at += found + piece.len();
+        }
+        assert_eq!(built.omitted, 0);
+        assert!(!p.contains("omitted"));
+    }
+
+    #[test]
+    fn no_prior_summary_no_block() {
+        let input = PromptInput {
+            prior_summary: None,
+            read_files: &[],
+            modified_files: &[],
+            instructions: None,
+        };
+        let built = build_prompt(&input, sample_entries(), 100_000, &LazyEstimator::default())
+            .expect("fits");
+        assert!(!built.prompt.contains("<prior-summary>"));
+        assert!(!built.prompt.contains("Focus instructions"));
+        assert!(built.prompt.contains("<read-files>\n</read-files>"));
+    }
+
+    #[test]
+    fn oldest_turns_are_dropped_to_fit_and_the_prompt_says_so() {
+        let input = PromptInput {
+            prior_summary: None,
+            read_files: &[],
+            modified_files: &[],
+            instructions: None,
+        };
+        let e = LazyEstimator::default();
+        let entries: Vec<Entry> = (0..50)
+            .map(|i| Entry {
+                role: EntryRole::User,
+                parts: vec![EntryPart::Text {
+                    text: format!("turn {i} {}", "x".repeat(400)),
+                }],
+            })
+            .collect();
+        let smallest = build_prompt(&input, vec![], 100_000, &e).expect("fits");
+        let limit = e.text(&smallest.prompt) + 1_000;
+        let built = build_prompt(&input, entries.clone(), limit, &e).expect("fits");
+        assert!(built.omitted > 0 && built.omitted < 50);
+        assert!(e.text(&built.prompt) <= limit);
+        assert_eq!(built.entries.len(), 50 - built.omitted);
+        assert_eq!(built.entries[..], entries[built.omitted..]);
+        assert!(built.prompt.contains(&format!(
+            "[{} earlier turns omitted to fit the summarizer's context window]",
+            built.omitted
+        )));
+        assert!(built.prompt.contains("turn 49 "), "the newest turn is kept");
+        assert!(!built.prompt.contains("turn 0 "));
+        let err = build_prompt(&input, entries, 10, &e).expect_err("cannot fit");
+        assert!(matches!(err, PromptError::TooLarge { limit: 10, .. }));
+    }
+
+    #[test]
+    fn summary_message_introduces_the_summary_and_lists_files() {
+        let m = summary_message("  the summary \n", &["a.rs".into()], &[]);
+        assert!(m.starts_with(SUMMARY_INTRO));
+        assert!(m.contains("\n\nthe summary\n\nFiles read so far:\n- a.rs"));
+        assert!(!m.contains("modified"));
+    }
+}

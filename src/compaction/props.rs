@@ -1,0 +1,1 @@
+//! Property tests of the engine and the Chat Completions dialect.

@@ -1,0 +1,148 @@
+//! Test support: a scriptable fake summarizer and small request builders.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+use compactor_plugin_api::{
+    BoxFuture, Caller, SummarizeError, Summarizer, Summary, SummaryRequest,
+};
+use serde_json::{json, Value};
+
+use super::Compactor;
+use crate::config::Config;
+use crate::metrics::Metrics;
+
+/// What the fake answers.
+#[derive(Debug, Clone)]
+pub(crate) enum Reply {
+    /// This summary.
+    Text(String),
+    /// A summary of whitespace (bypassing `Summary::new`, as a sloppy backend might).
+    Blank,
+    /// A transport error.
+    Error,
+    /// Never answers.
+    Hang,
+}
+
+/// A summarizer that answers from a script (the last reply repeats) and records requests.
+pub(crate) struct FakeSummarizer {
+    replies: Mutex<VecDeque<Reply>>,
+    last: Mutex<Reply>,
+    pub(crate) requests: Mutex<Vec<SummaryRequest>>,
+}
+
+impl FakeSummarizer {
+    pub(crate) fn new(replies: Vec<Reply>) -> Arc<FakeSummarizer> {
+        let last = replies.last().cloned().unwrap_or(Reply::Error);
+        Arc::new(FakeSummarizer {
+            replies: Mutex::new(replies.into()),
+            last: Mutex::new(last),
+            requests: Mutex::new(Vec::new()),
+        })
+    }
+
+    pub(crate) fn text(summary: &str) -> Arc<FakeSummarizer> {
+        FakeSummarizer::new(vec![Reply::Text(summary.into())])
+    }
+
+    pub(crate) fn requests(&self) -> Vec<SummaryRequest> {
+        self.requests.lock().map(|r| r.clone()).unwrap_or_default()
+    }
+}
+
+impl Summarizer for FakeSummarizer {
+    fn name(&self) -> &str {
+        "fake"
+    }
+
+    fn summarize<'a>(
+        &'a self,
+        request: &'a SummaryRequest,
+    ) -> BoxFuture<'a, Result<Summary, SummarizeError>> {
+        Box::pin(async move {
+            if let Ok(mut r) = self.requests.lock() {
+                r.push(request.clone());
+            }
+            let reply = {
+                let next = self.replies.lock().ok().and_then(|mut q| q.pop_front());
+                match next {
+                    Some(r) => r,
+                    None => self.last.lock().map(|l| l.clone()).unwrap_or(Reply::Error),
+                }
+            };
+            match reply {
+                Reply::Text(t) => Ok(Summary { text: t }),
+                Reply::Blank => Ok(Summary { text: " \n\t".into() }),
+                Reply::Error => Err(SummarizeError::Transport("connection refused".into())),
+                Reply::Hang => std::future::pending().await,
+            }
+        })
+    }
+}
+
+/// The default config with `toml` applied on top.
+pub(crate) fn config(toml: &str) -> Config {
+    match Config::from_toml(toml) {
+        Ok(c) => c,
+        Err(e) => panic!("test config: {e}"),
+    }
+}
+
+/// A compactor over `summarizer` with its own metrics.
+pub(crate) fn compactor(config: &Config, summarizer: Arc<FakeSummarizer>) -> (Compactor, Arc<Metrics>) {
+    let metrics = Arc::new(Metrics::new().unwrap_or_else(|e| panic!("metrics: {e}")));
+    (Compactor::new(config, summarizer, metrics.clone()), metrics)
+}
+
+pub(crate) fn caller() -> Caller {
+    Caller::default()
+}
+
+/// A chat request body of `model` with `messages`.
+pub(crate) fn body(model: &str, messages: Vec<Value>) -> Vec<u8> {
+    json!({"model": model, "messages": messages}).to_string().into_bytes()
+}
+
+/// The value of `compactor_compactions_total{trigger,outcome}`.
+pub(crate) fn compactions(metrics: &Metrics, trigger: &str, outcome: &str) -> u64 {
+    metrics
+        .compactions
+        .with_label_values(&[trigger, outcome])
+        .get()
+}
+
+/// Checks the OpenAI rules a rewritten request must keep: every `tool` message follows (in the
+/// run of tool messages after it) the assistant message holding its `tool_call_id`, and every
+/// tool call of an assistant message is answered in that run.
+pub(crate) fn check_openai_pairing(messages: &[Value]) -> Result<(), String> {
+    let mut i = 0;
+    while i < messages.len() {
+        let m = &messages[i];
+        let role = m["role"].as_str().unwrap_or("");
+        if role == "tool" {
+            return Err(format!("tool message {i} does not follow an assistant with tool_calls"));
+        }
+        i += 1;
+        if role != "assistant" {
+            continue;
+        }
+        let ids: Vec<&str> = m["tool_calls"]
+            .as_array()
+            .map(|calls| calls.iter().filter_map(|c| c["id"].as_str()).collect())
+            .unwrap_or_default();
+        let mut answered = Vec::new();
+        while let Some(t) = messages.get(i).filter(|t| t["role"] == "tool") {
+            let id = t["tool_call_id"].as_str().unwrap_or("");
+            if !ids.contains(&id) {
+                return Err(format!("tool message {i} answers unknown call {id:?}"));
+            }
+            answered.push(id);
+            i += 1;
+        }
+        if let Some(missing) = ids.iter().find(|id| !answered.contains(id)) {
+            return Err(format!("call {missing:?} of message before {i} is unanswered"));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,299 @@
+//! The neutral transcript: what every dialect parses a chat request into.
+//!
+//! A [`Transcript`] is the request's message list in order, each [`Message`] a role, its parts
+//! (text, image, tool call, reasoning, opaque) and, for tool results, the id and name of the
+//! call they answer. It carries the per-message token estimate computed by the dialect, and
+//! answers the structural questions the engine asks: how many leading system messages there
+//! are, where the latest user message is, and which assistant message holds the call each tool
+//! result answers. It never holds wire JSON: writing back is the dialect's job.
+
+use std::collections::HashMap;
+
+use super::estimate::LazyEstimator;
+
+/// Who wrote a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Instructions from the application (`system` or `developer`).
+    System,
+    /// The human or the agent's harness.
+    User,
+    /// The model.
+    Assistant,
+    /// A tool's output (`tool`, or the legacy `function` role).
+    Tool,
+}
+
+/// A tool invocation by the model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolCall {
+    /// The call id (`None` for legacy `function_call`).
+    pub id: Option<String>,
+    /// The tool's name.
+    pub name: String,
+    /// The arguments as sent (usually a JSON document in a string).
+    pub arguments: String,
+}
+
+/// One piece of a message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Part {
+    /// Plain text (including refusals).
+    Text(String),
+    /// An image (its URL or data is not kept).
+    Image,
+    /// A tool invocation.
+    ToolCall(ToolCall),
+    /// Visible reasoning.
+    Reasoning(String),
+    /// Anything else (audio, files, unknown part types): its type and how many characters
+    /// the model reads of it.
+    Opaque {
+        /// The part's type, e.g. `input_audio`.
+        kind: String,
+        /// Characters counted for the estimate.
+        chars: usize,
+    },
+}
+
+/// One message of the conversation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    /// Its author.
+    pub role: Role,
+    /// Its content, in order.
+    pub parts: Vec<Part>,
+    /// For tool results: the id of the call answered (`None` for legacy `function` results).
+    pub tool_call_id: Option<String>,
+    /// For tool results: the tool's name (given, or resolved from the call).
+    pub tool_name: Option<String>,
+    /// Estimated tokens of this message as the model reads it.
+    pub tokens: usize,
+}
+
+impl Message {
+    /// A message whose estimate is computed from its parts with the default estimator.
+    pub fn new(role: Role, parts: Vec<Part>) -> Message {
+        let mut m = Message {
+            role,
+            parts,
+            tool_call_id: None,
+            tool_name: None,
+            tokens: 0,
+        };
+        m.tokens = LazyEstimator::default().message(&m);
+        m
+    }
+
+    /// A tool result answering `call_id` (estimate from its parts).
+    pub fn tool_result(call_id: Option<String>, output: impl Into<String>) -> Message {
+        let mut m = Message::new(Role::Tool, vec![Part::Text(output.into())]);
+        m.tool_call_id = call_id;
+        m
+    }
+
+    /// The tool calls this message makes.
+    pub fn tool_calls(&self) -> impl Iterator<Item = &ToolCall> {
+        self.parts.iter().filter_map(|p| match p {
+            Part::ToolCall(c) => Some(c),
+            _ => None,
+        })
+    }
+
+    /// Its text parts joined by newlines (the output of a tool result).
+    pub fn text(&self) -> String {
+        let mut out = String::new();
+        for part in &self.parts {
+            if let Part::Text(t) = part {
+                if !out.is_empty() {
+                    out.push('\n');
+                }
+                out.push_str(t);
+            }
+        }
+        out
+    }
+}
+
+/// A parsed conversation.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Transcript {
+    /// The messages, oldest first.
+    pub messages: Vec<Message>,
+}
+
+impl Transcript {
+    /// Wraps messages.
+    pub fn new(messages: Vec<Message>) -> Transcript {
+        Transcript { messages }
+    }
+
+    /// Number of messages.
+    pub fn len(&self) -> usize {
+        self.messages.len()
+    }
+
+    /// Whether there are no messages.
+    pub fn is_empty(&self) -> bool {
+        self.messages.is_empty()
+    }
+
+    /// How many leading system/developer messages there are: these are never compacted.
+    pub fn head_len(&self) -> usize {
+        self.messages
+            .iter()
+            .take_while(|m| m.role == Role::System)
+            .count()
+    }
+
+    /// Index of the latest user message, if any.
+    pub fn last_user(&self) -> Option<usize> {
+        self.messages.iter().rposition(|m| m.role == Role::User)
+    }
+
+    /// Sum of the estimates of `messages[range]`.
+    pub fn tokens(&self, range: std::ops::Range<usize>) -> usize {
+        self.messages
+            .get(range)
+            .unwrap_or_default()
+            .iter()
+            .fold(0usize, |acc, m| acc.saturating_add(m.tokens))
+    }
+
+    /// For each message: when it is a tool result, the index of the assistant message that
+    /// holds the call it answers (the nearest earlier one with that call id; for legacy
+    /// `function` results, the nearest earlier assistant with a legacy call); otherwise, or
+    /// when no such call exists, `None`.
+    pub fn pairs(&self) -> Vec<Option<usize>> {
+        let mut by_id: HashMap<&str, usize> = HashMap::new();
+        let mut legacy: Option<usize> = None;
+        let mut out = Vec::with_capacity(self.messages.len());
+        for (i, m) in self.messages.iter().enumerate() {
+            match m.role {
+                Role::Assistant => {
+                    for call in m.tool_calls() {
+                        match &call.id {
+                            Some(id) => {
+                                by_id.insert(id.as_str(), i);
+                            }
+                            None => legacy = Some(i),
+                        }
+                    }
+                    out.push(None);
+                }
+                Role::Tool => out.push(match &m.tool_call_id {
+                    Some(id) => by_id.get(id.as_str()).copied(),
+                    None => legacy,
+                }),
+                _ => out.push(None),
+            }
+        }
+        out
+    }
+
+    /// Fills in `tool_name` of tool results from the calls they answer, where missing.
+    pub fn resolve_tool_names(&mut self) {
+        let pairs = self.pairs();
+        for (i, pair) in pairs.into_iter().enumerate() {
+            let Some(a) = pair else { continue };
+            let Some(message) = self.messages.get(i) else {
+                continue;
+            };
+            if message.tool_name.is_some() {
+                continue;
+            }
+            let id = message.tool_call_id.clone();
+            let name = self.messages.get(a).and_then(|assistant| {
+                assistant
+                    .tool_calls()
+                    .filter(|c| c.id == id)
+                    .last()
+                    .map(|c| c.name.clone())
+            });
+            if let Some(message) = self.messages.get_mut(i) {
+                message.tool_name = name;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    pub(crate) fn call(id: &str, name: &str, args: &str) -> Part {
+        Part::ToolCall(ToolCall {
+            id: Some(id.into()),
+            name: name.into(),
+            arguments: args.into(),
+        })
+    }
+
+    pub(crate) fn text(role: Role, t: &str) -> Message {
+        Message::new(role, vec![Part::Text(t.into())])
+    }
+
+    #[test]
+    fn head_and_last_user() {
+        let t = Transcript::new(vec![
+            text(Role::System, "s"),
+            text(Role::System, "d"),
+            text(Role::User, "u"),
+            text(Role::System, "mid"),
+            text(Role::User, "u2"),
+            text(Role::Assistant, "a"),
+        ]);
+        assert_eq!(t.head_len(), 2);
+        assert_eq!(t.last_user(), Some(4));
+        assert_eq!(Transcript::default().head_len(), 0);
+        assert_eq!(Transcript::default().last_user(), None);
+    }
+
+    #[test]
+    fn tool_results_pair_with_the_nearest_call_holding_their_id() {
+        // Reused ids (as in the marshmallow fixture) pair with the latest call.
+        let t = Transcript::new(vec![
+            text(Role::User, "go"),
+            Message::new(Role::Assistant, vec![call("c1", "bash", "{}"), call("c2", "read", "{}")]),
+            Message::tool_result(Some("c2".into()), "two"),
+            Message::tool_result(Some("c1".into()), "one"),
+            Message::new(Role::Assistant, vec![call("c1", "edit", "{}")]),
+            Message::tool_result(Some("c1".into()), "again"),
+            Message::tool_result(Some("zz".into()), "orphan"),
+        ]);
+        assert_eq!(t.pairs(), vec![None, None, Some(1), Some(1), None, Some(4), None]);
+        let mut t = t;
+        t.resolve_tool_names();
+        let names: Vec<_> = t.messages.iter().map(|m| m.tool_name.as_deref()).collect();
+        assert_eq!(
+            names,
+            vec![None, None, Some("read"), Some("bash"), None, Some("edit"), None]
+        );
+    }
+
+    #[test]
+    fn legacy_function_results_pair_with_the_latest_function_call() {
+        let legacy = Part::ToolCall(ToolCall {
+            id: None,
+            name: "get_weather".into(),
+            arguments: "{}".into(),
+        });
+        let mut t = Transcript::new(vec![
+            text(Role::User, "weather?"),
+            Message::new(Role::Assistant, vec![legacy]),
+            Message::tool_result(None, "sunny"),
+        ]);
+        assert_eq!(t.pairs(), vec![None, None, Some(1)]);
+        t.resolve_tool_names();
+        assert_eq!(t.messages[2].tool_name.as_deref(), Some("get_weather"));
+    }
+
+    #[test]
+    fn tokens_sum_and_text_join() {
+        let t = Transcript::new(vec![text(Role::User, "abcd"), text(Role::User, "abcdefgh")]);
+        assert_eq!(t.tokens(0..2), 3);
+        assert_eq!(t.tokens(5..9), 0, "out of range is empty, not a panic");
+        let m = Message::new(Role::Tool, vec![Part::Text("a".into()), Part::Image, Part::Text("b".into())]);
+        assert_eq!(m.text(), "a\nb");
+    }
+}

@@ -1,0 +1,173 @@
+//! When to compact (seed §5.2): too many messages, or too many estimated tokens.
+//!
+//! A request is compacted when its message count exceeds `max_messages`, or when its
+//! estimated input tokens reach `trigger_ratio × context_window − reserved_output`. The
+//! reserved output is the request's own `max_completion_tokens` (or `max_tokens`), since
+//! providers count it against the same window; it is capped at half the window so a client
+//! that asks for an absurd output budget does not make every request compact. When both
+//! conditions hold, the message trigger is reported. [`Trigger`] and [`CompactionOutcome`] are
+//! the bounded label values of `compactor_compactions_total`.
+
+use crate::config::CompactionConfig;
+
+/// The seed's `defaultMaxMessages`: compact when a request holds more messages than this.
+pub const DEFAULT_MAX_MESSAGES: usize = 80;
+
+/// Why a compaction ran: the `trigger` label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trigger {
+    /// The message count exceeded `max_messages`.
+    Messages,
+    /// The estimated tokens reached the threshold.
+    Tokens,
+    /// Requested through the admin API or a `/compact` command (sessions issue).
+    Manual,
+}
+
+impl Trigger {
+    /// The label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            Trigger::Messages => "messages",
+            Trigger::Tokens => "tokens",
+            Trigger::Manual => "manual",
+        }
+    }
+}
+
+/// How a compaction ended: the `outcome` label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CompactionOutcome {
+    /// The request was rewritten.
+    Compacted,
+    /// Compaction was needed but did not happen (summarizer error or timeout, nothing to
+    /// compact, unparseable body, or a rewrite that would not be smaller).
+    Failed,
+    /// The summarizer returned an empty or whitespace-only summary.
+    Blank,
+    /// A per-session circuit breaker skipped compaction (sessions issue).
+    Breaker,
+}
+
+impl CompactionOutcome {
+    /// The label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            CompactionOutcome::Compacted => "compacted",
+            CompactionOutcome::Failed => "failed",
+            CompactionOutcome::Blank => "blank",
+            CompactionOutcome::Breaker => "breaker",
+        }
+    }
+}
+
+/// The limits one request is checked against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// The model's context window.
+    pub context_window: usize,
+    /// Output tokens the request reserves in that window.
+    pub reserved_output: usize,
+    /// Compact at or above this many estimated input tokens.
+    pub token_threshold: usize,
+    /// Compact above this many messages.
+    pub max_messages: usize,
+}
+
+impl Limits {
+    /// The limits for a model with `context_window` tokens and a request asking for
+    /// `requested_output` output tokens.
+    pub fn new(
+        config: &CompactionConfig,
+        context_window: usize,
+        requested_output: Option<usize>,
+    ) -> Limits {
+        let reserved_output = requested_output.unwrap_or(0).min(context_window / 2);
+        let scaled = (config.trigger_ratio * context_window as f64).floor();
+        let scaled = if scaled.is_finite() && scaled > 0.0 {
+            scaled.min(context_window as f64) as usize
+        } else {
+            0
+        };
+        Limits {
+            context_window,
+            reserved_output,
+            token_threshold: scaled.saturating_sub(reserved_output),
+            max_messages: config.max_messages,
+        }
+    }
+
+    /// The window left for input once the output is reserved.
+    pub fn usable_window(&self) -> usize {
+        self.context_window.saturating_sub(self.reserved_output)
+    }
+
+    /// Which trigger fires for a request of `messages` messages and `tokens` estimated tokens.
+    pub fn check(&self, messages: usize, tokens: usize) -> Option<Trigger> {
+        if messages > self.max_messages {
+            Some(Trigger::Messages)
+        } else if tokens >= self.token_threshold {
+            Some(Trigger::Tokens)
+        } else {
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> CompactionConfig {
+        CompactionConfig::default()
+    }
+
+    #[test]
+    fn default_max_messages_is_80_and_the_config_default_agrees() {
+        assert_eq!(DEFAULT_MAX_MESSAGES, 80);
+        assert_eq!(config().max_messages, DEFAULT_MAX_MESSAGES);
+    }
+
+    #[test]
+    fn message_count_must_exceed_the_maximum() {
+        let l = Limits::new(&config(), 128_000, None);
+        assert_eq!(l.check(80, 0), None);
+        assert_eq!(l.check(81, 0), Some(Trigger::Messages));
+    }
+
+    #[test]
+    fn token_threshold_is_ratio_of_window_minus_reserved_output() {
+        let l = Limits::new(&config(), 128_000, None);
+        assert_eq!(l.token_threshold, 108_800);
+        assert_eq!(l.check(2, 108_799), None);
+        assert_eq!(l.check(2, 108_800), Some(Trigger::Tokens));
+        let l = Limits::new(&config(), 128_000, Some(10_000));
+        assert_eq!(l.token_threshold, 98_800);
+        assert_eq!(l.usable_window(), 118_000);
+        assert_eq!(l.check(2, 98_800), Some(Trigger::Tokens));
+    }
+
+    #[test]
+    fn reserved_output_is_capped_at_half_the_window() {
+        let l = Limits::new(&config(), 8_192, Some(1_000_000));
+        assert_eq!(l.reserved_output, 4_096);
+        assert_eq!(l.token_threshold, 6_963 - 4_096);
+    }
+
+    #[test]
+    fn messages_take_precedence_when_both_fire() {
+        let l = Limits::new(&config(), 1_000, None);
+        assert_eq!(l.check(81, 1_000_000), Some(Trigger::Messages));
+    }
+
+    #[test]
+    fn labels_are_stable() {
+        assert_eq!(Trigger::Messages.label(), "messages");
+        assert_eq!(Trigger::Tokens.label(), "tokens");
+        assert_eq!(Trigger::Manual.label(), "manual");
+        assert_eq!(CompactionOutcome::Compacted.label(), "compacted");
+        assert_eq!(CompactionOutcome::Failed.label(), "failed");
+        assert_eq!(CompactionOutcome::Blank.label(), "blank");
+        assert_eq!(CompactionOutcome::Breaker.label(), "breaker");
+    }
+}

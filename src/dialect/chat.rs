@@ -1,0 +1,796 @@
+//! OpenAI Chat Completions (`POST …/chat/completions`): peek, parse and rewrite.
+//!
+//! Three entry points, cheapest first:
+//! - [`peek`] runs on every request: one zero-copy pass that counts the messages and estimates
+//!   their tokens (text, tool calls and arguments, reasoning, refusals, tool outputs, images,
+//!   tool definitions) without building a `Value` or copying a string. The no-compaction path
+//!   ends here and the proxy forwards the original bytes.
+//! - [`parse`] runs only when a compaction is due: it keeps the top-level fields in order as
+//!   raw JSON, splits `messages` into raw messages, and builds the neutral transcript
+//!   (`system`/`developer`, `user`, `assistant` with `tool_calls`, legacy `function_call`,
+//!   `tool` and legacy `function` results, `reasoning_content`/`reasoning`, content strings or
+//!   part arrays of `text`, `image_url`, `refusal` and opaque parts).
+//! - [`ChatRequest::rewrite`] writes the plan back into the original JSON: top-level fields in
+//!   their original order and bytes except `messages`, which becomes the leading
+//!   system/developer messages verbatim, one `user` message holding the summary, then the
+//!   preserved tail verbatim. Nothing compactor does not interpret is re-serialised.
+
+use std::fmt;
+
+use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use serde_json::Value;
+
+use crate::compaction::estimate::{count_chars, Counts, LazyEstimator};
+use crate::compaction::transcript::{Message, Part, Role, ToolCall, Transcript};
+
+/// Why a body could not be read or written as a Chat Completions request.
+#[derive(Debug, thiserror::Error)]
+pub enum ChatError {
+    /// Not JSON, or JSON of an unexpected shape.
+    #[error("invalid chat request: {0}")]
+    Json(#[from] serde_json::Error),
+    /// The body has no `messages` array.
+    #[error("request has no `messages` array")]
+    NoMessages,
+    /// A message the dialect does not understand.
+    #[error("message {index}: {reason}")]
+    BadMessage {
+        /// Position in `messages`.
+        index: usize,
+        /// What is wrong.
+        reason: &'static str,
+    },
+    /// A rewrite plan that does not fit the request.
+    #[error("rewrite plan out of range: head {head}, boundary {boundary}, {len} messages")]
+    BadPlan {
+        /// Leading messages kept.
+        head: usize,
+        /// First message of the tail.
+        boundary: usize,
+        /// Messages in the request.
+        len: usize,
+    },
+}
+
+/// What the hot path needs to know about a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Peek {
+    /// The `model` field.
+    pub model: Option<String>,
+    /// `max_completion_tokens`, else `max_tokens`.
+    pub requested_output: Option<usize>,
+    /// Number of messages.
+    pub message_count: usize,
+    /// Estimated input tokens: messages plus tool definitions.
+    pub tokens: usize,
+    /// Of which tool definitions (`tools`, legacy `functions`).
+    pub fixed_tokens: usize,
+}
+
+/// Counts and estimates a request in one zero-copy pass.
+pub fn peek(body: &[u8], estimator: &LazyEstimator) -> Result<Peek, ChatError> {
+    let wire: PeekWire<'_> = serde_json::from_slice(body)?;
+    let messages = wire.messages.ok_or(ChatError::NoMessages)?;
+    let fixed_tokens = tools_tokens(wire.tools, wire.functions, estimator);
+    let tokens = messages
+        .0
+        .iter()
+        .fold(fixed_tokens, |acc, c| acc.saturating_add(estimator.counts(*c)));
+    Ok(Peek {
+        model: wire.model,
+        requested_output: requested_output(
+            wire.max_completion_tokens.as_ref(),
+            wire.max_tokens.as_ref(),
+        ),
+        message_count: messages.0.len(),
+        tokens,
+        fixed_tokens,
+    })
+}
+
+#[derive(Deserialize)]
+struct PeekWire<'a> {
+    #[serde(default)]
+    model: Option<String>,
+    #[serde(default)]
+    max_tokens: Option<Value>,
+    #[serde(default)]
+    max_completion_tokens: Option<Value>,
+    #[serde(default)]
+    messages: Option<MessageCounts>,
+    #[serde(borrow, default)]
+    tools: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    functions: Option<&'a RawValue>,
+}
+
+fn tools_tokens(
+    tools: Option<&RawValue>,
+    functions: Option<&RawValue>,
+    estimator: &LazyEstimator,
+) -> usize {
+    [tools, functions]
+        .into_iter()
+        .flatten()
+        .map(|raw| estimator.text(raw.get()))
+        .fold(0, usize::saturating_add)
+}
+
+fn requested_output(max_completion: Option<&Value>, max_tokens: Option<&Value>) -> Option<usize> {
+    let as_tokens = |v: &Value| -> Option<usize> {
+        let n = v.as_f64()?;
+        (n.is_finite() && n >= 0.0).then(|| n.min(usize::MAX as f64) as usize)
+    };
+    max_completion
+        .and_then(as_tokens)
+        .or_else(|| max_tokens.and_then(as_tokens))
+}
+
+/// A parsed request, borrowing the original body.
+#[derive(Debug)]
+pub struct ChatRequest<'a> {
+    /// Top-level fields in their original order, values as raw JSON.
+    fields: Vec<(String, &'a RawValue)>,
+    /// Index of `messages` in `fields`.
+    messages_at: usize,
+    /// The messages as raw JSON, in order.
+    pub raw_messages: Vec<&'a RawValue>,
+    /// The `model` field.
+    pub model: Option<String>,
+    /// `max_completion_tokens`, else `max_tokens`.
+    pub requested_output: Option<usize>,
+    /// Estimated tokens of the tool definitions.
+    pub fixed_tokens: usize,
+    /// The neutral transcript, message for message.
+    pub transcript: Transcript,
+}
+
+/// Parses a request with the default estimator.
+pub fn parse(body: &[u8]) -> Result<ChatRequest<'_>, ChatError> {
+    parse_with(body, &LazyEstimator::default())
+}
+
+/// Parses a request fully (only when a compaction is due).
+pub fn parse_with<'a>(
+    body: &'a [u8],
+    estimator: &LazyEstimator,
+) -> Result<ChatRequest<'a>, ChatError> {
+    let OrderedObject(fields) = serde_json::from_slice(body)?;
+    let find = |name: &str| fields.iter().position(|(k, _)| k == name);
+    let messages_at = find("messages").ok_or(ChatError::NoMessages)?;
+    if fields.iter().filter(|(k, _)| k == "messages").count() > 1 {
+        return Err(ChatError::NoMessages);
+    }
+    let raw = |name: &str| find(name).and_then(|i| fields.get(i)).map(|(_, v)| *v);
+    let value = |name: &str| -> Option<Value> { serde_json::from_str(raw(name)?.get()).ok() };
+
+    let raw_messages: Vec<&RawValue> = match raw("messages") {
+        Some(m) => serde_json::from_str(m.get())?,
+        None => return Err(ChatError::NoMessages),
+    };
+    let model = value("model").and_then(|v| v.as_str().map(str::to_string));
+    let requested_output = requested_output(
+        value("max_completion_tokens").as_ref(),
+        value("max_tokens").as_ref(),
+    );
+    let fixed_tokens = tools_tokens(raw("tools"), raw("functions"), estimator);
+
+    let mut messages = Vec::with_capacity(raw_messages.len());
+    for (index, raw) in raw_messages.iter().enumerate() {
+        let counts: Option<MessageStats> = serde_json::from_str(raw.get())?;
+        let v: Value = serde_json::from_str(raw.get())?;
+        let mut message = message_from_value(&v, index)?;
+        message.tokens = estimator.counts(counts.map(|s| s.0).unwrap_or_default());
+        messages.push(message);
+    }
+    let mut transcript = Transcript::new(messages);
+    transcript.resolve_tool_names();
+    Ok(ChatRequest {
+        fields,
+        messages_at,
+        raw_messages,
+        model,
+        requested_output,
+        fixed_tokens,
+        transcript,
+    })
+}
+
+#[derive(Serialize)]
+struct SummaryWire<'a> {
+    role: &'static str,
+    content: &'a str,
+}
+
+impl ChatRequest<'_> {
+    /// Estimated tokens of the whole request as received.
+    pub fn tokens(&self) -> usize {
+        self.fixed_tokens
+            .saturating_add(self.transcript.tokens(0..self.transcript.len()))
+    }
+
+    /// The request with `messages[head..boundary]` replaced by one user message holding
+    /// `summary_message`; every other byte of the request (other fields, their order, the
+    /// kept messages) as received, except insignificant whitespace between top-level fields.
+    pub fn rewrite(
+        &self,
+        head: usize,
+        boundary: usize,
+        summary_message: &str,
+    ) -> Result<Vec<u8>, ChatError> {
+        let len = self.raw_messages.len();
+        let (Some(kept_head), Some(tail)) = (
+            self.raw_messages.get(..head),
+            self.raw_messages.get(boundary..),
+        ) else {
+            return Err(ChatError::BadPlan {
+                head,
+                boundary,
+                len,
+            });
+        };
+        if head > boundary {
+            return Err(ChatError::BadPlan {
+                head,
+                boundary,
+                len,
+            });
+        }
+        let size: usize = self.fields.iter().map(|(k, v)| k.len() + v.get().len() + 4).sum();
+        let mut out = Vec::with_capacity(size + summary_message.len() + 64);
+        out.push(b'{');
+        for (i, (key, value)) in self.fields.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            serde_json::to_writer(&mut out, key)?;
+            out.push(b':');
+            if i != self.messages_at {
+                out.extend_from_slice(value.get().as_bytes());
+                continue;
+            }
+            out.push(b'[');
+            for m in kept_head {
+                out.extend_from_slice(m.get().as_bytes());
+                out.push(b',');
+            }
+            serde_json::to_writer(
+                &mut out,
+                &SummaryWire {
+                    role: "user",
+                    content: summary_message,
+                },
+            )?;
+            for m in tail {
+                out.push(b',');
+                out.extend_from_slice(m.get().as_bytes());
+            }
+            out.push(b']');
+        }
+        out.push(b'}');
+        Ok(out)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Transcript building (compaction path).
+
+fn message_from_value(v: &Value, index: usize) -> Result<Message, ChatError> {
+    let bad = |reason| ChatError::BadMessage { index, reason };
+    let obj = v.as_object().ok_or(bad("not an object"))?;
+    let role = match obj.get("role").and_then(Value::as_str) {
+        Some("system") | Some("developer") => Role::System,
+        Some("user") => Role::User,
+        Some("assistant") => Role::Assistant,
+        Some("tool") | Some("function") => Role::Tool,
+        Some(_) => return Err(bad("unknown role")),
+        None => return Err(bad("no role")),
+    };
+    let mut parts = Vec::new();
+    for key in ["reasoning_content", "reasoning"] {
+        match obj.get(key) {
+            None | Some(Value::Null) => {}
+            Some(Value::String(s)) => parts.push(Part::Reasoning(s.clone())),
+            Some(other) => parts.push(Part::Opaque {
+                kind: key.into(),
+                chars: leaf_chars(other),
+            }),
+        }
+    }
+    match obj.get("content") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(s)) => parts.push(Part::Text(s.clone())),
+        Some(Value::Array(items)) => parts.extend(items.iter().map(part_from_value)),
+        Some(other) => parts.push(Part::Opaque {
+            kind: "content".into(),
+            chars: leaf_chars(other),
+        }),
+    }
+    match obj.get("refusal") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(s)) => parts.push(Part::Text(s.clone())),
+        Some(other) => parts.push(Part::Opaque {
+            kind: "refusal".into(),
+            chars: leaf_chars(other),
+        }),
+    }
+    if let Some(calls) = obj.get("tool_calls").and_then(Value::as_array) {
+        for call in calls {
+            let id = call.get("id").and_then(Value::as_str).map(str::to_string);
+            let (name, arguments) = if let Some(f) = call.get("function") {
+                (f.get("name"), f.get("arguments"))
+            } else if let Some(c) = call.get("custom") {
+                (c.get("name"), c.get("input"))
+            } else {
+                (None, None)
+            };
+            parts.push(Part::ToolCall(ToolCall {
+                id,
+                name: name.and_then(Value::as_str).unwrap_or("").to_string(),
+                arguments: arguments.map(json_text).unwrap_or_default(),
+            }));
+        }
+    }
+    if let Some(f) = obj.get("function_call").filter(|f| f.is_object()) {
+        parts.push(Part::ToolCall(ToolCall {
+            id: None,
+            name: f.get("name").and_then(Value::as_str).unwrap_or("").to_string(),
+            arguments: f.get("arguments").map(json_text).unwrap_or_default(),
+        }));
+    }
+    let mut message = Message::new(role, parts);
+    if role == Role::Tool {
+        message.tool_call_id = obj
+            .get("tool_call_id")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        message.tool_name = obj.get("name").and_then(Value::as_str).map(str::to_string);
+    }
+    Ok(message)
+}
+
+fn json_text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn is_image_type(kind: &str) -> bool {
+    matches!(kind, "image_url" | "image" | "input_image")
+}
+
+fn part_from_value(part: &Value) -> Part {
+    let Some(obj) = part.as_object() else {
+        return match part {
+            Value::String(s) => Part::Text(s.clone()),
+            other => Part::Opaque {
+                kind: "unknown".into(),
+                chars: leaf_chars(other),
+            },
+        };
+    };
+    let kind = obj.get("type").and_then(Value::as_str);
+    let text = |key: &str| obj.get(key).and_then(Value::as_str).map(str::to_string);
+    match kind {
+        Some(k) if is_image_type(k) => Part::Image,
+        None if obj.contains_key("image_url") => Part::Image,
+        Some("text") | None if text("text").is_some() => Part::Text(text("text").unwrap_or_default()),
+        Some("refusal") if text("refusal").is_some() => {
+            Part::Text(text("refusal").unwrap_or_default())
+        }
+        _ => Part::Opaque {
+            kind: kind.unwrap_or("unknown").to_string(),
+            chars: obj
+                .iter()
+                .filter(|(k, _)| !matches!(k.as_str(), "type" | "cache_control" | "image_url"))
+                .map(|(_, v)| leaf_chars(v))
+                .sum(),
+        },
+    }
+}
+
+/// Characters of every string leaf (not keys) of a value.
+fn leaf_chars(v: &Value) -> usize {
+    match v {
+        Value::String(s) => count_chars(s),
+        Value::Array(items) => items.iter().map(leaf_chars).sum(),
+        Value::Object(map) => map.values().map(leaf_chars).sum(),
+        _ => 0,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Order-preserving top level.
+
+struct OrderedObject<'a>(Vec<(String, &'a RawValue)>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for OrderedObject<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
+            type Value = OrderedObject<'a>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut fields = Vec::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    let value: &'a RawValue = map.next_value()?;
+                    fields.push((key, value));
+                }
+                Ok(OrderedObject(fields))
+            }
+        }
+        d.deserialize_map(V(std::marker::PhantomData))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Zero-copy counting (hot path). Every visitor counts characters of strings as serde_json
+// hands them over (borrowed, or from its scratch buffer when unescaping) and allocates nothing.
+
+/// Per-message counts of a `messages` array.
+struct MessageCounts(Vec<Counts>);
+
+impl<'de> Deserialize<'de> for MessageCounts {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = MessageCounts;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an array of messages")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(64));
+                while let Some(stats) = seq.next_element::<MessageStats>()? {
+                    out.push(stats.0);
+                }
+                Ok(MessageCounts(out))
+            }
+        }
+        d.deserialize_seq(V)
+    }
+}
+
+/// What the model reads of one message.
+struct MessageStats(Counts);
+
+#[derive(Deserialize)]
+#[serde(field_identifier, rename_all = "snake_case")]
+enum MessageField {
+    Content,
+    ToolCalls,
+    FunctionCall,
+    ReasoningContent,
+    Reasoning,
+    Refusal,
+    #[serde(other)]
+    Other,
+}
+
+impl<'de> Deserialize<'de> for MessageStats {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = MessageStats;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a message object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut counts = Counts::default();
+                while let Some(field) = map.next_key::<MessageField>()? {
+                    match field {
+                        MessageField::Content => counts.add(map.next_value::<ContentCounts>()?.0),
+                        MessageField::ToolCalls => {
+                            counts.chars += map.next_value::<ToolCallsChars>()?.0
+                        }
+                        MessageField::FunctionCall
+                        | MessageField::ReasoningContent
+                        | MessageField::Reasoning
+                        | MessageField::Refusal => counts.chars += map.next_value::<StrChars>()?.0,
+                        MessageField::Other => {
+                            map.next_value::<IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(MessageStats(counts))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+/// Characters of all string leaves of any value (object keys excluded).
+struct StrChars(usize);
+
+impl<'de> Deserialize<'de> for StrChars {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(StrCharsVisitor).map(StrChars)
+    }
+}
+
+struct StrCharsVisitor;
+
+impl<'de> Visitor<'de> for StrCharsVisitor {
+    type Value = usize;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<usize, E> {
+        Ok(count_chars(v))
+    }
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<usize, E> {
+        Ok(0)
+    }
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<usize, E> {
+        Ok(0)
+    }
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<usize, E> {
+        Ok(0)
+    }
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<usize, E> {
+        Ok(0)
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<usize, E> {
+        Ok(0)
+    }
+    fn visit_none<E: de::Error>(self) -> Result<usize, E> {
+        Ok(0)
+    }
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<usize, D::Error> {
+        d.deserialize_any(StrCharsVisitor)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<usize, A::Error> {
+        let mut n = 0usize;
+        while let Some(StrChars(c)) = seq.next_element()? {
+            n = n.saturating_add(c);
+        }
+        Ok(n)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<usize, A::Error> {
+        let mut n = 0usize;
+        while map.next_key::<IgnoredAny>()?.is_some() {
+            n = n.saturating_add(map.next_value::<StrChars>()?.0);
+        }
+        Ok(n)
+    }
+}
+
+/// `tool_calls`: the string leaves of each call's `function` (name, arguments) or `custom`
+/// (name, input) object; ids and types are not read by the model as text.
+struct ToolCallsChars(usize);
+
+impl<'de> Deserialize<'de> for ToolCallsChars {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = usize;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an array of tool calls")
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<usize, E> {
+                Ok(0)
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<usize, A::Error> {
+                let mut n = 0usize;
+                while let Some(ToolCallChars(c)) = seq.next_element()? {
+                    n = n.saturating_add(c);
+                }
+                Ok(n)
+            }
+        }
+        d.deserialize_any(V).map(ToolCallsChars)
+    }
+}
+
+struct ToolCallChars(usize);
+
+impl<'de> Deserialize<'de> for ToolCallChars {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = usize;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a tool call object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<usize, A::Error> {
+                let mut n = 0usize;
+                while let Some(key) = map.next_key::<CallField>()? {
+                    match key {
+                        CallField::Function | CallField::Custom => {
+                            n = n.saturating_add(map.next_value::<StrChars>()?.0)
+                        }
+                        CallField::Other => {
+                            map.next_value::<IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(n)
+            }
+        }
+        d.deserialize_map(V).map(ToolCallChars)
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(field_identifier, rename_all = "snake_case")]
+enum CallField {
+    Function,
+    Custom,
+    #[serde(other)]
+    Other,
+}
+
+/// `content`: a string, null, or an array of parts.
+struct ContentCounts(Counts);
+
+impl<'de> Deserialize<'de> for ContentCounts {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Counts;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("message content")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Counts, E> {
+                Ok(Counts {
+                    chars: count_chars(v),
+                    images: 0,
+                })
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Counts, E> {
+                Ok(Counts::default())
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Counts, A::Error> {
+                let mut counts = Counts::default();
+                while let Some(PartCounts(c)) = seq.next_element()? {
+                    counts.add(c);
+                }
+                Ok(counts)
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Counts, A::Error> {
+                let chars = StrCharsVisitor.visit_map(map)?;
+                Ok(Counts { chars, images: 0 })
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Counts, E> {
+                Ok(Counts::default())
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Counts, E> {
+                Ok(Counts::default())
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Counts, E> {
+                Ok(Counts::default())
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Counts, E> {
+                Ok(Counts::default())
+            }
+        }
+        d.deserialize_any(V).map(ContentCounts)
+    }
+}
+
+/// One content part: an image costs a fixed amount; anything else, the characters of its
+/// string fields other than `type` and `cache_control`.
+struct PartCounts(Counts);
+
+#[derive(Deserialize)]
+#[serde(field_identifier, rename_all = "snake_case")]
+enum PartField {
+    Type,
+    ImageUrl,
+    CacheControl,
+    #[serde(other)]
+    Other,
+}
+
+/// Whether a `type` value names an image part.
+struct ImageType(bool);
+
+impl<'de> Deserialize<'de> for ImageType {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = bool;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a part type")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<bool, E> {
+                Ok(is_image_type(v))
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<bool, E> {
+                Ok(false)
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<bool, E> {
+                Ok(false)
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<bool, E> {
+                Ok(false)
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<bool, E> {
+                Ok(false)
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<bool, E> {
+                Ok(false)
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<bool, A::Error> {
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(false)
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<bool, A::Error> {
+                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                Ok(false)
+            }
+        }
+        d.deserialize_any(V).map(ImageType)
+    }
+}
+
+impl<'de> Deserialize<'de> for PartCounts {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Counts;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a content part")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Counts, E> {
+                Ok(Counts {
+                    chars: count_chars(v),
+                    images: 0,
+                })
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Counts, A::Error> {
+                let mut typed: Option<bool> = None;
+                let mut has_image_url = false;
+                let mut chars = 0usize;
+                while let Some(key) = map.next_key::<PartField>()? {
+                    match key {
+                        PartField::Type => typed = Some(map.next_value::<ImageType>()?.0),
+                        PartField::ImageUrl => {
+                            has_image_url = true;
+                            map.next_value::<IgnoredAny>()?;
+                        }
+                        PartField::CacheControl => {
+                            map.next_value::<IgnoredAny>()?;
+                        }
+                        PartField::Other => {
+                            chars = chars.saturating_add(map.next_value::<StrChars>()?.0)
+                        }
+                    }
+                }
+                let image = typed.unwrap_or(has_image_url);
+                Ok(if image {
+                    Counts {
+                        chars: 0,
+                        images: 1,
+                    }
+                } else {
+                    Counts { chars, images: 0 }
+                })
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Counts, A::Error> {
+                let chars = StrCharsVisitor.visit_seq(seq)?;
+                Ok(Counts { chars, images: 0 })
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Counts, E> {
+                Ok(Counts::default())
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Counts, E> {
+                Ok(Counts::default())
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Counts, E> {
+                Ok(Counts::default())
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Counts, E> {
+                Ok(Counts::default())
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Counts, E> {
+                Ok(Counts::default())
+            }
+        }
+        d.deserialize_any(V).map(PartCounts)
+    }
+}

@@ -1,0 +1,907 @@
+//! The in-memory [`SessionStore`]: the default backend, bounded by sessions, bytes and TTL.
+//!
+//! Everything sits behind one `std::sync::Mutex` (never held across an await: every trait
+//! method does its work synchronously and returns a ready future). Sessions are ordered by
+//! last use in a `BTreeMap<tick, key>` beside the `HashMap`, so evicting the least recently
+//! used and expiring the stale are O(log n) each; expiry is lazy, checked at the front of that
+//! order on every call. A session owns its checkpoints and takes them along when it goes.
+//! Lookups by chain hash probe only the prefix lengths some checkpoint of the tenant covers,
+//! longest first, instead of every hash of the request.
+
+use std::collections::hash_map::Entry;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use compactor_plugin_api::BoxFuture;
+
+use super::breaker::Breaker;
+use super::hash::{ChainHash, TenantId};
+use super::store::{
+    unix_now, Checkpoint, LatestRequest, SessionInfo, SessionStore, StoreError, StoreLimits,
+    StoreStats, SESSION_OVERHEAD_BYTES,
+};
+
+/// Checkpoints kept per session; the oldest beyond this are dropped (the newest covers the
+/// longest prefix, older ones only serve retried or forked requests).
+pub const MAX_CHECKPOINTS_PER_SESSION: usize = 8;
+
+/// Breaker cooldown unless [`MemoryStore::with_breaker_cooldown`] says otherwise (matches the
+/// `compaction.breaker_cooldown_secs` default).
+pub const DEFAULT_BREAKER_COOLDOWN: Duration = Duration::from_secs(300);
+
+/// A source of monotonic time; injectable so tests move time instead of sleeping.
+pub type Clock = Arc<dyn Fn() -> Instant + Send + Sync>;
+
+/// The bounded in-memory store. See the module docs.
+pub struct MemoryStore {
+    limits: StoreLimits,
+    breaker_cooldown: Duration,
+    clock: Clock,
+    inner: Mutex<Inner>,
+}
+
+impl fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("limits", &self.limits)
+            .field("stats", &self.lock().stats())
+            .finish_non_exhaustive()
+    }
+}
+
+impl MemoryStore {
+    /// An empty store within `limits`, on the system clock.
+    pub fn new(limits: StoreLimits) -> MemoryStore {
+        MemoryStore {
+            limits,
+            breaker_cooldown: DEFAULT_BREAKER_COOLDOWN,
+            clock: Arc::new(Instant::now),
+            inner: Mutex::new(Inner::default()),
+        }
+    }
+
+    /// Sets how long a session's breaker stays open (`compaction.breaker_cooldown_secs`).
+    pub fn with_breaker_cooldown(mut self, cooldown: Duration) -> MemoryStore {
+        self.breaker_cooldown = cooldown;
+        self
+    }
+
+    /// Replaces the clock (tests).
+    pub fn with_clock(mut self, clock: Clock) -> MemoryStore {
+        self.clock = clock;
+        self
+    }
+
+    /// Sessions held (after dropping expired ones): the `compactor_sessions` gauge.
+    pub fn len(&self) -> usize {
+        self.stats().sessions
+    }
+
+    /// Whether no session is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Sessions evicted for space since start: `compactor_store_evictions_total`.
+    pub fn evictions(&self) -> u64 {
+        self.lock().evictions
+    }
+
+    /// All counters at once (after dropping expired sessions).
+    pub fn stats(&self) -> StoreStats {
+        self.fresh().stats()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // Every mutation keeps the maps consistent before it can panic, so a poisoned lock
+        // still guards valid data.
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The lock, with expired sessions already gone.
+    fn fresh(&self) -> MutexGuard<'_, Inner> {
+        let now = (self.clock)();
+        let mut inner = self.lock();
+        inner.expire(now, self.limits.ttl);
+        inner
+    }
+
+    fn longest(&self, tenant: TenantId, hashes: &[ChainHash]) -> Option<Arc<Checkpoint>> {
+        let now = (self.clock)();
+        let mut inner = self.fresh();
+        let (owner, checkpoint) = inner.longest(tenant, hashes)?;
+        inner.bump(&owner, now);
+        Some(checkpoint)
+    }
+
+    fn put(
+        &self,
+        tenant: TenantId,
+        hash: ChainHash,
+        checkpoint: Arc<Checkpoint>,
+    ) -> Result<(), StoreError> {
+        if checkpoint.covered == 0 {
+            return Err(StoreError::EmptyCheckpoint);
+        }
+        let now = (self.clock)();
+        let mut inner = self.fresh();
+        inner.remove_checkpoint(&hash);
+        let key = SessionKey::new(tenant, &checkpoint.session_id);
+        let entry = inner.entry(&key, now, self.breaker_cooldown);
+        entry.compactions = entry.compactions.saturating_add(1);
+        entry.messages_seen = entry.messages_seen.max(checkpoint.covered);
+        entry.latest = Some(checkpoint.clone());
+        entry.checkpoints.push_back(hash);
+        let overflow = if entry.checkpoints.len() > MAX_CHECKPOINTS_PER_SESSION {
+            entry.checkpoints.pop_front()
+        } else {
+            None
+        };
+        let bytes = checkpoint.approx_bytes();
+        *inner
+            .covered
+            .entry(tenant)
+            .or_default()
+            .entry(checkpoint.covered)
+            .or_default() += 1;
+        inner.bytes += bytes;
+        inner.checkpoints.insert(
+            hash,
+            StoredCheckpoint {
+                owner: key,
+                checkpoint,
+                bytes,
+            },
+        );
+        if let Some(oldest) = overflow {
+            inner.remove_checkpoint(&oldest);
+        }
+        inner.enforce(&self.limits);
+        Ok(())
+    }
+
+    fn touch(&self, tenant: TenantId, id: &str, latest: LatestRequest, messages_seen: usize) {
+        let now = (self.clock)();
+        let mut inner = self.fresh();
+        let key = SessionKey::new(tenant, id);
+        let entry = inner.entry(&key, now, self.breaker_cooldown);
+        let new_bytes = latest.approx_bytes();
+        let old_bytes = std::mem::replace(&mut entry.request_bytes, new_bytes);
+        entry.latest_request = Some(latest);
+        entry.messages_seen = messages_seen;
+        inner.bytes = inner.bytes.saturating_sub(old_bytes) + new_bytes;
+        inner.enforce(&self.limits);
+    }
+
+    fn info(&self, id: &str) -> Option<SessionInfo> {
+        let now = (self.clock)();
+        let inner = self.fresh();
+        let key = inner.find(id)?;
+        inner.info(key, now)
+    }
+
+    fn latest(&self, id: &str) -> Option<LatestRequest> {
+        let inner = self.fresh();
+        let key = inner.find(id)?;
+        inner.sessions.get(key)?.latest_request.clone()
+    }
+
+    fn list(&self, limit: usize) -> Vec<SessionInfo> {
+        let now = (self.clock)();
+        let inner = self.fresh();
+        inner
+            .lru
+            .values()
+            .rev()
+            .take(limit)
+            .filter_map(|key| inner.info(key, now))
+            .collect()
+    }
+
+    fn allowed(&self, tenant: TenantId, id: &str) -> bool {
+        let now = (self.clock)();
+        let mut inner = self.fresh();
+        inner
+            .sessions
+            .get_mut(&SessionKey::new(tenant, id))
+            .map_or(true, |entry| entry.breaker.allow(now))
+    }
+
+    fn record(&self, tenant: TenantId, id: &str, succeeded: bool) -> bool {
+        let now = (self.clock)();
+        let mut inner = self.fresh();
+        let Some(entry) = inner.sessions.get_mut(&SessionKey::new(tenant, id)) else {
+            return false;
+        };
+        if succeeded {
+            entry.breaker.record_success();
+            false
+        } else {
+            entry.breaker.record_failure(now)
+        }
+    }
+}
+
+impl SessionStore for MemoryStore {
+    fn longest_checkpoint<'a>(
+        &'a self,
+        tenant: TenantId,
+        hashes: &'a [ChainHash],
+    ) -> BoxFuture<'a, Result<Option<Arc<Checkpoint>>, StoreError>> {
+        Box::pin(std::future::ready(Ok(self.longest(tenant, hashes))))
+    }
+
+    fn put_checkpoint(
+        &self,
+        tenant: TenantId,
+        hash: ChainHash,
+        checkpoint: Arc<Checkpoint>,
+    ) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(std::future::ready(self.put(tenant, hash, checkpoint)))
+    }
+
+    fn touch_session<'a>(
+        &'a self,
+        tenant: TenantId,
+        id: &'a str,
+        latest: LatestRequest,
+        messages_seen: usize,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        self.touch(tenant, id, latest, messages_seen);
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn session<'a>(
+        &'a self,
+        id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<SessionInfo>, StoreError>> {
+        Box::pin(std::future::ready(Ok(self.info(id))))
+    }
+
+    fn latest_request<'a>(
+        &'a self,
+        id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<LatestRequest>, StoreError>> {
+        Box::pin(std::future::ready(Ok(self.latest(id))))
+    }
+
+    fn list_sessions(&self, limit: usize) -> BoxFuture<'_, Result<Vec<SessionInfo>, StoreError>> {
+        Box::pin(std::future::ready(Ok(self.list(limit))))
+    }
+
+    fn compaction_allowed<'a>(
+        &'a self,
+        tenant: TenantId,
+        id: &'a str,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(std::future::ready(Ok(self.allowed(tenant, id))))
+    }
+
+    fn record_compaction<'a>(
+        &'a self,
+        tenant: TenantId,
+        id: &'a str,
+        succeeded: bool,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(std::future::ready(Ok(self.record(tenant, id, succeeded))))
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct SessionKey {
+    tenant: TenantId,
+    id: Arc<str>,
+}
+
+impl SessionKey {
+    fn new(tenant: TenantId, id: &str) -> SessionKey {
+        SessionKey {
+            tenant,
+            id: Arc::from(id),
+        }
+    }
+}
+
+struct SessionEntry {
+    /// Position in `Inner::lru`.
+    tick: u64,
+    last_seen: Instant,
+    last_seen_unix: u64,
+    created_unix: u64,
+    compactions: u32,
+    latest: Option<Arc<Checkpoint>>,
+    latest_request: Option<LatestRequest>,
+    /// `latest_request`'s share of `Inner::bytes`.
+    request_bytes: usize,
+    messages_seen: usize,
+    /// Hashes of the checkpoints this session owns, oldest first.
+    checkpoints: VecDeque<ChainHash>,
+    breaker: Breaker,
+}
+
+struct StoredCheckpoint {
+    owner: SessionKey,
+    checkpoint: Arc<Checkpoint>,
+    /// Its share of `Inner::bytes`.
+    bytes: usize,
+}
+
+#[derive(Default)]
+struct Inner {
+    sessions: HashMap<SessionKey, SessionEntry>,
+    /// Last-use order: the first entry is the least recently used.
+    lru: BTreeMap<u64, SessionKey>,
+    /// Admin lookups by id alone: the tenants having a session with that id.
+    by_id: HashMap<Arc<str>, Vec<TenantId>>,
+    checkpoints: HashMap<ChainHash, StoredCheckpoint>,
+    /// Per tenant, how many checkpoints cover each prefix length: the lengths worth probing.
+    covered: HashMap<TenantId, BTreeMap<usize, usize>>,
+    tick: u64,
+    bytes: usize,
+    evictions: u64,
+    expirations: u64,
+}
+
+fn session_bytes(id: &str) -> usize {
+    SESSION_OVERHEAD_BYTES + id.len()
+}
+
+impl Inner {
+    fn stats(&self) -> StoreStats {
+        StoreStats {
+            sessions: self.sessions.len(),
+            checkpoints: self.checkpoints.len(),
+            bytes: self.bytes,
+            evictions: self.evictions,
+            expirations: self.expirations,
+        }
+    }
+
+    fn next_tick(&mut self) -> u64 {
+        self.tick += 1;
+        self.tick
+    }
+
+    /// The session `key`, created if new, marked as used at `now`.
+    fn entry(&mut self, key: &SessionKey, now: Instant, cooldown: Duration) -> &mut SessionEntry {
+        let tick = self.next_tick();
+        let unix = unix_now();
+        self.lru.insert(tick, key.clone());
+        match self.sessions.entry(key.clone()) {
+            Entry::Occupied(occupied) => {
+                let entry = occupied.into_mut();
+                self.lru.remove(&entry.tick);
+                entry.tick = tick;
+                entry.last_seen = now;
+                entry.last_seen_unix = unix;
+                entry
+            }
+            Entry::Vacant(vacant) => {
+                self.bytes += session_bytes(&key.id);
+                self.by_id
+                    .entry(key.id.clone())
+                    .or_default()
+                    .push(key.tenant);
+                vacant.insert(SessionEntry {
+                    tick,
+                    last_seen: now,
+                    last_seen_unix: unix,
+                    created_unix: unix,
+                    compactions: 0,
+                    latest: None,
+                    latest_request: None,
+                    request_bytes: 0,
+                    messages_seen: 0,
+                    checkpoints: VecDeque::new(),
+                    breaker: Breaker::new(cooldown),
+                })
+            }
+        }
+    }
+
+    /// Marks an existing session as used at `now`.
+    fn bump(&mut self, key: &SessionKey, now: Instant) {
+        let tick = self.next_tick();
+        if let Some(entry) = self.sessions.get_mut(key) {
+            self.lru.remove(&entry.tick);
+            self.lru.insert(tick, key.clone());
+            entry.tick = tick;
+            entry.last_seen = now;
+            entry.last_seen_unix = unix_now();
+        }
+    }
+
+    fn longest(
+        &self,
+        tenant: TenantId,
+        hashes: &[ChainHash],
+    ) -> Option<(SessionKey, Arc<Checkpoint>)> {
+        let lengths = self.covered.get(&tenant)?;
+        lengths
+            .range(1..=hashes.len())
+            .rev()
+            .find_map(|(&covered, _)| {
+                let stored = self.checkpoints.get(hashes.get(covered - 1)?)?;
+                // The hash already commits to the tenant and the length; this guards against
+                // a caller passing hashes of another chain.
+                (stored.checkpoint.covered == covered && stored.owner.tenant == tenant)
+                    .then(|| (stored.owner.clone(), stored.checkpoint.clone()))
+            })
+    }
+
+    /// The most recently used session with this id, any tenant.
+    fn find(&self, id: &str) -> Option<&SessionKey> {
+        let tenants = self.by_id.get(id)?;
+        tenants
+            .iter()
+            .filter_map(|tenant| {
+                let (key, entry) = self.sessions.get_key_value(&SessionKey::new(*tenant, id))?;
+                Some((entry.tick, key))
+            })
+            .max_by_key(|(tick, _)| *tick)
+            .map(|(_, key)| key)
+    }
+
+    fn info(&self, key: &SessionKey, now: Instant) -> Option<SessionInfo> {
+        let entry = self.sessions.get(key)?;
+        Some(SessionInfo {
+            id: key.id.to_string(),
+            tenant: key.tenant,
+            compactions: entry.compactions,
+            latest: entry.latest.clone(),
+            checkpoints: entry.checkpoints.len(),
+            messages_seen: entry.messages_seen,
+            created_unix: entry.created_unix,
+            last_seen_unix: entry.last_seen_unix,
+            breaker: entry.breaker.state(now),
+            consecutive_failures: entry.breaker.consecutive_failures(),
+            has_latest_request: entry.latest_request.is_some(),
+        })
+    }
+
+    fn remove_checkpoint(&mut self, hash: &ChainHash) {
+        let Some(stored) = self.checkpoints.remove(hash) else {
+            return;
+        };
+        self.bytes = self.bytes.saturating_sub(stored.bytes);
+        let tenant = stored.owner.tenant;
+        if let Some(lengths) = self.covered.get_mut(&tenant) {
+            if let Some(count) = lengths.get_mut(&stored.checkpoint.covered) {
+                *count -= 1;
+                if *count == 0 {
+                    lengths.remove(&stored.checkpoint.covered);
+                }
+            }
+            if lengths.is_empty() {
+                self.covered.remove(&tenant);
+            }
+        }
+        if let Some(owner) = self.sessions.get_mut(&stored.owner) {
+            owner.checkpoints.retain(|h| h != hash);
+        }
+    }
+
+    fn remove_session(&mut self, key: &SessionKey) {
+        let Some(entry) = self.sessions.remove(key) else {
+            return;
+        };
+        self.lru.remove(&entry.tick);
+        self.bytes = self
+            .bytes
+            .saturating_sub(session_bytes(&key.id) + entry.request_bytes);
+        if let Some(tenants) = self.by_id.get_mut(&key.id) {
+            tenants.retain(|t| *t != key.tenant);
+            if tenants.is_empty() {
+                self.by_id.remove(&key.id);
+            }
+        }
+        for hash in &entry.checkpoints {
+            self.remove_checkpoint(hash);
+        }
+    }
+
+    /// Drops sessions not used for longer than `ttl`, oldest first.
+    fn expire(&mut self, now: Instant, ttl: Duration) {
+        while let Some((&tick, key)) = self.lru.first_key_value() {
+            let key = key.clone();
+            match self.sessions.get(&key) {
+                Some(entry) if now.saturating_duration_since(entry.last_seen) > ttl => {
+                    self.remove_session(&key);
+                    self.expirations += 1;
+                }
+                Some(_) => break,
+                // Unreachable while the maps agree; never loop on a stray tick.
+                None => {
+                    self.lru.remove(&tick);
+                }
+            }
+        }
+    }
+
+    /// Evicts least recently used sessions until within `limits`.
+    fn enforce(&mut self, limits: &StoreLimits) {
+        while self.sessions.len() > limits.max_sessions || self.bytes > limits.max_bytes {
+            let Some((_, key)) = self.lru.pop_first() else {
+                break;
+            };
+            if self.sessions.contains_key(&key) {
+                self.remove_session(&key);
+                self.evictions += 1;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use compactor_plugin_api::Caller;
+    use serde_json::value::RawValue;
+
+    use super::*;
+    use crate::dialect::DialectKind;
+    use crate::session::breaker::BreakerState;
+    use crate::session::hash::chain;
+
+    const TTL: Duration = Duration::from_secs(600);
+
+    #[derive(Clone)]
+    struct ManualClock(Arc<Mutex<Instant>>);
+
+    impl ManualClock {
+        fn new() -> ManualClock {
+            ManualClock(Arc::new(Mutex::new(Instant::now())))
+        }
+        fn advance(&self, by: Duration) {
+            *self.0.lock().unwrap() += by;
+        }
+        fn clock(&self) -> Clock {
+            let me = self.clone();
+            Arc::new(move || *me.0.lock().unwrap())
+        }
+    }
+
+    fn limits(max_sessions: usize, max_bytes: usize) -> StoreLimits {
+        StoreLimits {
+            max_sessions,
+            max_bytes,
+            ttl: TTL,
+        }
+    }
+
+    fn store(limits: StoreLimits) -> (MemoryStore, ManualClock) {
+        let clock = ManualClock::new();
+        let store = MemoryStore::new(limits)
+            .with_clock(clock.clock())
+            .with_breaker_cooldown(Duration::from_secs(60));
+        (store, clock)
+    }
+
+    fn tenant(name: &str) -> TenantId {
+        TenantId::from_credential(name)
+    }
+
+    /// The chain of user messages with these contents.
+    fn chain_of(tenant: &TenantId, contents: &[String]) -> Vec<ChainHash> {
+        let owned: Vec<Box<RawValue>> = contents
+            .iter()
+            .map(|c| {
+                let json = serde_json::json!({"role": "user", "content": c}).to_string();
+                RawValue::from_string(json).unwrap()
+            })
+            .collect();
+        let refs: Vec<&RawValue> = owned.iter().map(|m| m.as_ref()).collect();
+        chain(tenant, &refs).unwrap()
+    }
+
+    /// The chain of a conversation of `n` messages whose `k`-th says `"{text}{k}"`.
+    fn conversation(tenant: &TenantId, text: &str, n: usize) -> Vec<ChainHash> {
+        let contents: Vec<String> = (0..n).map(|k| format!("{text}{k}")).collect();
+        chain_of(tenant, &contents)
+    }
+
+    fn checkpoint(session: &str, covered: usize, summary: &str) -> Arc<Checkpoint> {
+        Arc::new(Checkpoint {
+            session_id: session.into(),
+            covered,
+            summary: summary.into(),
+            read_files: vec!["src/a.rs".into()],
+            modified_files: vec!["src/b.rs".into()],
+            pre_tokens: 10_000,
+            post_tokens: 2_000,
+            compaction_num: 1,
+            created_unix: 0,
+        })
+    }
+
+    fn request(body_len: usize) -> LatestRequest {
+        LatestRequest {
+            dialect: DialectKind::ChatCompletions,
+            body: Bytes::from(vec![b'x'; body_len]),
+            caller: Caller::default(),
+        }
+    }
+
+    async fn put(s: &MemoryStore, t: TenantId, hashes: &[ChainHash], cp: Arc<Checkpoint>) {
+        let hash = hashes[cp.covered - 1];
+        s.put_checkpoint(t, hash, cp).await.unwrap();
+    }
+
+    async fn touch(s: &MemoryStore, t: TenantId, id: &str) {
+        s.touch_session(t, id, request(100), 1).await.unwrap();
+    }
+
+    async fn ids(s: &MemoryStore) -> Vec<String> {
+        let list = s.list_sessions(usize::MAX).await.unwrap();
+        list.into_iter().map(|i| i.id).collect()
+    }
+
+    async fn found(s: &MemoryStore, t: TenantId, hashes: &[ChainHash]) -> Option<usize> {
+        let hit = s.longest_checkpoint(t, hashes).await.unwrap();
+        hit.map(|cp| cp.covered)
+    }
+
+    #[tokio::test]
+    async fn the_longest_matching_checkpoint_wins() {
+        let (s, _) = store(limits(100, usize::MAX));
+        let t = tenant("k1");
+        let conv = conversation(&t, "m", 10);
+        for covered in [2, 6, 4] {
+            put(
+                &s,
+                t,
+                &conv,
+                checkpoint("s1", covered, &format!("up to {covered}")),
+            )
+            .await;
+        }
+        assert_eq!(found(&s, t, &conv).await, Some(6));
+        assert_eq!(found(&s, t, &conv[..6]).await, Some(6));
+        assert_eq!(found(&s, t, &conv[..5]).await, Some(4));
+        assert_eq!(found(&s, t, &conv[..3]).await, Some(2));
+        assert_eq!(found(&s, t, &conv[..1]).await, None);
+        let hit = s.longest_checkpoint(t, &conv).await.unwrap().unwrap();
+        assert_eq!(hit.summary, "up to 6");
+
+        // A history edited at message 5 keeps only the checkpoints before the edit.
+        let mut contents: Vec<String> = (0..10).map(|k| format!("m{k}")).collect();
+        contents[4] = "edited".into();
+        let edited = chain_of(&t, &contents);
+        assert_eq!(edited[..4], conv[..4]);
+        assert_eq!(found(&s, t, &edited).await, Some(4));
+
+        // Same content, another credential: nothing.
+        let other = tenant("k2");
+        assert_eq!(found(&s, other, &conversation(&other, "m", 10)).await, None);
+        assert_eq!(found(&s, other, &conv).await, None);
+    }
+
+    #[tokio::test]
+    async fn sessions_expire_after_ttl_with_their_checkpoints() {
+        let (s, clock) = store(limits(100, usize::MAX));
+        let t = tenant("k");
+        let old = conversation(&t, "old", 3);
+        put(&s, t, &old, checkpoint("old", 2, "old summary")).await;
+        touch(&s, t, "old").await;
+        clock.advance(TTL / 2);
+        touch(&s, t, "new").await;
+        clock.advance(TTL / 2);
+        // Exactly `ttl` unused: still there.
+        assert!(s.session("old").await.unwrap().is_some());
+        clock.advance(Duration::from_millis(1));
+        assert!(s.session("old").await.unwrap().is_none());
+        assert!(s.latest_request("old").await.unwrap().is_none());
+        assert_eq!(found(&s, t, &old).await, None);
+        assert_eq!(ids(&s).await, ["new"]);
+        let stats = s.stats();
+        assert_eq!((stats.sessions, stats.checkpoints), (1, 0));
+        assert_eq!((stats.expirations, stats.evictions), (1, 0));
+        clock.advance(TTL);
+        assert!(s.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_checkpoint_hit_keeps_its_session_alive() {
+        let (s, clock) = store(limits(100, usize::MAX));
+        let t = tenant("k");
+        let conv = conversation(&t, "m", 3);
+        put(&s, t, &conv, checkpoint("s", 2, "x")).await;
+        clock.advance(TTL);
+        assert_eq!(found(&s, t, &conv).await, Some(2));
+        clock.advance(TTL);
+        assert_eq!(found(&s, t, &conv).await, Some(2));
+    }
+
+    #[tokio::test]
+    async fn max_sessions_evicts_the_least_recently_used() {
+        let (s, _) = store(limits(2, usize::MAX));
+        let t = tenant("k");
+        let b_conv = conversation(&t, "b", 4);
+        touch(&s, t, "a").await;
+        touch(&s, t, "b").await;
+        put(&s, t, &b_conv, checkpoint("b", 3, "b summary")).await;
+        touch(&s, t, "a").await; // a is now more recent than b
+        touch(&s, t, "c").await;
+        assert_eq!(ids(&s).await, ["c", "a"]);
+        assert!(s.session("b").await.unwrap().is_none());
+        assert_eq!(
+            found(&s, t, &b_conv).await,
+            None,
+            "evicted with its session"
+        );
+        assert_eq!(s.evictions(), 1);
+        assert_eq!(s.len(), 2);
+        assert_eq!(s.stats().checkpoints, 0);
+    }
+
+    #[tokio::test]
+    async fn max_bytes_evicts_the_least_recently_used() {
+        // Measure one session's footprint, then allow room for three and a half.
+        let (probe, _) = store(limits(100, usize::MAX));
+        let t = tenant("k");
+        probe
+            .touch_session(t, "s0", request(10_000), 1)
+            .await
+            .unwrap();
+        let one = probe.stats().bytes;
+        assert!(one > 10_000);
+
+        let (s, _) = store(limits(100, one * 7 / 2));
+        for id in ["s0", "s1", "s2"] {
+            s.touch_session(t, id, request(10_000), 1).await.unwrap();
+        }
+        assert_eq!(s.evictions(), 0);
+        // Using s0 again makes s1 the least recently used.
+        s.touch_session(t, "s0", request(10_000), 2).await.unwrap();
+        s.touch_session(t, "s3", request(10_000), 1).await.unwrap();
+        assert_eq!(ids(&s).await, ["s3", "s0", "s2"]);
+        assert_eq!(s.evictions(), 1);
+        assert!(s.stats().bytes <= one * 7 / 2);
+
+        // A bigger checkpoint for s2 pushes out the now least recently used s0.
+        let conv = conversation(&t, "m", 2);
+        let big = Arc::new(Checkpoint {
+            summary: "y".repeat(one / 2),
+            ..(*checkpoint("s2", 2, "")).clone()
+        });
+        put(&s, t, &conv, big).await;
+        assert_eq!(ids(&s).await, ["s2", "s3"]);
+        assert_eq!(found(&s, t, &conv).await, Some(2));
+        assert_eq!(s.evictions(), 2);
+    }
+
+    #[tokio::test]
+    async fn replacing_a_latest_request_updates_the_byte_count() {
+        let (s, _) = store(limits(100, usize::MAX));
+        let t = tenant("k");
+        s.touch_session(t, "s", request(5_000), 1).await.unwrap();
+        let big = s.stats().bytes;
+        s.touch_session(t, "s", request(1_000), 2).await.unwrap();
+        assert_eq!(s.stats().bytes, big - 4_000);
+        let latest = s.latest_request("s").await.unwrap().unwrap();
+        assert_eq!(latest.body.len(), 1_000);
+    }
+
+    #[tokio::test]
+    async fn list_is_newest_first_and_limited() {
+        let (s, _) = store(limits(100, usize::MAX));
+        let t = tenant("k");
+        for id in ["a", "b", "c"] {
+            touch(&s, t, id).await;
+        }
+        touch(&s, t, "a").await;
+        assert_eq!(ids(&s).await, ["a", "c", "b"]);
+        let two = s.list_sessions(2).await.unwrap();
+        assert_eq!(
+            two.iter().map(|i| i.id.as_str()).collect::<Vec<_>>(),
+            ["a", "c"]
+        );
+        // Reading does not count as use.
+        s.session("b").await.unwrap();
+        assert_eq!(ids(&s).await, ["a", "c", "b"]);
+    }
+
+    #[tokio::test]
+    async fn session_info_reports_the_latest_checkpoint() {
+        let (s, _) = store(limits(100, usize::MAX));
+        let t = tenant("k");
+        let conv = conversation(&t, "m", 8);
+        s.touch_session(t, "s", request(10), 8).await.unwrap();
+        put(&s, t, &conv, checkpoint("s", 3, "first")).await;
+        put(&s, t, &conv, checkpoint("s", 6, "second")).await;
+        let info = s.session("s").await.unwrap().unwrap();
+        assert_eq!(info.compactions, 2);
+        assert_eq!(info.checkpoints, 2);
+        assert_eq!(info.messages_seen, 8);
+        assert!(info.has_latest_request);
+        let latest = info.latest.unwrap();
+        assert_eq!((latest.covered, latest.summary.as_str()), (6, "second"));
+        assert_eq!(info.tenant, t);
+    }
+
+    #[tokio::test]
+    async fn the_same_id_under_two_tenants_stays_apart() {
+        let (s, _) = store(limits(100, usize::MAX));
+        let (a, b) = (tenant("ka"), tenant("kb"));
+        s.touch_session(a, "shared", request(10), 1).await.unwrap();
+        s.touch_session(b, "shared", request(20), 1).await.unwrap();
+        assert_eq!(s.len(), 2);
+        let latest = s.latest_request("shared").await.unwrap().unwrap();
+        assert_eq!(latest.body.len(), 20, "the most recently used");
+        assert_eq!(s.session("shared").await.unwrap().unwrap().tenant, b);
+        s.touch_session(a, "shared", request(30), 2).await.unwrap();
+        assert_eq!(s.session("shared").await.unwrap().unwrap().tenant, a);
+    }
+
+    #[tokio::test]
+    async fn checkpoints_per_session_are_capped_and_replacements_not_double_counted() {
+        let (s, _) = store(limits(100, usize::MAX));
+        let t = tenant("k");
+        let conv = conversation(&t, "m", 20);
+        for covered in 1..=MAX_CHECKPOINTS_PER_SESSION + 2 {
+            put(&s, t, &conv, checkpoint("s", covered, "x")).await;
+        }
+        assert_eq!(s.stats().checkpoints, MAX_CHECKPOINTS_PER_SESSION);
+        assert_eq!(
+            found(&s, t, &conv[..2]).await,
+            None,
+            "the oldest were dropped"
+        );
+        assert_eq!(found(&s, t, &conv[..3]).await, Some(3));
+
+        let before = s.stats();
+        put(&s, t, &conv, checkpoint("s", 10, "x")).await;
+        let after = s.stats();
+        assert_eq!(after.checkpoints, before.checkpoints);
+        assert_eq!(after.bytes, before.bytes);
+    }
+
+    #[tokio::test]
+    async fn empty_checkpoints_are_rejected() {
+        let (s, _) = store(limits(100, usize::MAX));
+        let t = tenant("k");
+        let hash = ChainHash::start(&t);
+        let err = s.put_checkpoint(t, hash, checkpoint("s", 0, "x")).await;
+        assert!(matches!(err, Err(StoreError::EmptyCheckpoint)));
+        assert!(s.is_empty());
+    }
+
+    #[tokio::test]
+    async fn the_session_breaker_lives_in_the_store() {
+        let (s, clock) = store(limits(100, usize::MAX));
+        let t = tenant("k");
+        assert!(s.compaction_allowed(t, "unknown").await.unwrap());
+        assert!(!s.record_compaction(t, "unknown", false).await.unwrap());
+        touch(&s, t, "s").await;
+        assert!(!s.record_compaction(t, "s", false).await.unwrap());
+        assert!(!s.record_compaction(t, "s", false).await.unwrap());
+        assert!(
+            s.record_compaction(t, "s", false).await.unwrap(),
+            "opens on the third"
+        );
+        assert!(!s.compaction_allowed(t, "s").await.unwrap());
+        let info = s.session("s").await.unwrap().unwrap();
+        assert_eq!(
+            (info.breaker, info.consecutive_failures),
+            (BreakerState::Open, 3)
+        );
+        clock.advance(Duration::from_secs(60));
+        assert!(
+            s.compaction_allowed(t, "s").await.unwrap(),
+            "half-open trial"
+        );
+        assert!(!s.record_compaction(t, "s", true).await.unwrap());
+        let info = s.session("s").await.unwrap().unwrap();
+        assert_eq!(info.breaker, BreakerState::Closed);
+    }
+
+    #[test]
+    fn the_store_is_usable_as_a_trait_object() {
+        let store: Arc<dyn SessionStore> = Arc::new(MemoryStore::new(limits(1, 1)));
+        let fut = store.list_sessions(10);
+        fn assert_send<T: Send>(_: &T) {}
+        assert_send(&fut);
+    }
+}

@@ -1,0 +1,24 @@
+//! Sessions in a stateless proxy: recognising a conversation across requests and remembering
+//! what was already compacted (DESIGN.md §2).
+//!
+//! Providers are stateless and agents resend the whole history, so compactor identifies a
+//! conversation prefix by content ([`hash`]: canonical JSON chained per message from a tenant
+//! hash), remembers "the first *k* messages are replaced by summary *S*" as checkpoints in a
+//! [`SessionStore`] ([`store`] is the contract, [`memory`] the bounded in-memory backend),
+//! makes sure one prefix is compacted once at a time ([`flight`]), and stops compacting a
+//! session whose compactions keep failing ([`breaker`]). These are primitives: the proxy and
+//! the compaction engine decide when to use them.
+
+pub mod breaker;
+pub mod flight;
+pub mod hash;
+pub mod memory;
+pub mod store;
+
+pub use breaker::{Breaker, BreakerState, SESSION_BREAKER_THRESHOLD};
+pub use flight::{Flight, FlightError, SingleFlight};
+pub use hash::{canonical_json, chain, session_id, CanonicalError, ChainHash, TenantId};
+pub use memory::{Clock, MemoryStore};
+pub use store::{
+    Checkpoint, LatestRequest, SessionInfo, SessionStore, StoreError, StoreLimits, StoreStats,
+};

@@ -1,0 +1,308 @@
+//! The session store contract: what is remembered about conversations, and the
+//! [`SessionStore`] trait every backend implements.
+//!
+//! A [`Checkpoint`] says "the first `covered` messages of this conversation are replaced by
+//! this summary" and is stored under the [`ChainHash`] of that prefix, so a later request finds
+//! it by content alone. Around checkpoints the store keeps a small record per session (for the
+//! admin API, the per-session [`Breaker`](super::breaker::Breaker), and the latest request so a
+//! manual compaction has something to compact). The trait returns boxed futures so it stays
+//! object safe and a networked backend (Redis) can implement it; the in-memory backend lives in
+//! [`memory`](super::memory).
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use compactor_plugin_api::{BoxFuture, Caller};
+use serde::{Serialize, Serializer};
+
+use super::breaker::BreakerState;
+use super::hash::{ChainHash, TenantId};
+use crate::dialect::DialectKind;
+
+/// Fixed per-checkpoint overhead added to its text when sizing a store.
+pub const CHECKPOINT_OVERHEAD_BYTES: usize = 256;
+
+/// Fixed per-session overhead added to its id and latest request when sizing a store.
+pub const SESSION_OVERHEAD_BYTES: usize = 512;
+
+/// "Messages `[0..covered)` of this conversation are replaced by `summary`."
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Checkpoint {
+    /// The session that produced it.
+    pub session_id: String,
+    /// How many leading messages the summary replaces (at least 1).
+    pub covered: usize,
+    /// The summary text spliced in place of the covered messages.
+    pub summary: String,
+    /// Files read so far, carried into the next compaction.
+    pub read_files: Vec<String>,
+    /// Files modified so far, carried into the next compaction.
+    pub modified_files: Vec<String>,
+    /// Estimated input tokens before the compaction.
+    pub pre_tokens: usize,
+    /// Estimated input tokens after it.
+    pub post_tokens: usize,
+    /// 1-based number of this compaction within its conversation.
+    pub compaction_num: u32,
+    /// When it was made (seconds since the Unix epoch).
+    pub created_unix: u64,
+}
+
+impl Checkpoint {
+    /// Approximate memory held by this checkpoint, for `max_bytes` accounting.
+    pub fn approx_bytes(&self) -> usize {
+        let files = |list: &[String]| -> usize {
+            list.iter()
+                .map(|f| f.len() + std::mem::size_of::<String>())
+                .sum()
+        };
+        CHECKPOINT_OVERHEAD_BYTES
+            + self.session_id.len()
+            + self.summary.len()
+            + files(&self.read_files)
+            + files(&self.modified_files)
+    }
+}
+
+/// The most recent chat request of a session, kept so `POST /session/{id}/summarize` can
+/// compact it. `caller` holds credentials: this lives in memory only, is never serialised,
+/// and its `Debug` shows neither the body nor credential values.
+#[derive(Clone)]
+pub struct LatestRequest {
+    /// The wire format of `body`.
+    pub dialect: DialectKind,
+    /// The request body exactly as received.
+    pub body: Bytes,
+    /// Where it went and with which credentials.
+    pub caller: Caller,
+}
+
+impl LatestRequest {
+    /// Approximate memory held, for `max_bytes` accounting.
+    pub fn approx_bytes(&self) -> usize {
+        let credentials: usize = self
+            .caller
+            .credentials
+            .iter()
+            .map(|(n, v)| n.len() + v.len())
+            .sum();
+        self.body.len()
+            + self.caller.upstream_base_url.len()
+            + self.caller.api_prefix.len()
+            + credentials
+    }
+}
+
+impl fmt::Debug for LatestRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LatestRequest")
+            .field("dialect", &self.dialect)
+            .field("body_bytes", &self.body.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What the admin API shows about one session (`GET /session/{id}`, `GET /sessions`).
+#[derive(Debug, Clone, Serialize)]
+pub struct SessionInfo {
+    /// The session id (client header or derived).
+    pub id: String,
+    /// The tenant, as short hex.
+    pub tenant: TenantId,
+    /// Checkpoints stored for this session since it was first seen.
+    pub compactions: u32,
+    /// The most recent checkpoint: covered messages, token figures, files, current summary.
+    #[serde(serialize_with = "serialize_latest")]
+    pub latest: Option<Arc<Checkpoint>>,
+    /// Checkpoints of this session currently held.
+    pub checkpoints: usize,
+    /// Messages in the session's latest request.
+    pub messages_seen: usize,
+    /// First seen (seconds since the Unix epoch).
+    pub created_unix: u64,
+    /// Last used (seconds since the Unix epoch).
+    pub last_seen_unix: u64,
+    /// The session's breaker.
+    pub breaker: BreakerState,
+    /// Failed compactions since the last success.
+    pub consecutive_failures: u32,
+    /// Whether a latest request is held (a manual compaction is possible).
+    pub has_latest_request: bool,
+}
+
+fn serialize_latest<S: Serializer>(
+    latest: &Option<Arc<Checkpoint>>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    latest.as_deref().serialize(serializer)
+}
+
+/// Bounds of a store. `max_bytes` is approximate: summaries, file lists, latest request bodies
+/// and a fixed overhead per entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreLimits {
+    /// Sessions kept; the least recently used beyond this are evicted with their checkpoints.
+    pub max_sessions: usize,
+    /// Approximate bytes kept; least recently used sessions are evicted beyond this.
+    pub max_bytes: usize,
+    /// Sessions not used for longer than this are dropped with their checkpoints.
+    pub ttl: Duration,
+}
+
+/// Counters and gauges of a store, for metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    /// Sessions held (`compactor_sessions`).
+    pub sessions: usize,
+    /// Checkpoints held.
+    pub checkpoints: usize,
+    /// Approximate bytes held.
+    pub bytes: usize,
+    /// Sessions evicted to respect `max_sessions` / `max_bytes` since start.
+    pub evictions: u64,
+    /// Sessions dropped after `ttl` without use since start.
+    pub expirations: u64,
+}
+
+/// Why a store operation failed. Callers fail open: a failed lookup is a miss, a failed write
+/// means the next request compacts again.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// A checkpoint must cover at least one message.
+    #[error("checkpoint covers no messages")]
+    EmptyCheckpoint,
+    /// A networked backend failed (unreachable, timeout, bad data).
+    #[error("session store backend failed: {0}")]
+    Backend(String),
+}
+
+/// Where checkpoints and sessions live. Object safe: hold it as `Arc<dyn SessionStore>`.
+///
+/// Sessions are keyed by `(tenant, id)` so two tenants sending the same session header never
+/// share an entry; the admin lookups by id alone pick the most recently used match.
+pub trait SessionStore: Send + Sync {
+    /// The checkpoint covering the longest prefix among `hashes` (the request's chain from
+    /// [`chain`](super::hash::chain): `hashes[k-1]` covers messages `[0..k)`), if any. A hit
+    /// counts as use of the owning session.
+    fn longest_checkpoint<'a>(
+        &'a self,
+        tenant: TenantId,
+        hashes: &'a [ChainHash],
+    ) -> BoxFuture<'a, Result<Option<Arc<Checkpoint>>, StoreError>>;
+
+    /// Stores `checkpoint` under `hash` (the chain hash of its last covered message), owned by
+    /// the session `(tenant, checkpoint.session_id)`, which becomes its latest checkpoint. A
+    /// checkpoint already stored under `hash` is replaced.
+    fn put_checkpoint(
+        &self,
+        tenant: TenantId,
+        hash: ChainHash,
+        checkpoint: Arc<Checkpoint>,
+    ) -> BoxFuture<'_, Result<(), StoreError>>;
+
+    /// Records that session `(tenant, id)` was just used by `latest` holding `messages_seen`
+    /// messages; creates the session when new.
+    fn touch_session<'a>(
+        &'a self,
+        tenant: TenantId,
+        id: &'a str,
+        latest: LatestRequest,
+        messages_seen: usize,
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
+
+    /// The session with this id (admin API), without counting as use.
+    fn session<'a>(&'a self, id: &'a str)
+        -> BoxFuture<'a, Result<Option<SessionInfo>, StoreError>>;
+
+    /// The latest request of the session with this id (manual compaction).
+    fn latest_request<'a>(
+        &'a self,
+        id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<LatestRequest>, StoreError>>;
+
+    /// Up to `limit` sessions, most recently used first.
+    fn list_sessions(&self, limit: usize) -> BoxFuture<'_, Result<Vec<SessionInfo>, StoreError>>;
+
+    /// Whether the session's breaker lets an automatic compaction run now (true for an unknown
+    /// session). In the half-open state a `true` is the one trial: report its outcome.
+    fn compaction_allowed<'a>(
+        &'a self,
+        tenant: TenantId,
+        id: &'a str,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+
+    /// Reports a compaction's outcome to the session's breaker. Returns true when this failure
+    /// just opened it (count it); unknown sessions are ignored.
+    fn record_compaction<'a>(
+        &'a self,
+        tenant: TenantId,
+        id: &'a str,
+        succeeded: bool,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+}
+
+/// Seconds since the Unix epoch (0 if the clock is before it), for `created_unix` and friends.
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn latest_request_debug_hides_body_and_credentials() {
+        let latest = LatestRequest {
+            dialect: DialectKind::ChatCompletions,
+            body: Bytes::from_static(br#"{"messages":[{"content":"private"}]}"#),
+            caller: Caller {
+                credentials: vec![("authorization".into(), "Bearer sk-secret".into())],
+                ..Caller::default()
+            },
+        };
+        let shown = format!("{latest:?}");
+        assert!(
+            !shown.contains("sk-secret") && !shown.contains("private"),
+            "{shown}"
+        );
+        assert!(latest.approx_bytes() >= latest.body.len() + "Bearer sk-secret".len());
+    }
+
+    #[test]
+    fn session_info_serialises_the_latest_checkpoint() {
+        let checkpoint = Checkpoint {
+            session_id: "s".into(),
+            covered: 4,
+            summary: "did things".into(),
+            read_files: vec!["a.rs".into()],
+            modified_files: vec![],
+            pre_tokens: 1000,
+            post_tokens: 200,
+            compaction_num: 1,
+            created_unix: 7,
+        };
+        let info = SessionInfo {
+            id: "s".into(),
+            tenant: TenantId::ANONYMOUS,
+            compactions: 1,
+            latest: Some(Arc::new(checkpoint)),
+            checkpoints: 1,
+            messages_seen: 9,
+            created_unix: 1,
+            last_seen_unix: 2,
+            breaker: BreakerState::Closed,
+            consecutive_failures: 0,
+            has_latest_request: true,
+        };
+        let json = serde_json::to_value(&info).unwrap();
+        assert_eq!(json["latest"]["covered"], 4);
+        assert_eq!(json["latest"]["summary"], "did things");
+        assert_eq!(json["latest"]["read_files"][0], "a.rs");
+        assert_eq!(json["tenant"], "000000000000");
+        assert_eq!(json["breaker"], "closed");
+    }
+}

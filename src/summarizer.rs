@@ -1,0 +1,390 @@
+//! Summarizer backends: the one place that maps backend names to plugins.
+//!
+//! [`build`] turns `[summarizer]` into one `Arc<dyn Summarizer>`: the primary backend followed
+//! by its fallbacks, each built and validated at start-up (an unknown name, a missing
+//! `exec.command` or an `api_key_env` naming an unset variable fails with a [`BuildError`]
+//! naming the key), wrapped in a [`Chain`]. The chain tries the backends in order, bounds each
+//! attempt by `summarizer.timeout_secs`, answers with the first summary, and records
+//! `compactor_summarizer_requests_total{backend,outcome}` (`ok`, `fallback_ok` or the error's
+//! kind) and `compactor_summarizer_duration_seconds{backend}` per attempt. Failures are logged
+//! at `warn` with the backend and kind, never with the prompt or credentials.
+//!
+//! Adding a backend: write a crate implementing [`Summarizer`] and add one arm to
+//! [`backend`]'s match (see `plugins/README.md`).
+
+use std::borrow::Cow;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use compactor_plugin_anthropic::{AnthropicConfig, AnthropicSummarizer};
+use compactor_plugin_api::{BoxFuture, SummarizeError, Summarizer, Summary, SummaryRequest};
+use compactor_plugin_exec::{ExecConfig, ExecSummarizer};
+use compactor_plugin_extractive::{ExtractiveConfig, ExtractiveSummarizer};
+use compactor_plugin_openai::{OpenAiConfig, OpenAiSummarizer};
+
+use crate::config::Config;
+use crate::metrics::Metrics;
+
+/// Every backend name [`build`] knows.
+pub const BACKENDS: [&str; 4] = ["openai", "anthropic", "extractive", "exec"];
+
+/// A backend name or its required keys are wrong.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid `{key}`: {reason}")]
+pub struct BuildError {
+    /// The dotted key at fault, e.g. `summarizer.fallback[0]`.
+    pub key: String,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+fn err(key: impl Into<String>, reason: impl Into<String>) -> BuildError {
+    BuildError {
+        key: key.into(),
+        reason: reason.into(),
+    }
+}
+
+/// Builds the configured backend with its fallback chain, timeouts and metrics.
+pub fn build(config: &Config, metrics: Arc<Metrics>) -> Result<Arc<dyn Summarizer>, BuildError> {
+    let s = &config.summarizer;
+    let mut backends = vec![backend(config, &s.backend, "summarizer.backend")?];
+    for (i, name) in s.fallback.iter().enumerate() {
+        backends.push(backend(config, name, &format!("summarizer.fallback[{i}]"))?);
+    }
+    Ok(Arc::new(Chain::new(
+        backends,
+        config.summarizer_timeout(),
+        metrics,
+    )))
+}
+
+/// Builds one backend by name; `key` is the config key that named it.
+pub fn backend(config: &Config, name: &str, key: &str) -> Result<Arc<dyn Summarizer>, BuildError> {
+    let s = &config.summarizer;
+    let ca_file = config.upstream.ca_file.clone();
+    let built: Arc<dyn Summarizer> = match name {
+        "openai" => {
+            let c = &s.openai;
+            check_base_url("summarizer.openai.base_url", c.base_url.as_deref())?;
+            check_positive("summarizer.openai.max_tokens", c.max_tokens)?;
+            let plugin = OpenAiSummarizer::new(OpenAiConfig {
+                base_url: c.base_url.clone(),
+                model: c.model.clone(),
+                api_key: api_key("summarizer.openai.api_key_env", c.api_key_env.as_deref())?,
+                max_tokens: c.max_tokens,
+                temperature: c.temperature,
+                ca_file,
+            })
+            .map_err(|e| err("upstream.ca_file", e.to_string()))?;
+            Arc::new(plugin)
+        }
+        "anthropic" => {
+            let c = &s.anthropic;
+            check_base_url("summarizer.anthropic.base_url", c.base_url.as_deref())?;
+            check_positive("summarizer.anthropic.max_tokens", c.max_tokens)?;
+            if http::HeaderValue::from_str(&c.anthropic_version).is_err()
+                || c.anthropic_version.trim().is_empty()
+            {
+                return Err(err(
+                    "summarizer.anthropic.anthropic_version",
+                    "must be a version string such as `2023-06-01`",
+                ));
+            }
+            let plugin = AnthropicSummarizer::new(AnthropicConfig {
+                base_url: c.base_url.clone(),
+                model: c.model.clone(),
+                api_key: api_key("summarizer.anthropic.api_key_env", c.api_key_env.as_deref())?,
+                anthropic_version: c.anthropic_version.clone(),
+                max_tokens: c.max_tokens,
+                ca_file,
+            })
+            .map_err(|e| err("upstream.ca_file", e.to_string()))?;
+            Arc::new(plugin)
+        }
+        "extractive" => {
+            let max = s.extractive.max_message_chars;
+            check_positive("summarizer.extractive.max_message_chars", max)?;
+            Arc::new(ExtractiveSummarizer::new(ExtractiveConfig {
+                max_message_chars: max,
+            }))
+        }
+        "exec" => {
+            let c = &s.exec;
+            let command = c
+                .command
+                .as_deref()
+                .map(str::trim)
+                .filter(|c| !c.is_empty())
+                .ok_or_else(|| {
+                    err(
+                        "summarizer.exec.command",
+                        "required when the `exec` backend is used",
+                    )
+                })?;
+            if !program_exists(command) {
+                return Err(err(
+                    "summarizer.exec.command",
+                    format!("`{command}` is not an existing file or a program on PATH"),
+                ));
+            }
+            if let Some(bad) = c
+                .env
+                .keys()
+                .find(|k| k.is_empty() || k.contains('=') || k.contains('\0'))
+            {
+                return Err(err(
+                    "summarizer.exec.env",
+                    format!("`{bad}` is not a valid variable name"),
+                ));
+            }
+            let mut exec = ExecConfig::new(command, c.args.clone());
+            exec.env = c.env.clone();
+            Arc::new(ExecSummarizer::new(exec))
+        }
+        other => {
+            return Err(err(
+                key,
+                format!(
+                    "unknown summarizer backend `{other}`; expected one of {}",
+                    BACKENDS.join(", ")
+                ),
+            ))
+        }
+    };
+    Ok(built)
+}
+
+/// The value of the variable named by an `api_key_env` setting.
+fn api_key(key: &str, var: Option<&str>) -> Result<Option<String>, BuildError> {
+    let Some(var) = var else {
+        return Ok(None);
+    };
+    match std::env::var(var) {
+        Ok(v) if !v.trim().is_empty() => Ok(Some(v.trim().to_owned())),
+        Ok(_) => Err(err(key, format!("environment variable `{var}` is empty"))),
+        Err(std::env::VarError::NotPresent) => {
+            Err(err(key, format!("environment variable `{var}` is not set")))
+        }
+        Err(std::env::VarError::NotUnicode(_)) => Err(err(
+            key,
+            format!("environment variable `{var}` is not valid UTF-8"),
+        )),
+    }
+}
+
+fn check_base_url(key: &str, url: Option<&str>) -> Result<(), BuildError> {
+    let Some(url) = url else {
+        return Ok(());
+    };
+    let uri: http::Uri = url.parse().map_err(|e| err(key, format!("{e}")))?;
+    if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.authority().is_none() {
+        return Err(err(key, "must be an http:// or https:// URL with a host"));
+    }
+    if uri.query().is_some() {
+        return Err(err(key, "must not carry a query string"));
+    }
+    Ok(())
+}
+
+fn check_positive<N: PartialEq + Default>(key: &str, n: N) -> Result<(), BuildError> {
+    if n == N::default() {
+        return Err(err(key, "must be positive"));
+    }
+    Ok(())
+}
+
+/// Whether `command` names an existing file (when it holds a `/`) or a file on `PATH`.
+fn program_exists(command: &str) -> bool {
+    if command.contains('/') {
+        return Path::new(command).is_file();
+    }
+    std::env::var_os("PATH")
+        .map(|paths| std::env::split_paths(&paths).any(|dir| dir.join(command).is_file()))
+        .unwrap_or(false)
+}
+
+/// Backends tried in order, each attempt bounded by a timeout and counted in the metrics.
+pub struct Chain {
+    backends: Vec<Arc<dyn Summarizer>>,
+    timeout: Duration,
+    metrics: Arc<Metrics>,
+}
+
+impl Chain {
+    /// A chain trying `backends` in order, giving each attempt at most `timeout`.
+    pub fn new(
+        backends: Vec<Arc<dyn Summarizer>>,
+        timeout: Duration,
+        metrics: Arc<Metrics>,
+    ) -> Chain {
+        Chain {
+            backends,
+            timeout,
+            metrics,
+        }
+    }
+
+    async fn run(&self, request: &SummaryRequest) -> Result<Summary, SummarizeError> {
+        // The request's own timeout (set by the engine) can only shorten an attempt.
+        let attempt_timeout = if request.timeout.is_zero() {
+            self.timeout
+        } else {
+            self.timeout.min(request.timeout)
+        };
+        let request: Cow<'_, SummaryRequest> = if request.timeout == attempt_timeout {
+            Cow::Borrowed(request)
+        } else {
+            let mut r = request.clone();
+            r.timeout = attempt_timeout;
+            Cow::Owned(r)
+        };
+        let mut last = SummarizeError::Config("no summarizer backend configured".into());
+        for (i, backend) in self.backends.iter().enumerate() {
+            let name = backend.name();
+            let started = Instant::now();
+            let result = tokio::time::timeout(attempt_timeout, backend.summarize(&request))
+                .await
+                .unwrap_or(Err(SummarizeError::Timeout(attempt_timeout)))
+                .and_then(|s| Summary::new(s.text));
+            self.metrics
+                .summarizer_duration
+                .with_label_values(&[name])
+                .observe(started.elapsed().as_secs_f64());
+            match result {
+                Ok(summary) => {
+                    let outcome = if i == 0 { "ok" } else { "fallback_ok" };
+                    self.metrics
+                        .summarizer_requests
+                        .with_label_values(&[name, outcome])
+                        .inc();
+                    if i > 0 {
+                        tracing::info!(
+                            backend = name,
+                            attempt = i + 1,
+                            "fallback summarizer answered"
+                        );
+                    }
+                    return Ok(summary);
+                }
+                Err(e) => {
+                    self.metrics
+                        .summarizer_requests
+                        .with_label_values(&[name, e.kind()])
+                        .inc();
+                    tracing::warn!(
+                        backend = name,
+                        kind = e.kind(),
+                        attempt = i + 1,
+                        error = %e,
+                        "summarizer failed"
+                    );
+                    last = e;
+                }
+            }
+        }
+        Err(last)
+    }
+}
+
+impl Summarizer for Chain {
+    fn name(&self) -> &str {
+        self.backends.first().map(|b| b.name()).unwrap_or("none")
+    }
+
+    fn summarize<'a>(
+        &'a self,
+        request: &'a SummaryRequest,
+    ) -> BoxFuture<'a, Result<Summary, SummarizeError>> {
+        Box::pin(self.run(request))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn metrics() -> Arc<Metrics> {
+        Arc::new(Metrics::new().expect("metrics"))
+    }
+
+    fn build_err(toml: &str) -> BuildError {
+        let config = Config::from_toml(toml).expect("config parses");
+        match build(&config, metrics()) {
+            Ok(_) => panic!("expected a build error for {toml}"),
+            Err(e) => e,
+        }
+    }
+
+    #[test]
+    fn defaults_build_with_zero_configuration() {
+        let config = Config::from_toml("").expect("config");
+        let s = build(&config, metrics()).expect("default builds");
+        assert_eq!(s.name(), "openai");
+    }
+
+    #[test]
+    fn every_known_backend_builds() {
+        let config = Config::from_toml(
+            "[summarizer]\nbackend = \"anthropic\"\nfallback = [\"openai\", \"extractive\", \"exec\"]\n\
+             [summarizer.exec]\ncommand = \"/bin/sh\"\n",
+        )
+        .expect("config");
+        let s = build(&config, metrics()).expect("builds");
+        assert_eq!(s.name(), "anthropic");
+    }
+
+    #[test]
+    fn unknown_names_name_their_key() {
+        let e = build_err("[summarizer]\nbackend = \"gpt\"\n");
+        assert_eq!(e.key, "summarizer.backend");
+        assert!(e.to_string().contains("summarizer.backend"), "{e}");
+        let e = build_err("[summarizer]\nbackend = \"extractive\"\nfallback = [\"exec\", \"nope\"]\n[summarizer.exec]\ncommand = \"/bin/sh\"\n");
+        assert_eq!(e.key, "summarizer.fallback[1]");
+    }
+
+    #[test]
+    fn exec_needs_an_existing_command() {
+        let e = build_err("[summarizer]\nbackend = \"exec\"\n");
+        assert_eq!(e.key, "summarizer.exec.command");
+        let e = build_err(
+            "[summarizer]\nbackend = \"exec\"\n[summarizer.exec]\ncommand = \"/no/such/prog\"\n",
+        );
+        assert_eq!(e.key, "summarizer.exec.command");
+    }
+
+    #[test]
+    fn unset_api_key_variables_are_rejected_by_key() {
+        let e = build_err(
+            "[summarizer.openai]\napi_key_env = \"COMPACTOR_TEST_SURELY_UNSET_VARIABLE_4711\"\n",
+        );
+        assert_eq!(e.key, "summarizer.openai.api_key_env");
+        assert!(e
+            .reason
+            .contains("COMPACTOR_TEST_SURELY_UNSET_VARIABLE_4711"));
+        let e = build_err(
+            "[summarizer]\nbackend = \"anthropic\"\n[summarizer.anthropic]\napi_key_env = \"COMPACTOR_TEST_SURELY_UNSET_VARIABLE_4712\"\n",
+        );
+        assert_eq!(e.key, "summarizer.anthropic.api_key_env");
+    }
+
+    #[test]
+    fn unused_backends_are_not_validated() {
+        let config = Config::from_toml(
+            "[summarizer]\nbackend = \"extractive\"\n[summarizer.openai]\napi_key_env = \"COMPACTOR_TEST_SURELY_UNSET_VARIABLE_4713\"\n",
+        )
+        .expect("config");
+        assert!(build(&config, metrics()).is_ok());
+    }
+
+    #[test]
+    fn bad_values_name_their_key() {
+        let e = build_err("[summarizer.openai]\nbase_url = \"ftp://x\"\n");
+        assert_eq!(e.key, "summarizer.openai.base_url");
+        let e = build_err("[summarizer.openai]\nmax_tokens = 0\n");
+        assert_eq!(e.key, "summarizer.openai.max_tokens");
+        let e = build_err("[summarizer]\nbackend = \"extractive\"\n[summarizer.extractive]\nmax_message_chars = 0\n");
+        assert_eq!(e.key, "summarizer.extractive.max_message_chars");
+    }
+}

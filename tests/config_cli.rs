@@ -1,0 +1,190 @@
+//! The `compactor check-config` command: layering (defaults < file < environment), unknown keys
+//! and bad values rejected by name, secrets redacted in the printed configuration.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+/// Runs `compactor <args>` in `dir` with only the given `COMPACTOR_*` variables set.
+fn compactor(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_compactor"));
+    command.args(args).current_dir(dir);
+    for (key, _) in std::env::vars() {
+        if key.starts_with("COMPACTOR_") {
+            command.env_remove(key);
+        }
+    }
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    command.output().expect("run compactor")
+}
+
+fn write_config(dir: &Path, text: &str) -> String {
+    let path = dir.join("compactor.toml");
+    std::fs::write(&path, text).expect("write config");
+    path.display().to_string()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// `check-config` output parsed back into TOML.
+fn effective(o: &Output) -> toml::Value {
+    assert!(o.status.success(), "check-config failed: {}", stderr(o));
+    toml::from_str(&stdout(o))
+        .unwrap_or_else(|e| panic!("output is not TOML ({e}):\n{}", stdout(o)))
+}
+
+#[test]
+fn file_overrides_defaults_and_environment_overrides_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = write_config(
+        dir.path(),
+        "[upstream]\nbase_url = \"http://from-file.example:1234\"\nconnect_timeout_secs = 3.5\n",
+    );
+
+    let out = compactor(dir.path(), &["check-config", "--config", &path], &[]);
+    let config = effective(&out);
+    assert_eq!(
+        config["upstream"]["base_url"].as_str(),
+        Some("http://from-file.example:1234")
+    );
+    assert_eq!(
+        config["upstream"]["connect_timeout_secs"].as_float(),
+        Some(3.5)
+    );
+    // Untouched keys keep their defaults.
+    assert_eq!(config["server"]["listen"].as_str(), Some("127.0.0.1:8787"));
+    assert_eq!(config["compaction"]["max_messages"].as_integer(), Some(80));
+
+    let out = compactor(
+        dir.path(),
+        &["check-config", "--config", &path],
+        &[
+            (
+                "COMPACTOR_UPSTREAM__BASE_URL",
+                "http://from-env.example:5678",
+            ),
+            ("COMPACTOR_SERVER__MAX_BODY_BYTES", "1234"),
+        ],
+    );
+    let config = effective(&out);
+    assert_eq!(
+        config["upstream"]["base_url"].as_str(),
+        Some("http://from-env.example:5678")
+    );
+    assert_eq!(config["server"]["max_body_bytes"].as_integer(), Some(1234));
+    // The file still applies where the environment is silent.
+    assert_eq!(
+        config["upstream"]["connect_timeout_secs"].as_float(),
+        Some(3.5)
+    );
+    assert!(!stdout(&out).contains("from-file.example"));
+}
+
+#[test]
+fn without_a_file_defaults_and_environment_apply() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = compactor(
+        dir.path(),
+        &["check-config"],
+        &[("COMPACTOR_UPSTREAM__BASE_URL", "http://only-env.example")],
+    );
+    let config = effective(&out);
+    assert_eq!(
+        config["upstream"]["base_url"].as_str(),
+        Some("http://only-env.example")
+    );
+}
+
+#[test]
+fn unknown_keys_are_rejected_by_name() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = write_config(
+        dir.path(),
+        "[upstream]\nbase_url = \"http://x.example\"\nrespone_timeout_secs = 5\n",
+    );
+    let out = compactor(dir.path(), &["check-config", "--config", &path], &[]);
+    assert!(!out.status.success(), "typo accepted: {}", stdout(&out));
+    assert!(
+        stderr(&out).contains("respone_timeout_secs"),
+        "stderr does not name the key: {}",
+        stderr(&out)
+    );
+
+    let path = write_config(dir.path(), "[servr]\nlisten = \"127.0.0.1:1\"\n");
+    let out = compactor(dir.path(), &["check-config", "--config", &path], &[]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("servr"), "{}", stderr(&out));
+
+    // Through the environment too.
+    let out = compactor(
+        dir.path(),
+        &["check-config"],
+        &[("COMPACTOR_SERVER__LISTEN_PORT", "1")],
+    );
+    assert!(!out.status.success(), "env typo accepted: {}", stdout(&out));
+    assert!(stderr(&out).contains("listen_port"), "{}", stderr(&out));
+}
+
+#[test]
+fn invalid_values_and_missing_files_fail_with_the_key_named() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = write_config(dir.path(), "[upstream]\nbase_url = \"ftp://x.example\"\n");
+    let out = compactor(dir.path(), &["check-config", "--config", &path], &[]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("upstream.base_url"),
+        "{}",
+        stderr(&out)
+    );
+
+    let out = compactor(
+        dir.path(),
+        &["check-config"],
+        &[("COMPACTOR_UPSTREAM__RESPONSE_TIMEOUT_SECS", "-1")],
+    );
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("response_timeout_secs"),
+        "{}",
+        stderr(&out)
+    );
+
+    let missing = dir.path().join("nope.toml").display().to_string();
+    let out = compactor(dir.path(), &["check-config", "--config", &missing], &[]);
+    assert!(!out.status.success(), "a named config file must exist");
+}
+
+#[test]
+fn check_config_redacts_the_admin_token() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = write_config(
+        dir.path(),
+        "[upstream]\nbase_url = \"http://x.example\"\n\n[admin]\ntoken = \"s3cret-admin-token\"\n",
+    );
+    let out = compactor(dir.path(), &["check-config", "--config", &path], &[]);
+    let config = effective(&out);
+    assert!(
+        !stdout(&out).contains("s3cret-admin-token"),
+        "{}",
+        stdout(&out)
+    );
+    assert!(!stderr(&out).contains("s3cret-admin-token"));
+    assert_eq!(config["admin"]["token"].as_str(), Some("[redacted]"));
+
+    let out = compactor(
+        dir.path(),
+        &["check-config", "--config", &path],
+        &[("COMPACTOR_ADMIN__TOKEN", "env-secret-token")],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!stdout(&out).contains("env-secret-token"));
+    assert!(!stdout(&out).contains("s3cret-admin-token"));
+    assert!(stdout(&out).contains("[redacted]"));
+}

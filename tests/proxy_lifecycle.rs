@@ -1,0 +1,231 @@
+//! Graceful shutdown: through the library API (in-flight streams finish, new connections are
+//! refused, the drain is bounded by `server.shutdown_grace_secs`) and through the binary
+//! (SIGTERM → exit 0).
+
+mod support;
+
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use http::StatusCode;
+use serde_json::json;
+use support::{upstream_toml, within, MockUpstream, Reply, SseReader, TestClient, TestProxy};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+/// Polls until connecting to `addr` is refused (bounded by the test timeout).
+async fn wait_until_refused(addr: SocketAddr) {
+    support::eventually(&format!("{addr} to refuse connections"), || async move {
+        match tokio::net::TcpStream::connect(addr).await {
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => Some(()),
+            _ => None,
+        }
+    })
+    .await
+}
+
+#[tokio::test]
+async fn shutdown_lets_in_flight_streams_finish_and_refuses_new_connections() {
+    let mock = MockUpstream::start().await;
+    let mut proxy = TestProxy::start(&upstream_toml(&mock.url())).await;
+    let client = TestClient::http1();
+    let (reply, sse) = Reply::sse_channel();
+    mock.push(reply);
+
+    let response = client
+        .post_json(
+            &proxy.url("/v1/chat/completions"),
+            &json!({"model": "gpt-4o-mini", "stream": true,
+                    "messages": [{"role": "user", "content": "count to three"}]}),
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut reader = SseReader::new(response);
+    sse.event("one").await.expect("open");
+    assert_eq!(reader.next_data().await.as_deref(), Some("one"));
+
+    proxy.trigger_shutdown();
+    let mut task = proxy.take_task();
+    wait_until_refused(proxy.addr).await;
+
+    // The stream started before shutdown runs to its end.
+    sse.event("two").await.expect("stream survives shutdown");
+    assert_eq!(reader.next_data().await.as_deref(), Some("two"));
+    sse.event("three").await.expect("stream survives shutdown");
+    assert_eq!(reader.next_data().await.as_deref(), Some("three"));
+    sse.event("[DONE]").await.expect("stream survives shutdown");
+    assert_eq!(reader.next_data().await.as_deref(), Some("[DONE]"));
+    assert!(
+        tokio::time::timeout(Duration::from_millis(1), &mut task)
+            .await
+            .is_err(),
+        "run returned while a stream was still open"
+    );
+    sse.finish();
+    assert_eq!(reader.next_event().await, None);
+
+    within("drain to complete", task)
+        .await
+        .expect("server task")
+        .expect("run returns Ok after the drain");
+}
+
+#[tokio::test]
+async fn shutdown_drain_is_bounded_by_the_grace_period() {
+    let mock = MockUpstream::start().await;
+    let toml = format!(
+        "[server]\nshutdown_grace_secs = 0.5\n\n{}",
+        upstream_toml(&mock.url())
+    );
+    let mut proxy = TestProxy::start(&toml).await;
+    let client = TestClient::http1();
+    let (reply, sse) = Reply::sse_channel();
+    mock.push(reply);
+    let response = client.get(&proxy.url("/v1/events")).await;
+    let mut reader = SseReader::new(response);
+    sse.event("one").await.expect("open");
+    assert_eq!(reader.next_data().await.as_deref(), Some("one"));
+
+    // The upstream never finishes; shutdown must not wait for it past the grace period.
+    let started = Instant::now();
+    proxy.trigger_shutdown();
+    let task = proxy.take_task();
+    let result = within("bounded drain", task).await.expect("server task");
+    let elapsed = started.elapsed();
+    assert!(result.is_ok(), "{result:?}");
+    assert!(
+        elapsed < Duration::from_secs(5),
+        "drain took {elapsed:?} with a 0.5 s grace period"
+    );
+    drop(sse);
+}
+
+/// Strips ANSI colour sequences from a log line.
+fn strip_ansi(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            if chars.peek() == Some(&'[') {
+                chars.next();
+                for c in chars.by_ref() {
+                    if c.is_ascii_alphabetic() {
+                        break;
+                    }
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The first socket address in a log line.
+fn addr_in(line: &str) -> Option<SocketAddr> {
+    line.split(|c: char| c.is_whitespace() || c == '=' || c == '"' || c == ',' || c == '}')
+        .find_map(|token| token.parse().ok())
+}
+
+#[tokio::test]
+async fn binary_exits_zero_on_sigterm_after_draining() {
+    let mock = MockUpstream::start().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("compactor.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n\
+             shutdown_grace_secs = 10\n\n{}",
+            upstream_toml(&mock.url())
+        ),
+    )
+    .expect("write config");
+
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_compactor"));
+    command
+        .arg("serve")
+        .arg("--config")
+        .arg(&config)
+        .current_dir(dir.path())
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    for (key, _) in std::env::vars() {
+        if key.starts_with("COMPACTOR_") {
+            command.env_remove(key);
+        }
+    }
+    let mut child = command.spawn().expect("spawn compactor");
+    let pid = child.id().expect("pid");
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+
+    let (mut proxy, mut admin) = (None, None);
+    let mut log = Vec::new();
+    within("listening log lines", async {
+        while proxy.is_none() || admin.is_none() {
+            let Some(line) = lines.next_line().await.expect("read stderr") else {
+                panic!("compactor exited before listening:\n{}", log.join("\n"));
+            };
+            let line = strip_ansi(&line);
+            if line.contains("listening") {
+                if let Some(addr) = addr_in(&line) {
+                    if line.contains("admin") {
+                        admin = Some(addr);
+                    } else {
+                        proxy = Some(addr);
+                    }
+                }
+            }
+            log.push(line);
+        }
+    })
+    .await;
+    let (proxy, admin) = (proxy.expect("proxy addr"), admin.expect("admin addr"));
+    // Keep draining stderr so the child never blocks on a full pipe.
+    let drain = tokio::spawn(async move {
+        let mut rest = Vec::new();
+        while let Ok(Some(line)) = lines.next_line().await {
+            rest.push(strip_ansi(&line));
+        }
+        rest
+    });
+
+    let client = TestClient::http1();
+    let (status, _) = client.get_text(&format!("http://{admin}/livez")).await;
+    assert_eq!(status, StatusCode::OK);
+
+    // A stream is open when SIGTERM arrives; it still completes.
+    let (reply, sse) = Reply::sse_channel();
+    mock.push(reply);
+    let response = client.get(&format!("http://{proxy}/v1/events")).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut reader = SseReader::new(response);
+    sse.event("before").await.expect("open");
+    assert_eq!(reader.next_data().await.as_deref(), Some("before"));
+
+    let kill = std::process::Command::new("kill")
+        .arg("-TERM")
+        .arg(pid.to_string())
+        .status()
+        .expect("run kill");
+    assert!(kill.success());
+    wait_until_refused(proxy).await;
+
+    sse.event("after").await.expect("stream survives SIGTERM");
+    assert_eq!(reader.next_data().await.as_deref(), Some("after"));
+    sse.finish();
+    assert_eq!(reader.next_event().await, None);
+
+    let status = within("compactor exit", child.wait()).await.expect("wait");
+    let rest = drain.await.unwrap_or_default();
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "exit status {status:?}; log:\n{}\n{}",
+        log.join("\n"),
+        rest.join("\n")
+    );
+}

@@ -1,0 +1,77 @@
+//! Shared test support: a scriptable mock upstream, a real HTTP client, the proxy started
+//! in-process on `127.0.0.1:0`, Prometheus scraping and throwaway TLS material.
+//!
+//! Every integration test (and `benches/load.rs`) includes this module with `mod support;`;
+//! each uses a different subset, hence the blanket `dead_code` allowance.
+#![allow(dead_code, unused_imports)]
+
+pub mod client;
+pub mod metrics;
+pub mod mock;
+pub mod proxy;
+pub mod tls;
+
+use std::future::Future;
+use std::time::Duration;
+
+pub use client::{
+    body_bytes, channel_body, empty_body, full_body, raw_http1, ClientBody, ClientBodySender,
+    SseReader, TestClient,
+};
+pub use metrics::{metric_value, parse_sample_line};
+pub use mock::{MockUpstream, Recorded, Reply, StreamSender};
+pub use proxy::{upstream_toml, TestProxy};
+pub use tls::TestPki;
+
+/// The default bound on any single await in a test: long enough for a loaded 2-core CI box,
+/// short enough that a hang fails instead of stalling the suite.
+pub const TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Awaits `fut` or panics naming `what` after [`TIMEOUT`].
+pub async fn within<F: Future>(what: &str, fut: F) -> F::Output {
+    match tokio::time::timeout(TIMEOUT, fut).await {
+        Ok(v) => v,
+        Err(_) => panic!("timed out after {TIMEOUT:?} waiting for {what}"),
+    }
+}
+
+/// Polls `check` until it returns `Some`, or panics naming `what` after [`TIMEOUT`].
+/// The short pause between polls is a retry interval, not a synchronisation sleep.
+pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            panic!("timed out after {TIMEOUT:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A port on 127.0.0.1 with nothing listening: bound, then released.
+pub fn closed_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind ephemeral port");
+    let port = listener.local_addr().expect("local addr").port();
+    drop(listener);
+    port
+}
+
+/// Deterministic pseudo-random bytes (xorshift), covering every byte value.
+pub fn pseudo_random_bytes(len: usize, seed: u64) -> Vec<u8> {
+    let mut state = seed | 1;
+    let mut out = Vec::with_capacity(len);
+    while out.len() < len {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        out.extend_from_slice(&state.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
