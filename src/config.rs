@@ -70,6 +70,10 @@ pub struct Config {
     pub summarizer: SummarizerConfig,
     /// The admin listener.
     pub admin: AdminConfig,
+    /// How conversations are identified.
+    pub session: SessionConfig,
+    /// Where checkpoints and sessions are kept.
+    pub store: StoreConfig,
     /// Context windows by model name or glob (`"gpt-4o*"`).
     pub models: BTreeMap<String, ModelConfig>,
 }
@@ -242,6 +246,27 @@ pub struct AdminConfig {
     pub token: Option<String>,
 }
 
+/// `[session]`
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SessionConfig {
+    /// Request header whose value names the session; absent: derived from the tenant and the
+    /// conversation's first messages.
+    pub header: String,
+}
+
+/// `[store]`: the bounded in-memory session store.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreConfig {
+    /// Most sessions kept; the least recently used is evicted beyond this.
+    pub max_sessions: usize,
+    /// Approximate bytes of summaries, file lists and latest requests kept.
+    pub max_bytes: usize,
+    /// Sessions unused for longer are forgotten.
+    pub ttl_secs: f64,
+}
+
 /// `[models."<name or glob>"]`
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -315,6 +340,24 @@ impl Default for SummarizerConfig {
     }
 }
 
+impl Default for SessionConfig {
+    fn default() -> Self {
+        SessionConfig {
+            header: "x-session-id".into(),
+        }
+    }
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            max_sessions: 10_000,
+            max_bytes: 256 * 1024 * 1024,
+            ttl_secs: 86_400.0,
+        }
+    }
+}
+
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -324,6 +367,8 @@ impl Default for Config {
             compaction: CompactionConfig::default(),
             summarizer: SummarizerConfig::default(),
             admin: AdminConfig::default(),
+            session: SessionConfig::default(),
+            store: StoreConfig::default(),
             models: BTreeMap::new(),
         }
     }
@@ -388,6 +433,7 @@ impl Config {
             ("upstream.pool_idle_timeout_secs", self.upstream.pool_idle_timeout_secs),
             ("summarizer.timeout_secs", self.summarizer.timeout_secs),
             ("compaction.breaker_cooldown_secs", self.compaction.breaker_cooldown_secs),
+            ("store.ttl_secs", self.store.ttl_secs),
         ] {
             secs_to_duration(key, secs)?;
         }
@@ -408,6 +454,15 @@ impl Config {
         }
         if c.max_messages < 2 {
             return Err(invalid("compaction.max_messages", "must be at least 2"));
+        }
+        if self.store.max_sessions == 0 {
+            return Err(invalid("store.max_sessions", "must be positive"));
+        }
+        if self.store.max_bytes == 0 {
+            return Err(invalid("store.max_bytes", "must be positive"));
+        }
+        if http::HeaderName::from_bytes(self.session.header.as_bytes()).is_err() {
+            return Err(invalid("session.header", "must be a valid HTTP header name"));
         }
         if c.default_context_window == 0 {
             return Err(invalid("compaction.default_context_window", "must be positive"));
@@ -458,6 +513,16 @@ impl Config {
     /// The idle time after which pooled upstream connections close.
     pub fn pool_idle_timeout(&self) -> Duration {
         Duration::from_secs_f64(self.upstream.pool_idle_timeout_secs)
+    }
+
+    /// How long an unused session is kept.
+    pub fn store_ttl(&self) -> Duration {
+        Duration::from_secs_f64(self.store.ttl_secs)
+    }
+
+    /// How long a session's automatic compaction pauses after repeated failures.
+    pub fn breaker_cooldown(&self) -> Duration {
+        Duration::from_secs_f64(self.compaction.breaker_cooldown_secs)
     }
 
     /// The per-attempt summarizer timeout.

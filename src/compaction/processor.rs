@@ -189,6 +189,18 @@ impl Engine {
         )
     }
 
+    /// The summarizer's budget for a request to `model`: (most prompt tokens, most output
+    /// tokens). The summarizer is assumed to have the request model's window (it uses the
+    /// request's model unless configured otherwise); the output budget is
+    /// `summarizer.openai.max_tokens`, capped at half that window so a small model still has
+    /// room for a prompt.
+    pub fn summarizer_budget(&self, model: Option<&str>) -> (usize, u32) {
+        let window = self.models.context_window(model);
+        let cap = u32::try_from(window / 2).unwrap_or(u32::MAX);
+        let max_output = self.summary_max_tokens.min(cap);
+        (window.saturating_sub(max_output as usize), max_output)
+    }
+
     /// Compacts a transcript: the seed's `Processor.Compact`, with the circuit breaker.
     pub async fn compact(&self, input: CompactionInput<'_>) -> Result<Compaction, CompactError> {
         let t = input.transcript;
@@ -202,7 +214,8 @@ impl Engine {
         let limits = input.limits;
         let base_budget = preserve_budget(&self.config, limits.usable_window());
         // Room the summary message may take: the summary's output budget plus its framing.
-        let summary_reserve = (self.summary_max_tokens as usize)
+        let (_, max_output) = self.summarizer_budget(input.model);
+        let summary_reserve = (max_output as usize)
             .saturating_add(self.estimator.text(SUMMARY_INTRO))
             .saturating_add(64);
         let others = input
@@ -305,8 +318,7 @@ impl Engine {
             mask_observations(&mut entries, PRESERVE_RECENT_OUTPUTS);
         }
         truncate_entries(&mut entries);
-        let window = self.models.context_window(input.model);
-        let max_prompt = window.saturating_sub(self.summary_max_tokens as usize);
+        let (max_prompt, max_output) = self.summarizer_budget(input.model);
         let prompt_input = PromptInput {
             prior_summary,
             read_files: tracker.read_files(),
@@ -329,7 +341,7 @@ impl Engine {
             instructions: input.instructions.map(str::to_string),
             compaction_num,
             model: input.model.map(str::to_string),
-            max_output_tokens: self.summary_max_tokens,
+            max_output_tokens: max_output,
             timeout: self.attempt_timeout,
             caller: input.caller.clone(),
         };
@@ -476,5 +488,405 @@ impl Compactor {
             .compactions
             .with_label_values(&[trigger.label(), outcome.label()])
             .inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compaction::mask::MASKED_OUTPUT;
+    use crate::compaction::testing::{
+        body, caller, check_openai_pairing, compactions, compactor, config, FakeSummarizer,
+        Reply,
+    };
+    use crate::compaction::transcript::tests::{call, text};
+    use crate::compaction::transcript::Role;
+    use serde_json::{json, Value};
+
+    /// Small limits so compaction fires on small requests.
+    const SMALL: &str = "[compaction]\nmax_messages = 10\nmin_preserve_tokens = 20\n\
+                         max_preserve_tokens = 60\n[models.tiny]\ncontext_window = 1000\n";
+
+    fn chat(n: usize) -> Vec<Value> {
+        let mut m = vec![json!({"role": "system", "content": "You are helpful."})];
+        for i in 0..n {
+            let role = if i % 2 == 0 { "user" } else { "assistant" };
+            m.push(json!({"role": role, "content": format!("message {i} {}", "x".repeat(40))}));
+        }
+        m
+    }
+
+    fn messages_of(body: &[u8]) -> Vec<Value> {
+        let v: Value = serde_json::from_slice(body).expect("valid JSON");
+        v["messages"].as_array().cloned().expect("messages")
+    }
+
+    #[test]
+    fn breaker_threshold_matches_the_seed() {
+        assert_eq!(COMPACTION_CIRCUIT_BREAKER_THRESHOLD, 3);
+    }
+
+    #[tokio::test]
+    async fn below_both_triggers_nothing_happens() {
+        let fake = FakeSummarizer::text("S");
+        let (c, metrics) = compactor(&config(SMALL), fake.clone());
+        let out = c.process(DialectKind::ChatCompletions, &body("tiny", chat(4)), &caller()).await;
+        assert!(matches!(out, Outcome::Unchanged));
+        assert!(fake.requests().is_empty());
+        assert_eq!(metrics.request_tokens_estimated.get_sample_count(), 1);
+        assert_eq!(metrics.compaction_duration.get_sample_count(), 0);
+    }
+
+    #[tokio::test]
+    async fn message_trigger_rewrites_and_counts() {
+        let fake = FakeSummarizer::text("The user chatted.");
+        let (c, metrics) = compactor(&config(SMALL), fake.clone());
+        let original = chat(12);
+        let out = c
+            .process(DialectKind::ChatCompletions, &body("tiny", original.clone()), &caller())
+            .await;
+        let Outcome::Rewritten { body, result, trigger } = out else {
+            panic!("expected a rewrite, got {out:?}");
+        };
+        assert_eq!(trigger, Trigger::Messages);
+        assert_eq!(result.summary, "The user chatted.");
+        assert_eq!(result.compaction_num, 1);
+        assert!(result.post_tokens < result.pre_tokens);
+        let messages = messages_of(&body);
+        assert_eq!(messages[0], original[0], "system prompt kept");
+        assert_eq!(messages[1]["role"], "user");
+        let summary = messages[1]["content"].as_str().expect("string");
+        assert!(summary.starts_with(crate::compaction::prompt::SUMMARY_INTRO));
+        assert!(summary.contains("The user chatted."));
+        let tail = &messages[2..];
+        assert_eq!(tail, &original[original.len() - tail.len()..], "tail verbatim");
+        assert!(messages.len() <= 10);
+        assert_eq!(compactions(&metrics, "messages", "compacted"), 1);
+        assert_eq!(
+            metrics.tokens_saved.get(),
+            (result.pre_tokens - result.post_tokens) as u64
+        );
+        assert_eq!(metrics.compaction_duration.get_sample_count(), 1);
+        let requests = fake.requests();
+        assert_eq!(requests.len(), 1);
+        assert!(requests[0].prompt.contains("<user>\nmessage 0 "));
+        assert_eq!(requests[0].compaction_num, 1);
+        assert_eq!(requests[0].model.as_deref(), Some("tiny"));
+    }
+
+    #[tokio::test]
+    async fn token_trigger_uses_the_models_window_and_reserved_output() {
+        let fake = FakeSummarizer::text("short");
+        let (c, metrics) = compactor(&config(SMALL), fake.clone());
+        // 6 messages of ~200 tokens: 1,200 ≥ 0.85 × 1,000.
+        let messages: Vec<Value> = (0..6)
+            .map(|i| {
+                let role = if i % 2 == 0 { "user" } else { "assistant" };
+                json!({"role": role, "content": "y".repeat(800)})
+            })
+            .collect();
+        let out = c.process(DialectKind::ChatCompletions, &body("tiny", messages.clone()), &caller()).await;
+        assert!(matches!(out, Outcome::Rewritten { trigger: Trigger::Tokens, .. }), "{out:?}");
+        assert_eq!(compactions(&metrics, "tokens", "compacted"), 1);
+
+        // The same request for an unknown model (128k default window) is left alone...
+        let out = c.process(DialectKind::ChatCompletions, &body("other", messages[..2].to_vec()), &caller()).await;
+        assert!(matches!(out, Outcome::Unchanged));
+        // ...and a small one trips the trigger once its output reservation is counted.
+        let b = json!({"model": "tiny", "max_completion_tokens": 400, "messages": messages[..4]});
+        let out = c.process(DialectKind::ChatCompletions, b.to_string().as_bytes(), &caller()).await;
+        assert!(matches!(out, Outcome::Rewritten { trigger: Trigger::Tokens, .. }), "{out:?}");
+    }
+
+    #[tokio::test]
+    async fn summarizer_failures_forward_the_original() {
+        for (reply, outcome) in [(Reply::Error, "failed"), (Reply::Blank, "blank")] {
+            let fake = FakeSummarizer::new(vec![reply]);
+            let (c, metrics) = compactor(&config(SMALL), fake);
+            let out = c.process(DialectKind::ChatCompletions, &body("tiny", chat(12)), &caller()).await;
+            assert!(matches!(out, Outcome::Failed));
+            assert_eq!(compactions(&metrics, "messages", outcome), 1, "{outcome}");
+            assert_eq!(metrics.tokens_saved.get(), 0);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_hanging_summarizer_times_out() {
+        let fake = FakeSummarizer::new(vec![Reply::Hang]);
+        let cfg = config(&format!("{SMALL}[summarizer]\ntimeout_secs = 0.05\n"));
+        let (c, metrics) = compactor(&cfg, fake);
+        let started = Instant::now();
+        let out = c.process(DialectKind::ChatCompletions, &body("tiny", chat(12)), &caller()).await;
+        assert!(matches!(out, Outcome::Failed));
+        assert!(started.elapsed() < Duration::from_secs(5));
+        assert_eq!(compactions(&metrics, "messages", "failed"), 1);
+    }
+
+    #[tokio::test]
+    async fn the_safety_net_leaves_time_for_fallbacks() {
+        let cfg = config("[summarizer]\ntimeout_secs = 2.0\nfallback = [\"extractive\"]\n");
+        let engine = Engine::new(&cfg, FakeSummarizer::text("x"));
+        assert_eq!(engine.attempt_timeout, Duration::from_secs(2));
+        assert_eq!(engine.total_timeout, Duration::from_secs(4));
+    }
+
+    #[tokio::test]
+    async fn bodies_it_does_not_understand_pass_through_uncounted() {
+        let fake = FakeSummarizer::text("S");
+        let (c, metrics) = compactor(&config(SMALL), fake.clone());
+        for b in [&b"not json"[..], b"{\"model\":\"tiny\"}", b"[1,2]", b"{\"messages\": 5}"] {
+            let out = c.process(DialectKind::ChatCompletions, b, &caller()).await;
+            assert!(matches!(out, Outcome::Unchanged));
+        }
+        let big = body("tiny", chat(40));
+        for d in [DialectKind::Messages, DialectKind::Responses] {
+            assert!(matches!(c.process(d, &big, &caller()).await, Outcome::Unchanged));
+        }
+        let disabled = config("[compaction]\nenabled = false\nmax_messages = 10\n");
+        let (off, _) = compactor(&disabled, fake.clone());
+        assert!(matches!(off.process(DialectKind::ChatCompletions, &big, &caller()).await, Outcome::Unchanged));
+        assert!(fake.requests().is_empty());
+        assert_eq!(compactions(&metrics, "messages", "failed"), 0);
+    }
+
+    #[tokio::test]
+    async fn an_unknown_role_fails_open_and_counts() {
+        let fake = FakeSummarizer::text("S");
+        let (c, metrics) = compactor(&config(SMALL), fake);
+        let mut m = chat(12);
+        m[3] = json!({"role": "narrator", "content": "?"});
+        let out = c.process(DialectKind::ChatCompletions, &body("tiny", m), &caller()).await;
+        assert!(matches!(out, Outcome::Failed));
+        assert_eq!(compactions(&metrics, "messages", "failed"), 1);
+    }
+
+    #[tokio::test]
+    async fn a_summary_that_would_grow_the_request_is_not_used() {
+        let fake = FakeSummarizer::text(&"long ".repeat(2_000));
+        let (c, metrics) = compactor(&config(SMALL), fake);
+        let out = c.process(DialectKind::ChatCompletions, &body("tiny", chat(12)), &caller()).await;
+        assert!(matches!(out, Outcome::Failed));
+        assert_eq!(compactions(&metrics, "messages", "failed"), 1);
+    }
+
+    #[tokio::test]
+    async fn nothing_to_compact_is_a_failure() {
+        let fake = FakeSummarizer::text("S");
+        let (c, metrics) = compactor(&config(SMALL), fake.clone());
+        let m = vec![
+            json!({"role": "system", "content": "s"}),
+            json!({"role": "user", "content": "z".repeat(5_000)}),
+        ];
+        let out = c.process(DialectKind::ChatCompletions, &body("tiny", m), &caller()).await;
+        assert!(matches!(out, Outcome::Failed));
+        assert_eq!(compactions(&metrics, "tokens", "failed"), 1);
+        assert!(fake.requests().is_empty());
+    }
+
+    fn engine(toml: &str, fake: Arc<FakeSummarizer>) -> Engine {
+        Engine::new(&config(toml), fake)
+    }
+
+    /// An agentic run: one task, then `steps` tool exchanges of `size` chars of output each.
+    fn agentic(steps: usize, size: usize) -> Transcript {
+        let mut m = vec![text(Role::System, "sys"), text(Role::User, "fix the bug")];
+        for i in 0..steps {
+            let id = format!("call_{i}");
+            m.push(Message::new(
+                Role::Assistant,
+                vec![call(&id, "bash", &format!("{{\"command\":\"cat f{i}.rs\"}}"))],
+            ));
+            let mut r = Message::tool_result(Some(id), format!("output {i} {}", "o".repeat(size)));
+            r.tool_name = None;
+            m.push(r);
+        }
+        let mut t = Transcript::new(m);
+        t.resolve_tool_names();
+        t
+    }
+
+    #[tokio::test]
+    async fn breaker_retries_with_a_smaller_tail_at_most_three_times() {
+        // Each step ~250 tokens; the summary answer is long enough that the first rewrite
+        // stays over the threshold.
+        let fake = FakeSummarizer::new(vec![
+            Reply::Text("a".repeat(1_200)),
+            Reply::Text("b".repeat(800)),
+            Reply::Text("c".repeat(400)),
+            Reply::Text("never asked".into()),
+        ]);
+        let toml = "[compaction]\nmin_preserve_tokens = 10\nmax_preserve_tokens = 2000\n\
+                    preserve_ratio = 1.0\n[models.tiny]\ncontext_window = 4000\n\
+                    [summarizer.openai]\nmax_tokens = 100\n";
+        let e = engine(toml, fake.clone());
+        let t = agentic(20, 1_000);
+        // Always over the threshold: every attempt that makes progress is followed by another.
+        let limits = Limits {
+            token_threshold: 10,
+            ..e.limits(Some("tiny"), None)
+        };
+        let c = e
+            .compact(CompactionInput {
+                transcript: &t,
+                model: Some("tiny"),
+                limits,
+                fixed_tokens: 0,
+                prior: None,
+                instructions: None,
+                caller: &caller(),
+            })
+            .await
+            .expect("compacts");
+        let requests = fake.requests();
+        assert_eq!(c.attempts, COMPACTION_CIRCUIT_BREAKER_THRESHOLD, "stops after three");
+        assert_eq!(requests.len() as u32, c.attempts);
+        assert!(c.result.summary.starts_with('c'), "the last refinement is used");
+        // Later attempts refine the earlier summary and only carry the additional turns.
+        assert!(requests[1].prompt.contains(&format!("<prior-summary>\n{}", "a".repeat(1_200))));
+        assert!(!requests[1].prompt.contains("fix the bug"));
+        assert_eq!(c.head, 1);
+        assert_eq!(t.messages[c.boundary].role, Role::Assistant);
+    }
+
+    #[tokio::test]
+    async fn breaker_forwards_the_best_rewrite_when_a_retry_fails() {
+        let fake = FakeSummarizer::new(vec![Reply::Text("a".repeat(2_000)), Reply::Error]);
+        let toml = "[compaction]\nmin_preserve_tokens = 10\nmax_preserve_tokens = 2000\n\
+                    preserve_ratio = 1.0\n[models.tiny]\ncontext_window = 4000\n\
+                    [summarizer.openai]\nmax_tokens = 100\n";
+        let e = engine(toml, fake.clone());
+        let t = agentic(20, 1_000);
+        let c = e
+            .compact(CompactionInput {
+                transcript: &t,
+                model: Some("tiny"),
+                limits: Limits {
+                    token_threshold: 10,
+                    ..e.limits(Some("tiny"), None)
+                },
+                fixed_tokens: 0,
+                prior: None,
+                instructions: None,
+                caller: &caller(),
+            })
+            .await
+            .expect("the first attempt is kept");
+        assert_eq!(c.attempts, 1);
+        assert_eq!(fake.requests().len(), 2);
+        assert!(c.result.post_tokens < c.result.pre_tokens);
+    }
+
+    #[tokio::test]
+    async fn prior_state_instructions_and_masking_reach_the_summarizer() {
+        let fake = FakeSummarizer::text("merged");
+        let e = engine("[compaction]\nmax_preserve_tokens = 2000\n", fake.clone());
+        let t = agentic(12, 100);
+        let prior = Prior {
+            summary: "earlier work".into(),
+            read_files: vec!["old.rs".into()],
+            modified_files: vec!["changed.rs".into()],
+            compaction_num: 2,
+        };
+        let limits = Limits {
+            context_window: 128_000,
+            reserved_output: 0,
+            token_threshold: 0,
+            max_messages: 4,
+        };
+        let c = e
+            .compact(CompactionInput {
+                transcript: &t,
+                model: None,
+                limits,
+                fixed_tokens: 0,
+                prior: Some(&prior),
+                instructions: Some("focus on the parser"),
+                caller: &caller(),
+            })
+            .await
+            .expect("compacts");
+        assert_eq!(c.result.compaction_num, 3);
+        assert_eq!(c.result.read_files[0], "old.rs");
+        assert!(c.result.read_files.contains(&"f0.rs".to_string()));
+        assert_eq!(c.result.modified_files, vec!["changed.rs".to_string()]);
+        let r = &fake.requests()[0];
+        assert_eq!(r.compaction_num, 3);
+        assert_eq!(r.prior_summary.as_deref(), Some("earlier work"));
+        assert_eq!(r.instructions.as_deref(), Some("focus on the parser"));
+        assert!(r.prompt.contains("<prior-summary>\nearlier work\n</prior-summary>"));
+        assert!(r.prompt.contains("focus on the parser"));
+        assert!(r.prompt.contains("<read-files>\nold.rs\nf0.rs\n"));
+        let masked = r.prompt.matches(MASKED_OUTPUT).count();
+        let results = r.prompt.matches("[tool_result: bash = ").count();
+        assert_eq!(results - masked, PRESERVE_RECENT_OUTPUTS, "{masked} of {results} masked");
+        assert!(masked > 0);
+        assert!(c.summary_message.contains("- changed.rs"));
+    }
+
+    #[tokio::test]
+    async fn masking_can_be_switched_off() {
+        let fake = FakeSummarizer::text("s");
+        let e = engine("[compaction]\nmask_observations = false\n", fake.clone());
+        let t = agentic(12, 100);
+        let limits = Limits { context_window: 128_000, reserved_output: 0, token_threshold: 0, max_messages: 4 };
+        e.compact(CompactionInput { transcript: &t, model: None, limits, fixed_tokens: 0, prior: None, instructions: None, caller: &caller() })
+            .await
+            .expect("compacts");
+        assert!(!fake.requests()[0].prompt.contains(MASKED_OUTPUT));
+    }
+
+    #[tokio::test]
+    async fn the_prompt_is_fitted_to_the_summarizers_window() {
+        let fake = FakeSummarizer::text("s");
+        let toml = "[models.small]\ncontext_window = 3000\n[summarizer.openai]\nmax_tokens = 1000\n";
+        let e = engine(toml, fake.clone());
+        let t = agentic(40, 3_000);
+        let limits = Limits { context_window: 3_000, reserved_output: 0, token_threshold: 0, max_messages: 4 };
+        e.compact(CompactionInput { transcript: &t, model: Some("small"), limits, fixed_tokens: 0, prior: None, instructions: None, caller: &caller() })
+            .await
+            .expect("compacts");
+        let r = &fake.requests()[0];
+        assert!(e.estimator().text(&r.prompt) <= 2_000);
+        assert!(r.prompt.contains("earlier turns omitted to fit the summarizer's context window"));
+        assert_eq!(r.max_output_tokens, 1_000);
+    }
+
+    #[tokio::test]
+    async fn fixture_replay_keeps_every_rewrite_valid() {
+        let fixtures = [
+            include_str!("../../tests/fixtures/transcripts/swe-agent-function-calling-simple.json"),
+            include_str!("../../tests/fixtures/transcripts/swe-agent-marshmallow-function-calling.json"),
+            include_str!("../../tests/fixtures/transcripts/swe-agent-ctf-katy.json"),
+            include_str!("../../tests/fixtures/transcripts/swe-agent-ctf-web.json"),
+        ];
+        let cfg = config("[compaction]\nmax_messages = 6\nmin_preserve_tokens = 50\nmax_preserve_tokens = 400\n");
+        let fake = FakeSummarizer::text("Summary of the work so far.");
+        let (c, metrics) = compactor(&cfg, fake);
+        let mut rewritten = 0;
+        for fixture in fixtures {
+            let v: Value = serde_json::from_str(fixture).expect("fixture");
+            let all = v["messages"].as_array().cloned().expect("messages");
+            for n in 2..=all.len() {
+                if all[n - 1]["role"] == "assistant" {
+                    continue; // a client sends a request after a user turn or tool results
+                }
+                let req = body("gpt-4o", all[..n].to_vec());
+                match c.process(DialectKind::ChatCompletions, &req, &caller()).await {
+                    Outcome::Rewritten { body, result, .. } => {
+                        rewritten += 1;
+                        let out = messages_of(&body);
+                        check_openai_pairing(&out).unwrap_or_else(|e| panic!("n={n}: {e}"));
+                        assert_eq!(out[0], all[0], "system prompt kept");
+                        let tail = &out[2..];
+                        assert_eq!(tail, &all[n - tail.len()..n]);
+                        assert!(result.post_tokens < result.pre_tokens);
+                    }
+                    Outcome::Unchanged => assert!(n <= 7, "n={n} should trigger"),
+                    Outcome::Failed => panic!("n={n} failed"),
+                }
+            }
+        }
+        assert!(rewritten >= 40, "{rewritten}");
+        assert_eq!(compactions(&metrics, "messages", "compacted"), rewritten);
     }
 }

@@ -520,7 +520,7 @@ mod tests {
         };
         let built = build_prompt(&input, sample_entries(), 100_000, &LazyEstimator::default())
             .expect("fits");
-        assert!(!built.prompt.contains("<prior-summary>"));
+        assert!(!built.prompt.contains("<prior-summary>\n"));
         assert!(!built.prompt.contains("Focus instructions"));
         assert!(built.prompt.contains("<read-files>\n</read-files>"));
     }

@@ -1,1 +1,328 @@
-//! Property tests of the engine and the Chat Completions dialect.
+//! Property tests of the engine and the Chat Completions dialect over random conversations
+//! (tool calls, parallel tool calls answered in any order, part arrays with images, reasoning,
+//! mid-conversation and leading system messages, vendor fields at every level).
+
+use std::cell::Cell;
+
+use proptest::prelude::*;
+use proptest::test_runner::{Config as ProptestConfig, TestCaseError, TestRunner};
+use serde_json::value::RawValue;
+use serde_json::{json, Value};
+
+use super::estimate::LazyEstimator;
+use super::prompt::SUMMARY_INTRO;
+use super::testing::{caller, check_openai_pairing, compactor, config, FakeSummarizer};
+use super::Outcome;
+use crate::dialect::chat::{self, top_level_fields};
+use crate::dialect::DialectKind;
+
+#[derive(Debug, Clone)]
+enum Turn {
+    User {
+        text: String,
+        as_parts: bool,
+        image: bool,
+    },
+    Assistant {
+        text: String,
+        reasoning: Option<String>,
+    },
+    /// Assistant calls (name, args), then results (output) in `order`.
+    Tools {
+        text: Option<String>,
+        calls: Vec<(String, String, String)>,
+        order: Vec<usize>,
+    },
+    System(String),
+}
+
+fn text(max: usize) -> impl Strategy<Value = String> {
+    proptest::string::string_regex(&format!("[a-z0-9 é日🦀\"\\\\\n]{{0,{max}}}"))
+        .unwrap_or_else(|e| panic!("regex: {e}"))
+}
+
+fn turn() -> impl Strategy<Value = Turn> {
+    let user = (text(400), any::<bool>(), any::<bool>())
+        .prop_map(|(text, as_parts, image)| Turn::User { text, as_parts, image });
+    let assistant = (text(400), proptest::option::of(text(100)))
+        .prop_map(|(text, reasoning)| Turn::Assistant { text, reasoning });
+    let tools = (
+        proptest::option::of(text(80)),
+        proptest::collection::vec(
+            (
+                prop_oneof![Just("bash"), Just("read"), Just("edit"), Just("grep")],
+                text(120),
+                text(600),
+            ),
+            1..4,
+        ),
+    )
+        .prop_flat_map(|(text, calls)| {
+            let n = calls.len();
+            let calls: Vec<(String, String, String)> = calls
+                .into_iter()
+                .map(|(name, arg, out)| (name.to_string(), json!({ "arg": arg }).to_string(), out))
+                .collect();
+            (
+                Just(text),
+                Just(calls),
+                Just((0..n).collect::<Vec<usize>>()).prop_shuffle(),
+            )
+        })
+        .prop_map(|(text, calls, order)| Turn::Tools { text, calls, order });
+    prop_oneof![
+        3 => user,
+        3 => assistant,
+        4 => tools,
+        1 => text(60).prop_map(Turn::System),
+    ]
+}
+
+fn extra(v: &mut Value, tag: usize) {
+    if tag % 3 == 0 {
+        if let Some(o) = v.as_object_mut() {
+            o.insert("x_vendor".into(), json!({"tag": tag, "list": [1, "two", null]}));
+        }
+    }
+}
+
+/// Renders turns as Chat Completions messages; always ends on a user or tool message.
+fn render(systems: &[String], turns: &[Turn]) -> Vec<Value> {
+    let mut out: Vec<Value> = Vec::new();
+    for (i, s) in systems.iter().enumerate() {
+        let role = if i % 2 == 0 { "system" } else { "developer" };
+        out.push(json!({"role": role, "content": s, "name": format!("sys{i}")}));
+    }
+    let mut next_id = 0;
+    for (k, t) in turns.iter().enumerate() {
+        match t {
+            Turn::User { text, as_parts, image } => {
+                let mut m = if *as_parts {
+                    let mut parts = vec![json!({"type": "text", "text": text, "cache_control": {"type": "ephemeral"}})];
+                    if *image {
+                        parts.push(json!({"type": "image_url", "image_url": {"url": "https://example.com/i.png"}}));
+                    }
+                    json!({"role": "user", "content": parts})
+                } else {
+                    json!({"role": "user", "content": text})
+                };
+                extra(&mut m, k);
+                out.push(m);
+            }
+            Turn::Assistant { text, reasoning } => {
+                let mut m = json!({"role": "assistant", "content": text});
+                if let Some(r) = reasoning {
+                    m["reasoning_content"] = json!(r);
+                }
+                extra(&mut m, k);
+                out.push(m);
+            }
+            Turn::Tools { text, calls, order } => {
+                let ids: Vec<String> = calls
+                    .iter()
+                    .map(|_| {
+                        next_id += 1;
+                        format!("call_{next_id}")
+                    })
+                    .collect();
+                let tool_calls: Vec<Value> = calls
+                    .iter()
+                    .zip(&ids)
+                    .map(|((name, args, _), id)| {
+                        json!({"id": id, "type": "function", "function": {"name": name, "arguments": args}})
+                    })
+                    .collect();
+                let mut m = json!({"role": "assistant", "content": text, "tool_calls": tool_calls});
+                extra(&mut m, k);
+                out.push(m);
+                for &j in order {
+                    let mut r = json!({"role": "tool", "tool_call_id": ids[j], "content": calls[j].2});
+                    extra(&mut r, k + j);
+                    out.push(r);
+                }
+            }
+            Turn::System(s) => out.push(json!({"role": "system", "content": s})),
+        }
+    }
+    let ends_well = out
+        .last()
+        .is_some_and(|m| m["role"] == "user" || m["role"] == "tool");
+    if !ends_well {
+        out.push(json!({"role": "user", "content": "continue"}));
+    }
+    out
+}
+
+#[derive(Debug, Clone)]
+struct Case {
+    systems: Vec<String>,
+    turns: Vec<Turn>,
+    model: &'static str,
+    max_tokens: Option<u32>,
+    key_order: Vec<usize>,
+    max_messages: usize,
+    min_preserve: usize,
+    max_preserve: usize,
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    (
+        proptest::collection::vec(text(80), 0..3),
+        proptest::collection::vec(turn(), 1..40),
+        prop_oneof![Just("tiny"), Just("gpt-4o"), Just("unknown-model")],
+        proptest::option::of(0u32..3_000),
+        Just((0..7).collect::<Vec<usize>>()).prop_shuffle(),
+        4usize..30,
+        10usize..200,
+        200usize..1_500,
+    )
+        .prop_map(
+            |(systems, turns, model, max_tokens, key_order, max_messages, min_preserve, max_preserve)| Case {
+                systems,
+                turns,
+                model,
+                max_tokens,
+                key_order,
+                max_messages,
+                min_preserve,
+                max_preserve,
+            },
+        )
+}
+
+fn request(case: &Case, messages: &[Value]) -> Vec<u8> {
+    let mut fields: Vec<(&str, Value)> = vec![
+        ("model", json!(case.model)),
+        ("messages", json!(messages)),
+        ("stream", json!(true)),
+        ("tools", json!([{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}])),
+        ("x_vendor_top", json!({"b": 1, "a": [true, 2.5]})),
+        ("response_format", json!({"type": "text"})),
+        ("max_tokens", case.max_tokens.map_or(Value::Null, |t| json!(t))),
+    ];
+    let mut out = String::from("{");
+    for (n, &i) in case.key_order.iter().enumerate() {
+        let (k, v) = std::mem::replace(&mut fields[i], ("", Value::Null));
+        if n > 0 {
+            out.push(',');
+        }
+        out.push_str(&json!(k).to_string());
+        out.push(':');
+        out.push_str(&v.to_string());
+    }
+    out.push('}');
+    out.into_bytes()
+}
+
+fn raw_messages(body: &[u8]) -> Vec<String> {
+    let fields = top_level_fields(body).unwrap_or_default();
+    let raw = fields.iter().find(|(k, _)| k == "messages").map(|(_, v)| v.get()).unwrap_or("[]");
+    let list: Vec<&RawValue> = serde_json::from_str(raw).unwrap_or_default();
+    list.iter().map(|r| r.get().to_string()).collect()
+}
+
+fn ensure(cond: bool, what: impl Into<String>) -> Result<(), TestCaseError> {
+    if cond {
+        Ok(())
+    } else {
+        Err(TestCaseError::fail(what.into()))
+    }
+}
+
+#[test]
+fn rewritten_requests_stay_valid_verbatim_and_smaller() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap_or_else(|e| panic!("runtime: {e}"));
+    let rewritten = Cell::new(0usize);
+    let triggered = Cell::new(0usize);
+    let mut runner = TestRunner::new(ProptestConfig {
+        cases: 300,
+        ..ProptestConfig::default()
+    });
+    let result = runner.run(&case(), |case| {
+        let messages = render(&case.systems, &case.turns);
+        let body = request(&case, &messages);
+        let cfg = config(&format!(
+            "[compaction]\nmax_messages = {}\nmin_preserve_tokens = {}\nmax_preserve_tokens = {}\n\
+             [models.tiny]\ncontext_window = 3000\n[summarizer.openai]\nmax_tokens = 200\n",
+            case.max_messages, case.min_preserve, case.max_preserve
+        ));
+        let fake = FakeSummarizer::text("Short summary of the earlier turns.");
+        let (c, _) = compactor(&cfg, fake);
+        let est = LazyEstimator::default();
+        let before = chat::peek(&body, &est).map_err(|e| TestCaseError::fail(e.to_string()))?;
+
+        // The hot path's estimate is the full parse's estimate, which is the parts' estimate.
+        let parsed = chat::parse(&body).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        ensure(parsed.tokens() == before.tokens, "peek and parse estimates agree")?;
+        for m in &parsed.transcript.messages {
+            ensure(est.message(m) == m.tokens, format!("parts estimate of {m:?}"))?;
+        }
+
+        let due = c.engine().limits(before.model.as_deref(), before.requested_output)
+            .check(before.message_count, before.tokens)
+            .is_some();
+        let outcome = rt.block_on(c.process(DialectKind::ChatCompletions, &body, &caller()));
+        match outcome {
+            Outcome::Unchanged => ensure(!due, "due compaction reported unchanged")?,
+            Outcome::Failed => {
+                ensure(due, "failure without a trigger")?;
+                triggered.set(triggered.get() + 1);
+            }
+            Outcome::Rewritten { body: out, result, .. } => {
+                ensure(due, "rewrite without a trigger")?;
+                triggered.set(triggered.get() + 1);
+                rewritten.set(rewritten.get() + 1);
+                // Top-level fields: same keys, same order, same bytes (except messages).
+                let a = top_level_fields(&body).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                let b = top_level_fields(&out).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                ensure(a.len() == b.len(), "field count")?;
+                for ((ka, va), (kb, vb)) in a.iter().zip(&b) {
+                    ensure(ka == kb, format!("key order {ka} vs {kb}"))?;
+                    if ka != "messages" {
+                        ensure(va.get() == vb.get(), format!("field {ka} changed"))?;
+                    }
+                }
+                // Messages: system head verbatim, one summary, tail verbatim.
+                let orig = raw_messages(&body);
+                let new = raw_messages(&out);
+                let head = messages
+                    .iter()
+                    .take_while(|m| m["role"] == "system" || m["role"] == "developer")
+                    .count();
+                ensure(new.len() >= head + 2, "head + summary + tail")?;
+                ensure(new[..head] == orig[..head], "system messages kept verbatim")?;
+                let summary: Value = serde_json::from_str(&new[head]).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                ensure(summary["role"] == "user", "summary is a user message")?;
+                ensure(
+                    summary["content"].as_str().is_some_and(|s| s.starts_with(SUMMARY_INTRO)),
+                    "summary introduced",
+                )?;
+                let tail = &new[head + 1..];
+                ensure(tail == &orig[orig.len() - tail.len()..], "tail byte-identical")?;
+                ensure(tail.len() < orig.len() - head, "something was compacted")?;
+                // Valid for OpenAI.
+                let values: Vec<Value> = new
+                    .iter()
+                    .map(|m| serde_json::from_str(m).unwrap_or(Value::Null))
+                    .collect();
+                check_openai_pairing(&values).map_err(TestCaseError::fail)?;
+                // Smaller, and the reported figures are the estimates of the bodies.
+                let after = chat::peek(&out, &est).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                ensure(after.tokens == result.post_tokens, "post_tokens is the rewrite's estimate")?;
+                ensure(before.tokens == result.pre_tokens, "pre_tokens is the original's estimate")?;
+                ensure(after.tokens < before.tokens, "rewrite is smaller")?;
+            }
+        }
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+    eprintln!("triggered {}, rewritten {}", triggered.get(), rewritten.get());
+    // The generator must exercise the interesting path, not only pass-through.
+    assert!(triggered.get() > 100, "triggered {}", triggered.get());
+    assert!(rewritten.get() * 10 > triggered.get() * 8, "rewritten {} of {}", rewritten.get(), triggered.get());
+}

@@ -405,6 +405,14 @@ fn leaf_chars(v: &Value) -> usize {
 // ---------------------------------------------------------------------------------------------
 // Order-preserving top level.
 
+/// The top-level fields of a JSON object in order, values raw (for tests that compare
+/// requests field by field).
+#[cfg(test)]
+pub(crate) fn top_level_fields(body: &[u8]) -> Result<Vec<(String, &RawValue)>, ChatError> {
+    let OrderedObject(fields) = serde_json::from_slice(body)?;
+    Ok(fields)
+}
+
 struct OrderedObject<'a>(Vec<(String, &'a RawValue)>);
 
 impl<'de: 'a, 'a> Deserialize<'de> for OrderedObject<'a> {
@@ -792,5 +800,166 @@ impl<'de> Deserialize<'de> for PartCounts {
             }
         }
         d.deserialize_any(V).map(PartCounts)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compaction::estimate::IMAGE_TOKENS;
+    use serde_json::json;
+
+    fn est() -> LazyEstimator {
+        LazyEstimator::default()
+    }
+
+    #[test]
+    fn peek_counts_everything_the_model_reads() {
+        let body = json!({
+            "model": "gpt-4o",
+            "max_tokens": 100,
+            "max_completion_tokens": 200,
+            "metadata": {"ignored": "x".repeat(1000)},
+            "tools": [{"type": "function", "function": {"name": "bash"}}],
+            "messages": [
+                {"role": "system", "content": "abcd"},
+                {"role": "user", "content": [
+                    {"type": "text", "text": "abcdefgh", "cache_control": {"type": "ephemeral"}},
+                    {"type": "image_url", "image_url": {"url": "https://x/y.png", "detail": "high"}}
+                ]},
+                {"role": "assistant", "content": null, "reasoning_content": "abcd",
+                 "tool_calls": [{"id": "call_1", "type": "function",
+                                 "function": {"name": "bash", "arguments": "{\"c\":\"ls\"}"}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "日本語日"},
+                {"role": "assistant", "content": "", "refusal": "no!"}
+            ]
+        })
+        .to_string();
+        let p = peek(body.as_bytes(), &est()).expect("peeks");
+        assert_eq!(p.model.as_deref(), Some("gpt-4o"));
+        assert_eq!(p.requested_output, Some(200), "max_completion_tokens wins");
+        assert_eq!(p.message_count, 5);
+        let tools = r#"[{"type":"function","function":{"name":"bash"}}]"#;
+        assert_eq!(p.fixed_tokens, est().text(tools));
+        let expected = p.fixed_tokens
+            + 1                       // "abcd"
+            + 2 + IMAGE_TOKENS        // "abcdefgh" + image
+            + 5                       // "abcd" + "bash" + {"c":"ls"} = 4 + 4 + 10 chars
+            + 1                       // 4 chars of CJK
+            + 1; // "" + "no!"
+        assert_eq!(p.tokens, expected);
+    }
+
+    #[test]
+    fn peek_falls_back_to_max_tokens_and_ignores_nonsense() {
+        let p = peek(br#"{"messages":[],"max_tokens":50}"#, &est()).expect("peeks");
+        assert_eq!(p.requested_output, Some(50));
+        let p = peek(br#"{"messages":[],"max_tokens":-5,"max_completion_tokens":null}"#, &est())
+            .expect("peeks");
+        assert_eq!(p.requested_output, None);
+        assert_eq!(p.tokens, 0);
+    }
+
+    #[test]
+    fn peek_rejects_what_is_not_a_chat_request() {
+        assert!(matches!(peek(b"{}", &est()), Err(ChatError::NoMessages)));
+        assert!(peek(b"nope", &est()).is_err());
+        assert!(peek(br#"{"messages": 5}"#, &est()).is_err());
+        assert!(peek(br#"{"messages": [], "messages": []}"#, &est()).is_err());
+        assert!(peek(br#"{"messages": ["hi"]}"#, &est()).is_err());
+    }
+
+    #[test]
+    fn odd_but_valid_shapes_are_counted_not_rejected() {
+        let body = json!({"messages": [
+            {"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "abcd", "format": "wav"}}]},
+            {"role": "assistant", "content": "x", "reasoning": {"summary": "abcd"},
+             "tool_calls": [{"id": "c", "type": "custom", "custom": {"name": "ed", "input": "ab"}}]},
+            {"role": "user", "content": [{"image_url": {"url": "data:..."}}, "loose text"]},
+            {"role": "assistant", "function_call": {"name": "get", "arguments": {"a": "bc"}}},
+            {"role": "function", "name": "get", "content": "sunny"}
+        ]})
+        .to_string();
+        let p = peek(body.as_bytes(), &est()).expect("peeks");
+        let r = parse(body.as_bytes()).expect("parses");
+        assert_eq!(p.tokens, r.tokens(), "peek and parse agree");
+        let m = &r.transcript.messages;
+        assert!(matches!(&m[0].parts[0], Part::Opaque { kind, chars: 7 } if kind == "input_audio"));
+        assert!(matches!(&m[1].parts[0], Part::Opaque { kind, chars: 4 } if kind == "reasoning"));
+        assert!(matches!(&m[1].parts[2], Part::ToolCall(c) if c.name == "ed" && c.arguments == "ab"));
+        assert_eq!(m[2].parts, vec![Part::Image, Part::Text("loose text".into())]);
+        assert!(matches!(&m[3].parts[0], Part::ToolCall(c) if c.id.is_none() && c.arguments == r#"{"a":"bc"}"#));
+        assert_eq!(m[4].role, Role::Tool);
+        assert_eq!(m[4].tool_name.as_deref(), Some("get"));
+        assert_eq!(r.transcript.pairs()[4], Some(3));
+    }
+
+    #[test]
+    fn parse_builds_the_transcript() {
+        let body = json!({"model": "m", "messages": [
+            {"role": "developer", "content": "rules"},
+            {"role": "user", "content": "go"},
+            {"role": "assistant", "content": "ok", "reasoning_content": "hmm",
+             "tool_calls": [{"id": "a", "type": "function", "function": {"name": "read", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "a", "content": [{"type": "text", "text": "data"}]}
+        ]})
+        .to_string();
+        let r = parse(body.as_bytes()).expect("parses");
+        let m = &r.transcript.messages;
+        assert_eq!(r.model.as_deref(), Some("m"));
+        assert_eq!(m.len(), 4);
+        assert_eq!(m[0].role, Role::System);
+        assert_eq!(r.transcript.head_len(), 1);
+        assert_eq!(
+            m[2].parts,
+            vec![
+                Part::Reasoning("hmm".into()),
+                Part::Text("ok".into()),
+                Part::ToolCall(ToolCall { id: Some("a".into()), name: "read".into(), arguments: "{}".into() })
+            ]
+        );
+        assert_eq!(m[3].tool_call_id.as_deref(), Some("a"));
+        assert_eq!(m[3].tool_name.as_deref(), Some("read"), "resolved from the call");
+        assert_eq!(m[3].text(), "data");
+        let p = peek(body.as_bytes(), &est()).expect("peeks");
+        assert_eq!(p.tokens, r.tokens());
+    }
+
+    #[test]
+    fn parse_rejects_unknown_roles_and_duplicate_messages() {
+        let body = br#"{"messages":[{"role":"narrator","content":"x"}]}"#;
+        assert!(matches!(parse(body), Err(ChatError::BadMessage { index: 0, .. })));
+        assert!(matches!(parse(br#"{"messages":[{"content":"x"}]}"#), Err(ChatError::BadMessage { .. })));
+        assert!(parse(br#"{"messages":[],"messages":[]}"#).is_err());
+        assert!(matches!(parse(br#"{"model":"x"}"#), Err(ChatError::NoMessages)));
+    }
+
+    #[test]
+    fn rewrite_keeps_everything_it_does_not_interpret() {
+        // Odd spacing inside values, vendor fields, escaped key, message-level extras.
+        let body = r#"{"stream" : true,"model":"gpt-4o","messages":[
+            {"role":"system","content":"sys","name":"x-sys"},
+            {"role":"user","content":"old"},
+            {"role":"assistant","content":"old reply","refusal":null},
+            {"role": "user",  "content": [{"type":"text","text":"new","cache_control":{"type":"ephemeral"}}], "x_vendor": [1, 2]}
+        ],"tools":[ {"type":"function","function":{"name":"t","parameters":{"b":1,"a":2}}} ],
+        "response_format":{"type":"json_object"},"weird\"key":{"z":1,"a":[ ]},"stream_options":{"include_usage":true}}"#;
+        let r = parse(body.as_bytes()).expect("parses");
+        let out = r.rewrite(1, 3, "SUMMARY \"quoted\"").expect("rewrites");
+        let out = String::from_utf8(out).expect("utf8");
+        assert_eq!(
+            out,
+            r#"{"stream":true,"model":"gpt-4o","messages":[{"role":"system","content":"sys","name":"x-sys"},{"role":"user","content":"SUMMARY \"quoted\""},{"role": "user",  "content": [{"type":"text","text":"new","cache_control":{"type":"ephemeral"}}], "x_vendor": [1, 2]}],"tools":[ {"type":"function","function":{"name":"t","parameters":{"b":1,"a":2}}} ],"response_format":{"type":"json_object"},"weird\"key":{"z":1,"a":[ ]},"stream_options":{"include_usage":true}}"#
+        );
+        let v: Value = serde_json::from_str(&out).expect("valid JSON");
+        assert_eq!(v["messages"].as_array().map(Vec::len), Some(3));
+    }
+
+    #[test]
+    fn rewrite_rejects_plans_out_of_range() {
+        let r = parse(br#"{"messages":[{"role":"user","content":"a"}]}"#).expect("parses");
+        assert!(matches!(r.rewrite(0, 2, "s"), Err(ChatError::BadPlan { .. })));
+        assert!(matches!(r.rewrite(1, 0, "s"), Err(ChatError::BadPlan { .. })));
+        assert!(r.rewrite(0, 1, "s").is_ok());
     }
 }

@@ -127,11 +127,13 @@ impl ExecSummarizer {
             }
             Ok(Err(e)) => {
                 group.kill();
+                let _ = child.start_kill();
                 let _ = child.wait().await;
                 Err(e)
             }
             Err(_) => {
                 group.kill();
+                let _ = child.start_kill();
                 let _ = child.wait().await;
                 Err(SummarizeError::Timeout(request.timeout))
             }
@@ -194,7 +196,7 @@ impl GroupKiller {
     fn kill(&mut self) {
         if let Some(pgid) = self.0.take() {
             // ESRCH (the group is already empty) is the common, harmless case.
-            let _ = (pgid, Signal::KILL, kill_process_group);
+            let _ = kill_process_group(pgid, Signal::KILL);
         }
     }
 }

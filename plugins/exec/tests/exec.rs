@@ -276,7 +276,7 @@ async fn a_program_that_ignores_a_large_stdin_still_answers() {
 
 #[tokio::test]
 async fn the_environment_holds_path_and_configured_variables_only() {
-    // `sh` puts its environment, one `NAME=value` per line, into the summary (the values here
+    // `sh` puts its environment, `NAME=value` entries joined by `|`, into the summary (the values here
     // hold no characters that need JSON escaping; a leaked credential would not either).
     let script = r#"cat >/dev/null; printf '{"summary": "%s"}' "$(env | tr '\n' '|')""#;
     let mut config = ExecConfig::new("/bin/sh", vec!["-c".into(), script.into()]);

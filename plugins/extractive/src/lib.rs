@@ -23,15 +23,21 @@ const MAX_ERROR_LINE_CHARS: usize = 200;
 const MAX_STEPS: usize = 12;
 /// Longest tool-call argument string shown in section 5.
 const MAX_ARGUMENT_CHARS: usize = 120;
-/// Words that mark a tool-output line as an error (matched case-insensitively).
-const ERROR_MARKERS: [&str; 6] = [
-    "error",
-    "exception",
-    "traceback",
-    "failed",
-    "fatal",
-    "panicked",
+/// Phrases that mark a tool-output line as an error, matched in its lowercase form. Bare words
+/// such as `error` are too common in code listings (`except MyError as error:`) to count alone.
+const ERROR_MARKERS: [&str; 9] = [
+    "error:",
+    "error[",
+    "error(s)",
+    "exception:",
+    "traceback (most recent call last)",
+    "panicked at",
+    " failed",
+    "fatal:",
+    "errors:",
 ];
+/// Line prefixes (lowercase) that mark an error line on their own.
+const ERROR_STARTS: [&str; 4] = ["error", "failed", "fatal", "failure"];
 /// Masked tool outputs carry no information worth extracting.
 const MASKED_PREFIX: &str = "[output masked";
 /// The prior summary is never cut below this many characters, whatever the budget.
@@ -312,8 +318,7 @@ fn error_lines(entries: &[Entry]) -> Vec<String> {
         }
         let mut found = false;
         for line in output.lines().map(str::trim).filter(|l| !l.is_empty()) {
-            let lower = line.to_lowercase();
-            if ERROR_MARKERS.iter().any(|m| lower.contains(m)) {
+            if is_error_line(line) {
                 push_unique(
                     &mut lines,
                     format!("[{name}] {}", clip(line, MAX_ERROR_LINE_CHARS)),
@@ -332,6 +337,19 @@ fn error_lines(entries: &[Entry]) -> Vec<String> {
     }
     let skip = lines.len().saturating_sub(MAX_ERROR_LINES);
     lines.split_off(skip)
+}
+
+/// Whether a trimmed, non-empty tool-output line reports an error. Numbered source listings
+/// (`12: code`, `12→code`, `12\tcode`, as file viewers print them) never do: they are code.
+fn is_error_line(line: &str) -> bool {
+    let after_number = line.trim_start_matches(|c: char| c.is_ascii_digit());
+    if after_number.len() < line.len() && after_number.starts_with([':', '\u{2192}', '\t', '|']) {
+        return false;
+    }
+    let lower = line.to_lowercase();
+    ERROR_STARTS.iter().any(|s| lower.starts_with(s))
+        || ERROR_MARKERS.iter().any(|m| lower.contains(m))
+        || line.contains("FAILED")
 }
 
 fn push_unique(lines: &mut Vec<String>, line: String) {
@@ -440,6 +458,33 @@ mod tests {
         r.max_output_tokens = 1_000;
         let s = extract(&r, &ExtractiveConfig::default());
         assert!(s.chars().count() < 4_000 + 10, "{}", s.len());
+    }
+
+    #[test]
+    fn error_lines_are_told_from_code() {
+        for yes in [
+            "SyntaxError: invalid syntax",
+            "error[E0308]: mismatched types",
+            "Traceback (most recent call last):",
+            "- E999 IndentationError: unexpected indent",
+            "Your proposed edit has introduced new syntax error(s).",
+            "FAILED tests/test_x.py::test_y - AssertionError",
+            "fatal: not a git repository",
+            "thread 'main' panicked at src/main.rs:3:5:",
+            "Build failed with 2 errors",
+            "Error: ENOENT",
+        ] {
+            assert!(is_error_line(yes), "{yes}");
+        }
+        for no in [
+            "1522:        except FieldInstanceResolutionError as error:",
+            "12\u{2192}    raise ValueError(\"x\")  # error: no",
+            "7\terror: in a listing",
+            "default_error_messages = {}",
+            "All 12 tests passed",
+        ] {
+            assert!(!is_error_line(no), "{no}");
+        }
     }
 
     #[test]
