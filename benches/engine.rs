@@ -1,1 +1,162 @@
-fn main(){}
+//! Engine benchmarks: parse + trigger check + rewrite of 100, 1,000 and 10,000-message
+//! conversations (with a summarizer that answers instantly), and the no-compaction hot path
+//! for a ~500 KB request side by side with a bare `serde_json::Value` parse + serialise of the
+//! same bytes.
+//!
+//! Run: `cargo bench --bench engine -- --warm-up-time 1 --measurement-time 3`
+
+use std::hint::black_box;
+use std::sync::Arc;
+
+use compactor::compaction::estimate::LazyEstimator;
+use compactor::compaction::{Compactor, Outcome};
+use compactor::config::Config;
+use compactor::dialect::{chat, DialectKind};
+use compactor::metrics::Metrics;
+use compactor_plugin_api::{
+    BoxFuture, Caller, SummarizeError, Summarizer, Summary, SummaryRequest,
+};
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use serde_json::{json, Value};
+
+/// Answers at once with a fixed summary.
+struct InstantSummarizer;
+
+impl Summarizer for InstantSummarizer {
+    fn name(&self) -> &str {
+        "instant"
+    }
+
+    fn summarize<'a>(
+        &'a self,
+        _request: &'a SummaryRequest,
+    ) -> BoxFuture<'a, Result<Summary, SummarizeError>> {
+        Box::pin(async {
+            Summary::new("1. Primary Request and Intent: fix the bug.\n8. Current Work: tests.")
+        })
+    }
+}
+
+/// An agentic conversation: system, task, then rounds of assistant text, a tool call and its
+/// output, with a user message every 10 rounds. `output` is the size of each tool output.
+fn conversation(messages: usize, output: usize) -> Vec<Value> {
+    let mut m = vec![
+        json!({"role": "system", "content": "You are a coding agent. Use the tools."}),
+        json!({"role": "user", "content": "Fix the failing test in src/parser.rs, then run the suite."}),
+    ];
+    let body: String = "fn parse(input: &str) -> Result<Ast, Error> { /* \"quoted\" é */ }\n"
+        .chars()
+        .cycle()
+        .take(output)
+        .collect();
+    let mut i = 0;
+    while m.len() < messages {
+        let id = format!("call_{i}");
+        m.push(json!({
+            "role": "assistant",
+            "content": format!("Step {i}: reading the next file."),
+            "tool_calls": [{"id": id, "type": "function",
+                "function": {"name": "bash", "arguments": json!({"command": format!("cat src/file_{i}.rs")}).to_string()}}]
+        }));
+        m.push(json!({"role": "tool", "tool_call_id": id, "content": body}));
+        if i % 10 == 9 {
+            m.push(json!({"role": "user", "content": format!("Keep going ({i}).")}));
+        }
+        i += 1;
+    }
+    m.truncate(messages);
+    if m.last().is_some_and(|x| x["role"] == "assistant") {
+        m.pop();
+        m.push(json!({"role": "user", "content": "continue"}));
+    }
+    m
+}
+
+fn request(model: &str, messages: Vec<Value>) -> Vec<u8> {
+    json!({
+        "model": model,
+        "stream": true,
+        "tools": [{"type": "function", "function": {"name": "bash", "description": "Run a command",
+            "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}}],
+        "messages": messages,
+        "stream_options": {"include_usage": true}
+    })
+    .to_string()
+    .into_bytes()
+}
+
+fn setup() -> (Compactor, tokio::runtime::Runtime) {
+    let config = Config::from_toml("").expect("default config");
+    let metrics = Arc::new(Metrics::new().expect("metrics"));
+    let compactor = Compactor::new(&config, Arc::new(InstantSummarizer), metrics);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("runtime");
+    (compactor, rt)
+}
+
+fn compaction(c: &mut Criterion) {
+    let (compactor, rt) = setup();
+    let caller = Caller::default();
+    let mut group = c.benchmark_group("compact");
+    for n in [100usize, 1_000, 10_000] {
+        let body = request("gpt-4o", conversation(n, 400));
+        group.throughput(Throughput::Elements(n as u64));
+        let outcome = rt.block_on(compactor.process(DialectKind::ChatCompletions, &body, &caller));
+        assert!(
+            matches!(outcome, Outcome::Rewritten { .. }),
+            "{n} messages must compact"
+        );
+        group.bench_with_input(BenchmarkId::from_parameter(n), &body, |b, body| {
+            b.iter(|| {
+                black_box(rt.block_on(compactor.process(
+                    DialectKind::ChatCompletions,
+                    black_box(body),
+                    &caller,
+                )))
+            })
+        });
+    }
+    group.finish();
+}
+
+fn hot_path(c: &mut Criterion) {
+    let (compactor, rt) = setup();
+    let caller = Caller::default();
+    // ~500 KB, 70 messages (under max_messages), for a 1M-token model: no compaction due.
+    let body = request("gpt-4.1", conversation(70, 14_000));
+    assert!(
+        (450_000..600_000).contains(&body.len()),
+        "{} bytes",
+        body.len()
+    );
+    let outcome = rt.block_on(compactor.process(DialectKind::ChatCompletions, &body, &caller));
+    assert!(matches!(outcome, Outcome::Unchanged));
+
+    let mut group = c.benchmark_group("no_compaction_500kb");
+    group.throughput(Throughput::Bytes(body.len() as u64));
+    group.bench_function("compactor_process", |b| {
+        b.iter(|| {
+            black_box(rt.block_on(compactor.process(
+                DialectKind::ChatCompletions,
+                black_box(&body),
+                &caller,
+            )))
+        })
+    });
+    group.bench_function("peek_only", |b| {
+        let est = LazyEstimator::default();
+        b.iter(|| black_box(chat::peek(black_box(&body), &est).expect("peek")))
+    });
+    group.bench_function("serde_value_roundtrip", |b| {
+        b.iter(|| {
+            let v: Value = serde_json::from_slice(black_box(&body)).expect("parse");
+            black_box(serde_json::to_vec(&v).expect("serialise"))
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, compaction, hot_path);
+criterion_main!(benches);

@@ -2,7 +2,7 @@
 //! one run, reporting p50/p99 latency, the latency compactor adds, and throughput.
 //!
 //! `cargo bench --bench load`. `LOAD_REQUESTS` (default 2000) sets the requests per cell for
-//! small bodies; 200 KB cells use a quarter of that. Everything runs in-process on 127.0.0.1.
+//! small bodies; 200 KB cells use half of that. Everything runs in-process on 127.0.0.1.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -185,7 +185,7 @@ async fn bench(default_requests: usize) {
     let large = embeddings_body(200 * 1024);
     let workloads = [
         ("embeddings 1KB", "/v1/embeddings", small.clone(), 1),
-        ("embeddings 200KB", "/v1/embeddings", large.clone(), 4),
+        ("embeddings 200KB", "/v1/embeddings", large.clone(), 2),
         ("chat small", "/v1/chat/completions", chat_body(false), 1),
     ]
     .into_iter()
@@ -207,7 +207,7 @@ async fn bench(default_requests: usize) {
     println!(
         "compactor load bench: {requests} requests per small cell (LOAD_REQUESTS), \
          200 KB cells {}; latency = send → full response body",
-        requests / 4
+        requests / 2
     );
     println!(
         "{:<18} {:<5} {:>4} | {:>9} {:>9} | {:>9} {:>9} | {:>9} | {:>9} {:>9}",

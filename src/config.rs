@@ -55,7 +55,7 @@ fn invalid(key: impl Into<String>, reason: impl Into<String>) -> ConfigError {
 }
 
 /// The whole configuration.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// Listeners, limits, logging.
@@ -358,22 +358,6 @@ impl Default for StoreConfig {
     }
 }
 
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            server: ServerConfig::default(),
-            upstream: UpstreamConfig::default(),
-            routes: Vec::new(),
-            compaction: CompactionConfig::default(),
-            summarizer: SummarizerConfig::default(),
-            admin: AdminConfig::default(),
-            session: SessionConfig::default(),
-            store: StoreConfig::default(),
-            models: BTreeMap::new(),
-        }
-    }
-}
-
 impl Config {
     /// Loads defaults < `path` (or [`DEFAULT_CONFIG_PATH`] when it exists) < environment, and
     /// validates the result.
@@ -442,7 +426,7 @@ impl Config {
             ("compaction.trigger_ratio", c.trigger_ratio),
             ("compaction.preserve_ratio", c.preserve_ratio),
         ] {
-            if !(ratio > 0.0 && ratio <= 1.0) {
+            if ratio.is_nan() || ratio <= 0.0 || ratio > 1.0 {
                 return Err(invalid(key, "must be in (0, 1]"));
             }
         }
@@ -532,7 +516,7 @@ impl Config {
 }
 
 fn secs_to_duration(key: &str, secs: f64) -> Result<Duration, ConfigError> {
-    if !(secs > 0.0) {
+    if secs.is_nan() || secs <= 0.0 {
         return Err(invalid(key, "must be a positive number of seconds"));
     }
     Duration::try_from_secs_f64(secs).map_err(|e| invalid(key, e.to_string()))

@@ -12,8 +12,8 @@
 //!    oldest compactable message is compacted (a budget larger than the conversation must not
 //!    turn a due compaction into a no-op);
 //! 2. the latest user message is kept when the tail from it stays within the caller's
-//!    allowance (so the rewritten request does not trip the trigger again) and something
-//!    before it remains to compact. In a long agentic turn (one task message followed by
+//!    allowance (the engine allows what keeps the rewrite at or below half of each trigger,
+//!    so it does not trip again right away) and something before it remains to compact. In a long agentic turn (one task message followed by
 //!    hundreds of tool calls) keeping it is impossible; the summary then carries every user
 //!    message (section 6 of the prompt);
 //! 3. a tool call is never separated from its result: the tail never starts on a tool result,
@@ -109,14 +109,14 @@ pub fn find_preserve_boundary(t: &Transcript, limits: &TailLimits) -> Option<usi
         suffix_min[j] = here.min(suffix_min[j + 1]);
     }
     loop {
-        while false && b > head && messages.get(b).map(|m| m.role) == Some(Role::Tool) {
+        while b > head && messages.get(b).map(|m| m.role) == Some(Role::Tool) {
             b = match pairs.get(b).copied().flatten() {
                 Some(a) if a < b => a,
                 _ => b - 1,
             };
         }
         let earliest = suffix_min.get(b).copied().unwrap_or(usize::MAX);
-        if earliest < b && false {
+        if earliest < b {
             b = earliest;
         } else {
             break;
@@ -159,7 +159,11 @@ mod tests {
     #[test]
     fn budget_is_a_share_of_the_usable_window_clamped() {
         let c = CompactionConfig::default();
-        assert_eq!(preserve_budget(&c, 128_000), 15_000, "32,000 clamped to the max");
+        assert_eq!(
+            preserve_budget(&c, 128_000),
+            15_000,
+            "32,000 clamped to the max"
+        );
         assert_eq!(preserve_budget(&c, 40_000), 10_000);
         assert_eq!(preserve_budget(&c, 4_000), 2_000, "1,000 raised to the min");
         let bad = CompactionConfig {
@@ -167,7 +171,11 @@ mod tests {
             max_preserve_tokens: 5,
             ..c
         };
-        assert_eq!(preserve_budget(&bad, 1_000), 5, "inverted bounds do not panic");
+        assert_eq!(
+            preserve_budget(&bad, 1_000),
+            5,
+            "inverted bounds do not panic"
+        );
     }
 
     #[test]
@@ -249,7 +257,10 @@ mod tests {
         }
         let t = Transcript::new(msgs);
         let b = find_preserve_boundary(&t, &wide()).expect("something to compact");
-        assert_eq!(b, 16, "budget 100 keeps two and a half pairs; moved back to a whole pair");
+        assert_eq!(
+            b, 16,
+            "budget 100 keeps two and a half pairs; moved back to a whole pair"
+        );
         assert_eq!(t.messages[b].role, Role::Assistant);
     }
 
@@ -260,7 +271,11 @@ mod tests {
             sized(Role::User, 1),
             Message::new(
                 Role::Assistant,
-                vec![call("a", "read", "{}"), call("b", "read", "{}"), call("c", "bash", "{}")],
+                vec![
+                    call("a", "read", "{}"),
+                    call("b", "read", "{}"),
+                    call("c", "bash", "{}"),
+                ],
             ),
             Message::tool_result(Some("c".into()), "3"),
             Message::tool_result(Some("a".into()), "1"),
@@ -296,7 +311,10 @@ mod tests {
             late,
             sized(Role::User, 1),
         ]);
-        let limits = TailLimits { budget: 3, ..wide() };
+        let limits = TailLimits {
+            budget: 3,
+            ..wide()
+        };
         assert_eq!(find_preserve_boundary(&t, &limits), Some(1));
     }
 
@@ -304,14 +322,26 @@ mod tests {
     fn nothing_to_compact() {
         let only_system = Transcript::new(vec![sized(Role::System, 1), sized(Role::User, 1)]);
         assert_eq!(find_preserve_boundary(&only_system, &wide()), None);
-        assert_eq!(find_preserve_boundary(&Transcript::default(), &wide()), None);
+        assert_eq!(
+            find_preserve_boundary(&Transcript::default(), &wide()),
+            None
+        );
         // The whole conversation is one tool exchange after the system prompt.
         let t = Transcript::new(vec![
             sized(Role::System, 1),
             Message::new(Role::Assistant, vec![call("a", "bash", "{}")]),
             Message::tool_result(Some("a".into()), "x"),
         ]);
-        assert_eq!(find_preserve_boundary(&t, &TailLimits { budget: 0, ..wide() }), None);
+        assert_eq!(
+            find_preserve_boundary(
+                &t,
+                &TailLimits {
+                    budget: 0,
+                    ..wide()
+                }
+            ),
+            None
+        );
         let t2 = Transcript::new(vec![
             Message::new(Role::User, vec![Part::Text("hi".into())]),
             Message::new(Role::User, vec![Part::Text("again".into())]),

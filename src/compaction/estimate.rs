@@ -146,7 +146,13 @@ mod tests {
     fn image_cost_is_fixed_and_documented() {
         assert_eq!(IMAGE_TOKENS, 765);
         let e = LazyEstimator::default();
-        assert_eq!(e.counts(Counts { chars: 8, images: 2 }), 2 + 2 * 765);
+        assert_eq!(
+            e.counts(Counts {
+                chars: 8,
+                images: 2
+            }),
+            2 + 2 * 765
+        );
     }
 
     #[test]

@@ -104,13 +104,12 @@ fn classify(name: &str) -> Option<ToolKind> {
         "edit" => SweEdit,
         "search_file" => SweSearch,
         "write" | "write_file" | "writefile" | "write_to_file" | "create_file" | "edit_file"
-        | "multiedit" | "multi_edit" | "str_replace" | "insert" | "replace"
-        | "replace_in_file" | "search_replace" | "notebookedit" | "notebook_edit"
-        | "delete_file" | "append_file" => Modify,
-        "patch" | "apply_patch" | "applypatch" | "apply_diff" => Patch,
-        "str_replace_editor" | "str_replace_based_edit_tool" | "text_editor" | "editor" => {
-            Editor
+        | "multiedit" | "multi_edit" | "str_replace" | "insert" | "replace" | "replace_in_file"
+        | "search_replace" | "notebookedit" | "notebook_edit" | "delete_file" | "append_file" => {
+            Modify
         }
+        "patch" | "apply_patch" | "applypatch" | "apply_diff" => Patch,
+        "str_replace_editor" | "str_replace_based_edit_tool" | "text_editor" | "editor" => Editor,
         "shell" | "bash" | "sh" | "zsh" | "run_shell_command" | "execute_command"
         | "exec_command" | "run_command" | "terminal" | "run_terminal_cmd" | "local_shell"
         | "exec" | "execute_bash" | "container_exec" | "shell_command" => Shell,
@@ -328,10 +327,15 @@ impl FileTracker {
         let (value_flags, script_flags): (&[&str], &[&str]) = match program {
             "head" | "tail" => (&["-n", "-c"], &[]),
             "grep" | "egrep" | "fgrep" | "rg" | "ag" | "ack" => (
-                &["-e", "-f", "-A", "-B", "-C", "-m", "--regexp", "--file", "-g", "--glob"],
+                &[
+                    "-e", "-f", "-A", "-B", "-C", "-m", "--regexp", "--file", "-g", "--glob",
+                ],
                 &["-e", "-f", "--regexp", "--file"],
             ),
-            "sed" => (&["-e", "-f", "--expression", "--file"], &["-e", "-f", "--expression", "--file"]),
+            "sed" => (
+                &["-e", "-f", "--expression", "--file"],
+                &["-e", "-f", "--expression", "--file"],
+            ),
             "awk" | "gawk" => (&["-F", "-v", "-f"], &["-f"]),
             "cp" | "mv" => (&["-t", "--target-directory", "-S", "--suffix"], &[]),
             "tee" | "touch" => (&["-d", "-r", "-t"], &[]),
@@ -422,7 +426,8 @@ impl FileTracker {
 }
 
 fn clean(path: &str) -> &str {
-    path.trim().trim_matches(|c| c == '"' || c == '\'' || c == '`')
+    path.trim()
+        .trim_matches(|c| c == '"' || c == '\'' || c == '`')
 }
 
 /// Whether an operand is plausibly a file path (not a flag, number, URL, glob or expansion).
@@ -598,13 +603,23 @@ fn split_commands(cmd: &str) -> Vec<SimpleCommand> {
                 }
                 continue;
             }
-            ' ' | '\t' | '\r' => {
-                finish_word(&mut word, &mut in_word, &mut expect, &mut current, &mut heredocs)
-            }
+            ' ' | '\t' | '\r' => finish_word(
+                &mut word,
+                &mut in_word,
+                &mut expect,
+                &mut current,
+                &mut heredocs,
+            ),
             '\n' | ';' | '|' | '&' | '(' | ')' => {
                 if c == '&' && chars.get(i + 1) == Some(&'>') {
                     // `&>file` / `&>>file`
-                    finish_word(&mut word, &mut in_word, &mut expect, &mut current, &mut heredocs);
+                    finish_word(
+                        &mut word,
+                        &mut in_word,
+                        &mut expect,
+                        &mut current,
+                        &mut heredocs,
+                    );
                     i += 2;
                     if chars.get(i) == Some(&'>') {
                         i += 1;
@@ -612,21 +627,28 @@ fn split_commands(cmd: &str) -> Vec<SimpleCommand> {
                     expect = Expect::Target(Redirect::Out);
                     continue;
                 }
-                finish_word(&mut word, &mut in_word, &mut expect, &mut current, &mut heredocs);
+                finish_word(
+                    &mut word,
+                    &mut in_word,
+                    &mut expect,
+                    &mut current,
+                    &mut heredocs,
+                );
                 out.push(std::mem::take(&mut current));
                 expect = Expect::Word;
                 if c == '\n' && !heredocs.is_empty() {
                     // Skip heredoc bodies up to their delimiter lines.
                     i += 1;
                     for delim in std::mem::take(&mut heredocs) {
-                        loop {
+                        while i < chars.len() {
                             let start = i;
                             while chars.get(i).is_some_and(|&d| d != '\n') {
                                 i += 1;
                             }
-                            let line: String = chars[start..i].iter().collect();
+                            let line: String =
+                                chars.get(start..i).unwrap_or_default().iter().collect();
                             i += 1;
-                            if line.trim() == delim || i >= chars.len() {
+                            if line.trim() == delim {
                                 break;
                             }
                         }
@@ -640,7 +662,13 @@ fn split_commands(cmd: &str) -> Vec<SimpleCommand> {
                     word.clear();
                     in_word = false;
                 } else {
-                    finish_word(&mut word, &mut in_word, &mut expect, &mut current, &mut heredocs);
+                    finish_word(
+                        &mut word,
+                        &mut in_word,
+                        &mut expect,
+                        &mut current,
+                        &mut heredocs,
+                    );
                 }
                 i += 1;
                 if chars.get(i) == Some(&'>') {
@@ -649,7 +677,10 @@ fn split_commands(cmd: &str) -> Vec<SimpleCommand> {
                 if chars.get(i) == Some(&'&') {
                     // `>&2`: duplicates a descriptor, no file.
                     i += 1;
-                    while chars.get(i).is_some_and(|d| d.is_ascii_digit() || *d == '-') {
+                    while chars
+                        .get(i)
+                        .is_some_and(|d| d.is_ascii_digit() || *d == '-')
+                    {
                         i += 1;
                     }
                     continue;
@@ -658,7 +689,13 @@ fn split_commands(cmd: &str) -> Vec<SimpleCommand> {
                 continue;
             }
             '<' => {
-                finish_word(&mut word, &mut in_word, &mut expect, &mut current, &mut heredocs);
+                finish_word(
+                    &mut word,
+                    &mut in_word,
+                    &mut expect,
+                    &mut current,
+                    &mut heredocs,
+                );
                 i += 1;
                 if chars.get(i) == Some(&'<') {
                     i += 1;
@@ -680,7 +717,13 @@ fn split_commands(cmd: &str) -> Vec<SimpleCommand> {
         }
         i += 1;
     }
-    finish_word(&mut word, &mut in_word, &mut expect, &mut current, &mut heredocs);
+    finish_word(
+        &mut word,
+        &mut in_word,
+        &mut expect,
+        &mut current,
+        &mut heredocs,
+    );
     out.push(current);
     out.retain(|c| !c.words.is_empty() || !c.redirects.is_empty());
     out
@@ -706,7 +749,14 @@ mod tests {
 
     #[test]
     fn regexes_compile() {
-        for re in [&PATCH_FILE, &DIFF_FILE, &FENCED, &SWE_OPEN_CREATE, &SWE_EDIT, &ENV_ASSIGNMENT] {
+        for re in [
+            &PATCH_FILE,
+            &DIFF_FILE,
+            &FENCED,
+            &SWE_OPEN_CREATE,
+            &SWE_EDIT,
+            &ENV_ASSIGNMENT,
+        ] {
             assert!(re.is_some());
         }
     }
@@ -718,7 +768,10 @@ mod tests {
             ("write", r#"{"file_path":"/b.go"}"#),
             ("edit", r#"{"path":"/c.go"}"#),
             ("patch", r#"{"file":"/d.go"}"#),
-            ("apply_patch", r#"{"input":"*** Begin Patch\n*** Update File: /e.go\n@@\n*** Add File: f.go\n*** End Patch"}"#),
+            (
+                "apply_patch",
+                r#"{"input":"*** Begin Patch\n*** Update File: /e.go\n@@\n*** Add File: f.go\n*** End Patch"}"#,
+            ),
         ]);
         assert_eq!(read, s(&["/a.go"]));
         assert_eq!(modified, s(&["/b.go", "/c.go", "/d.go", "/e.go", "f.go"]));
@@ -746,10 +799,22 @@ mod tests {
     #[test]
     fn str_replace_editor_commands() {
         let (read, modified) = track(&[
-            ("str_replace_editor", r#"{"command":"view","path":"/repo/a.py"}"#),
-            ("str_replace_editor", r#"{"command":"create","path":"/repo/b.py","file_text":"x"}"#),
-            ("str_replace_based_edit_tool", r#"{"command":"str_replace","path":"/repo/a.py"}"#),
-            ("str_replace_editor", r#"{"command":"insert","path":"/repo/c.py"}"#),
+            (
+                "str_replace_editor",
+                r#"{"command":"view","path":"/repo/a.py"}"#,
+            ),
+            (
+                "str_replace_editor",
+                r#"{"command":"create","path":"/repo/b.py","file_text":"x"}"#,
+            ),
+            (
+                "str_replace_based_edit_tool",
+                r#"{"command":"str_replace","path":"/repo/a.py"}"#,
+            ),
+            (
+                "str_replace_editor",
+                r#"{"command":"insert","path":"/repo/c.py"}"#,
+            ),
         ]);
         assert_eq!(read, s(&["/repo/a.py"]));
         assert_eq!(modified, s(&["/repo/b.py", "/repo/a.py", "/repo/c.py"]));
@@ -758,15 +823,38 @@ mod tests {
     #[test]
     fn shell_commands_by_regex_and_words() {
         let (read, modified) = track(&[
-            ("bash", r#"{"command":"cat src/main.rs | head -n 20 README.md && grep -rn 'fn main' src/lib.rs"}"#),
-            ("shell", r#"{"command":["bash","-lc","sed -i 's/a/b/' x.py; echo hi > out.txt 2>&1"]}"#),
-            ("Bash", r#"{"command":"tail -f log.txt; tee -a t.log < in.txt; touch new.rs; rm -rf build"}"#),
-            ("bash", r#"{"command":"mv a.txt b.txt && cp c.txt d.txt && echo x >> app.log 2>/dev/null"}"#),
-            ("bash", r#"{"command":"python run.py > /dev/null; ls -la; sed -n '1,5p' cfg.toml"}"#),
+            (
+                "bash",
+                r#"{"command":"cat src/main.rs | head -n 20 README.md && grep -rn 'fn main' src/lib.rs"}"#,
+            ),
+            (
+                "shell",
+                r#"{"command":["bash","-lc","sed -i 's/a/b/' x.py; echo hi > out.txt 2>&1"]}"#,
+            ),
+            (
+                "Bash",
+                r#"{"command":"tail -f log.txt; tee -a t.log < in.txt; touch new.rs; rm -rf build"}"#,
+            ),
+            (
+                "bash",
+                r#"{"command":"mv a.txt b.txt && cp c.txt d.txt && echo x >> app.log 2>/dev/null"}"#,
+            ),
+            (
+                "bash",
+                r#"{"command":"python run.py > /dev/null; ls -la; sed -n '1,5p' cfg.toml"}"#,
+            ),
         ]);
         assert_eq!(
             read,
-            s(&["src/main.rs", "README.md", "src/lib.rs", "log.txt", "in.txt", "c.txt", "cfg.toml"])
+            s(&[
+                "src/main.rs",
+                "README.md",
+                "src/lib.rs",
+                "log.txt",
+                "in.txt",
+                "c.txt",
+                "cfg.toml"
+            ])
         );
         assert_eq!(
             modified,
@@ -845,7 +933,11 @@ mod tests {
             "../../tests/fixtures/transcripts/swe-agent-function-calling-simple.json"
         ));
         assert_eq!(read, s(&["tests/missing_colon.py"]));
-        assert_eq!(modified, s(&["tests/missing_colon.py"]), "edit applies to the open file");
+        assert_eq!(
+            modified,
+            s(&["tests/missing_colon.py"]),
+            "edit applies to the open file"
+        );
 
         let (read, modified) = track_fixture(include_str!(
             "../../tests/fixtures/transcripts/swe-agent-marshmallow-function-calling.json"
@@ -862,7 +954,11 @@ mod tests {
         assert!(read.is_empty(), "{read:?}");
         assert_eq!(
             modified,
-            s(&["retrieve_random_numbers.py", "get_seed.py", "recover_flag.py"])
+            s(&[
+                "retrieve_random_numbers.py",
+                "get_seed.py",
+                "recover_flag.py"
+            ])
         );
         let (_, modified) = track_fixture(include_str!(
             "../../tests/fixtures/transcripts/swe-agent-ctf-web.json"

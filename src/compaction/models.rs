@@ -159,7 +159,11 @@ mod tests {
     fn aggregator_prefixes_are_retried_without_the_provider() {
         let t = table(&[("gpt-4o*", 128_000), ("*qwen3*", 131_072)]);
         assert_eq!(t.lookup("openai/gpt-4o"), Some(128_000));
-        assert_eq!(t.lookup("qwen/qwen3-coder"), Some(131_072), "full name matches first");
+        assert_eq!(
+            t.lookup("qwen/qwen3-coder"),
+            Some(131_072),
+            "full name matches first"
+        );
         assert_eq!(t.lookup("x/unknown"), None);
     }
 

@@ -157,8 +157,8 @@ impl Engine {
     /// of backends in that chain, so a primary that times out still leaves its fallbacks time.
     pub fn new(config: &Config, summarizer: Arc<dyn Summarizer>) -> Engine {
         let attempt_timeout = config.summarizer_timeout();
-        let backends = u32::try_from(config.summarizer.fallback.len().saturating_add(1))
-            .unwrap_or(u32::MAX);
+        let backends =
+            u32::try_from(config.summarizer.fallback.len().saturating_add(1)).unwrap_or(u32::MAX);
         Engine {
             config: config.compaction.clone(),
             models: ModelTable::new(&config.models, config.compaction.default_context_window),
@@ -222,9 +222,11 @@ impl Engine {
             .fixed_tokens
             .saturating_add(head_tokens)
             .saturating_add(summary_reserve);
-        let turn_max_tokens = limits.token_threshold.saturating_sub(others).saturating_sub(1);
-        let turn_max_messages = limits.max_messages.saturating_sub(head + 1);
-        // Leave the conversation room to grow before the message trigger fires again.
+        // The latest user turn is kept verbatim only if the rewrite then lands at or below half
+        // of each trigger, leaving the conversation room to grow before the next compaction;
+        // the same goes for the number of messages the budget walk may keep.
+        let turn_max_tokens = (limits.token_threshold / 2).saturating_sub(others);
+        let turn_max_messages = (limits.max_messages / 2).saturating_sub(head + 1);
         let tail_cap = (limits.max_messages / 2).max(1);
 
         let mut tracker = match input.prior {
@@ -251,7 +253,13 @@ impl Engine {
             };
             slice.iter().for_each(|m| tracker.observe_message(m));
             let summary = match self
-                .summarize(slice, prior_summary.as_deref(), &tracker, &input, compaction_num)
+                .summarize(
+                    slice,
+                    prior_summary.as_deref(),
+                    &tracker,
+                    &input,
+                    compaction_num,
+                )
                 .await
             {
                 Ok(s) => s,
@@ -272,7 +280,9 @@ impl Engine {
                 }
                 break;
             }
-            let still_over = limits.check(head + 1 + (n - boundary), post).is_some();
+            let still_over = limits
+                .check(head + 1 + n.saturating_sub(boundary), post)
+                .is_some();
             best = Some(Compaction {
                 head,
                 boundary,
@@ -290,7 +300,11 @@ impl Engine {
             if !still_over {
                 break;
             }
-            tracing::debug!(attempt, post, "compacted request still over the limit; retrying");
+            tracing::debug!(
+                attempt,
+                post,
+                "compacted request still over the limit; retrying"
+            );
             done = boundary;
             prior_summary = Some(summary);
         }
@@ -431,8 +445,8 @@ impl Compactor {
                     trigger = trigger.label(),
                     pre_tokens = result.pre_tokens,
                     post_tokens = result.post_tokens,
-                    compacted_messages = compaction.boundary - compaction.head,
-                    kept_messages = peek.message_count - compaction.boundary,
+                    compacted_messages = compaction.boundary.saturating_sub(compaction.head),
+                    kept_messages = peek.message_count.saturating_sub(compaction.boundary),
                     attempts = compaction.attempts,
                     "request compacted"
                 );
@@ -496,8 +510,7 @@ mod tests {
     use super::*;
     use crate::compaction::mask::MASKED_OUTPUT;
     use crate::compaction::testing::{
-        body, caller, check_openai_pairing, compactions, compactor, config, FakeSummarizer,
-        Reply,
+        body, caller, check_openai_pairing, compactions, compactor, config, FakeSummarizer, Reply,
     };
     use crate::compaction::transcript::tests::{call, text};
     use crate::compaction::transcript::Role;
@@ -530,7 +543,13 @@ mod tests {
     async fn below_both_triggers_nothing_happens() {
         let fake = FakeSummarizer::text("S");
         let (c, metrics) = compactor(&config(SMALL), fake.clone());
-        let out = c.process(DialectKind::ChatCompletions, &body("tiny", chat(4)), &caller()).await;
+        let out = c
+            .process(
+                DialectKind::ChatCompletions,
+                &body("tiny", chat(4)),
+                &caller(),
+            )
+            .await;
         assert!(matches!(out, Outcome::Unchanged));
         assert!(fake.requests().is_empty());
         assert_eq!(metrics.request_tokens_estimated.get_sample_count(), 1);
@@ -543,9 +562,18 @@ mod tests {
         let (c, metrics) = compactor(&config(SMALL), fake.clone());
         let original = chat(12);
         let out = c
-            .process(DialectKind::ChatCompletions, &body("tiny", original.clone()), &caller())
+            .process(
+                DialectKind::ChatCompletions,
+                &body("tiny", original.clone()),
+                &caller(),
+            )
             .await;
-        let Outcome::Rewritten { body, result, trigger } = out else {
+        let Outcome::Rewritten {
+            body,
+            result,
+            trigger,
+        } = out
+        else {
             panic!("expected a rewrite, got {out:?}");
         };
         assert_eq!(trigger, Trigger::Messages);
@@ -559,7 +587,11 @@ mod tests {
         assert!(summary.starts_with(crate::compaction::prompt::SUMMARY_INTRO));
         assert!(summary.contains("The user chatted."));
         let tail = &messages[2..];
-        assert_eq!(tail, &original[original.len() - tail.len()..], "tail verbatim");
+        assert_eq!(
+            tail,
+            &original[original.len() - tail.len()..],
+            "tail verbatim"
+        );
         assert!(messages.len() <= 10);
         assert_eq!(compactions(&metrics, "messages", "compacted"), 1);
         assert_eq!(
@@ -585,17 +617,53 @@ mod tests {
                 json!({"role": role, "content": "y".repeat(800)})
             })
             .collect();
-        let out = c.process(DialectKind::ChatCompletions, &body("tiny", messages.clone()), &caller()).await;
-        assert!(matches!(out, Outcome::Rewritten { trigger: Trigger::Tokens, .. }), "{out:?}");
+        let out = c
+            .process(
+                DialectKind::ChatCompletions,
+                &body("tiny", messages.clone()),
+                &caller(),
+            )
+            .await;
+        assert!(
+            matches!(
+                out,
+                Outcome::Rewritten {
+                    trigger: Trigger::Tokens,
+                    ..
+                }
+            ),
+            "{out:?}"
+        );
         assert_eq!(compactions(&metrics, "tokens", "compacted"), 1);
 
         // The same request for an unknown model (128k default window) is left alone...
-        let out = c.process(DialectKind::ChatCompletions, &body("other", messages[..2].to_vec()), &caller()).await;
+        let out = c
+            .process(
+                DialectKind::ChatCompletions,
+                &body("other", messages[..2].to_vec()),
+                &caller(),
+            )
+            .await;
         assert!(matches!(out, Outcome::Unchanged));
         // ...and a small one trips the trigger once its output reservation is counted.
         let b = json!({"model": "tiny", "max_completion_tokens": 400, "messages": messages[..4]});
-        let out = c.process(DialectKind::ChatCompletions, b.to_string().as_bytes(), &caller()).await;
-        assert!(matches!(out, Outcome::Rewritten { trigger: Trigger::Tokens, .. }), "{out:?}");
+        let out = c
+            .process(
+                DialectKind::ChatCompletions,
+                b.to_string().as_bytes(),
+                &caller(),
+            )
+            .await;
+        assert!(
+            matches!(
+                out,
+                Outcome::Rewritten {
+                    trigger: Trigger::Tokens,
+                    ..
+                }
+            ),
+            "{out:?}"
+        );
     }
 
     #[tokio::test]
@@ -603,7 +671,13 @@ mod tests {
         for (reply, outcome) in [(Reply::Error, "failed"), (Reply::Blank, "blank")] {
             let fake = FakeSummarizer::new(vec![reply]);
             let (c, metrics) = compactor(&config(SMALL), fake);
-            let out = c.process(DialectKind::ChatCompletions, &body("tiny", chat(12)), &caller()).await;
+            let out = c
+                .process(
+                    DialectKind::ChatCompletions,
+                    &body("tiny", chat(12)),
+                    &caller(),
+                )
+                .await;
             assert!(matches!(out, Outcome::Failed));
             assert_eq!(compactions(&metrics, "messages", outcome), 1, "{outcome}");
             assert_eq!(metrics.tokens_saved.get(), 0);
@@ -616,7 +690,13 @@ mod tests {
         let cfg = config(&format!("{SMALL}[summarizer]\ntimeout_secs = 0.05\n"));
         let (c, metrics) = compactor(&cfg, fake);
         let started = Instant::now();
-        let out = c.process(DialectKind::ChatCompletions, &body("tiny", chat(12)), &caller()).await;
+        let out = c
+            .process(
+                DialectKind::ChatCompletions,
+                &body("tiny", chat(12)),
+                &caller(),
+            )
+            .await;
         assert!(matches!(out, Outcome::Failed));
         assert!(started.elapsed() < Duration::from_secs(5));
         assert_eq!(compactions(&metrics, "messages", "failed"), 1);
@@ -634,17 +714,29 @@ mod tests {
     async fn bodies_it_does_not_understand_pass_through_uncounted() {
         let fake = FakeSummarizer::text("S");
         let (c, metrics) = compactor(&config(SMALL), fake.clone());
-        for b in [&b"not json"[..], b"{\"model\":\"tiny\"}", b"[1,2]", b"{\"messages\": 5}"] {
+        for b in [
+            &b"not json"[..],
+            b"{\"model\":\"tiny\"}",
+            b"[1,2]",
+            b"{\"messages\": 5}",
+        ] {
             let out = c.process(DialectKind::ChatCompletions, b, &caller()).await;
             assert!(matches!(out, Outcome::Unchanged));
         }
         let big = body("tiny", chat(40));
         for d in [DialectKind::Messages, DialectKind::Responses] {
-            assert!(matches!(c.process(d, &big, &caller()).await, Outcome::Unchanged));
+            assert!(matches!(
+                c.process(d, &big, &caller()).await,
+                Outcome::Unchanged
+            ));
         }
         let disabled = config("[compaction]\nenabled = false\nmax_messages = 10\n");
         let (off, _) = compactor(&disabled, fake.clone());
-        assert!(matches!(off.process(DialectKind::ChatCompletions, &big, &caller()).await, Outcome::Unchanged));
+        assert!(matches!(
+            off.process(DialectKind::ChatCompletions, &big, &caller())
+                .await,
+            Outcome::Unchanged
+        ));
         assert!(fake.requests().is_empty());
         assert_eq!(compactions(&metrics, "messages", "failed"), 0);
     }
@@ -655,7 +747,9 @@ mod tests {
         let (c, metrics) = compactor(&config(SMALL), fake);
         let mut m = chat(12);
         m[3] = json!({"role": "narrator", "content": "?"});
-        let out = c.process(DialectKind::ChatCompletions, &body("tiny", m), &caller()).await;
+        let out = c
+            .process(DialectKind::ChatCompletions, &body("tiny", m), &caller())
+            .await;
         assert!(matches!(out, Outcome::Failed));
         assert_eq!(compactions(&metrics, "messages", "failed"), 1);
     }
@@ -664,7 +758,13 @@ mod tests {
     async fn a_summary_that_would_grow_the_request_is_not_used() {
         let fake = FakeSummarizer::text(&"long ".repeat(2_000));
         let (c, metrics) = compactor(&config(SMALL), fake);
-        let out = c.process(DialectKind::ChatCompletions, &body("tiny", chat(12)), &caller()).await;
+        let out = c
+            .process(
+                DialectKind::ChatCompletions,
+                &body("tiny", chat(12)),
+                &caller(),
+            )
+            .await;
         assert!(matches!(out, Outcome::Failed));
         assert_eq!(compactions(&metrics, "messages", "failed"), 1);
     }
@@ -677,7 +777,9 @@ mod tests {
             json!({"role": "system", "content": "s"}),
             json!({"role": "user", "content": "z".repeat(5_000)}),
         ];
-        let out = c.process(DialectKind::ChatCompletions, &body("tiny", m), &caller()).await;
+        let out = c
+            .process(DialectKind::ChatCompletions, &body("tiny", m), &caller())
+            .await;
         assert!(matches!(out, Outcome::Failed));
         assert_eq!(compactions(&metrics, "tokens", "failed"), 1);
         assert!(fake.requests().is_empty());
@@ -694,7 +796,11 @@ mod tests {
             let id = format!("call_{i}");
             m.push(Message::new(
                 Role::Assistant,
-                vec![call(&id, "bash", &format!("{{\"command\":\"cat f{i}.rs\"}}"))],
+                vec![call(
+                    &id,
+                    "bash",
+                    &format!("{{\"command\":\"cat f{i}.rs\"}}"),
+                )],
             ));
             let mut r = Message::tool_result(Some(id), format!("output {i} {}", "o".repeat(size)));
             r.tool_name = None;
@@ -738,11 +844,19 @@ mod tests {
             .await
             .expect("compacts");
         let requests = fake.requests();
-        assert_eq!(c.attempts, COMPACTION_CIRCUIT_BREAKER_THRESHOLD, "stops after three");
+        assert_eq!(
+            c.attempts, COMPACTION_CIRCUIT_BREAKER_THRESHOLD,
+            "stops after three"
+        );
         assert_eq!(requests.len() as u32, c.attempts);
-        assert!(c.result.summary.starts_with('c'), "the last refinement is used");
+        assert!(
+            c.result.summary.starts_with('c'),
+            "the last refinement is used"
+        );
         // Later attempts refine the earlier summary and only carry the additional turns.
-        assert!(requests[1].prompt.contains(&format!("<prior-summary>\n{}", "a".repeat(1_200))));
+        assert!(requests[1]
+            .prompt
+            .contains(&format!("<prior-summary>\n{}", "a".repeat(1_200))));
         assert!(!requests[1].prompt.contains("fix the bug"));
         assert_eq!(c.head, 1);
         assert_eq!(t.messages[c.boundary].role, Role::Assistant);
@@ -813,12 +927,18 @@ mod tests {
         assert_eq!(r.compaction_num, 3);
         assert_eq!(r.prior_summary.as_deref(), Some("earlier work"));
         assert_eq!(r.instructions.as_deref(), Some("focus on the parser"));
-        assert!(r.prompt.contains("<prior-summary>\nearlier work\n</prior-summary>"));
+        assert!(r
+            .prompt
+            .contains("<prior-summary>\nearlier work\n</prior-summary>"));
         assert!(r.prompt.contains("focus on the parser"));
         assert!(r.prompt.contains("<read-files>\nold.rs\nf0.rs\n"));
         let masked = r.prompt.matches(MASKED_OUTPUT).count();
         let results = r.prompt.matches("[tool_result: bash = ").count();
-        assert_eq!(results - masked, PRESERVE_RECENT_OUTPUTS, "{masked} of {results} masked");
+        assert_eq!(
+            results - masked,
+            PRESERVE_RECENT_OUTPUTS,
+            "{masked} of {results} masked"
+        );
         assert!(masked > 0);
         assert!(c.summary_message.contains("- changed.rs"));
     }
@@ -828,26 +948,55 @@ mod tests {
         let fake = FakeSummarizer::text("s");
         let e = engine("[compaction]\nmask_observations = false\n", fake.clone());
         let t = agentic(12, 100);
-        let limits = Limits { context_window: 128_000, reserved_output: 0, token_threshold: 0, max_messages: 4 };
-        e.compact(CompactionInput { transcript: &t, model: None, limits, fixed_tokens: 0, prior: None, instructions: None, caller: &caller() })
-            .await
-            .expect("compacts");
+        let limits = Limits {
+            context_window: 128_000,
+            reserved_output: 0,
+            token_threshold: 0,
+            max_messages: 4,
+        };
+        e.compact(CompactionInput {
+            transcript: &t,
+            model: None,
+            limits,
+            fixed_tokens: 0,
+            prior: None,
+            instructions: None,
+            caller: &caller(),
+        })
+        .await
+        .expect("compacts");
         assert!(!fake.requests()[0].prompt.contains(MASKED_OUTPUT));
     }
 
     #[tokio::test]
     async fn the_prompt_is_fitted_to_the_summarizers_window() {
         let fake = FakeSummarizer::text("s");
-        let toml = "[models.small]\ncontext_window = 3000\n[summarizer.openai]\nmax_tokens = 1000\n";
+        let toml =
+            "[models.small]\ncontext_window = 3000\n[summarizer.openai]\nmax_tokens = 1000\n";
         let e = engine(toml, fake.clone());
         let t = agentic(40, 3_000);
-        let limits = Limits { context_window: 3_000, reserved_output: 0, token_threshold: 0, max_messages: 4 };
-        e.compact(CompactionInput { transcript: &t, model: Some("small"), limits, fixed_tokens: 0, prior: None, instructions: None, caller: &caller() })
-            .await
-            .expect("compacts");
+        let limits = Limits {
+            context_window: 3_000,
+            reserved_output: 0,
+            token_threshold: 0,
+            max_messages: 4,
+        };
+        e.compact(CompactionInput {
+            transcript: &t,
+            model: Some("small"),
+            limits,
+            fixed_tokens: 0,
+            prior: None,
+            instructions: None,
+            caller: &caller(),
+        })
+        .await
+        .expect("compacts");
         let r = &fake.requests()[0];
         assert!(e.estimator().text(&r.prompt) <= 2_000);
-        assert!(r.prompt.contains("earlier turns omitted to fit the summarizer's context window"));
+        assert!(r
+            .prompt
+            .contains("earlier turns omitted to fit the summarizer's context window"));
         assert_eq!(r.max_output_tokens, 1_000);
     }
 
@@ -855,11 +1004,15 @@ mod tests {
     async fn fixture_replay_keeps_every_rewrite_valid() {
         let fixtures = [
             include_str!("../../tests/fixtures/transcripts/swe-agent-function-calling-simple.json"),
-            include_str!("../../tests/fixtures/transcripts/swe-agent-marshmallow-function-calling.json"),
+            include_str!(
+                "../../tests/fixtures/transcripts/swe-agent-marshmallow-function-calling.json"
+            ),
             include_str!("../../tests/fixtures/transcripts/swe-agent-ctf-katy.json"),
             include_str!("../../tests/fixtures/transcripts/swe-agent-ctf-web.json"),
         ];
-        let cfg = config("[compaction]\nmax_messages = 6\nmin_preserve_tokens = 50\nmax_preserve_tokens = 400\n");
+        let cfg = config(
+            "[compaction]\nmax_messages = 6\nmin_preserve_tokens = 50\nmax_preserve_tokens = 400\n",
+        );
         let fake = FakeSummarizer::text("Summary of the work so far.");
         let (c, metrics) = compactor(&cfg, fake);
         let mut rewritten = 0;
@@ -871,7 +1024,10 @@ mod tests {
                     continue; // a client sends a request after a user turn or tool results
                 }
                 let req = body("gpt-4o", all[..n].to_vec());
-                match c.process(DialectKind::ChatCompletions, &req, &caller()).await {
+                match c
+                    .process(DialectKind::ChatCompletions, &req, &caller())
+                    .await
+                {
                     Outcome::Rewritten { body, result, .. } => {
                         rewritten += 1;
                         let out = messages_of(&body);

@@ -30,13 +30,22 @@ pub const TRUNCATION_MARKER: &str = " [...truncated]";
 /// The nine summary sections of the seed, in order: (name, what goes in it).
 pub const SUMMARY_SECTIONS: [(&str, &str); 9] = [
     ("Primary Request and Intent", "User's ultimate goal"),
-    ("Key Technical Concepts", "Architecture, patterns, decisions"),
-    ("Files and Code Sections", "Paths, functions, code discussed/modified"),
+    (
+        "Key Technical Concepts",
+        "Architecture, patterns, decisions",
+    ),
+    (
+        "Files and Code Sections",
+        "Paths, functions, code discussed/modified",
+    ),
     ("Errors and fixes", "Problems and solutions"),
     ("Problem Solving", "Key decisions and rationale"),
     ("All user messages", "Every user instruction, in order"),
     ("Pending Tasks", "Remaining work"),
-    ("Current Work", "What was being worked on at compaction time"),
+    (
+        "Current Work",
+        "What was being worked on at compaction time",
+    ),
     ("Optional Next Step", "Most logical next action"),
 ];
 
@@ -415,7 +424,10 @@ mod tests {
                 EntryPart::ToolResult { output, .. } => output.chars().count(),
             })
             .collect();
-        assert_eq!(lens, vec![2_000 + marker, 500 + marker, 2_000 + marker, 2_000]);
+        assert_eq!(
+            lens,
+            vec![2_000 + marker, 500 + marker, 2_000 + marker, 2_000]
+        );
     }
 
     #[test]
@@ -425,7 +437,10 @@ mod tests {
             text(Role::User, "fix it"),
             Message::new(
                 Role::Assistant,
-                vec![Part::Text("looking".into()), call("c1", "read", "{\"path\":\"a.rs\"}")],
+                vec![
+                    Part::Text("looking".into()),
+                    call("c1", "read", "{\"path\":\"a.rs\"}"),
+                ],
             ),
             Message::tool_result(Some("c1".into()), "fn main() {}"),
         ]);
@@ -503,7 +518,9 @@ mod tests {
         ];
         let mut at = 0;
         for piece in order {
-            let found = p[at..].find(piece).unwrap_or_else(|| panic!("{piece:?} in\n{p}"));
+            let found = p[at..]
+                .find(piece)
+                .unwrap_or_else(|| panic!("{piece:?} in\n{p}"));
             at += found + piece.len();
         }
         assert_eq!(built.omitted, 0);

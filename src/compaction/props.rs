@@ -42,8 +42,12 @@ fn text(max: usize) -> impl Strategy<Value = String> {
 }
 
 fn turn() -> impl Strategy<Value = Turn> {
-    let user = (text(400), any::<bool>(), any::<bool>())
-        .prop_map(|(text, as_parts, image)| Turn::User { text, as_parts, image });
+    let user =
+        (text(400), any::<bool>(), any::<bool>()).prop_map(|(text, as_parts, image)| Turn::User {
+            text,
+            as_parts,
+            image,
+        });
     let assistant = (text(400), proptest::option::of(text(100)))
         .prop_map(|(text, reasoning)| Turn::Assistant { text, reasoning });
     let tools = (
@@ -81,7 +85,10 @@ fn turn() -> impl Strategy<Value = Turn> {
 fn extra(v: &mut Value, tag: usize) {
     if tag % 3 == 0 {
         if let Some(o) = v.as_object_mut() {
-            o.insert("x_vendor".into(), json!({"tag": tag, "list": [1, "two", null]}));
+            o.insert(
+                "x_vendor".into(),
+                json!({"tag": tag, "list": [1, "two", null]}),
+            );
         }
     }
 }
@@ -96,9 +103,15 @@ fn render(systems: &[String], turns: &[Turn]) -> Vec<Value> {
     let mut next_id = 0;
     for (k, t) in turns.iter().enumerate() {
         match t {
-            Turn::User { text, as_parts, image } => {
+            Turn::User {
+                text,
+                as_parts,
+                image,
+            } => {
                 let mut m = if *as_parts {
-                    let mut parts = vec![json!({"type": "text", "text": text, "cache_control": {"type": "ephemeral"}})];
+                    let mut parts = vec![
+                        json!({"type": "text", "text": text, "cache_control": {"type": "ephemeral"}}),
+                    ];
                     if *image {
                         parts.push(json!({"type": "image_url", "image_url": {"url": "https://example.com/i.png"}}));
                     }
@@ -136,7 +149,8 @@ fn render(systems: &[String], turns: &[Turn]) -> Vec<Value> {
                 extra(&mut m, k);
                 out.push(m);
                 for &j in order {
-                    let mut r = json!({"role": "tool", "tool_call_id": ids[j], "content": calls[j].2});
+                    let mut r =
+                        json!({"role": "tool", "tool_call_id": ids[j], "content": calls[j].2});
                     extra(&mut r, k + j);
                     out.push(r);
                 }
@@ -177,7 +191,16 @@ fn case() -> impl Strategy<Value = Case> {
         200usize..1_500,
     )
         .prop_map(
-            |(systems, turns, model, max_tokens, key_order, max_messages, min_preserve, max_preserve)| Case {
+            |(
+                systems,
+                turns,
+                model,
+                max_tokens,
+                key_order,
+                max_messages,
+                min_preserve,
+                max_preserve,
+            )| Case {
                 systems,
                 turns,
                 model,
@@ -195,10 +218,16 @@ fn request(case: &Case, messages: &[Value]) -> Vec<u8> {
         ("model", json!(case.model)),
         ("messages", json!(messages)),
         ("stream", json!(true)),
-        ("tools", json!([{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}])),
+        (
+            "tools",
+            json!([{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]),
+        ),
         ("x_vendor_top", json!({"b": 1, "a": [true, 2.5]})),
         ("response_format", json!({"type": "text"})),
-        ("max_tokens", case.max_tokens.map_or(Value::Null, |t| json!(t))),
+        (
+            "max_tokens",
+            case.max_tokens.map_or(Value::Null, |t| json!(t)),
+        ),
     ];
     let mut out = String::from("{");
     for (n, &i) in case.key_order.iter().enumerate() {
@@ -216,7 +245,11 @@ fn request(case: &Case, messages: &[Value]) -> Vec<u8> {
 
 fn raw_messages(body: &[u8]) -> Vec<String> {
     let fields = top_level_fields(body).unwrap_or_default();
-    let raw = fields.iter().find(|(k, _)| k == "messages").map(|(_, v)| v.get()).unwrap_or("[]");
+    let raw = fields
+        .iter()
+        .find(|(k, _)| k == "messages")
+        .map(|(_, v)| v.get())
+        .unwrap_or("[]");
     let list: Vec<&RawValue> = serde_json::from_str(raw).unwrap_or_default();
     list.iter().map(|r| r.get().to_string()).collect()
 }
@@ -256,12 +289,20 @@ fn rewritten_requests_stay_valid_verbatim_and_smaller() {
 
         // The hot path's estimate is the full parse's estimate, which is the parts' estimate.
         let parsed = chat::parse(&body).map_err(|e| TestCaseError::fail(e.to_string()))?;
-        ensure(parsed.tokens() == before.tokens, "peek and parse estimates agree")?;
+        ensure(
+            parsed.tokens() == before.tokens,
+            "peek and parse estimates agree",
+        )?;
         for m in &parsed.transcript.messages {
-            ensure(est.message(m) == m.tokens, format!("parts estimate of {m:?}"))?;
+            ensure(
+                est.message(m) == m.tokens,
+                format!("parts estimate of {m:?}"),
+            )?;
         }
 
-        let due = c.engine().limits(before.model.as_deref(), before.requested_output)
+        let due = c
+            .engine()
+            .limits(before.model.as_deref(), before.requested_output)
             .check(before.message_count, before.tokens)
             .is_some();
         let outcome = rt.block_on(c.process(DialectKind::ChatCompletions, &body, &caller()));
@@ -271,7 +312,9 @@ fn rewritten_requests_stay_valid_verbatim_and_smaller() {
                 ensure(due, "failure without a trigger")?;
                 triggered.set(triggered.get() + 1);
             }
-            Outcome::Rewritten { body: out, result, .. } => {
+            Outcome::Rewritten {
+                body: out, result, ..
+            } => {
                 ensure(due, "rewrite without a trigger")?;
                 triggered.set(triggered.get() + 1);
                 rewritten.set(rewritten.get() + 1);
@@ -294,14 +337,20 @@ fn rewritten_requests_stay_valid_verbatim_and_smaller() {
                     .count();
                 ensure(new.len() >= head + 2, "head + summary + tail")?;
                 ensure(new[..head] == orig[..head], "system messages kept verbatim")?;
-                let summary: Value = serde_json::from_str(&new[head]).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                let summary: Value = serde_json::from_str(&new[head])
+                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
                 ensure(summary["role"] == "user", "summary is a user message")?;
                 ensure(
-                    summary["content"].as_str().is_some_and(|s| s.starts_with(SUMMARY_INTRO)),
+                    summary["content"]
+                        .as_str()
+                        .is_some_and(|s| s.starts_with(SUMMARY_INTRO)),
                     "summary introduced",
                 )?;
                 let tail = &new[head + 1..];
-                ensure(tail == &orig[orig.len() - tail.len()..], "tail byte-identical")?;
+                ensure(
+                    tail == &orig[orig.len() - tail.len()..],
+                    "tail byte-identical",
+                )?;
                 ensure(tail.len() < orig.len() - head, "something was compacted")?;
                 // Valid for OpenAI.
                 let values: Vec<Value> = new
@@ -310,9 +359,16 @@ fn rewritten_requests_stay_valid_verbatim_and_smaller() {
                     .collect();
                 check_openai_pairing(&values).map_err(TestCaseError::fail)?;
                 // Smaller, and the reported figures are the estimates of the bodies.
-                let after = chat::peek(&out, &est).map_err(|e| TestCaseError::fail(e.to_string()))?;
-                ensure(after.tokens == result.post_tokens, "post_tokens is the rewrite's estimate")?;
-                ensure(before.tokens == result.pre_tokens, "pre_tokens is the original's estimate")?;
+                let after =
+                    chat::peek(&out, &est).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                ensure(
+                    after.tokens == result.post_tokens,
+                    "post_tokens is the rewrite's estimate",
+                )?;
+                ensure(
+                    before.tokens == result.pre_tokens,
+                    "pre_tokens is the original's estimate",
+                )?;
                 ensure(after.tokens < before.tokens, "rewrite is smaller")?;
             }
         }
@@ -321,8 +377,96 @@ fn rewritten_requests_stay_valid_verbatim_and_smaller() {
     if let Err(e) = result {
         panic!("{e}");
     }
-    eprintln!("triggered {}, rewritten {}", triggered.get(), rewritten.get());
+    eprintln!(
+        "triggered {}, rewritten {}",
+        triggered.get(),
+        rewritten.get()
+    );
     // The generator must exercise the interesting path, not only pass-through.
     assert!(triggered.get() > 100, "triggered {}", triggered.get());
-    assert!(rewritten.get() * 10 > triggered.get() * 8, "rewritten {} of {}", rewritten.get(), triggered.get());
+    assert!(
+        rewritten.get() * 10 > triggered.get() * 8,
+        "rewritten {} of {}",
+        rewritten.get(),
+        triggered.get()
+    );
+}
+
+/// Arbitrary JSON, with chat-like keys likely.
+fn any_json() -> impl Strategy<Value = Value> {
+    let key = prop_oneof![
+        Just("role".to_string()),
+        Just("content".to_string()),
+        Just("messages".to_string()),
+        Just("tool_calls".to_string()),
+        Just("tool_call_id".to_string()),
+        Just("type".to_string()),
+        Just("function".to_string()),
+        Just("arguments".to_string()),
+        Just("image_url".to_string()),
+        Just("model".to_string()),
+        Just("max_tokens".to_string()),
+        "[a-z]{1,6}",
+    ];
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::from),
+        any::<i64>().prop_map(Value::from),
+        any::<f64>().prop_map(|f| json!(f)),
+        prop_oneof![
+            Just("user".to_string()),
+            Just("assistant".to_string()),
+            Just("tool".to_string()),
+            Just("system".to_string()),
+            Just("text".to_string()),
+            Just("image_url".to_string()),
+            ".{0,20}"
+        ]
+        .prop_map(Value::from),
+    ];
+    leaf.prop_recursive(5, 200, 12, move |inner| {
+        prop_oneof![
+            proptest::collection::vec(inner.clone(), 0..12).prop_map(Value::from),
+            proptest::collection::vec((key.clone(), inner), 0..8)
+                .prop_map(|kv| Value::Object(kv.into_iter().collect())),
+        ]
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    /// Whatever arrives, `process` answers (no panic) and never rewrites what it cannot read.
+    #[test]
+    fn process_never_panics_on_arbitrary_bodies(
+        messages in proptest::collection::vec(any_json(), 0..30),
+        junk in proptest::collection::vec(any::<u8>(), 0..64),
+        cut in any::<proptest::sample::Index>(),
+    ) {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap_or_else(|e| panic!("runtime: {e}"));
+        let cfg = config("[compaction]\nmax_messages = 3\nmin_preserve_tokens = 1\nmax_preserve_tokens = 10\n");
+        let (c, _) = compactor(&cfg, FakeSummarizer::text("s"));
+        let body = json!({"model": "gpt-4o", "messages": messages}).to_string().into_bytes();
+        let truncated = &body[..cut.index(body.len() + 1)];
+        for b in [&body[..], truncated, &junk[..]] {
+            let out = rt.block_on(c.process(DialectKind::ChatCompletions, b, &caller()));
+            if let Outcome::Rewritten { body: out, .. } = out {
+                prop_assert!(serde_json::from_slice::<Value>(&out).is_ok());
+            }
+        }
+    }
+
+    /// The file tracker accepts any command line or argument string.
+    #[test]
+    fn file_tracking_never_panics(command in ".{0,200}", name in "[a-zA-Z_]{1,12}") {
+        let mut t = super::files::FileTracker::new();
+        t.observe_command(&command);
+        t.observe_text(&command);
+        t.observe_tool_call(&name, &command);
+        t.observe_tool_call("bash", &json!({"command": command}).to_string());
+        prop_assert!(t.read_files().iter().all(|p| !p.is_empty()));
+    }
 }

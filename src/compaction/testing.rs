@@ -73,7 +73,9 @@ impl Summarizer for FakeSummarizer {
             };
             match reply {
                 Reply::Text(t) => Ok(Summary { text: t }),
-                Reply::Blank => Ok(Summary { text: " \n\t".into() }),
+                Reply::Blank => Ok(Summary {
+                    text: " \n\t".into(),
+                }),
                 Reply::Error => Err(SummarizeError::Transport("connection refused".into())),
                 Reply::Hang => std::future::pending().await,
             }
@@ -90,7 +92,10 @@ pub(crate) fn config(toml: &str) -> Config {
 }
 
 /// A compactor over `summarizer` with its own metrics.
-pub(crate) fn compactor(config: &Config, summarizer: Arc<FakeSummarizer>) -> (Compactor, Arc<Metrics>) {
+pub(crate) fn compactor(
+    config: &Config,
+    summarizer: Arc<FakeSummarizer>,
+) -> (Compactor, Arc<Metrics>) {
     let metrics = Arc::new(Metrics::new().unwrap_or_else(|e| panic!("metrics: {e}")));
     (Compactor::new(config, summarizer, metrics.clone()), metrics)
 }
@@ -101,7 +106,9 @@ pub(crate) fn caller() -> Caller {
 
 /// A chat request body of `model` with `messages`.
 pub(crate) fn body(model: &str, messages: Vec<Value>) -> Vec<u8> {
-    json!({"model": model, "messages": messages}).to_string().into_bytes()
+    json!({"model": model, "messages": messages})
+        .to_string()
+        .into_bytes()
 }
 
 /// The value of `compactor_compactions_total{trigger,outcome}`.
@@ -121,7 +128,9 @@ pub(crate) fn check_openai_pairing(messages: &[Value]) -> Result<(), String> {
         let m = &messages[i];
         let role = m["role"].as_str().unwrap_or("");
         if role == "tool" {
-            return Err(format!("tool message {i} does not follow an assistant with tool_calls"));
+            return Err(format!(
+                "tool message {i} does not follow an assistant with tool_calls"
+            ));
         }
         i += 1;
         if role != "assistant" {
@@ -141,7 +150,9 @@ pub(crate) fn check_openai_pairing(messages: &[Value]) -> Result<(), String> {
             i += 1;
         }
         if let Some(missing) = ids.iter().find(|id| !answered.contains(id)) {
-            return Err(format!("call {missing:?} of message before {i} is unanswered"));
+            return Err(format!(
+                "call {missing:?} of message before {i} is unanswered"
+            ));
         }
     }
     Ok(())

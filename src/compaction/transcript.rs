@@ -254,20 +254,34 @@ pub(crate) mod tests {
         // Reused ids (as in the marshmallow fixture) pair with the latest call.
         let t = Transcript::new(vec![
             text(Role::User, "go"),
-            Message::new(Role::Assistant, vec![call("c1", "bash", "{}"), call("c2", "read", "{}")]),
+            Message::new(
+                Role::Assistant,
+                vec![call("c1", "bash", "{}"), call("c2", "read", "{}")],
+            ),
             Message::tool_result(Some("c2".into()), "two"),
             Message::tool_result(Some("c1".into()), "one"),
             Message::new(Role::Assistant, vec![call("c1", "edit", "{}")]),
             Message::tool_result(Some("c1".into()), "again"),
             Message::tool_result(Some("zz".into()), "orphan"),
         ]);
-        assert_eq!(t.pairs(), vec![None, None, Some(1), Some(1), None, Some(4), None]);
+        assert_eq!(
+            t.pairs(),
+            vec![None, None, Some(1), Some(1), None, Some(4), None]
+        );
         let mut t = t;
         t.resolve_tool_names();
         let names: Vec<_> = t.messages.iter().map(|m| m.tool_name.as_deref()).collect();
         assert_eq!(
             names,
-            vec![None, None, Some("read"), Some("bash"), None, Some("edit"), None]
+            vec![
+                None,
+                None,
+                Some("read"),
+                Some("bash"),
+                None,
+                Some("edit"),
+                None
+            ]
         );
     }
 
@@ -293,7 +307,10 @@ pub(crate) mod tests {
         let t = Transcript::new(vec![text(Role::User, "abcd"), text(Role::User, "abcdefgh")]);
         assert_eq!(t.tokens(0..2), 3);
         assert_eq!(t.tokens(5..9), 0, "out of range is empty, not a panic");
-        let m = Message::new(Role::Tool, vec![Part::Text("a".into()), Part::Image, Part::Text("b".into())]);
+        let m = Message::new(
+            Role::Tool,
+            vec![Part::Text("a".into()), Part::Image, Part::Text("b".into())],
+        );
         assert_eq!(m.text(), "a\nb");
     }
 }

@@ -74,10 +74,9 @@ pub fn peek(body: &[u8], estimator: &LazyEstimator) -> Result<Peek, ChatError> {
     let wire: PeekWire<'_> = serde_json::from_slice(body)?;
     let messages = wire.messages.ok_or(ChatError::NoMessages)?;
     let fixed_tokens = tools_tokens(wire.tools, wire.functions, estimator);
-    let tokens = messages
-        .0
-        .iter()
-        .fold(fixed_tokens, |acc, c| acc.saturating_add(estimator.counts(*c)));
+    let tokens = messages.0.iter().fold(fixed_tokens, |acc, c| {
+        acc.saturating_add(estimator.counts(*c))
+    });
     Ok(Peek {
         model: wire.model,
         requested_output: requested_output(
@@ -238,7 +237,11 @@ impl ChatRequest<'_> {
                 len,
             });
         }
-        let size: usize = self.fields.iter().map(|(k, v)| k.len() + v.get().len() + 4).sum();
+        let size: usize = self
+            .fields
+            .iter()
+            .map(|(k, v)| k.len() + v.get().len() + 4)
+            .sum();
         let mut out = Vec::with_capacity(size + summary_message.len() + 64);
         out.push(b'{');
         for (i, (key, value)) in self.fields.iter().enumerate() {
@@ -336,7 +339,11 @@ fn message_from_value(v: &Value, index: usize) -> Result<Message, ChatError> {
     if let Some(f) = obj.get("function_call").filter(|f| f.is_object()) {
         parts.push(Part::ToolCall(ToolCall {
             id: None,
-            name: f.get("name").and_then(Value::as_str).unwrap_or("").to_string(),
+            name: f
+                .get("name")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string(),
             arguments: f.get("arguments").map(json_text).unwrap_or_default(),
         }));
     }
@@ -377,7 +384,9 @@ fn part_from_value(part: &Value) -> Part {
     match kind {
         Some(k) if is_image_type(k) => Part::Image,
         None if obj.contains_key("image_url") => Part::Image,
-        Some("text") | None if text("text").is_some() => Part::Text(text("text").unwrap_or_default()),
+        Some("text") | None if text("text").is_some() => {
+            Part::Text(text("text").unwrap_or_default())
+        }
         Some("refusal") if text("refusal").is_some() => {
             Part::Text(text("refusal").unwrap_or_default())
         }
@@ -854,8 +863,11 @@ mod tests {
     fn peek_falls_back_to_max_tokens_and_ignores_nonsense() {
         let p = peek(br#"{"messages":[],"max_tokens":50}"#, &est()).expect("peeks");
         assert_eq!(p.requested_output, Some(50));
-        let p = peek(br#"{"messages":[],"max_tokens":-5,"max_completion_tokens":null}"#, &est())
-            .expect("peeks");
+        let p = peek(
+            br#"{"messages":[],"max_tokens":-5,"max_completion_tokens":null}"#,
+            &est(),
+        )
+        .expect("peeks");
         assert_eq!(p.requested_output, None);
         assert_eq!(p.tokens, 0);
     }
@@ -886,9 +898,16 @@ mod tests {
         let m = &r.transcript.messages;
         assert!(matches!(&m[0].parts[0], Part::Opaque { kind, chars: 7 } if kind == "input_audio"));
         assert!(matches!(&m[1].parts[0], Part::Opaque { kind, chars: 4 } if kind == "reasoning"));
-        assert!(matches!(&m[1].parts[2], Part::ToolCall(c) if c.name == "ed" && c.arguments == "ab"));
-        assert_eq!(m[2].parts, vec![Part::Image, Part::Text("loose text".into())]);
-        assert!(matches!(&m[3].parts[0], Part::ToolCall(c) if c.id.is_none() && c.arguments == r#"{"a":"bc"}"#));
+        assert!(
+            matches!(&m[1].parts[2], Part::ToolCall(c) if c.name == "ed" && c.arguments == "ab")
+        );
+        assert_eq!(
+            m[2].parts,
+            vec![Part::Image, Part::Text("loose text".into())]
+        );
+        assert!(
+            matches!(&m[3].parts[0], Part::ToolCall(c) if c.id.is_none() && c.arguments == r#"{"a":"bc"}"#)
+        );
         assert_eq!(m[4].role, Role::Tool);
         assert_eq!(m[4].tool_name.as_deref(), Some("get"));
         assert_eq!(r.transcript.pairs()[4], Some(3));
@@ -915,11 +934,19 @@ mod tests {
             vec![
                 Part::Reasoning("hmm".into()),
                 Part::Text("ok".into()),
-                Part::ToolCall(ToolCall { id: Some("a".into()), name: "read".into(), arguments: "{}".into() })
+                Part::ToolCall(ToolCall {
+                    id: Some("a".into()),
+                    name: "read".into(),
+                    arguments: "{}".into()
+                })
             ]
         );
         assert_eq!(m[3].tool_call_id.as_deref(), Some("a"));
-        assert_eq!(m[3].tool_name.as_deref(), Some("read"), "resolved from the call");
+        assert_eq!(
+            m[3].tool_name.as_deref(),
+            Some("read"),
+            "resolved from the call"
+        );
         assert_eq!(m[3].text(), "data");
         let p = peek(body.as_bytes(), &est()).expect("peeks");
         assert_eq!(p.tokens, r.tokens());
@@ -928,10 +955,19 @@ mod tests {
     #[test]
     fn parse_rejects_unknown_roles_and_duplicate_messages() {
         let body = br#"{"messages":[{"role":"narrator","content":"x"}]}"#;
-        assert!(matches!(parse(body), Err(ChatError::BadMessage { index: 0, .. })));
-        assert!(matches!(parse(br#"{"messages":[{"content":"x"}]}"#), Err(ChatError::BadMessage { .. })));
+        assert!(matches!(
+            parse(body),
+            Err(ChatError::BadMessage { index: 0, .. })
+        ));
+        assert!(matches!(
+            parse(br#"{"messages":[{"content":"x"}]}"#),
+            Err(ChatError::BadMessage { .. })
+        ));
         assert!(parse(br#"{"messages":[],"messages":[]}"#).is_err());
-        assert!(matches!(parse(br#"{"model":"x"}"#), Err(ChatError::NoMessages)));
+        assert!(matches!(
+            parse(br#"{"model":"x"}"#),
+            Err(ChatError::NoMessages)
+        ));
     }
 
     #[test]
@@ -958,8 +994,14 @@ mod tests {
     #[test]
     fn rewrite_rejects_plans_out_of_range() {
         let r = parse(br#"{"messages":[{"role":"user","content":"a"}]}"#).expect("parses");
-        assert!(matches!(r.rewrite(0, 2, "s"), Err(ChatError::BadPlan { .. })));
-        assert!(matches!(r.rewrite(1, 0, "s"), Err(ChatError::BadPlan { .. })));
+        assert!(matches!(
+            r.rewrite(0, 2, "s"),
+            Err(ChatError::BadPlan { .. })
+        ));
+        assert!(matches!(
+            r.rewrite(1, 0, "s"),
+            Err(ChatError::BadPlan { .. })
+        ));
         assert!(r.rewrite(0, 1, "s").is_ok());
     }
 }

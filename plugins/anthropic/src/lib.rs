@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use compactor_plugin_api::{
     BoxFuture, Caller, SummarizeError, Summarizer, Summary, SummaryRequest,
 };
-use compactor_plugin_openai::transport::{join_url, output_budget, secret_header, HttpClient};
+use compactor_plugin_openai::transport::{join_url, output_budget, Auth, HttpClient};
 
 /// The system prompt sent with every summary request.
 pub const SYSTEM_PROMPT: &str = compactor_plugin_openai::SYSTEM_PROMPT;
@@ -101,11 +101,12 @@ impl AnthropicSummarizer {
             .ok_or_else(|| {
                 SummarizeError::Config("no model configured and the request names none".into())
             })?;
-        let (mut headers, secrets) = self.auth(&request.caller)?;
+        let mut auth = self.auth(&request.caller)?;
         let version = HeaderValue::from_str(&self.config.anthropic_version)
             .map_err(|_| SummarizeError::Config("invalid anthropic_version".into()))?;
-        headers.push((HeaderName::from_static("anthropic-version"), version));
-        let secrets: Vec<&str> = secrets.iter().map(String::as_str).collect();
+        auth.headers
+            .push((HeaderName::from_static("anthropic-version"), version));
+        let secrets = auth.secret_refs();
 
         let body = json!({
             "model": model,
@@ -115,33 +116,33 @@ impl AnthropicSummarizer {
         });
         let answer = self
             .http
-            .post_json(&url, &headers, &body, &secrets, deadline, request.timeout)
+            .post_json(
+                &url,
+                &auth.headers,
+                &body,
+                &secrets,
+                deadline,
+                request.timeout,
+            )
             .await?;
         Summary::new(text_content(&answer)?.trim())
     }
 
-    /// Headers carrying credentials, and the secret values they hold (for redaction).
-    fn auth(
-        &self,
-        caller: &Caller,
-    ) -> Result<(Vec<(HeaderName, HeaderValue)>, Vec<String>), SummarizeError> {
-        let x_api_key = HeaderName::from_static("x-api-key");
+    /// The credential headers: the configured key or the caller's `x-api-key` as `x-api-key`,
+    /// else the caller's `authorization`.
+    fn auth(&self, caller: &Caller) -> Result<Auth, SummarizeError> {
+        let mut auth = Auth::default();
         let key = self
             .config
             .api_key
             .as_deref()
             .or_else(|| caller.credential("x-api-key"));
         if let Some(key) = key {
-            return Ok((vec![(x_api_key, secret_header(key)?)], vec![key.to_owned()]));
+            auth.add(HeaderName::from_static("x-api-key"), key, &[key])?;
+        } else if let Some(value) = caller.credential("authorization") {
+            auth.add_bearer(AUTHORIZATION, value)?;
         }
-        if let Some(auth) = caller.credential("authorization") {
-            let mut secrets = vec![auth.to_owned()];
-            if let Some(token) = auth.strip_prefix("Bearer ") {
-                secrets.push(token.trim().to_owned());
-            }
-            return Ok((vec![(AUTHORIZATION, secret_header(auth)?)], secrets));
-        }
-        Ok((Vec::new(), Vec::new()))
+        Ok(auth)
     }
 }
 

@@ -94,7 +94,7 @@ pub fn extract(request: &SummaryRequest, config: &ExtractiveConfig) -> String {
         .entries
         .iter()
         .filter(|e| e.role == Role::User)
-        .filter_map(|e| entry_text(e))
+        .filter_map(entry_text)
         .collect();
     let tool_calls: Vec<(&str, &str)> = request
         .entries

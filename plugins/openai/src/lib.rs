@@ -18,7 +18,7 @@ pub mod transport;
 use std::fmt;
 use std::path::PathBuf;
 
-use http::header::{HeaderName, HeaderValue, AUTHORIZATION};
+use http::header::{HeaderName, AUTHORIZATION};
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
@@ -26,7 +26,7 @@ use compactor_plugin_api::{
     BoxFuture, Caller, SummarizeError, Summarizer, Summary, SummaryRequest,
 };
 
-use crate::transport::{join_url, output_budget, secret_header, HttpClient};
+use crate::transport::{join_url, output_budget, Auth, HttpClient};
 
 /// The system message sent with every summary request.
 pub const SYSTEM_PROMPT: &str = "You write compaction summaries of coding-agent conversations. \
@@ -102,8 +102,8 @@ impl OpenAiSummarizer {
             .ok_or_else(|| {
                 SummarizeError::Config("no model configured and the request names none".into())
             })?;
-        let (headers, secrets) = self.auth(&request.caller)?;
-        let secrets: Vec<&str> = secrets.iter().map(String::as_str).collect();
+        let auth = self.auth(&request.caller)?;
+        let secrets = auth.secret_refs();
 
         let mut body = json!({
             "model": model,
@@ -122,7 +122,14 @@ impl OpenAiSummarizer {
         let answer = loop {
             match self
                 .http
-                .post_json(&url, &headers, &body, &secrets, deadline, request.timeout)
+                .post_json(
+                    &url,
+                    &auth.headers,
+                    &body,
+                    &secrets,
+                    deadline,
+                    request.timeout,
+                )
                 .await
             {
                 Err(SummarizeError::Status {
@@ -138,30 +145,21 @@ impl OpenAiSummarizer {
         Summary::new(message_content(&answer)?.trim())
     }
 
-    /// Headers carrying credentials, and the secret values they hold (for redaction).
-    fn auth(
-        &self,
-        caller: &Caller,
-    ) -> Result<(Vec<(HeaderName, HeaderValue)>, Vec<String>), SummarizeError> {
-        let mut headers = Vec::new();
-        let mut secrets = Vec::new();
+    /// The credential headers: the configured key, else the caller's `authorization` (and
+    /// `api-key`, Azure style).
+    fn auth(&self, caller: &Caller) -> Result<Auth, SummarizeError> {
+        let mut auth = Auth::default();
         if let Some(key) = &self.config.api_key {
-            headers.push((AUTHORIZATION, secret_header(&format!("Bearer {key}"))?));
-            secrets.push(key.clone());
-            return Ok((headers, secrets));
+            auth.add(AUTHORIZATION, &format!("Bearer {key}"), &[key])?;
+            return Ok(auth);
         }
-        if let Some(auth) = caller.credential("authorization") {
-            headers.push((AUTHORIZATION, secret_header(auth)?));
-            secrets.push(auth.to_owned());
-            if let Some(token) = auth.strip_prefix("Bearer ") {
-                secrets.push(token.trim().to_owned());
-            }
+        if let Some(value) = caller.credential("authorization") {
+            auth.add_bearer(AUTHORIZATION, value)?;
         }
         if let Some(key) = caller.credential("api-key") {
-            headers.push((HeaderName::from_static("api-key"), secret_header(key)?));
-            secrets.push(key.to_owned());
+            auth.add(HeaderName::from_static("api-key"), key, &[key])?;
         }
-        Ok((headers, secrets))
+        Ok(auth)
     }
 }
 

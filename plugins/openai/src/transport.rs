@@ -128,6 +128,46 @@ impl HttpClient {
     }
 }
 
+/// The credential headers of one request, and the secret values they carry (so that a
+/// provider echoing one back can be redacted).
+#[derive(Default)]
+pub struct Auth {
+    /// Headers to send.
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+    /// Secret strings that must never reach an error message or a log.
+    pub secrets: Vec<String>,
+}
+
+impl Auth {
+    /// Adds a credential header; `secrets` are the parts of `value` to redact.
+    pub fn add(
+        &mut self,
+        name: HeaderName,
+        value: &str,
+        secrets: &[&str],
+    ) -> Result<(), SummarizeError> {
+        self.headers.push((name, secret_header(value)?));
+        self.secrets.extend(
+            secrets
+                .iter()
+                .filter(|s| !s.is_empty())
+                .map(|s| s.to_string()),
+        );
+        Ok(())
+    }
+
+    /// Adds an `Authorization`-style value, redacting both it and its bearer token.
+    pub fn add_bearer(&mut self, name: HeaderName, value: &str) -> Result<(), SummarizeError> {
+        let token = value.strip_prefix("Bearer ").unwrap_or(value).trim();
+        self.add(name, value, &[value, token])
+    }
+
+    /// The secrets as string slices, as [`HttpClient::post_json`] takes them.
+    pub fn secret_refs(&self) -> Vec<&str> {
+        self.secrets.iter().map(String::as_str).collect()
+    }
+}
+
 /// Builds a header value for a credential, marked sensitive so it never shows in debug output.
 pub fn secret_header(value: &str) -> Result<HeaderValue, SummarizeError> {
     let mut v = HeaderValue::from_str(value).map_err(|_| {
