@@ -22,7 +22,9 @@ pub async fn handle<B>(app: Arc<App>, request: Request<B>) -> Response<Full<Byte
         );
     }
     match (request.method(), path) {
-        (&Method::GET, "/livez") | (&Method::GET, "/readyz") => text(StatusCode::OK, "ok\n", "text/plain"),
+        (&Method::GET, "/livez") | (&Method::GET, "/readyz") => {
+            text(StatusCode::OK, "ok\n", "text/plain")
+        }
         (&Method::GET, "/metrics") => text(
             StatusCode::OK,
             &app.metrics.render(),
@@ -55,8 +57,10 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 fn text(status: StatusCode, body: &str, content_type: &'static str) -> Response<Full<Bytes>> {
     let mut r = Response::new(Full::new(Bytes::from(body.to_owned())));
     *r.status_mut() = status;
-    r.headers_mut()
-        .insert(header::CONTENT_TYPE, header::HeaderValue::from_static(content_type));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static(content_type),
+    );
     r
 }
 

@@ -411,12 +411,27 @@ impl Config {
             return Err(invalid("server.max_body_bytes", "must be positive"));
         }
         for (key, secs) in [
-            ("server.shutdown_grace_secs", self.server.shutdown_grace_secs),
-            ("upstream.connect_timeout_secs", self.upstream.connect_timeout_secs),
-            ("upstream.response_timeout_secs", self.upstream.response_timeout_secs),
-            ("upstream.pool_idle_timeout_secs", self.upstream.pool_idle_timeout_secs),
+            (
+                "server.shutdown_grace_secs",
+                self.server.shutdown_grace_secs,
+            ),
+            (
+                "upstream.connect_timeout_secs",
+                self.upstream.connect_timeout_secs,
+            ),
+            (
+                "upstream.response_timeout_secs",
+                self.upstream.response_timeout_secs,
+            ),
+            (
+                "upstream.pool_idle_timeout_secs",
+                self.upstream.pool_idle_timeout_secs,
+            ),
             ("summarizer.timeout_secs", self.summarizer.timeout_secs),
-            ("compaction.breaker_cooldown_secs", self.compaction.breaker_cooldown_secs),
+            (
+                "compaction.breaker_cooldown_secs",
+                self.compaction.breaker_cooldown_secs,
+            ),
             ("store.ttl_secs", self.store.ttl_secs),
         ] {
             secs_to_duration(key, secs)?;
@@ -446,10 +461,16 @@ impl Config {
             return Err(invalid("store.max_bytes", "must be positive"));
         }
         if http::HeaderName::from_bytes(self.session.header.as_bytes()).is_err() {
-            return Err(invalid("session.header", "must be a valid HTTP header name"));
+            return Err(invalid(
+                "session.header",
+                "must be a valid HTTP header name",
+            ));
         }
         if c.default_context_window == 0 {
-            return Err(invalid("compaction.default_context_window", "must be positive"));
+            return Err(invalid(
+                "compaction.default_context_window",
+                "must be positive",
+            ));
         }
         for (name, model) in &self.models {
             if model.context_window == 0 {
@@ -554,7 +575,10 @@ mod tests {
         assert_eq!(c.compaction.max_preserve_tokens, 15_000);
         assert!(c.compaction.mask_observations);
         assert_eq!(c.compaction.trigger_ratio, 0.85);
-        assert!(c.models.contains_key("gpt-4o*"), "shipped models table is loaded");
+        assert!(
+            c.models.contains_key("gpt-4o*"),
+            "shipped models table is loaded"
+        );
     }
 
     #[test]
@@ -569,15 +593,18 @@ mod tests {
     fn bad_values_name_their_key() {
         let err = Config::from_toml("[upstream]\nbase_url = \"ftp://x\"\n").unwrap_err();
         assert!(err.to_string().contains("upstream.base_url"), "{err}");
-        let err = Config::from_toml("[[routes]]\nprefix = \"/a\"\nbase_url = \"nope\"\n")
-            .unwrap_err();
+        let err =
+            Config::from_toml("[[routes]]\nprefix = \"/a\"\nbase_url = \"nope\"\n").unwrap_err();
         assert!(err.to_string().contains("routes[0].base_url"), "{err}");
         let err = Config::from_toml("[server]\nlog_format = \"xml\"\n").unwrap_err();
         assert!(err.to_string().contains("log_format"), "{err}");
         let err = Config::from_toml("[server]\ntls_cert = \"/a.pem\"\n").unwrap_err();
         assert!(err.to_string().contains("server.tls_cert"), "{err}");
         let err = Config::from_toml("[compaction]\ntrigger_ratio = 1.5\n").unwrap_err();
-        assert!(err.to_string().contains("compaction.trigger_ratio"), "{err}");
+        assert!(
+            err.to_string().contains("compaction.trigger_ratio"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -598,7 +625,10 @@ mod tests {
         )
         .expect("valid");
         let shown = c.redacted().to_toml();
-        assert!(!shown.contains("hunter2") && !shown.contains("sk-1"), "{shown}");
+        assert!(
+            !shown.contains("hunter2") && !shown.contains("sk-1"),
+            "{shown}"
+        );
         assert!(shown.contains(REDACTED));
     }
 }

@@ -10,7 +10,11 @@ use compactor::Server;
 use tracing_subscriber::EnvFilter;
 
 #[derive(Parser)]
-#[command(name = "compactor", version, about = "Context-compaction reverse proxy for LLM chat APIs")]
+#[command(
+    name = "compactor",
+    version,
+    about = "Context-compaction reverse proxy for LLM chat APIs"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -78,8 +82,10 @@ fn init_tracing(format: LogFormat) {
 /// Completes on the first SIGTERM or SIGINT.
 async fn shutdown_signal() {
     use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
-    else {
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
         tracing::error!("cannot install signal handlers; shutting down");
         return;
     };

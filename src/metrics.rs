@@ -11,17 +11,28 @@ use prometheus::{
 
 /// Latency buckets for whole requests and upstream waits (seconds).
 const LATENCY_BUCKETS: &[f64] = &[
-    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
-    300.0,
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
 ];
 
 /// Buckets for slower work such as compactions and summaries (seconds).
-const WORK_BUCKETS: &[f64] = &[0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0];
+const WORK_BUCKETS: &[f64] = &[
+    0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+];
 
 /// Token-count buckets for request sizes.
 const TOKEN_BUCKETS: &[f64] = &[
-    100.0, 500.0, 1_000.0, 2_000.0, 5_000.0, 10_000.0, 20_000.0, 50_000.0, 100_000.0, 200_000.0,
-    500_000.0, 1_000_000.0,
+    100.0,
+    500.0,
+    1_000.0,
+    2_000.0,
+    5_000.0,
+    10_000.0,
+    20_000.0,
+    50_000.0,
+    100_000.0,
+    200_000.0,
+    500_000.0,
+    1_000_000.0,
 ];
 
 /// Every metric compactor exports.
@@ -261,7 +272,10 @@ fn histogram_vec(
 ) -> Result<HistogramVec, prometheus::Error> {
     register(
         r,
-        HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets.to_vec()), labels)?,
+        HistogramVec::new(
+            HistogramOpts::new(name, help).buckets(buckets.to_vec()),
+            labels,
+        )?,
     )
 }
 

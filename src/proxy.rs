@@ -39,7 +39,11 @@ pub const HEADER_COMPACTED: &str = "x-compactor-compacted";
 const CREDENTIAL_HEADERS: [&str; 3] = ["authorization", "x-api-key", "api-key"];
 
 /// Serves one proxied request. Never fails: errors become OpenAI-shaped JSON responses.
-pub async fn handle(app: Arc<App>, request: Request<Incoming>, peer: SocketAddr) -> Response<ProxyBody> {
+pub async fn handle(
+    app: Arc<App>,
+    request: Request<Incoming>,
+    peer: SocketAddr,
+) -> Response<ProxyBody> {
     let started = Instant::now();
     let in_flight = InFlight::start(app.metrics.clone());
     let method = method_label(request.method());
@@ -75,7 +79,13 @@ pub async fn handle(app: Arc<App>, request: Request<Incoming>, peer: SocketAddr)
         .request_duration
         .with_label_values(&[route.as_str()])
         .observe(started.elapsed().as_secs_f64());
-    tracing::debug!(route = route.as_str(), method, status, elapsed_ms = started.elapsed().as_millis() as u64, "proxied");
+    tracing::debug!(
+        route = route.as_str(),
+        method,
+        status,
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "proxied"
+    );
 
     response.map(|body| {
         Tracked {
@@ -100,7 +110,8 @@ async fn forward(
     let mut compacted = None;
     let body = match dialect {
         Some(dialect) if app.config.compaction.enabled => {
-            let original = read_body(body, &parts.headers, app.config.server.max_body_bytes).await?;
+            let original =
+                read_body(body, &parts.headers, app.config.server.max_body_bytes).await?;
             let caller = caller(&parts.headers, &resolved, dialect);
             let forwarded = match app.compactor.process(dialect, &original, &caller).await {
                 Outcome::Rewritten { body, .. } => {
@@ -115,7 +126,9 @@ async fn forward(
             parts
                 .headers
                 .insert(header::CONTENT_LENGTH, HeaderValue::from(forwarded.len()));
-            Full::new(forwarded).map_err(|never| match never {}).boxed_unsync()
+            Full::new(forwarded)
+                .map_err(|never| match never {})
+                .boxed_unsync()
         }
         Some(_) => {
             compacted = Some(false);
@@ -130,7 +143,10 @@ async fn forward(
         .send(Request::from_parts(parts, body))
         .await
         .map_err(|e| {
-            app.metrics.upstream_errors.with_label_values(&[e.kind()]).inc();
+            app.metrics
+                .upstream_errors
+                .with_label_values(&[e.kind()])
+                .inc();
             Error::from(e)
         })?;
     app.metrics

@@ -62,7 +62,9 @@ impl Server {
 
     /// The proxy listener's address.
     pub fn proxy_addr(&self) -> SocketAddr {
-        self.proxy.local_addr().unwrap_or_else(|_| self.app.config.server.listen)
+        self.proxy
+            .local_addr()
+            .unwrap_or_else(|_| self.app.config.server.listen)
     }
 
     /// The admin listener's address.
@@ -126,7 +128,11 @@ impl Server {
 
         drop(proxy);
         drop(admin);
-        tracing::info!(connections = graceful.count(), grace_secs = grace.as_secs_f64(), "shutting down: draining");
+        tracing::info!(
+            connections = graceful.count(),
+            grace_secs = grace.as_secs_f64(),
+            "shutting down: draining"
+        );
         match tokio::time::timeout(grace, graceful.shutdown()).await {
             Ok(()) => tracing::info!("drain complete: every connection finished"),
             Err(_) => tracing::warn!("drain timed out: closing the remaining connections"),
@@ -162,17 +168,18 @@ async fn serve_connection(
             watcher.watch(conn.into_owned()).await
         }
         Some(acceptor) => {
-            let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-                Ok(Ok(s)) => s,
-                Ok(Err(e)) => {
-                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                    return;
-                }
-                Err(_) => {
-                    tracing::debug!(%peer, "TLS handshake timed out");
-                    return;
-                }
-            };
+            let stream =
+                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                    Ok(Ok(s)) => s,
+                    Ok(Err(e)) => {
+                        tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                        return;
+                    }
+                    Err(_) => {
+                        tracing::debug!(%peer, "TLS handshake timed out");
+                        return;
+                    }
+                };
             let conn = builder.serve_connection(TokioIo::new(stream), service);
             watcher.watch(conn.into_owned()).await
         }

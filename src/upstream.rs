@@ -188,7 +188,10 @@ impl Upstream {
     }
 
     /// Sends a prepared request; waits at most `upstream.response_timeout_secs` for the head.
-    pub async fn send(&self, mut request: Request<ProxyBody>) -> Result<Response<Incoming>, SendError> {
+    pub async fn send(
+        &self,
+        mut request: Request<ProxyBody>,
+    ) -> Result<Response<Incoming>, SendError> {
         // The pool picks HTTP/1.1 or HTTP/2 per connection (ALPN); an HTTP/2 version left over
         // from the client side would make an HTTP/1.1 upstream connection refuse the request.
         *request.version_mut() = Version::HTTP_11;
@@ -325,13 +328,20 @@ mod tests {
              [[routes]]\nprefix = \"/anthropic\"\nbase_url = \"https://api.anthropic.com\"\n\
              [[routes]]\nprefix = \"/keep\"\nbase_url = \"http://k:2\"\nstrip_prefix = false\n",
         );
-        let r = u.resolve(&"/anthropic/v1/messages?x=1".parse().expect("uri")).expect("ok");
-        assert_eq!(r.uri.to_string(), "https://api.anthropic.com/v1/messages?x=1");
+        let r = u
+            .resolve(&"/anthropic/v1/messages?x=1".parse().expect("uri"))
+            .expect("ok");
+        assert_eq!(
+            r.uri.to_string(),
+            "https://api.anthropic.com/v1/messages?x=1"
+        );
         assert_eq!(r.api_path, "/v1/messages");
         assert_eq!(r.host, "api.anthropic.com");
         let r = u.resolve(&"/keep/v1/x".parse().expect("uri")).expect("ok");
         assert_eq!(r.uri.to_string(), "http://k:2/keep/v1/x");
-        let r = u.resolve(&"/anthropicx/v1".parse().expect("uri")).expect("ok");
+        let r = u
+            .resolve(&"/anthropicx/v1".parse().expect("uri"))
+            .expect("ok");
         assert_eq!(r.uri.to_string(), "http://default:1/base/anthropicx/v1");
         assert_eq!(r.host, "default:1");
     }
@@ -339,12 +349,19 @@ mod tests {
     #[test]
     fn hop_by_hop_and_connection_named_headers_are_removed() {
         let mut h = HeaderMap::new();
-        h.insert(header::CONNECTION, HeaderValue::from_static("close, x-private"));
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("close, x-private"),
+        );
         h.insert("x-private", HeaderValue::from_static("1"));
         h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
         h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer k"));
         h.insert("x-forwarded-for", HeaderValue::from_static("10.0.0.1"));
-        prepare_headers(&mut h, &HeaderValue::from_static("up:1"), [127, 0, 0, 1].into());
+        prepare_headers(
+            &mut h,
+            &HeaderValue::from_static("up:1"),
+            [127, 0, 0, 1].into(),
+        );
         assert!(h.get("x-private").is_none() && h.get("keep-alive").is_none());
         assert!(h.get(header::CONNECTION).is_none());
         assert_eq!(h[header::AUTHORIZATION], "Bearer k");

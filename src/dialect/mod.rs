@@ -63,9 +63,18 @@ mod tests {
     #[test]
     fn chat_paths_are_recognised_under_any_prefix() {
         use DialectKind::*;
-        assert_eq!(DialectKind::from_path("/v1/chat/completions"), Some(ChatCompletions));
-        assert_eq!(DialectKind::from_path("/chat/completions"), Some(ChatCompletions));
-        assert_eq!(DialectKind::from_path("/anthropic/v1/messages"), Some(Messages));
+        assert_eq!(
+            DialectKind::from_path("/v1/chat/completions"),
+            Some(ChatCompletions)
+        );
+        assert_eq!(
+            DialectKind::from_path("/chat/completions"),
+            Some(ChatCompletions)
+        );
+        assert_eq!(
+            DialectKind::from_path("/anthropic/v1/messages"),
+            Some(Messages)
+        );
         assert_eq!(DialectKind::from_path("/v1/responses/"), Some(Responses));
         assert_eq!(DialectKind::from_path("/v1/models"), None);
         assert_eq!(DialectKind::from_path("/v1/messages/count_tokens"), None);
