@@ -5,7 +5,7 @@
 //! [`estimate`] (tokens without a tokenizer), [`models`] (context windows by model name or
 //! glob), [`trigger`] (when to compact, metric labels), [`boundary`] (which recent turns stay
 //! verbatim), [`mask`] (old tool outputs hidden from the summarizer), [`prompt`] (the
-//! compaction prompt and the summary message), [`files`] (files read and modified), and
+//! compaction prompt and the summary message), [`files`] (files read and modified, with [`shell`] splitting command lines), and
 //! [`processor`] (the engine with its circuit breaker, and [`Compactor`], the request-level
 //! entry point the proxy calls). The engine never sees wire JSON; dialects in
 //! [`crate::dialect`] do the reading and writing.
@@ -17,6 +17,7 @@ pub mod mask;
 pub mod models;
 pub mod processor;
 pub mod prompt;
+pub mod shell;
 pub mod transcript;
 pub mod trigger;
 

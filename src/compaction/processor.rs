@@ -535,6 +535,15 @@ mod tests {
     }
 
     #[test]
+    fn process_is_send_so_the_proxy_can_await_it_anywhere() {
+        fn assert_send<T: Send>(_: &T) {}
+        let (c, _) = compactor(&config(""), FakeSummarizer::text("s"));
+        let caller = caller();
+        let fut = c.process(DialectKind::ChatCompletions, b"{}", &caller);
+        assert_send(&fut);
+    }
+
+    #[test]
     fn breaker_threshold_matches_the_seed() {
         assert_eq!(COMPACTION_CIRCUIT_BREAKER_THRESHOLD, 3);
     }
