@@ -1,4 +1,12 @@
-//! The admin listener's endpoints: `/livez`, `/readyz` and `/metrics`.
+//! The admin listener's endpoints: probes, metrics and sessions.
+//!
+//! - `GET /livez`, `GET /readyz`: probes (never need the token);
+//! - `GET /metrics`: Prometheus text (store gauges refreshed at scrape time);
+//! - `GET /sessions`: the sessions held, newest first;
+//! - `GET /session/{id}`: one session's compaction count, covered messages, token figures,
+//!   files and current summary;
+//! - `POST /session/{id}/summarize` with an optional `{"instructions": "..."}`: compacts the
+//!   latest request of that session now (the manual `/compact`).
 //!
 //! Served on `server.admin_listen`, never on the proxy port, so operators can firewall it.
 //! When `admin.token` is set, everything but the probes needs `Authorization: Bearer <token>`.
@@ -7,34 +15,122 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{header, Method, Request, Response, StatusCode};
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use serde_json::json;
 
 use crate::app::App;
+use crate::compaction::ManualOutcome;
+
+/// Largest admin request body read (focus instructions).
+const MAX_ADMIN_BODY: usize = 64 * 1024;
+
+/// Most sessions listed by `GET /sessions`.
+const MAX_LISTED_SESSIONS: usize = 1_000;
 
 /// Serves one admin request.
-pub async fn handle<B>(app: Arc<App>, request: Request<B>) -> Response<Full<Bytes>> {
-    let path = request.uri().path();
-    let probe = matches!(path, "/livez" | "/readyz");
+pub async fn handle(app: Arc<App>, request: Request<Incoming>) -> Response<Full<Bytes>> {
+    let path = request.uri().path().to_string();
+    let probe = matches!(path.as_str(), "/livez" | "/readyz");
     if !probe && !authorized(&app, &request) {
-        return json(
+        return error(
             StatusCode::UNAUTHORIZED,
-            r#"{"error":{"message":"admin token required","type":"authentication_error","code":"unauthorized"}}"#,
+            "admin token required",
+            "unauthorized",
         );
     }
-    match (request.method(), path) {
-        (&Method::GET, "/livez") | (&Method::GET, "/readyz") => {
-            text(StatusCode::OK, "ok\n", "text/plain")
+    let method = request.method().clone();
+    let session = path
+        .strip_prefix("/session/")
+        .map(|rest| rest.split_once('/').unwrap_or((rest, "")));
+    match (&method, path.as_str(), session) {
+        (&Method::GET, "/livez" | "/readyz", _) => {
+            text(StatusCode::OK, "ok\n".into(), "text/plain")
         }
-        (&Method::GET, "/metrics") => text(
-            StatusCode::OK,
-            &app.metrics.render(),
-            "text/plain; version=0.0.4; charset=utf-8",
-        ),
-        _ => json(
-            StatusCode::NOT_FOUND,
-            r#"{"error":{"message":"not found","type":"invalid_request_error","code":"not_found"}}"#,
-        ),
+        (&Method::GET, "/metrics", _) => metrics(&app).await,
+        (&Method::GET, "/sessions", _) => match app
+            .compactor
+            .store()
+            .list_sessions(MAX_LISTED_SESSIONS)
+            .await
+        {
+            Ok(list) => ok_json(json!({ "sessions": list })),
+            Err(e) => store_error(e),
+        },
+        (&Method::GET, _, Some((id, ""))) => match app.compactor.store().session(id).await {
+            Ok(Some(info)) => ok_json(json!(info)),
+            Ok(None) => error(StatusCode::NOT_FOUND, "unknown session", "not_found"),
+            Err(e) => store_error(e),
+        },
+        (&Method::POST, _, Some((id, "summarize"))) => {
+            let id = id.to_string();
+            let instructions = match read_instructions(request.into_body()).await {
+                Ok(i) => i,
+                Err(message) => return error(StatusCode::BAD_REQUEST, &message, "invalid_request"),
+            };
+            summarize(&app, &id, instructions.as_deref()).await
+        }
+        _ => error(StatusCode::NOT_FOUND, "not found", "not_found"),
     }
+}
+
+async fn metrics(app: &App) -> Response<Full<Bytes>> {
+    // The store counts on its own; mirror its figures into the registry at scrape time.
+    if let Ok(stats) = app.compactor.store().stats().await {
+        let m = &app.metrics;
+        m.sessions
+            .set(i64::try_from(stats.sessions).unwrap_or(i64::MAX));
+        let evicted = stats.evictions.saturating_add(stats.expirations);
+        m.store_evictions
+            .inc_by(evicted.saturating_sub(m.store_evictions.get()));
+    }
+    text(
+        StatusCode::OK,
+        app.metrics.render(),
+        "text/plain; version=0.0.4; charset=utf-8",
+    )
+}
+
+async fn summarize(app: &App, id: &str, instructions: Option<&str>) -> Response<Full<Bytes>> {
+    match app.compactor.compact_session(id, instructions).await {
+        ManualOutcome::UnknownSession => {
+            error(StatusCode::NOT_FOUND, "unknown session", "not_found")
+        }
+        ManualOutcome::NotCompacted { reason } => {
+            ok_json(json!({ "compacted": false, "session": id, "reason": reason }))
+        }
+        ManualOutcome::Compacted(checkpoint) => ok_json(json!({
+            "compacted": true,
+            "session": id,
+            "compaction_num": checkpoint.compaction_num,
+            "covered_messages": checkpoint.covered,
+            "tokens_before": checkpoint.pre_tokens,
+            "tokens_after": checkpoint.post_tokens,
+            "read_files": checkpoint.read_files,
+            "modified_files": checkpoint.modified_files,
+            "summary": checkpoint.summary,
+        })),
+    }
+}
+
+/// The optional `{"instructions": "..."}` body; an empty body means none.
+async fn read_instructions(body: Incoming) -> Result<Option<String>, String> {
+    let bytes = Limited::new(body, MAX_ADMIN_BODY)
+        .collect()
+        .await
+        .map_err(|e| format!("reading the body: {e}"))?
+        .to_bytes();
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(None);
+    }
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Body {
+        instructions: Option<String>,
+    }
+    let body: Body = serde_json::from_slice(&bytes)
+        .map_err(|e| format!("expected {{\"instructions\": \"...\"}}: {e}"))?;
+    Ok(body.instructions.filter(|i| !i.trim().is_empty()))
 }
 
 fn authorized<B>(app: &App, request: &Request<B>) -> bool {
@@ -54,8 +150,17 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-fn text(status: StatusCode, body: &str, content_type: &'static str) -> Response<Full<Bytes>> {
-    let mut r = Response::new(Full::new(Bytes::from(body.to_owned())));
+fn store_error(e: crate::session::StoreError) -> Response<Full<Bytes>> {
+    tracing::warn!(error = %e, "session store unavailable");
+    error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "session store unavailable",
+        "store_unavailable",
+    )
+}
+
+fn text(status: StatusCode, body: String, content_type: &'static str) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(body)));
     *r.status_mut() = status;
     r.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -64,8 +169,13 @@ fn text(status: StatusCode, body: &str, content_type: &'static str) -> Response<
     r
 }
 
-fn json(status: StatusCode, body: &str) -> Response<Full<Bytes>> {
-    text(status, body, "application/json")
+fn ok_json(value: serde_json::Value) -> Response<Full<Bytes>> {
+    text(StatusCode::OK, value.to_string(), "application/json")
+}
+
+fn error(status: StatusCode, message: &str, code: &str) -> Response<Full<Bytes>> {
+    let body = json!({"error": {"message": message, "type": "admin_error", "code": code}});
+    text(status, body.to_string(), "application/json")
 }
 
 #[cfg(test)]

@@ -1,13 +1,27 @@
 //! The `compactor` command line: load the configuration, set up logging, run.
+//!
+//! `serve` runs the proxy, `check-config` validates and prints the configuration, and
+//! `compact` runs the compaction engine once over a Chat Completions request read from a file
+//! or stdin: the request to forward on stdout, what happened on stderr.
 
-use std::path::PathBuf;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use compactor::compaction::{CompactionInput, Compactor};
 use compactor::config::{Config, LogFormat};
+use compactor::dialect::chat;
+use compactor::metrics::Metrics;
 use compactor::Server;
+use compactor_plugin_api::Caller;
 use tracing_subscriber::EnvFilter;
+
+/// Exit status of `compact` when a compaction was due but did not happen (the original request
+/// is still printed, as the proxy would forward it).
+const EXIT_COMPACTION_FAILED: u8 = 2;
 
 #[derive(Parser)]
 #[command(
@@ -34,12 +48,26 @@ enum Command {
         #[arg(long)]
         config: Option<PathBuf>,
     },
+    /// Compact one Chat Completions request with the configured summarizer, once.
+    ///
+    /// Prints the request the proxy would forward on stdout (the original bytes when nothing
+    /// triggers) and the trigger, token estimates, boundary and summary on stderr. Exit status:
+    /// 0 printed; 1 invalid input or configuration; 2 a compaction was due but failed (the
+    /// original request is printed). Summarizers that call a provider get no caller
+    /// credentials here: configure `summarizer.openai.api_key_env` (or its `anthropic` twin).
+    Compact {
+        /// Config file (default: config/compactor.toml when present, else built-in defaults).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// The request body (JSON); stdin when absent or `-`.
+        file: Option<PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
@@ -47,29 +75,175 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(cli: Cli) -> anyhow::Result<()> {
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::CheckConfig { config } => {
             let config = Config::load(config.as_deref())?;
             compactor::App::new(config.clone()).context("building components")?;
             print!("{}", config.redacted().to_toml());
-            Ok(())
+            Ok(ExitCode::SUCCESS)
         }
         Command::Serve { config } => {
             let config = Config::load(config.as_deref())?;
-            init_tracing(config.server.log_format);
+            init_tracing(config.server.log_format, "info");
             let runtime = tokio::runtime::Runtime::new().context("starting the runtime")?;
             runtime.block_on(async {
                 let server = Server::bind(config).await.context("starting the server")?;
                 server.run(shutdown_signal()).await?;
                 anyhow::Ok(())
-            })
+            })?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Compact { config, file } => {
+            let config = Config::load(config.as_deref())?;
+            init_tracing(config.server.log_format, "warn");
+            let body = read_input(file.as_deref())?;
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("starting the runtime")?;
+            runtime.block_on(compact(&config, &body))
         }
     }
 }
 
-fn init_tracing(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+/// Reads the request from `file`, or from stdin when it is absent or `-`.
+fn read_input(file: Option<&Path>) -> anyhow::Result<Vec<u8>> {
+    match file {
+        Some(path) if path != Path::new("-") => {
+            std::fs::read(path).with_context(|| format!("reading {}", path.display()))
+        }
+        _ => {
+            let mut body = Vec::new();
+            std::io::stdin()
+                .read_to_end(&mut body)
+                .context("reading the request from stdin")?;
+            Ok(body)
+        }
+    }
+}
+
+/// `compactor compact`: one pass of the engine over `body`, as the proxy would run it.
+async fn compact(config: &Config, body: &[u8]) -> anyhow::Result<ExitCode> {
+    let metrics = Arc::new(Metrics::new().context("building the metrics registry")?);
+    let summarizer = compactor::summarizer::build(config, metrics.clone())?;
+    let compactor = Compactor::new(config, summarizer, metrics);
+    let engine = compactor.engine();
+
+    // The whole request must be one compactor understands, even when nothing triggers.
+    // (Formatted, not chained: the dialect's messages already quote their cause.)
+    let peek = chat::peek(body, engine.estimator())
+        .map_err(|e| anyhow::anyhow!("not a Chat Completions request: {e}"))?;
+    let request = chat::parse_with(body, engine.estimator())
+        .map_err(|e| anyhow::anyhow!("not a Chat Completions request compactor can read: {e}"))?;
+    let limits = engine.limits(peek.model.as_deref(), peek.requested_output);
+    let mut err = std::io::stderr();
+    writeln!(
+        err,
+        "model: {} (context window {}, {} reserved for output)",
+        peek.model.as_deref().unwrap_or("(none)"),
+        limits.context_window,
+        limits.reserved_output
+    )?;
+    writeln!(
+        err,
+        "messages: {} (max_messages {})",
+        peek.message_count, limits.max_messages
+    )?;
+    let trigger = if config.compaction.enabled {
+        limits.check(peek.message_count, peek.tokens)
+    } else {
+        None
+    };
+    let Some(trigger) = trigger else {
+        let why = if config.compaction.enabled {
+            ""
+        } else {
+            " (compaction.enabled = false)"
+        };
+        writeln!(err, "trigger: no trigger{why}")?;
+        writeln!(
+            err,
+            "tokens: {} estimated (threshold {})",
+            peek.tokens, limits.token_threshold
+        )?;
+        write_stdout(body)?;
+        return Ok(ExitCode::SUCCESS);
+    };
+    writeln!(err, "trigger: {}", trigger.label())?;
+
+    let caller = Caller {
+        upstream_base_url: config.upstream.base_url.clone(),
+        api_prefix: "/v1".into(),
+        credentials: Vec::new(),
+    };
+    let compacted = engine
+        .compact(CompactionInput {
+            transcript: &request.transcript,
+            model: request.model.as_deref(),
+            limits,
+            fixed_tokens: request.fixed_tokens,
+            prior: None,
+            instructions: None,
+            caller: &caller,
+        })
+        .await;
+    let compaction = match compacted {
+        Ok(c) => c,
+        Err(e) => {
+            writeln!(
+                err,
+                "tokens: {} estimated (threshold {})",
+                peek.tokens, limits.token_threshold
+            )?;
+            writeln!(
+                err,
+                "compaction failed ({}): {e}; printing the original request unchanged",
+                e.outcome().label()
+            )?;
+            write_stdout(body)?;
+            return Ok(ExitCode::from(EXIT_COMPACTION_FAILED));
+        }
+    };
+    let rewritten = request
+        .rewrite(
+            compaction.head,
+            compaction.boundary,
+            &compaction.summary_message,
+        )
+        .context("rewriting the request")?;
+    let result = &compaction.result;
+    let n = request.transcript.len();
+    writeln!(
+        err,
+        "tokens: {} -> {} estimated (threshold {})",
+        result.pre_tokens, result.post_tokens, limits.token_threshold
+    )?;
+    writeln!(
+        err,
+        "boundary: {} messages compacted, {} kept ({} leading system/developer + {} tail), \
+         {} summarizer attempt(s)",
+        compaction.boundary.saturating_sub(compaction.head),
+        compaction.head + n.saturating_sub(compaction.boundary),
+        compaction.head,
+        n.saturating_sub(compaction.boundary),
+        compaction.attempts
+    )?;
+    writeln!(err, "summary:\n{}", result.summary)?;
+    write_stdout(&rewritten)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn write_stdout(bytes: &[u8]) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    out.write_all(bytes).context("writing stdout")?;
+    out.flush().context("writing stdout")?;
+    Ok(())
+}
+
+fn init_tracing(format: LogFormat, default_level: &str) {
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

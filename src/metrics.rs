@@ -35,6 +35,46 @@ const TOKEN_BUCKETS: &[f64] = &[
     1_000_000.0,
 ];
 
+/// Buckets for the time compactor itself adds to a request (seconds): sub-millisecond first.
+const OVERHEAD_BUCKETS: &[f64] = &[
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+];
+
+/// Buckets for forwarded ÷ received tokens of a compacted request.
+const COMPACTION_RATIO_BUCKETS: &[f64] = &[
+    0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0,
+];
+
+/// Buckets for estimated input tokens ÷ the model's context window.
+const UTILIZATION_BUCKETS: &[f64] = &[
+    0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 1.0, 1.1, 1.25, 1.5,
+];
+
+/// Buckets for (estimated − actual) ÷ actual input tokens: −1 (estimate 0) up to 4× over.
+const ESTIMATE_ERROR_BUCKETS: &[f64] = &[
+    -1.0, -0.75, -0.5, -0.25, -0.1, -0.05, 0.0, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.0, 4.0,
+];
+
+/// Values of the `route` label (see [`RouteLabel`]), pre-initialised so dashboards show 0.
+const ROUTE_VALUES: [RouteLabel; 4] = [
+    RouteLabel::ChatCompletions,
+    RouteLabel::Messages,
+    RouteLabel::Responses,
+    RouteLabel::Other,
+];
+
+/// Values of the `dialect` label (`DialectKind::label`).
+const DIALECT_VALUES: [&str; 3] = ["chat_completions", "messages", "responses"];
+
+/// Values of the `stage` label of `compactor_request_tokens`.
+pub const TOKEN_STAGES: [&str; 2] = ["received", "forwarded"];
+
+/// Values of the `kind` label of `compactor_upstream_usage_tokens_total`.
+pub const USAGE_KINDS: [&str; 4] = ["input", "output", "cache_read", "cache_write"];
+
+/// Values of the `result` label of `compactor_config_reloads_total`.
+pub const RELOAD_RESULTS: [&str; 2] = ["ok", "error"];
+
 /// Every metric compactor exports.
 pub struct Metrics {
     registry: Registry,
@@ -70,6 +110,25 @@ pub struct Metrics {
     pub store_evictions: IntCounter,
     /// `compactor_breaker_open_total`
     pub breaker_open: IntCounter,
+    /// `compactor_overhead_seconds{route}`: time compactor itself adds before the response
+    /// head (see [`crate::timing::Overhead`]).
+    pub overhead: HistogramVec,
+    /// `compactor_request_tokens{dialect,stage}`: estimated input tokens as received and as
+    /// forwarded (`stage` ∈ [`TOKEN_STAGES`]).
+    pub request_tokens: HistogramVec,
+    /// `compactor_compaction_ratio`: forwarded ÷ received estimated tokens of compacted
+    /// requests.
+    pub compaction_ratio: Histogram,
+    /// `compactor_context_utilization_ratio{dialect}`: estimated input tokens ÷ the model's
+    /// context window.
+    pub context_utilization: HistogramVec,
+    /// `compactor_upstream_usage_tokens_total{kind}`: tokens the upstream reported in `usage`
+    /// (`kind` ∈ [`USAGE_KINDS`]).
+    pub upstream_usage_tokens: IntCounterVec,
+    /// `compactor_estimate_error_ratio`: (estimated − actual) ÷ actual input tokens.
+    pub estimate_error: Histogram,
+    /// `compactor_config_reloads_total{result}` (`result` ∈ [`RELOAD_RESULTS`]).
+    pub config_reloads: IntCounterVec,
 }
 
 /// The route label: which kind of endpoint a request hit. A closed set, never a raw path.
@@ -215,12 +274,83 @@ impl Metrics {
                     "Times a session's breaker opened after repeated failed compactions.",
                 )?,
             )?,
+            overhead: histogram_vec(
+                r,
+                "compactor_overhead_seconds",
+                "Time compactor itself added before the response head: request duration minus \
+                 time spent waiting on the upstream and the summarizer.",
+                &["route"],
+                OVERHEAD_BUCKETS,
+            )?,
+            request_tokens: histogram_vec(
+                r,
+                "compactor_request_tokens",
+                "Estimated input tokens of chat requests, as received and as forwarded.",
+                &["dialect", "stage"],
+                TOKEN_BUCKETS,
+            )?,
+            compaction_ratio: histogram(
+                r,
+                "compactor_compaction_ratio",
+                "Estimated tokens forwarded divided by tokens received, for compacted requests.",
+                COMPACTION_RATIO_BUCKETS,
+            )?,
+            context_utilization: histogram_vec(
+                r,
+                "compactor_context_utilization_ratio",
+                "Estimated input tokens of chat requests as received divided by the model's \
+                 context window.",
+                &["dialect"],
+                UTILIZATION_BUCKETS,
+            )?,
+            upstream_usage_tokens: counter_vec(
+                r,
+                "compactor_upstream_usage_tokens_total",
+                "Tokens reported by the upstream in response usage, by kind (input includes \
+                 cached and cache-write tokens).",
+                &["kind"],
+            )?,
+            estimate_error: histogram(
+                r,
+                "compactor_estimate_error_ratio",
+                "Estimated minus actual input tokens, divided by the actual input tokens the \
+                 upstream reported.",
+                ESTIMATE_ERROR_BUCKETS,
+            )?,
+            config_reloads: counter_vec(
+                r,
+                "compactor_config_reloads_total",
+                "Configuration reloads by result (ok or error).",
+                &["result"],
+            )?,
             registry,
         };
         m.build_info
             .with_label_values(&[env!("CARGO_PKG_VERSION")])
             .set(1);
+        m.initialise_labels();
         Ok(m)
+    }
+
+    /// Creates the children of every bounded label combination of the newer vectors, so they
+    /// are exported (as 0) before their first observation: `rate()` and dashboards then see
+    /// a series from the start instead of "no data".
+    fn initialise_labels(&self) {
+        for route in ROUTE_VALUES {
+            self.overhead.with_label_values(&[route.as_str()]);
+        }
+        for dialect in DIALECT_VALUES {
+            self.context_utilization.with_label_values(&[dialect]);
+            for stage in TOKEN_STAGES {
+                self.request_tokens.with_label_values(&[dialect, stage]);
+            }
+        }
+        for kind in USAGE_KINDS {
+            self.upstream_usage_tokens.with_label_values(&[kind]);
+        }
+        for result in RELOAD_RESULTS {
+            self.config_reloads.with_label_values(&[result]);
+        }
     }
 
     /// The Prometheus text exposition of every metric.
@@ -291,5 +421,51 @@ mod tests {
         assert!(a.render().contains("compactor_tokens_saved_total 7"));
         assert!(b.render().contains("compactor_tokens_saved_total 0"));
         assert!(a.render().contains("# HELP compactor_build_info"));
+    }
+
+    #[test]
+    fn newer_vectors_are_exported_before_their_first_observation() {
+        let m = Metrics::new().expect("metrics");
+        let text = m.render();
+        for name in [
+            "compactor_overhead_seconds",
+            "compactor_request_tokens",
+            "compactor_compaction_ratio",
+            "compactor_context_utilization_ratio",
+            "compactor_upstream_usage_tokens_total",
+            "compactor_estimate_error_ratio",
+            "compactor_config_reloads_total",
+        ] {
+            assert!(text.contains(&format!("# HELP {name} ")), "{name} missing:\n{text}");
+        }
+        assert!(text.contains("compactor_upstream_usage_tokens_total{kind=\"cache_write\"} 0"));
+        assert!(text.contains("compactor_config_reloads_total{result=\"error\"} 0"));
+        assert!(text.contains(
+            "compactor_request_tokens_count{dialect=\"responses\",stage=\"forwarded\"} 0"
+        ));
+        assert!(text.contains("compactor_overhead_seconds_bucket{route=\"other\",le=\"0.00005\"} 0"));
+        // The dialect label values are DialectKind's.
+        use crate::dialect::DialectKind;
+        let kinds = [
+            DialectKind::ChatCompletions,
+            DialectKind::Messages,
+            DialectKind::Responses,
+        ];
+        assert_eq!(DIALECT_VALUES, kinds.map(DialectKind::label));
+    }
+
+    #[test]
+    fn overhead_buckets_resolve_sub_millisecond_times() {
+        let m = Metrics::new().expect("metrics");
+        m.overhead
+            .with_label_values(&[RouteLabel::ChatCompletions.as_str()])
+            .observe(0.000_2);
+        let text = m.render();
+        assert!(text.contains(
+            "compactor_overhead_seconds_bucket{route=\"chat_completions\",le=\"0.0001\"} 0"
+        ));
+        assert!(text.contains(
+            "compactor_overhead_seconds_bucket{route=\"chat_completions\",le=\"0.00025\"} 1"
+        ));
     }
 }

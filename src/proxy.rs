@@ -25,14 +25,22 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 
 use crate::app::App;
-use crate::compaction::Outcome;
+use crate::compaction::{Outcome, Processed, RequestContext};
 use crate::dialect::DialectKind;
 use crate::error::Error;
 use crate::metrics::{status_class, Metrics, RouteLabel};
 use crate::upstream::{prepare_headers, strip_hop_by_hop, BoxError, ProxyBody, Resolved};
 
-/// Response header saying whether the forwarded request carries a summary.
+/// Response header: whether the forwarded request carries a summary, new or reused.
 pub const HEADER_COMPACTED: &str = "x-compactor-compacted";
+/// Response header: the conversation's session id.
+pub const HEADER_SESSION: &str = "x-compactor-session";
+/// Response header: estimated input tokens as received.
+pub const HEADER_TOKENS_BEFORE: &str = "x-compactor-tokens-before";
+/// Response header: estimated input tokens as forwarded.
+pub const HEADER_TOKENS_AFTER: &str = "x-compactor-tokens-after";
+/// Response header: the 1-based number of the compaction whose summary was forwarded.
+pub const HEADER_COMPACTION_NUM: &str = "x-compactor-compaction-num";
 
 /// Request headers whose values are credentials: handed to summarizers that call the caller's
 /// own provider, never logged.
@@ -107,22 +115,22 @@ async fn forward(
     prepare_headers(&mut parts.headers, &resolved.host, peer.ip());
     parts.uri = resolved.uri.clone();
 
-    let mut compacted = None;
+    // Headers for the client's response: set for every chat call, empty otherwise.
+    let mut chat_headers = HeaderMap::new();
     let body = match dialect {
         Some(dialect) if app.config.compaction.enabled => {
             let original =
                 read_body(body, &parts.headers, app.config.server.max_body_bytes).await?;
             let caller = caller(&parts.headers, &resolved, dialect);
-            let forwarded = match app.compactor.process(dialect, &original, &caller).await {
-                Outcome::Rewritten { body, .. } => {
-                    compacted = Some(true);
-                    body
-                }
-                Outcome::Unchanged | Outcome::Failed => {
-                    compacted = Some(false);
-                    original
-                }
+            let context = RequestContext {
+                caller: &caller,
+                session_header: parts
+                    .headers
+                    .get(app.config.session.header.as_str())
+                    .and_then(|v| v.to_str().ok()),
             };
+            let processed = app.compactor.handle(dialect, &original, &context).await;
+            let forwarded = annotate(&mut chat_headers, processed, original);
             parts
                 .headers
                 .insert(header::CONTENT_LENGTH, HeaderValue::from(forwarded.len()));
@@ -131,7 +139,7 @@ async fn forward(
                 .boxed_unsync()
         }
         Some(_) => {
-            compacted = Some(false);
+            chat_headers.insert(HEADER_COMPACTED, HeaderValue::from_static("false"));
             body.map_err(BoxError::from).boxed_unsync()
         }
         None => body.map_err(BoxError::from).boxed_unsync(),
@@ -155,16 +163,36 @@ async fn forward(
 
     let (mut parts, body) = response.into_parts();
     strip_hop_by_hop(&mut parts.headers);
-    if let Some(compacted) = compacted {
-        parts.headers.insert(
-            HEADER_COMPACTED,
-            HeaderValue::from_static(if compacted { "true" } else { "false" }),
-        );
-    }
+    parts.headers.extend(chat_headers);
     Ok(Response::from_parts(
         parts,
         body.map_err(BoxError::from).boxed_unsync(),
     ))
+}
+
+/// Fills the `x-compactor-*` response headers from the compaction outcome and returns the
+/// body to forward.
+fn annotate(headers: &mut HeaderMap, processed: Processed, original: Bytes) -> Bytes {
+    if let Some(v) = processed
+        .session_id
+        .and_then(|id| HeaderValue::from_str(&id).ok())
+    {
+        headers.insert(HEADER_SESSION, v);
+    }
+    let (body, result) = match processed.outcome {
+        Outcome::Rewritten { body, result, .. } | Outcome::Reused { body, result } => {
+            (body, Some(result))
+        }
+        Outcome::Unchanged | Outcome::Failed => (original, None),
+    };
+    let compacted = HeaderValue::from_static(if result.is_some() { "true" } else { "false" });
+    headers.insert(HEADER_COMPACTED, compacted);
+    if let Some(r) = result {
+        headers.insert(HEADER_TOKENS_BEFORE, HeaderValue::from(r.pre_tokens));
+        headers.insert(HEADER_TOKENS_AFTER, HeaderValue::from(r.post_tokens));
+        headers.insert(HEADER_COMPACTION_NUM, HeaderValue::from(r.compaction_num));
+    }
+    body
 }
 
 /// Reads a request body whole, refusing more than `limit` bytes (early, from

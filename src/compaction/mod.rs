@@ -6,11 +6,12 @@
 //! glob), [`trigger`] (when to compact, metric labels), [`boundary`] (which recent turns stay
 //! verbatim), [`mask`] (old tool outputs hidden from the summarizer), [`prompt`] (the
 //! compaction prompt and the summary message), [`files`] (files read and modified, with [`shell`] splitting command lines), and
-//! [`processor`] (the engine with its circuit breaker, and [`Compactor`], the request-level
-//! entry point the proxy calls). The engine never sees wire JSON; dialects in
+//! [`processor`] (the engine with its circuit breaker) and [`compactor`] (the request-level
+//! flow with session memory: splice, trigger, single flight, checkpoints). The engine never sees wire JSON; dialects in
 //! [`crate::dialect`] do the reading and writing.
 
 pub mod boundary;
+pub mod compactor;
 pub mod estimate;
 pub mod files;
 pub mod mask;
@@ -26,8 +27,9 @@ mod props;
 #[cfg(test)]
 pub(crate) mod testing;
 
+pub use compactor::{Compactor, ManualOutcome, Processed, RequestContext};
 pub use processor::{
-    CompactError, Compaction, CompactionInput, Compactor, Engine, Prior,
+    CompactError, Compaction, CompactionInput, Engine, Prior,
     COMPACTION_CIRCUIT_BREAKER_THRESHOLD,
 };
 pub use trigger::{CompactionOutcome, Limits, Trigger};
@@ -63,6 +65,14 @@ pub enum Outcome {
         result: CompactionResult,
         /// Which trigger fired.
         trigger: Trigger,
+    },
+    /// No new compaction, but a stored summary of this conversation stands in for the prefix
+    /// it covers: forward this body.
+    Reused {
+        /// The request with the stored summary spliced in.
+        body: bytes::Bytes,
+        /// The stored compaction's figures, with this request's token estimates.
+        result: CompactionResult,
     },
     /// Compaction was needed but did not happen (already counted and logged): forward the
     /// original bytes.

@@ -22,7 +22,7 @@
 //! [`Outcome::Failed`] and the proxy forwards the original bytes.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use compactor_plugin_api::{Caller, SummarizeError, Summarizer, SummaryRequest};
 
@@ -36,12 +36,10 @@ use super::prompt::{
     SUMMARY_INTRO,
 };
 use super::transcript::{Message, Transcript};
-use super::trigger::{CompactionOutcome, Limits, Trigger};
-use super::{CompactionResult, Outcome};
+use super::trigger::{CompactionOutcome, Limits};
+use super::CompactionResult;
 use crate::config::{CompactionConfig, Config};
-use crate::dialect::chat::{self, ChatError};
-use crate::dialect::DialectKind;
-use crate::metrics::Metrics;
+use crate::dialect::DialectError;
 
 /// The seed's `compactionCircuitBreakerThreshold`: most compaction attempts per request.
 pub const COMPACTION_CIRCUIT_BREAKER_THRESHOLD: u32 = 3;
@@ -101,7 +99,7 @@ pub enum CompactError {
     NothingToCompact,
     /// The body could not be read or rewritten by its dialect.
     #[error(transparent)]
-    Dialect(#[from] ChatError),
+    Dialect(#[from] DialectError),
     /// The prompt cannot fit the summarizer's window.
     #[error(transparent)]
     Prompt(#[from] PromptError),
@@ -168,6 +166,16 @@ impl Engine {
             total_timeout: attempt_timeout.saturating_mul(backends),
             summary_max_tokens: config.summarizer.openai.max_tokens,
         }
+    }
+
+    /// compactor's own bound on one summary, fallbacks included.
+    pub fn summary_timeout(&self) -> Duration {
+        self.total_timeout
+    }
+
+    /// The summarizer's name (its primary backend), for logs.
+    pub fn summarizer_name(&self) -> &str {
+        self.summarizer.name()
     }
 
     /// The token estimator.
@@ -374,137 +382,6 @@ impl Engine {
     }
 }
 
-/// The request-level entry point the proxy calls.
-pub struct Compactor {
-    engine: Engine,
-    metrics: Arc<Metrics>,
-    enabled: bool,
-}
-
-impl Compactor {
-    /// Builds the compactor; cheap, and all a test needs is a config, a summarizer and a
-    /// metrics registry.
-    pub fn new(config: &Config, summarizer: Arc<dyn Summarizer>, metrics: Arc<Metrics>) -> Self {
-        Compactor {
-            engine: Engine::new(config, summarizer),
-            metrics,
-            enabled: config.compaction.enabled,
-        }
-    }
-
-    /// The engine, for callers that compact parsed transcripts themselves (sessions, admin).
-    pub fn engine(&self) -> &Engine {
-        &self.engine
-    }
-
-    /// Decides what to forward for one chat request. Never fails: on any problem the
-    /// original bytes go upstream ([`Outcome::Unchanged`] when no compaction was due,
-    /// [`Outcome::Failed`] when it was due but did not happen).
-    pub async fn process(&self, dialect: DialectKind, body: &[u8], caller: &Caller) -> Outcome {
-        if !self.enabled {
-            return Outcome::Unchanged;
-        }
-        match dialect {
-            DialectKind::ChatCompletions => self.process_chat(body, caller).await,
-            // Their dialects come with later issues; until then they pass through.
-            DialectKind::Messages | DialectKind::Responses => Outcome::Unchanged,
-        }
-    }
-
-    async fn process_chat(&self, body: &[u8], caller: &Caller) -> Outcome {
-        let peek = match chat::peek(body, self.engine.estimator()) {
-            Ok(p) => p,
-            Err(e) => {
-                tracing::debug!(error = %e, "chat body not understood; forwarding unchanged");
-                return Outcome::Unchanged;
-            }
-        };
-        self.metrics
-            .request_tokens_estimated
-            .observe(peek.tokens as f64);
-        let limits = self
-            .engine
-            .limits(peek.model.as_deref(), peek.requested_output);
-        let Some(trigger) = limits.check(peek.message_count, peek.tokens) else {
-            return Outcome::Unchanged;
-        };
-        let started = Instant::now();
-        let compacted = self.compact_chat(body, caller, limits).await;
-        self.metrics
-            .compaction_duration
-            .observe(started.elapsed().as_secs_f64());
-        match compacted {
-            Ok((body, compaction)) => {
-                self.record(trigger, CompactionOutcome::Compacted);
-                let result = compaction.result;
-                let saved = result.pre_tokens.saturating_sub(result.post_tokens);
-                self.metrics
-                    .tokens_saved
-                    .inc_by(u64::try_from(saved).unwrap_or(u64::MAX));
-                tracing::info!(
-                    trigger = trigger.label(),
-                    pre_tokens = result.pre_tokens,
-                    post_tokens = result.post_tokens,
-                    compacted_messages = compaction.boundary.saturating_sub(compaction.head),
-                    kept_messages = peek.message_count.saturating_sub(compaction.boundary),
-                    attempts = compaction.attempts,
-                    "request compacted"
-                );
-                Outcome::Rewritten {
-                    body: bytes::Bytes::from(body),
-                    result,
-                    trigger,
-                }
-            }
-            Err(e) => {
-                let outcome = e.outcome();
-                self.record(trigger, outcome);
-                tracing::warn!(
-                    trigger = trigger.label(),
-                    outcome = outcome.label(),
-                    error = %e,
-                    "compaction failed; forwarding the original request"
-                );
-                Outcome::Failed
-            }
-        }
-    }
-
-    async fn compact_chat(
-        &self,
-        body: &[u8],
-        caller: &Caller,
-        limits: Limits,
-    ) -> Result<(Vec<u8>, Compaction), CompactError> {
-        let request = chat::parse_with(body, self.engine.estimator())?;
-        let compaction = self
-            .engine
-            .compact(CompactionInput {
-                transcript: &request.transcript,
-                model: request.model.as_deref(),
-                limits,
-                fixed_tokens: request.fixed_tokens,
-                prior: None,
-                instructions: None,
-                caller,
-            })
-            .await?;
-        let body = request.rewrite(
-            compaction.head,
-            compaction.boundary,
-            &compaction.summary_message,
-        )?;
-        Ok((body, compaction))
-    }
-
-    fn record(&self, trigger: Trigger, outcome: CompactionOutcome) {
-        self.metrics
-            .compactions
-            .with_label_values(&[trigger.label(), outcome.label()])
-            .inc();
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -514,7 +391,10 @@ mod tests {
     };
     use crate::compaction::transcript::tests::{call, text};
     use crate::compaction::transcript::Role;
+    use crate::compaction::{Outcome, Trigger};
+    use crate::dialect::DialectKind;
     use serde_json::{json, Value};
+    use std::time::Instant;
 
     /// Small limits so compaction fires on small requests.
     const SMALL: &str = "[compaction]\nmax_messages = 10\nmin_preserve_tokens = 20\n\
@@ -1023,8 +903,9 @@ mod tests {
             "[compaction]\nmax_messages = 6\nmin_preserve_tokens = 50\nmax_preserve_tokens = 400\n",
         );
         let fake = FakeSummarizer::text("Summary of the work so far.");
-        let (c, metrics) = compactor(&cfg, fake);
-        let mut rewritten = 0;
+        let (c, metrics) = compactor(&cfg, fake.clone());
+        let (mut rewritten, mut reused) = (0, 0);
+        let mut max_num = 0;
         for fixture in fixtures {
             let v: Value = serde_json::from_str(fixture).expect("fixture");
             let all = v["messages"].as_array().cloned().expect("messages");
@@ -1039,6 +920,17 @@ mod tests {
                 {
                     Outcome::Rewritten { body, result, .. } => {
                         rewritten += 1;
+                        max_num = max_num.max(result.compaction_num);
+                        let out = messages_of(&body);
+                        check_openai_pairing(&out).unwrap_or_else(|e| panic!("n={n}: {e}"));
+                        assert_eq!(out[0], all[0], "system prompt kept");
+                        let tail = &out[2..];
+                        assert_eq!(tail, &all[n - tail.len()..n]);
+                        assert!(result.post_tokens < result.pre_tokens);
+                    }
+                    // A later step of the same conversation reuses the stored summary.
+                    Outcome::Reused { body, result } => {
+                        reused += 1;
                         let out = messages_of(&body);
                         check_openai_pairing(&out).unwrap_or_else(|e| panic!("n={n}: {e}"));
                         assert_eq!(out[0], all[0], "system prompt kept");
@@ -1051,7 +943,17 @@ mod tests {
                 }
             }
         }
-        assert!(rewritten >= 40, "{rewritten}");
+        assert!(
+            rewritten >= 4 && reused >= 4,
+            "{rewritten} rewritten, {reused} reused"
+        );
+        // Later compactions of a conversation refine the stored summary.
+        assert!(max_num >= 3, "compaction numbers reached only {max_num}");
+        let requests = fake.requests();
+        assert!(requests
+            .iter()
+            .filter(|r| r.compaction_num > 1)
+            .all(|r| r.prior_summary.as_deref() == Some("Summary of the work so far.")));
         assert_eq!(compactions(&metrics, "messages", "compacted"), rewritten);
     }
 }

@@ -307,6 +307,9 @@ fn rewritten_requests_stay_valid_verbatim_and_smaller() {
             .is_some();
         let outcome = rt.block_on(c.process(DialectKind::ChatCompletions, &body, &caller()));
         match outcome {
+            Outcome::Reused { .. } => {
+                ensure(false, "a fresh compactor has no checkpoint to reuse")?
+            }
             Outcome::Unchanged => ensure(!due, "due compaction reported unchanged")?,
             Outcome::Failed => {
                 ensure(due, "failure without a trigger")?;

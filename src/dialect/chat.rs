@@ -197,6 +197,48 @@ pub fn parse_with<'a>(
     })
 }
 
+/// The `messages` of a request as raw JSON, borrowed from the body (no strings copied).
+pub fn raw_messages(body: &[u8]) -> Result<Vec<&RawValue>, ChatError> {
+    #[derive(Deserialize)]
+    struct Wire<'a> {
+        #[serde(borrow)]
+        messages: Option<Vec<&'a RawValue>>,
+    }
+    let wire: Wire<'_> = serde_json::from_slice(body)?;
+    wire.messages.ok_or(ChatError::NoMessages)
+}
+
+impl super::ParsedRequest for ChatRequest<'_> {
+    fn transcript(&self) -> &Transcript {
+        &self.transcript
+    }
+
+    fn raw_messages(&self) -> &[&RawValue] {
+        &self.raw_messages
+    }
+
+    fn model(&self) -> Option<&str> {
+        self.model.as_deref()
+    }
+
+    fn requested_output(&self) -> Option<usize> {
+        self.requested_output
+    }
+
+    fn fixed_tokens(&self) -> usize {
+        self.fixed_tokens
+    }
+
+    fn rewrite(
+        &self,
+        head: usize,
+        boundary: usize,
+        summary_message: &str,
+    ) -> Result<Vec<u8>, super::DialectError> {
+        Ok(ChatRequest::rewrite(self, head, boundary, summary_message)?)
+    }
+}
+
 #[derive(Serialize)]
 struct SummaryWire<'a> {
     role: &'static str,

@@ -3,8 +3,58 @@
 //! A dialect parses a provider's request body into the engine's neutral transcript and writes a
 //! compaction plan back into the *original* JSON, so every field compactor does not interpret
 //! survives untouched.
+//!
+//! The engine and the session layer see a dialect only through [`DialectKind`]'s three entry
+//! points, cheapest first: [`DialectKind::peek`] (count and estimate, every request),
+//! [`DialectKind::raw_messages`] (the messages as raw JSON, for session identity and
+//! checkpoint hashing) and [`DialectKind::parse`] (the full [`ParsedRequest`], only when a
+//! request must be rewritten).
 
 pub mod chat;
+
+use serde_json::value::RawValue;
+
+use crate::compaction::estimate::LazyEstimator;
+use crate::compaction::transcript::Transcript;
+
+pub use chat::Peek;
+
+/// Why a body could not be read or rewritten in its dialect.
+#[derive(Debug, thiserror::Error)]
+pub enum DialectError {
+    /// Chat Completions.
+    #[error(transparent)]
+    Chat(#[from] chat::ChatError),
+    /// A dialect compactor recognises but does not compact (yet); passed through.
+    #[error("{0} requests are passed through unchanged")]
+    Unsupported(&'static str),
+}
+
+/// A request parsed for rewriting: what the engine reads and how the plan is written back.
+///
+/// `transcript().messages[i]` and `raw_messages()[i]` describe the same wire message, so
+/// indices chosen by the engine (head, boundary) and by the session layer (covered prefix)
+/// mean the same thing to the dialect.
+pub trait ParsedRequest: Send + Sync {
+    /// The neutral transcript, message for message.
+    fn transcript(&self) -> &Transcript;
+    /// The wire messages as raw JSON, in order.
+    fn raw_messages(&self) -> &[&RawValue];
+    /// The `model` field.
+    fn model(&self) -> Option<&str>;
+    /// Output tokens the request reserves (`max_tokens` and friends).
+    fn requested_output(&self) -> Option<usize>;
+    /// Estimated tokens outside the messages (tool definitions, top-level system prompts).
+    fn fixed_tokens(&self) -> usize;
+    /// The request with messages `[head..boundary]` replaced by one user message holding
+    /// `summary_message`; everything else as received.
+    fn rewrite(
+        &self,
+        head: usize,
+        boundary: usize,
+        summary_message: &str,
+    ) -> Result<Vec<u8>, DialectError>;
+}
 
 /// The chat wire formats compactor can compact.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,6 +82,34 @@ impl DialectKind {
             Some(DialectKind::Responses)
         } else {
             None
+        }
+    }
+
+    /// Counts and estimates a request without building it (the hot path).
+    pub fn peek(self, body: &[u8], estimator: &LazyEstimator) -> Result<Peek, DialectError> {
+        match self {
+            DialectKind::ChatCompletions => Ok(chat::peek(body, estimator)?),
+            other => Err(DialectError::Unsupported(other.label())),
+        }
+    }
+
+    /// The request's messages as raw JSON slices of `body`.
+    pub fn raw_messages(self, body: &[u8]) -> Result<Vec<&RawValue>, DialectError> {
+        match self {
+            DialectKind::ChatCompletions => Ok(chat::raw_messages(body)?),
+            other => Err(DialectError::Unsupported(other.label())),
+        }
+    }
+
+    /// Parses a request fully, for rewriting.
+    pub fn parse<'a>(
+        self,
+        body: &'a [u8],
+        estimator: &LazyEstimator,
+    ) -> Result<Box<dyn ParsedRequest + 'a>, DialectError> {
+        match self {
+            DialectKind::ChatCompletions => Ok(Box::new(chat::parse_with(body, estimator)?)),
+            other => Err(DialectError::Unsupported(other.label())),
         }
     }
 

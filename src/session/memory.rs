@@ -287,6 +287,20 @@ impl SessionStore for MemoryStore {
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(std::future::ready(Ok(self.record(tenant, id, succeeded))))
     }
+
+    fn max_covered(&self, tenant: TenantId) -> BoxFuture<'_, Result<usize, StoreError>> {
+        let max = self
+            .fresh()
+            .covered
+            .get(&tenant)
+            .and_then(|lengths| lengths.keys().next_back().copied())
+            .unwrap_or(0);
+        Box::pin(std::future::ready(Ok(max)))
+    }
+
+    fn stats(&self) -> BoxFuture<'_, Result<StoreStats, StoreError>> {
+        Box::pin(std::future::ready(Ok(MemoryStore::stats(self))))
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

@@ -233,6 +233,13 @@ pub trait SessionStore: Send + Sync {
         id: &'a str,
     ) -> BoxFuture<'a, Result<bool, StoreError>>;
 
+    /// The longest prefix any checkpoint of `tenant` covers (0 when it has none), so a request
+    /// hashes only as many messages as could possibly match.
+    fn max_covered(&self, tenant: TenantId) -> BoxFuture<'_, Result<usize, StoreError>>;
+
+    /// Counters and sizes for metrics.
+    fn stats(&self) -> BoxFuture<'_, Result<StoreStats, StoreError>>;
+
     /// Reports a compaction's outcome to the session's breaker. Returns true when this failure
     /// just opened it (count it); unknown sessions are ignored.
     fn record_compaction<'a>(

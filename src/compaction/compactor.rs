@@ -1,0 +1,673 @@
+//! The request-level flow with session memory: what the proxy and the admin API call.
+//!
+//! For each chat request, cheapest first:
+//! 1. **peek** (count, estimate) and read the messages as raw JSON;
+//! 2. **identify**: tenant (hash of the credential), session id (header, else derived), and
+//!    remember this request as the session's latest (for manual compaction);
+//! 3. **splice**: hash the messages (only as far as any checkpoint of the tenant reaches) and
+//!    find the longest stored checkpoint; its summary stands in for the prefix it covers;
+//! 4. **trigger** on what the upstream would receive after the splice; if it fires and the
+//!    session's breaker allows, **compact** (once per prefix: concurrent requests wait for the
+//!    single flight), refining the checkpoint's summary, and store the new checkpoint;
+//! 5. **rewrite** through the dialect: head, summary message, verbatim tail.
+//!
+//! The summary message is rendered from the stored checkpoint alone, so every request of a
+//! conversation between two compactions sends the same bytes for the compacted prefix and the
+//! provider's prompt cache keeps hitting. Nothing here fails a request: every problem forwards
+//! the original bytes (or the still-valid spliced request) and is counted.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use compactor_plugin_api::{Caller, Summarizer};
+use serde_json::value::RawValue;
+
+use super::processor::{CompactError, Compaction, CompactionInput, Engine, Prior};
+use super::prompt::summary_message;
+use super::transcript::Transcript;
+use super::trigger::{CompactionOutcome, Limits, Trigger};
+use super::{CompactionResult, Outcome};
+use crate::config::Config;
+use crate::dialect::{DialectKind, ParsedRequest, Peek};
+use crate::metrics::Metrics;
+use crate::session::hash::SESSION_ID_MESSAGES;
+use crate::session::{
+    chain, session_id, Checkpoint, LatestRequest, MemoryStore, SessionStore, SingleFlight,
+    StoreLimits, TenantId,
+};
+
+/// What the proxy knows about a request besides its body.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestContext<'a> {
+    /// Destination and credentials (summarizers that call the caller's provider use them).
+    pub caller: &'a Caller,
+    /// The value of the configured session header, if the client sent one.
+    pub session_header: Option<&'a str>,
+}
+
+/// The outcome of one request plus the session it belongs to.
+#[derive(Debug)]
+pub struct Processed {
+    /// What to forward.
+    pub outcome: Outcome,
+    /// The session id (`x-compactor-session`), when the body was a conversation.
+    pub session_id: Option<String>,
+}
+
+/// The answer to a manual compaction (`POST /session/{id}/summarize`).
+#[derive(Debug)]
+pub enum ManualOutcome {
+    /// No session with that id.
+    UnknownSession,
+    /// Nothing was compacted, and why.
+    NotCompacted {
+        /// A short, stable reason (`nothing_to_compact`, `summarizer_failed`, ...).
+        reason: &'static str,
+    },
+    /// A checkpoint was stored; the next request of the session uses it.
+    Compacted(Arc<Checkpoint>),
+}
+
+/// Concurrent requests needing the same compaction share one: same tenant, session and
+/// already-covered prefix.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct FlightKey {
+    tenant: TenantId,
+    session: String,
+    covered: usize,
+}
+
+type FlightValue = Arc<Result<(Vec<u8>, Compaction), CompactError>>;
+
+/// A stored checkpoint applied to a request: messages `[head..covered)` become `message`.
+struct Splice {
+    covered: usize,
+    message: String,
+    prior: Prior,
+    checkpoint: Arc<Checkpoint>,
+}
+
+/// The request-level entry point: engine, session store and single flight.
+pub struct Compactor {
+    engine: Engine,
+    metrics: Arc<Metrics>,
+    store: Arc<dyn SessionStore>,
+    flights: SingleFlight<FlightKey, FlightValue>,
+    flight_wait: Duration,
+    enabled: bool,
+}
+
+impl Compactor {
+    /// A compactor with its own in-memory store sized by `[store]`.
+    pub fn new(config: &Config, summarizer: Arc<dyn Summarizer>, metrics: Arc<Metrics>) -> Self {
+        let store = MemoryStore::new(StoreLimits {
+            max_sessions: config.store.max_sessions,
+            max_bytes: config.store.max_bytes,
+            ttl: config.store_ttl(),
+        })
+        .with_breaker_cooldown(config.breaker_cooldown());
+        Compactor::with_store(config, summarizer, metrics, Arc::new(store))
+    }
+
+    /// A compactor over a given store.
+    pub fn with_store(
+        config: &Config,
+        summarizer: Arc<dyn Summarizer>,
+        metrics: Arc<Metrics>,
+        store: Arc<dyn SessionStore>,
+    ) -> Self {
+        let engine = Engine::new(config, summarizer);
+        // A waiter waits as long as the leader may take: every attempt of the breaker.
+        let flight_wait = engine
+            .summary_timeout()
+            .saturating_mul(super::COMPACTION_CIRCUIT_BREAKER_THRESHOLD);
+        Compactor {
+            engine,
+            metrics,
+            store,
+            flights: SingleFlight::new(),
+            flight_wait,
+            enabled: config.compaction.enabled,
+        }
+    }
+
+    /// The engine, for callers that compact parsed transcripts themselves.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// The session store (admin API, metrics).
+    pub fn store(&self) -> &Arc<dyn SessionStore> {
+        &self.store
+    }
+
+    /// [`Compactor::handle`] without a session header, returning only the outcome.
+    pub async fn process(&self, dialect: DialectKind, body: &[u8], caller: &Caller) -> Outcome {
+        let context = RequestContext {
+            caller,
+            session_header: None,
+        };
+        self.handle(dialect, &Bytes::copy_from_slice(body), &context)
+            .await
+            .outcome
+    }
+
+    /// Decides what to forward for one chat request. Never fails.
+    pub async fn handle(
+        &self,
+        dialect: DialectKind,
+        body: &Bytes,
+        context: &RequestContext<'_>,
+    ) -> Processed {
+        let unchanged = |session_id| Processed {
+            outcome: Outcome::Unchanged,
+            session_id,
+        };
+        if !self.enabled {
+            return unchanged(None);
+        }
+        let estimator = self.engine.estimator();
+        let (peek, raw) = match (dialect.peek(body, estimator), dialect.raw_messages(body)) {
+            (Ok(peek), Ok(raw)) => (peek, raw),
+            (Err(e), _) | (_, Err(e)) => {
+                tracing::debug!(error = %e, "chat body not understood; forwarding unchanged");
+                return unchanged(None);
+            }
+        };
+        self.metrics
+            .request_tokens_estimated
+            .observe(peek.tokens as f64);
+
+        let tenant = TenantId::from_caller(context.caller);
+        let first = &raw[..raw.len().min(SESSION_ID_MESSAGES)];
+        let session = session_id(&tenant, context.session_header, first);
+        let latest = LatestRequest {
+            dialect,
+            body: body.clone(),
+            caller: context.caller.clone(),
+        };
+        if let Err(e) = self
+            .store
+            .touch_session(tenant, &session, latest, raw.len())
+            .await
+        {
+            tracing::warn!(error = %e, "session store unavailable; continuing without it");
+        }
+
+        let checkpoint = self.lookup(tenant, &raw).await;
+        let limits = self
+            .engine
+            .limits(peek.model.as_deref(), peek.requested_output);
+        let trigger = limits.check(peek.message_count, peek.tokens);
+        if checkpoint.is_none() && trigger.is_none() {
+            return unchanged(Some(session));
+        }
+        let outcome = self
+            .rewrite_path(
+                dialect,
+                body,
+                &peek,
+                trigger,
+                context.caller,
+                tenant,
+                &session,
+                checkpoint,
+            )
+            .await;
+        Processed {
+            outcome,
+            session_id: Some(session),
+        }
+    }
+
+    /// The longest checkpoint the request's history matches, hashing only as far as the
+    /// tenant's checkpoints reach.
+    async fn lookup(&self, tenant: TenantId, raw: &[&RawValue]) -> Option<Arc<Checkpoint>> {
+        let reach = match self.store.max_covered(tenant).await {
+            Ok(0) => {
+                self.count_lookup(false);
+                return None;
+            }
+            Ok(n) => n.min(raw.len()),
+            Err(e) => {
+                tracing::warn!(error = %e, "checkpoint lookup failed; treating as a miss");
+                return None;
+            }
+        };
+        let found = match chain(&tenant, &raw[..reach]) {
+            Ok(hashes) => self
+                .store
+                .longest_checkpoint(tenant, &hashes)
+                .await
+                .unwrap_or_else(|e| {
+                    tracing::warn!(error = %e, "checkpoint lookup failed; treating as a miss");
+                    None
+                }),
+            Err(e) => {
+                tracing::debug!(error = %e, "messages not canonicalisable; no checkpoint");
+                None
+            }
+        };
+        self.count_lookup(found.is_some());
+        found
+    }
+
+    fn count_lookup(&self, hit: bool) {
+        self.metrics
+            .checkpoint_lookups
+            .with_label_values(&[if hit { "hit" } else { "miss" }])
+            .inc();
+    }
+
+    /// Splices a checkpoint in and compacts when due.
+    #[allow(clippy::too_many_arguments)]
+    async fn rewrite_path(
+        &self,
+        dialect: DialectKind,
+        body: &Bytes,
+        peek: &Peek,
+        due: Option<Trigger>,
+        caller: &Caller,
+        tenant: TenantId,
+        session: &str,
+        checkpoint: Option<Arc<Checkpoint>>,
+    ) -> Outcome {
+        let request = match dialect.parse(body, self.engine.estimator()) {
+            Ok(r) => r,
+            Err(e) => {
+                let Some(trigger) = due else {
+                    tracing::debug!(error = %e, "chat body not parseable; forwarding unchanged");
+                    return Outcome::Unchanged;
+                };
+                self.record(trigger, CompactionOutcome::Failed);
+                tracing::warn!(error = %e, "compaction due but the body is not understood; forwarding unchanged");
+                return Outcome::Failed;
+            }
+        };
+        let request = request.as_ref();
+        let limits = self
+            .engine
+            .limits(request.model(), request.requested_output());
+        let splice = checkpoint.and_then(|c| self.splice(request.transcript(), c));
+        let (count, tokens) = self.view_size(request, splice.as_ref(), peek.tokens);
+
+        let Some(trigger) = limits.check(count, tokens) else {
+            return self.reuse(request, splice.as_ref(), peek.tokens, tokens);
+        };
+        let allowed = self
+            .store
+            .compaction_allowed(tenant, session)
+            .await
+            .unwrap_or(true);
+        if !allowed {
+            self.record(trigger, CompactionOutcome::Breaker);
+            return self.reuse(request, splice.as_ref(), peek.tokens, tokens);
+        }
+
+        let key = FlightKey {
+            tenant,
+            session: session.to_string(),
+            covered: splice.as_ref().map_or(0, |s| s.covered),
+        };
+        let started = Instant::now();
+        let flight = self
+            .flights
+            .run(key, self.flight_wait, || async {
+                Arc::new(
+                    self.compact_and_store(
+                        request,
+                        splice.as_ref(),
+                        limits,
+                        caller,
+                        tenant,
+                        session,
+                        None,
+                    )
+                    .await,
+                )
+            })
+            .await;
+        let flight = match flight {
+            Ok(f) if f.led => f.value,
+            // Another request of this session made the compaction: use its checkpoint.
+            Ok(_) | Err(_) => return self.after_wait(request, tenant, peek.tokens).await,
+        };
+        self.metrics
+            .compaction_duration
+            .observe(started.elapsed().as_secs_f64());
+        let succeeded = flight.is_ok();
+        if let Ok(true) = self
+            .store
+            .record_compaction(tenant, session, succeeded)
+            .await
+        {
+            self.metrics.breaker_open.inc();
+            tracing::warn!(session, "session breaker open: automatic compaction paused");
+        }
+        match &*flight {
+            Ok((body, compaction)) => {
+                self.record(trigger, CompactionOutcome::Compacted);
+                let mut result = compaction.result.clone();
+                result.pre_tokens = peek.tokens;
+                self.log_compaction(
+                    session,
+                    trigger,
+                    "compacted",
+                    request.transcript().len(),
+                    compaction,
+                    started,
+                );
+                let saved = result.pre_tokens.saturating_sub(result.post_tokens);
+                self.metrics
+                    .tokens_saved
+                    .inc_by(u64::try_from(saved).unwrap_or(u64::MAX));
+                Outcome::Rewritten {
+                    body: Bytes::from(body.clone()),
+                    result,
+                    trigger,
+                }
+            }
+            Err(e) => {
+                let outcome = e.outcome();
+                self.record(trigger, outcome);
+                tracing::warn!(
+                    session,
+                    trigger = trigger.label(),
+                    outcome = outcome.label(),
+                    error = %e,
+                    "compaction failed; forwarding the request without a new summary"
+                );
+                match self.reuse(request, splice.as_ref(), peek.tokens, tokens) {
+                    Outcome::Unchanged => Outcome::Failed,
+                    reused => reused,
+                }
+            }
+        }
+    }
+
+    /// Validates a checkpoint against the request and renders its summary message.
+    fn splice(&self, transcript: &Transcript, checkpoint: Arc<Checkpoint>) -> Option<Splice> {
+        let head = transcript.head_len();
+        let covered = checkpoint.covered;
+        // The summary replaces whole turns after the system head, and a tail must remain.
+        if covered <= head || covered >= transcript.len() {
+            return None;
+        }
+        Some(Splice {
+            covered,
+            message: summary_message(
+                &checkpoint.summary,
+                &checkpoint.read_files,
+                &checkpoint.modified_files,
+            ),
+            prior: Prior {
+                summary: checkpoint.summary.clone(),
+                read_files: checkpoint.read_files.clone(),
+                modified_files: checkpoint.modified_files.clone(),
+                compaction_num: checkpoint.compaction_num,
+            },
+            checkpoint,
+        })
+    }
+
+    /// Messages and estimated tokens the upstream receives after the splice.
+    fn view_size(
+        &self,
+        request: &dyn ParsedRequest,
+        splice: Option<&Splice>,
+        received: usize,
+    ) -> (usize, usize) {
+        let t = request.transcript();
+        match splice {
+            None => (t.len(), received),
+            Some(s) => {
+                let head = t.head_len();
+                let tokens = request
+                    .fixed_tokens()
+                    .saturating_add(t.tokens(0..head))
+                    .saturating_add(self.engine.estimator().text(&s.message))
+                    .saturating_add(t.tokens(s.covered..t.len()));
+                (head + 1 + (t.len() - s.covered), tokens)
+            }
+        }
+    }
+
+    /// The request with a stored summary spliced in, or unchanged without one.
+    fn reuse(
+        &self,
+        request: &dyn ParsedRequest,
+        splice: Option<&Splice>,
+        received: usize,
+        forwarded: usize,
+    ) -> Outcome {
+        let Some(s) = splice else {
+            return Outcome::Unchanged;
+        };
+        let head = request.transcript().head_len();
+        match request.rewrite(head, s.covered, &s.message) {
+            Ok(body) => Outcome::Reused {
+                body: Bytes::from(body),
+                result: CompactionResult {
+                    summary: s.checkpoint.summary.clone(),
+                    read_files: s.checkpoint.read_files.clone(),
+                    modified_files: s.checkpoint.modified_files.clone(),
+                    pre_tokens: received,
+                    post_tokens: forwarded,
+                    compaction_num: s.checkpoint.compaction_num,
+                },
+            },
+            Err(e) => {
+                tracing::warn!(error = %e, "splicing a stored summary failed; forwarding unchanged");
+                Outcome::Unchanged
+            }
+        }
+    }
+
+    /// After waiting on another request's compaction: splice whatever it stored.
+    async fn after_wait(
+        &self,
+        request: &dyn ParsedRequest,
+        tenant: TenantId,
+        received: usize,
+    ) -> Outcome {
+        let checkpoint = self.lookup(tenant, request.raw_messages()).await;
+        let splice = checkpoint.and_then(|c| self.splice(request.transcript(), c));
+        let (_, tokens) = self.view_size(request, splice.as_ref(), received);
+        self.reuse(request, splice.as_ref(), received, tokens)
+    }
+
+    /// Compacts (beyond any spliced prefix), rewrites, and stores the new checkpoint.
+    #[allow(clippy::too_many_arguments)]
+    async fn compact_and_store(
+        &self,
+        request: &dyn ParsedRequest,
+        splice: Option<&Splice>,
+        limits: Limits,
+        caller: &Caller,
+        tenant: TenantId,
+        session: &str,
+        instructions: Option<&str>,
+    ) -> Result<(Vec<u8>, Compaction), CompactError> {
+        let t = request.transcript();
+        let head = t.head_len();
+        // The engine sees the conversation without the covered prefix; the prior summary
+        // travels in `<prior-summary>` and is refined, not repeated.
+        let (view, offset) = match splice {
+            None => (None, 0),
+            Some(s) => {
+                let messages = t.messages[..head]
+                    .iter()
+                    .chain(&t.messages[s.covered..])
+                    .cloned()
+                    .collect();
+                (Some(Transcript::new(messages)), s.covered - head)
+            }
+        };
+        let mut compaction = self
+            .engine
+            .compact(CompactionInput {
+                transcript: view.as_ref().unwrap_or(t),
+                model: request.model(),
+                limits,
+                fixed_tokens: request.fixed_tokens(),
+                prior: splice.map(|s| &s.prior),
+                instructions,
+                caller,
+            })
+            .await?;
+        compaction.boundary += offset;
+        let body = request.rewrite(head, compaction.boundary, &compaction.summary_message)?;
+
+        let prefix = &request.raw_messages()[..compaction.boundary];
+        match chain(&tenant, prefix).map(|h| h.last().copied()) {
+            Ok(Some(hash)) => {
+                let r = &compaction.result;
+                let checkpoint = Checkpoint {
+                    session_id: session.to_string(),
+                    covered: compaction.boundary,
+                    summary: r.summary.clone(),
+                    read_files: r.read_files.clone(),
+                    modified_files: r.modified_files.clone(),
+                    pre_tokens: r.pre_tokens,
+                    post_tokens: r.post_tokens,
+                    compaction_num: r.compaction_num,
+                    created_unix: crate::session::store::unix_now(),
+                };
+                if let Err(e) = self
+                    .store
+                    .put_checkpoint(tenant, hash, Arc::new(checkpoint))
+                    .await
+                {
+                    tracing::warn!(error = %e, "storing the checkpoint failed; the next request compacts again");
+                }
+            }
+            Ok(None) => {}
+            Err(e) => tracing::warn!(error = %e, "checkpoint not stored: messages not hashable"),
+        }
+        Ok((body, compaction))
+    }
+
+    /// Compacts the latest request of a session now (`/compact`, admin API), with optional
+    /// focus instructions, whatever the triggers say.
+    pub async fn compact_session(&self, id: &str, instructions: Option<&str>) -> ManualOutcome {
+        let latest = match self.store.latest_request(id).await {
+            Ok(Some(l)) => l,
+            Ok(None) => return ManualOutcome::UnknownSession,
+            Err(e) => {
+                tracing::warn!(error = %e, "session store unavailable");
+                return ManualOutcome::NotCompacted {
+                    reason: "store_unavailable",
+                };
+            }
+        };
+        let request = match latest.dialect.parse(&latest.body, self.engine.estimator()) {
+            Ok(r) => r,
+            Err(_) => {
+                return ManualOutcome::NotCompacted {
+                    reason: "request_not_understood",
+                }
+            }
+        };
+        let request = request.as_ref();
+        let tenant = TenantId::from_caller(&latest.caller);
+        let checkpoint = self.lookup(tenant, request.raw_messages()).await;
+        let splice = checkpoint.and_then(|c| self.splice(request.transcript(), c));
+        let limits = self
+            .engine
+            .limits(request.model(), request.requested_output());
+        let started = Instant::now();
+        let result = self
+            .compact_and_store(
+                request,
+                splice.as_ref(),
+                limits,
+                &latest.caller,
+                tenant,
+                id,
+                instructions,
+            )
+            .await;
+        self.metrics
+            .compaction_duration
+            .observe(started.elapsed().as_secs_f64());
+        match result {
+            Ok((_, compaction)) => {
+                self.record(Trigger::Manual, CompactionOutcome::Compacted);
+                self.log_compaction(
+                    id,
+                    Trigger::Manual,
+                    "compacted",
+                    request.transcript().len(),
+                    &compaction,
+                    started,
+                );
+                match self.store.session(id).await {
+                    Ok(Some(info)) => match info.latest {
+                        Some(c) => ManualOutcome::Compacted(c),
+                        None => ManualOutcome::NotCompacted {
+                            reason: "checkpoint_not_stored",
+                        },
+                    },
+                    _ => ManualOutcome::NotCompacted {
+                        reason: "checkpoint_not_stored",
+                    },
+                }
+            }
+            Err(e) => {
+                let outcome = e.outcome();
+                self.record(Trigger::Manual, outcome);
+                tracing::warn!(session = id, error = %e, "manual compaction did not happen");
+                ManualOutcome::NotCompacted {
+                    reason: match e {
+                        CompactError::NothingToCompact => "nothing_to_compact",
+                        CompactError::Blank | CompactError::Summarizer(_)
+                            if outcome == CompactionOutcome::Blank =>
+                        {
+                            "blank_summary"
+                        }
+                        CompactError::Summarizer(_) | CompactError::Timeout(_) => {
+                            "summarizer_failed"
+                        }
+                        CompactError::NotSmaller { .. } => "not_smaller",
+                        CompactError::Prompt(_) => "prompt_too_large",
+                        CompactError::Dialect(_) | CompactError::Blank => "rewrite_failed",
+                    },
+                }
+            }
+        }
+    }
+
+    fn log_compaction(
+        &self,
+        session: &str,
+        trigger: Trigger,
+        outcome: &'static str,
+        messages: usize,
+        compaction: &Compaction,
+        started: Instant,
+    ) {
+        let r = &compaction.result;
+        tracing::info!(
+            session,
+            trigger = trigger.label(),
+            outcome,
+            messages_before = messages,
+            messages_after = compaction.head + 1 + messages.saturating_sub(compaction.boundary),
+            tokens_before = r.pre_tokens,
+            tokens_after = r.post_tokens,
+            compaction_num = r.compaction_num,
+            attempts = compaction.attempts,
+            summarizer = self.engine.summarizer_name(),
+            duration_ms = started.elapsed().as_millis() as u64,
+            "compaction"
+        );
+    }
+
+    fn record(&self, trigger: Trigger, outcome: CompactionOutcome) {
+        self.metrics
+            .compactions
+            .with_label_values(&[trigger.label(), outcome.label()])
+            .inc();
+    }
+}

@@ -1,0 +1,658 @@
+//! Usage: the provider's real token counts, read from response bodies on their way through.
+//!
+//! [`Observed`] wraps a response body and hands every frame on the moment it arrives, the very
+//! same frame, while a scanner looks at its bytes for the provider's `usage` object. Nothing
+//! is buffered beyond a bounded scan window, so memory stays bounded whatever the body size:
+//!
+//! - JSON bodies (Chat Completions, Responses and Anthropic Messages without streaming): an
+//!   incremental tokenizer tracks nesting and strings and captures only the value of the
+//!   top-level `usage` key (at most [`JSON_CAPTURE_LIMIT`] bytes), wherever it sits.
+//! - SSE streams: only the current incomplete line (at most [`SSE_LINE_LIMIT`] bytes; a longer
+//!   line is skipped) and the current event's `data` are kept. Events whose data mention
+//!   `"usage"` are parsed: Chat Completions' final chunk (`stream_options.include_usage`),
+//!   Anthropic's `message_start` (`message.usage`) and `message_delta` (`usage`), and
+//!   Responses' `response.completed` (`response.usage`). Later values override earlier ones
+//!   field by field (Anthropic's `message_delta` carries the final `output_tokens`).
+//!
+//! Counts are normalised to [`Usage`] so that `input` is comparable to compactor's estimate of
+//! the whole forwarded prompt:
+//!
+//! - OpenAI (`prompt_tokens`, or `input_tokens` with `input_tokens_details`): the input count
+//!   already includes cached tokens; `input` is that count and `cache_read` the
+//!   `cached_tokens` detail. OpenAI reports no cache writes.
+//! - Anthropic (`input_tokens` with `cache_read_input_tokens` / `cache_creation_input_tokens`):
+//!   `input_tokens` excludes both cache counts, so `input` is the sum of all three;
+//!   `cache_read` and `cache_write` are the two cache counts.
+//!
+//! When the body ends, fails or is dropped (the client went away), the completion callback
+//! runs exactly once with what was found (`None` when no usage was seen, e.g. compressed or
+//! non-JSON bodies). [`recorder`] builds the callback that feeds the metrics and the
+//! per-model [`Calibration`].
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::header::{CONTENT_ENCODING, CONTENT_TYPE};
+use http::HeaderMap;
+use hyper::body::{Body, Frame, SizeHint};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use crate::calibration::Calibration;
+use crate::metrics::Metrics;
+
+/// Most bytes of a JSON body's top-level `usage` value kept for parsing.
+pub const JSON_CAPTURE_LIMIT: usize = 64 * 1024;
+
+/// Longest SSE line (and event data) kept; longer ones are skipped.
+pub const SSE_LINE_LIMIT: usize = 1024 * 1024;
+
+/// Capacity above which an emptied SSE buffer is released rather than kept for reuse.
+const KEEP_CAPACITY: usize = 64 * 1024;
+
+/// Token counts the upstream reported for one response, normalised across providers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Every input token the model read, cached and cache-written ones included.
+    pub input: u64,
+    /// Output tokens generated (reasoning included).
+    pub output: u64,
+    /// Input tokens served from the provider's prompt cache.
+    pub cache_read: u64,
+    /// Input tokens written to the provider's prompt cache (Anthropic only).
+    pub cache_write: u64,
+}
+
+/// How a response body is scanned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// One JSON document (`application/json`, `…+json`).
+    Json,
+    /// Server-sent events (`text/event-stream`).
+    Sse,
+}
+
+impl Format {
+    /// The format of a response from its headers; `None` when the body cannot be scanned
+    /// (another content type, or a `Content-Encoding` such as gzip).
+    pub fn from_headers(headers: &HeaderMap) -> Option<Format> {
+        if let Some(encoding) = headers.get(CONTENT_ENCODING) {
+            let identity = encoding
+                .to_str()
+                .is_ok_and(|e| e.trim().eq_ignore_ascii_case("identity"));
+            if !identity {
+                return None;
+            }
+        }
+        let content_type = headers.get(CONTENT_TYPE)?.to_str().ok()?;
+        let essence = content_type
+            .split(';')
+            .next()
+            .unwrap_or_default()
+            .trim()
+            .to_ascii_lowercase();
+        if essence == "text/event-stream" {
+            Some(Format::Sse)
+        } else if essence == "application/json" || essence.ends_with("+json") {
+            Some(Format::Json)
+        } else {
+            None
+        }
+    }
+}
+
+/// The completion callback of an [`Observed`] body.
+pub type OnUsage = Box<dyn FnOnce(Option<Usage>) + Send>;
+
+/// A response body passed through frame by frame while its `usage` is observed.
+pub struct Observed<B> {
+    inner: B,
+    scanner: Option<Scanner>,
+    on_done: Option<OnUsage>,
+}
+
+impl<B> Observed<B> {
+    /// Wraps `inner`. `format` `None` scans nothing (the callback then gets `None`);
+    /// `on_done` runs exactly once, when the body ends, fails or is dropped.
+    pub fn new(inner: B, format: Option<Format>, on_done: OnUsage) -> Observed<B> {
+        Observed {
+            inner,
+            scanner: format.map(Scanner::new),
+            on_done: Some(on_done),
+        }
+    }
+
+    fn complete(&mut self) {
+        if let Some(on_done) = self.on_done.take() {
+            let usage = self.scanner.take().and_then(Scanner::finish);
+            on_done(usage);
+        }
+    }
+}
+
+impl<B: Body<Data = Bytes> + Unpin> Body for Observed<B> {
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let (Some(data), Some(scanner)) = (frame.data_ref(), this.scanner.as_mut()) {
+                    scanner.feed(data);
+                }
+            }
+            Poll::Ready(Some(Err(_))) | Poll::Ready(None) => this.complete(),
+            Poll::Pending => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl<B> Drop for Observed<B> {
+    fn drop(&mut self) {
+        self.complete();
+    }
+}
+
+/// The completion callback the proxy hands to [`Observed`]: counts the usage in
+/// `compactor_upstream_usage_tokens_total` and, given the raw (uncalibrated) estimate of the
+/// forwarded request's input tokens, records `compactor_estimate_error_ratio` and feeds the
+/// model's calibration.
+pub fn recorder(
+    metrics: Arc<Metrics>,
+    calibration: Arc<Calibration>,
+    model: Option<String>,
+    estimated_input: Option<u64>,
+) -> OnUsage {
+    Box::new(move |usage| {
+        if let Some(usage) = usage {
+            record(
+                &metrics,
+                &calibration,
+                model.as_deref(),
+                estimated_input,
+                &usage,
+            );
+        }
+    })
+}
+
+/// What [`recorder`]'s callback does with a usage.
+pub fn record(
+    metrics: &Metrics,
+    calibration: &Calibration,
+    model: Option<&str>,
+    estimated_input: Option<u64>,
+    usage: &Usage,
+) {
+    for (kind, n) in [
+        ("input", usage.input),
+        ("output", usage.output),
+        ("cache_read", usage.cache_read),
+        ("cache_write", usage.cache_write),
+    ] {
+        metrics
+            .upstream_usage_tokens
+            .with_label_values(&[kind])
+            .inc_by(n);
+    }
+    let Some(estimated) = estimated_input else {
+        return;
+    };
+    if usage.input == 0 {
+        return;
+    }
+    let actual = usage.input as f64;
+    metrics
+        .estimate_error
+        .observe((estimated as f64 - actual) / actual);
+    if let Some(model) = model {
+        calibration.observe(model, estimated, usage.input);
+    }
+}
+
+/// A scanner for one body.
+#[derive(Debug)]
+enum Scanner {
+    Json(JsonScan),
+    Sse(SseScan),
+}
+
+impl Scanner {
+    fn new(format: Format) -> Scanner {
+        match format {
+            Format::Json => Scanner::Json(JsonScan::default()),
+            Format::Sse => Scanner::Sse(SseScan::default()),
+        }
+    }
+
+    fn feed(&mut self, chunk: &[u8]) {
+        match self {
+            Scanner::Json(s) => s.feed(chunk),
+            Scanner::Sse(s) => s.feed(chunk),
+        }
+    }
+
+    fn finish(self) -> Option<Usage> {
+        match self {
+            Scanner::Json(s) => s.fields.usage(),
+            Scanner::Sse(mut s) => {
+                s.finish();
+                s.fields.usage()
+            }
+        }
+    }
+
+    /// Bytes held in scan buffers (for the memory-bound tests).
+    #[cfg(test)]
+    fn retained(&self) -> usize {
+        match self {
+            Scanner::Json(s) => s.capture.capacity(),
+            Scanner::Sse(s) => s.line.capacity() + s.data.capacity(),
+        }
+    }
+}
+
+/// A `usage` object as any of the three APIs writes it.
+#[derive(Debug, Default, Deserialize)]
+struct RawUsage {
+    prompt_tokens: Option<u64>,
+    completion_tokens: Option<u64>,
+    prompt_tokens_details: Option<Details>,
+    input_tokens: Option<u64>,
+    output_tokens: Option<u64>,
+    input_tokens_details: Option<Details>,
+    cache_read_input_tokens: Option<u64>,
+    cache_creation_input_tokens: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct Details {
+    cached_tokens: Option<u64>,
+}
+
+/// An SSE event's data, as far as usage goes. Sub-objects are kept raw and parsed leniently,
+/// so an unrelated field of an unexpected shape (a string `message`) cannot spoil the rest.
+#[derive(Deserialize)]
+struct Event<'a> {
+    #[serde(borrow, default)]
+    usage: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    message: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    response: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct Holder<'a> {
+    #[serde(borrow, default)]
+    usage: Option<&'a RawValue>,
+}
+
+/// Every usage field seen so far; later values override earlier ones.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Fields {
+    prompt_tokens: Option<u64>,
+    completion_tokens: Option<u64>,
+    input_tokens: Option<u64>,
+    output_tokens: Option<u64>,
+    cached_tokens: Option<u64>,
+    cache_read_input_tokens: Option<u64>,
+    cache_creation_input_tokens: Option<u64>,
+}
+
+impl Fields {
+    /// Merges a raw `usage` value (JSON text); `null` or an unexpected shape is ignored.
+    fn merge_json(&mut self, json: &[u8]) {
+        if let Ok(Some(raw)) = serde_json::from_slice::<Option<RawUsage>>(json) {
+            self.merge(raw);
+        }
+    }
+
+    fn merge(&mut self, raw: RawUsage) {
+        fn set(slot: &mut Option<u64>, value: Option<u64>) {
+            if value.is_some() {
+                *slot = value;
+            }
+        }
+        set(&mut self.prompt_tokens, raw.prompt_tokens);
+        set(&mut self.completion_tokens, raw.completion_tokens);
+        set(&mut self.input_tokens, raw.input_tokens);
+        set(&mut self.output_tokens, raw.output_tokens);
+        set(
+            &mut self.cached_tokens,
+            raw.prompt_tokens_details.and_then(|d| d.cached_tokens),
+        );
+        set(
+            &mut self.cached_tokens,
+            raw.input_tokens_details.and_then(|d| d.cached_tokens),
+        );
+        set(&mut self.cache_read_input_tokens, raw.cache_read_input_tokens);
+        set(
+            &mut self.cache_creation_input_tokens,
+            raw.cache_creation_input_tokens,
+        );
+    }
+
+    /// The normalised usage (see the module documentation), if any count was seen.
+    fn usage(&self) -> Option<Usage> {
+        if self.prompt_tokens.is_some() || self.completion_tokens.is_some() {
+            // Chat Completions: prompt_tokens includes cached tokens.
+            return Some(Usage {
+                input: self.prompt_tokens.unwrap_or(0),
+                output: self.completion_tokens.unwrap_or(0),
+                cache_read: self.cached_tokens.unwrap_or(0),
+                cache_write: 0,
+            });
+        }
+        if self.input_tokens.is_none() && self.output_tokens.is_none() {
+            return None;
+        }
+        let input = self.input_tokens.unwrap_or(0);
+        let output = self.output_tokens.unwrap_or(0);
+        if self.cache_read_input_tokens.is_some() || self.cache_creation_input_tokens.is_some() {
+            // Anthropic: input_tokens excludes both cache counts.
+            let read = self.cache_read_input_tokens.unwrap_or(0);
+            let write = self.cache_creation_input_tokens.unwrap_or(0);
+            Some(Usage {
+                input: input.saturating_add(read).saturating_add(write),
+                output,
+                cache_read: read,
+                cache_write: write,
+            })
+        } else {
+            // Responses (or Anthropic without cache fields): input_tokens is the whole input.
+            Some(Usage {
+                input,
+                output,
+                cache_read: self.cached_tokens.unwrap_or(0),
+                cache_write: 0,
+            })
+        }
+    }
+}
+
+/// Incremental scan of one JSON document for its top-level `usage` value.
+#[derive(Debug, Default)]
+struct JsonScan {
+    /// Nesting depth before the current byte (1 = inside the top-level object).
+    depth: u32,
+    in_string: bool,
+    escaped: bool,
+    /// At depth 1, the next string is a key.
+    expect_key: bool,
+    /// Inside a key string at depth 1.
+    in_key: bool,
+    /// The current key's first bytes (enough to recognise `usage`).
+    key: [u8; 6],
+    key_len: usize,
+    /// A key just closed; waiting for its `:`.
+    after_key: bool,
+    /// Copying the bytes of the `usage` value.
+    capturing: bool,
+    capture: Vec<u8>,
+    /// Nothing more to learn: the document ended, is not an object, or the value was too big.
+    stopped: bool,
+    fields: Fields,
+}
+
+impl JsonScan {
+    fn feed(&mut self, chunk: &[u8]) {
+        let mut i = 0;
+        while i < chunk.len() && !self.stopped {
+            if self.in_string {
+                if !self.in_key && !self.capturing && !self.escaped {
+                    // Fast path: skip string contents nobody keeps.
+                    match chunk[i..].iter().position(|&b| b == b'"' || b == b'\\') {
+                        Some(n) => i += n,
+                        None => return,
+                    }
+                }
+                self.string_byte(chunk[i]);
+            } else {
+                self.structural_byte(chunk[i]);
+            }
+            i += 1;
+        }
+    }
+
+    fn string_byte(&mut self, b: u8) {
+        self.keep(b);
+        if self.escaped {
+            self.escaped = false;
+            self.key_byte(b);
+        } else if b == b'\\' {
+            self.escaped = true;
+            self.key_byte(b);
+        } else if b == b'"' {
+            self.in_string = false;
+            if self.in_key {
+                self.in_key = false;
+                self.after_key = true;
+            }
+        } else {
+            self.key_byte(b);
+        }
+    }
+
+    fn key_byte(&mut self, b: u8) {
+        if self.in_key {
+            if self.key_len < self.key.len() {
+                self.key[self.key_len] = b;
+            }
+            self.key_len = self.key_len.saturating_add(1);
+        }
+    }
+
+    fn structural_byte(&mut self, b: u8) {
+        match b {
+            b'"' => {
+                self.keep(b);
+                self.in_string = true;
+                if self.depth == 1 && self.expect_key {
+                    self.expect_key = false;
+                    self.in_key = true;
+                    self.key_len = 0;
+                }
+            }
+            b'{' | b'[' => {
+                if self.depth == 0 {
+                    if b != b'{' {
+                        self.stopped = true;
+                        return;
+                    }
+                    self.expect_key = true;
+                }
+                self.keep(b);
+                self.depth = self.depth.saturating_add(1);
+            }
+            b'}' | b']' => {
+                if self.depth == 1 {
+                    self.end_capture();
+                    self.stopped = true;
+                } else {
+                    self.keep(b);
+                }
+                self.depth = self.depth.saturating_sub(1);
+            }
+            b',' if self.depth == 1 => {
+                self.end_capture();
+                self.expect_key = true;
+            }
+            b':' if self.depth == 1 && self.after_key => {
+                self.after_key = false;
+                if self.key_len == 5 && &self.key[..5] == b"usage" {
+                    self.capturing = true;
+                    self.capture.clear();
+                }
+            }
+            b' ' | b'\t' | b'\n' | b'\r' if self.depth == 0 => {}
+            _ if self.depth == 0 => self.stopped = true,
+            _ => self.keep(b),
+        }
+    }
+
+    /// Appends a byte of the `usage` value while capturing; gives up past the limit.
+    fn keep(&mut self, b: u8) {
+        if self.capturing {
+            if self.capture.len() >= JSON_CAPTURE_LIMIT {
+                self.capturing = false;
+                self.capture = Vec::new();
+                self.stopped = true;
+                return;
+            }
+            self.capture.push(b);
+        }
+    }
+
+    fn end_capture(&mut self) {
+        if self.capturing {
+            self.capturing = false;
+            self.fields.merge_json(&self.capture);
+            self.capture = Vec::new();
+        }
+    }
+}
+
+/// Incremental scan of a server-sent event stream.
+#[derive(Debug, Default)]
+struct SseScan {
+    /// The current incomplete line.
+    line: Vec<u8>,
+    /// The current line grew past the limit: drop bytes until its end.
+    skipping: bool,
+    /// The current event's data lines, joined by `\n`.
+    data: Vec<u8>,
+    /// The current event's data grew past the limit: ignore the event.
+    data_overflow: bool,
+    fields: Fields,
+}
+
+impl SseScan {
+    fn feed(&mut self, chunk: &[u8]) {
+        let mut rest = chunk;
+        while let Some(nl) = rest.iter().position(|&b| b == b'\n') {
+            let head = &rest[..nl];
+            rest = &rest[nl + 1..];
+            if self.skipping {
+                self.skipping = false;
+            } else if self.line.is_empty() {
+                self.line_done(head);
+            } else if self.line.len() + head.len() > SSE_LINE_LIMIT {
+                self.drop_line();
+            } else {
+                let mut line = std::mem::take(&mut self.line);
+                line.extend_from_slice(head);
+                self.line_done(&line);
+                line.clear();
+                if line.capacity() <= KEEP_CAPACITY {
+                    self.line = line;
+                }
+            }
+        }
+        if self.skipping || rest.is_empty() {
+            return;
+        }
+        if self.line.len() + rest.len() > SSE_LINE_LIMIT {
+            self.drop_line();
+            self.skipping = true;
+        } else {
+            self.line.extend_from_slice(rest);
+        }
+    }
+
+    fn drop_line(&mut self) {
+        self.line = Vec::new();
+    }
+
+    /// The stream ended: a last line or event without its terminator still counts.
+    fn finish(&mut self) {
+        if !self.skipping && !self.line.is_empty() {
+            let line = std::mem::take(&mut self.line);
+            self.line_done(&line);
+        }
+        self.dispatch();
+    }
+
+    fn line_done(&mut self, line: &[u8]) {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if line.is_empty() {
+            self.dispatch();
+            return;
+        }
+        let Some(value) = line.strip_prefix(b"data:") else {
+            // `event:`, `id:`, `retry:`, comments: the data's own `type` says enough.
+            return;
+        };
+        let value = value.strip_prefix(b" ").unwrap_or(value);
+        if self.data_overflow {
+            return;
+        }
+        if self.data.len() + value.len() + 1 > SSE_LINE_LIMIT {
+            self.data_overflow = true;
+            self.data = Vec::new();
+            return;
+        }
+        if !self.data.is_empty() {
+            self.data.push(b'\n');
+        }
+        self.data.extend_from_slice(value);
+    }
+
+    fn dispatch(&mut self) {
+        if !self.data_overflow && contains(&self.data, b"\"usage\"") {
+            if let Ok(event) = serde_json::from_slice::<Event>(&self.data) {
+                let nested = |holder: Option<&RawValue>| {
+                    holder.and_then(|h| serde_json::from_str::<Holder>(h.get()).ok()?.usage)
+                };
+                let found = [
+                    event.usage,
+                    nested(event.message),
+                    nested(event.response),
+                ];
+                for usage in found.into_iter().flatten() {
+                    self.fields.merge_json(usage.get().as_bytes());
+                }
+            }
+        }
+        self.data_overflow = false;
+        self.data.clear();
+        if self.data.capacity() > KEEP_CAPACITY {
+            self.data = Vec::new();
+        }
+    }
+}
+
+/// Whether `needle` occurs in `haystack`.
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    let Some((&first, _)) = needle.split_first() else {
+        return true;
+    };
+    let mut from = 0;
+    while let Some(n) = haystack[from..].iter().position(|&b| b == first) {
+        let at = from + n;
+        if haystack[at..].starts_with(needle) {
+            return true;
+        }
+        from = at + 1;
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests;
