@@ -29,7 +29,7 @@ use super::transcript::Transcript;
 use super::trigger::{CompactionOutcome, Limits, Trigger};
 use super::{CompactionResult, Outcome};
 use crate::config::Config;
-use crate::dialect::{DialectKind, ParsedRequest, Peek};
+use crate::dialect::{DialectError, DialectKind, ParsedRequest, Peek};
 use crate::metrics::Metrics;
 use crate::session::hash::SESSION_ID_MESSAGES;
 use crate::session::{
@@ -170,6 +170,10 @@ impl Compactor {
         let estimator = self.engine.estimator();
         let (peek, raw) = match (dialect.peek(body, estimator), dialect.raw_messages(body)) {
             (Ok(peek), Ok(raw)) => (peek, raw),
+            (Err(DialectError::ServerState), _) => {
+                self.record_label("none", "server_state");
+                return unchanged(None);
+            }
             (Err(e), _) | (_, Err(e)) => {
                 tracing::debug!(error = %e, "chat body not understood; forwarding unchanged");
                 return unchanged(None);
@@ -665,9 +669,13 @@ impl Compactor {
     }
 
     fn record(&self, trigger: Trigger, outcome: CompactionOutcome) {
+        self.record_label(trigger.label(), outcome.label());
+    }
+
+    fn record_label(&self, trigger: &str, outcome: &str) {
         self.metrics
             .compactions
-            .with_label_values(&[trigger.label(), outcome.label()])
+            .with_label_values(&[trigger, outcome])
             .inc();
     }
 }

@@ -25,6 +25,10 @@ pub enum DialectError {
     /// Chat Completions.
     #[error(transparent)]
     Chat(#[from] chat::ChatError),
+    /// The conversation lives on the provider (`previous_response_id`, `conversation`): there
+    /// is no history to compact, so the request passes through (counted as `server_state`).
+    #[error("history held by the provider; passed through")]
+    ServerState,
     /// A dialect compactor recognises but does not compact (yet); passed through.
     #[error("{0} requests are passed through unchanged")]
     Unsupported(&'static str),

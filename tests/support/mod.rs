@@ -8,6 +8,7 @@
 pub mod client;
 pub mod metrics;
 pub mod mock;
+pub mod provider_rules;
 pub mod proxy;
 pub mod tls;
 
