@@ -95,7 +95,8 @@ impl Calibration {
         inner.tick += 1;
         let tick = inner.tick;
         if let Some(entry) = inner.models.get_mut(key) {
-            entry.ratio = (entry.ratio + ALPHA * (sample - entry.ratio)).clamp(MIN_FACTOR, MAX_FACTOR);
+            entry.ratio =
+                (entry.ratio + ALPHA * (sample - entry.ratio)).clamp(MIN_FACTOR, MAX_FACTOR);
             entry.samples = entry.samples.saturating_add(1);
             entry.last_seen = tick;
             return;
@@ -122,10 +123,7 @@ impl Calibration {
 
     /// The factor to multiply `model`'s estimates by: 1.0 for a model never observed.
     pub fn factor(&self, model: &str) -> f64 {
-        self.lock()
-            .models
-            .get(key(model))
-            .map_or(1.0, |e| e.ratio)
+        self.lock().models.get(key(model)).map_or(1.0, |e| e.ratio)
     }
 
     /// `estimate` times the model's factor, rounded up (saturating).
@@ -155,7 +153,9 @@ impl Calibration {
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
         // A panic while holding the lock leaves plain numbers behind; keep using them.
-        self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -193,7 +193,10 @@ mod tests {
         for i in 0..40 {
             c.observe("m", 1000, 1300);
             let gap = (c.factor("m") - 1.3).abs();
-            assert!(gap < previous_gap, "step {i}: gap {gap} not below {previous_gap}");
+            assert!(
+                gap < previous_gap,
+                "step {i}: gap {gap} not below {previous_gap}"
+            );
             previous_gap = gap;
         }
         assert!(previous_gap < 0.001, "{}", c.factor("m"));

@@ -18,10 +18,14 @@
 //! - [`summarizer`]: the one place that maps backend names to summarizer plugins.
 //! - [`admin`]: `/metrics`, `/livez`, `/readyz`.
 //! - [`metrics`]: the only place that names metrics.
+//! - [`usage`]: response bodies passed through unbuffered while their `usage` is read.
+//! - [`calibration`]: per-model moving ratio of actual to estimated input tokens.
+//! - [`timing`]: the stopwatch of the time compactor itself adds to a request.
 //! - [`error`]: the error enum whose variants know their HTTP status.
 
 pub mod admin;
 pub mod app;
+pub mod calibration;
 pub mod compaction;
 pub mod config;
 pub mod dialect;
@@ -31,7 +35,9 @@ pub mod proxy;
 pub mod server;
 pub mod session;
 pub mod summarizer;
+pub mod timing;
 pub mod upstream;
+pub mod usage;
 
 pub use app::App;
 pub use config::Config;

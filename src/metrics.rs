@@ -41,9 +41,8 @@ const OVERHEAD_BUCKETS: &[f64] = &[
 ];
 
 /// Buckets for forwarded ÷ received tokens of a compacted request.
-const COMPACTION_RATIO_BUCKETS: &[f64] = &[
-    0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0,
-];
+const COMPACTION_RATIO_BUCKETS: &[f64] =
+    &[0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0];
 
 /// Buckets for estimated input tokens ÷ the model's context window.
 const UTILIZATION_BUCKETS: &[f64] = &[
@@ -436,14 +435,19 @@ mod tests {
             "compactor_estimate_error_ratio",
             "compactor_config_reloads_total",
         ] {
-            assert!(text.contains(&format!("# HELP {name} ")), "{name} missing:\n{text}");
+            assert!(
+                text.contains(&format!("# HELP {name} ")),
+                "{name} missing:\n{text}"
+            );
         }
         assert!(text.contains("compactor_upstream_usage_tokens_total{kind=\"cache_write\"} 0"));
         assert!(text.contains("compactor_config_reloads_total{result=\"error\"} 0"));
         assert!(text.contains(
             "compactor_request_tokens_count{dialect=\"responses\",stage=\"forwarded\"} 0"
         ));
-        assert!(text.contains("compactor_overhead_seconds_bucket{route=\"other\",le=\"0.00005\"} 0"));
+        assert!(
+            text.contains("compactor_overhead_seconds_bucket{route=\"other\",le=\"0.00005\"} 0")
+        );
         // The dialect label values are DialectKind's.
         use crate::dialect::DialectKind;
         let kinds = [

@@ -93,7 +93,11 @@ mod tests {
             })
             .await;
         assert_eq!(v, 7);
-        assert!(o.excluded() >= Duration::from_millis(50), "{:?}", o.excluded());
+        assert!(
+            o.excluded() >= Duration::from_millis(50),
+            "{:?}",
+            o.excluded()
+        );
         let total = o.started.elapsed();
         assert!(o.finish() <= total - Duration::from_millis(50));
     }

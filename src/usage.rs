@@ -342,7 +342,10 @@ impl Fields {
             &mut self.cached_tokens,
             raw.input_tokens_details.and_then(|d| d.cached_tokens),
         );
-        set(&mut self.cache_read_input_tokens, raw.cache_read_input_tokens);
+        set(
+            &mut self.cache_read_input_tokens,
+            raw.cache_read_input_tokens,
+        );
         set(
             &mut self.cache_creation_input_tokens,
             raw.cache_creation_input_tokens,
@@ -617,13 +620,10 @@ impl SseScan {
     fn dispatch(&mut self) {
         if !self.data_overflow && contains(&self.data, b"\"usage\"") {
             if let Ok(event) = serde_json::from_slice::<Event>(&self.data) {
-                let nested = |holder: Option<&RawValue>| {
-                    holder.and_then(|h| serde_json::from_str::<Holder>(h.get()).ok()?.usage)
-                };
                 let found = [
                     event.usage,
-                    nested(event.message),
-                    nested(event.response),
+                    nested_usage(event.message),
+                    nested_usage(event.response),
                 ];
                 for usage in found.into_iter().flatten() {
                     self.fields.merge_json(usage.get().as_bytes());
@@ -636,6 +636,11 @@ impl SseScan {
             self.data = Vec::new();
         }
     }
+}
+
+/// The `usage` member of an object such as Anthropic's `message` or Responses' `response`.
+fn nested_usage(holder: Option<&RawValue>) -> Option<&RawValue> {
+    serde_json::from_str::<Holder>(holder?.get()).ok()?.usage
 }
 
 /// Whether `needle` occurs in `haystack`.
