@@ -3,7 +3,7 @@
 //! Owning the metrics registry, the upstream pool and the compaction engine in one value (not
 //! in globals) is what lets several proxies run side by side in one test process.
 
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock};
 
 use crate::compaction::Compactor;
 use crate::config::Config;
@@ -25,6 +25,27 @@ pub struct App {
 }
 
 impl App {
+    /// Builds an app for `config` that keeps this one's metrics registry and session store,
+    /// so a reload changes behaviour without losing counters, sessions or summaries.
+    /// (Store limits and listener addresses are fixed at start-up.)
+    pub fn reconfigure(&self, config: Config) -> Result<App, Error> {
+        config.validate()?;
+        let summarizer = summarizer::build(&config, self.metrics.clone())?;
+        let compactor = Compactor::with_store(
+            &config,
+            summarizer,
+            self.metrics.clone(),
+            self.compactor.store().clone(),
+        );
+        let upstream = Upstream::new(&config)?;
+        Ok(App {
+            config,
+            metrics: self.metrics.clone(),
+            upstream,
+            compactor,
+        })
+    }
+
     /// Builds every component; fails on anything a request would otherwise discover later.
     pub fn new(config: Config) -> Result<App, Error> {
         config.validate()?;
@@ -38,5 +59,29 @@ impl App {
             upstream,
             compactor,
         })
+    }
+}
+
+/// The current app, swapped atomically by a reload: each request takes the app that is current
+/// when it arrives and keeps it to the end, so in-flight requests finish on the old settings.
+pub struct AppHandle(RwLock<Arc<App>>);
+
+impl AppHandle {
+    /// Wraps the initial app.
+    pub fn new(app: App) -> AppHandle {
+        AppHandle(RwLock::new(Arc::new(app)))
+    }
+
+    /// The app for a new request.
+    pub fn current(&self) -> Arc<App> {
+        self.0
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Makes `app` current for every request that arrives from now on.
+    pub fn replace(&self, app: App) {
+        *self.0.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(app);
     }
 }

@@ -11,6 +11,7 @@
 //! - [`config`]: the only reader of files and environment.
 //! - [`server`]: listeners (proxy + admin), accept loops, TLS, graceful shutdown.
 //! - [`proxy`]: the only place that orders the steps of a request.
+//! - [`reload`]: hot reload of the configuration on SIGHUP or file change.
 //! - [`upstream`]: pooled HTTP client, URI/Host rewrite, hop-by-hop headers.
 //! - [`dialect`]: one module per wire format, to and from the neutral transcript.
 //! - [`compaction`]: the engine (trigger, estimate, mask, boundary, prompt, files, processor).
@@ -32,6 +33,7 @@ pub mod dialect;
 pub mod error;
 pub mod metrics;
 pub mod proxy;
+pub mod reload;
 pub mod server;
 pub mod session;
 pub mod summarizer;

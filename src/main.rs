@@ -15,6 +15,7 @@ use compactor::compaction::{CompactionInput, Compactor};
 use compactor::config::{Config, LogFormat};
 use compactor::dialect::chat;
 use compactor::metrics::Metrics;
+use compactor::reload::Reloader;
 use compactor::Server;
 use compactor_plugin_api::Caller;
 use tracing_subscriber::EnvFilter;
@@ -83,13 +84,16 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             print!("{}", config.redacted().to_toml());
             Ok(ExitCode::SUCCESS)
         }
-        Command::Serve { config } => {
-            let config = Config::load(config.as_deref())?;
+        Command::Serve { config: path } => {
+            let config = Config::load(path.as_deref())?;
             init_tracing(config.server.log_format, "info");
             let runtime = tokio::runtime::Runtime::new().context("starting the runtime")?;
             runtime.block_on(async {
                 let server = Server::bind(config).await.context("starting the server")?;
-                server.run(shutdown_signal()).await?;
+                let reloader = tokio::spawn(Reloader::new(server.handle(), path).run());
+                let served = server.run(shutdown_signal()).await;
+                reloader.abort();
+                served?;
                 anyhow::Ok(())
             })?;
             Ok(ExitCode::SUCCESS)

@@ -19,7 +19,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 
-use crate::app::App;
+use crate::app::{App, AppHandle};
 use crate::config::Config;
 use crate::error::Error;
 use crate::{admin, proxy};
@@ -29,7 +29,7 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A bound, not yet running compactor.
 pub struct Server {
-    app: Arc<App>,
+    app: Arc<AppHandle>,
     proxy: TcpListener,
     admin: TcpListener,
     tls: Option<TlsAcceptor>,
@@ -51,7 +51,7 @@ impl Server {
         };
         let proxy = TcpListener::bind(config.server.listen).await?;
         let admin = TcpListener::bind(config.server.admin_listen).await?;
-        let app = Arc::new(App::new(config)?);
+        let app = Arc::new(AppHandle::new(App::new(config)?));
         Ok(Server {
             app,
             proxy,
@@ -64,18 +64,23 @@ impl Server {
     pub fn proxy_addr(&self) -> SocketAddr {
         self.proxy
             .local_addr()
-            .unwrap_or_else(|_| self.app.config.server.listen)
+            .unwrap_or_else(|_| self.app.current().config.server.listen)
     }
 
     /// The admin listener's address.
     pub fn admin_addr(&self) -> SocketAddr {
         self.admin
             .local_addr()
-            .unwrap_or_else(|_| self.app.config.server.admin_listen)
+            .unwrap_or_else(|_| self.app.current().config.server.admin_listen)
     }
 
-    /// The shared application state (metrics, engine), e.g. for tests.
+    /// The current application state (metrics, engine), e.g. for tests.
     pub fn app(&self) -> Arc<App> {
+        self.app.current()
+    }
+
+    /// The swappable app, for hot reload.
+    pub fn handle(&self) -> Arc<AppHandle> {
         self.app.clone()
     }
 
@@ -87,7 +92,6 @@ impl Server {
             admin,
             tls,
         } = self;
-        let grace = app.config.shutdown_grace();
         let mut builder = auto::Builder::new(TokioExecutor::new());
         builder
             .http1()
@@ -128,6 +132,7 @@ impl Server {
 
         drop(proxy);
         drop(admin);
+        let grace = app.current().config.shutdown_grace();
         tracing::info!(
             connections = graceful.count(),
             grace_secs = grace.as_secs_f64(),
@@ -142,7 +147,7 @@ impl Server {
 }
 
 async fn serve_connection(
-    app: Arc<App>,
+    app: Arc<AppHandle>,
     builder: auto::Builder<TokioExecutor>,
     watcher: hyper_util::server::graceful::Watcher,
     stream: TcpStream,
@@ -151,7 +156,7 @@ async fn serve_connection(
     tls: Option<TlsAcceptor>,
 ) {
     let service = service_fn(move |request| {
-        let app = app.clone();
+        let app = app.current();
         async move {
             Ok::<_, std::convert::Infallible>(match listener {
                 Listener::Proxy => proxy::handle(app, request, peer).await,

@@ -5,13 +5,13 @@
 mod support;
 
 use std::net::SocketAddr;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use http::StatusCode;
 use serde_json::json;
-use support::{upstream_toml, within, MockUpstream, Reply, SseReader, TestClient, TestProxy};
-use tokio::io::{AsyncBufReadExt, BufReader};
+use support::{
+    upstream_toml, within, Binary, MockUpstream, Reply, SseReader, TestClient, TestProxy,
+};
 
 /// Polls until connecting to `addr` is refused (bounded by the test timeout).
 async fn wait_until_refused(addr: SocketAddr) {
@@ -100,33 +100,6 @@ async fn shutdown_drain_is_bounded_by_the_grace_period() {
     drop(sse);
 }
 
-/// Strips ANSI colour sequences from a log line.
-fn strip_ansi(line: &str) -> String {
-    let mut out = String::with_capacity(line.len());
-    let mut chars = line.chars().peekable();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            if chars.peek() == Some(&'[') {
-                chars.next();
-                for c in chars.by_ref() {
-                    if c.is_ascii_alphabetic() {
-                        break;
-                    }
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
-/// The first socket address in a log line.
-fn addr_in(line: &str) -> Option<SocketAddr> {
-    line.split(|c: char| c.is_whitespace() || c == '=' || c == '"' || c == ',' || c == '}')
-        .find_map(|token| token.parse().ok())
-}
-
 #[tokio::test]
 async fn binary_exits_zero_on_sigterm_after_draining() {
     let mock = MockUpstream::start().await;
@@ -142,57 +115,8 @@ async fn binary_exits_zero_on_sigterm_after_draining() {
     )
     .expect("write config");
 
-    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_compactor"));
-    command
-        .arg("serve")
-        .arg("--config")
-        .arg(&config)
-        .current_dir(dir.path())
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    for (key, _) in std::env::vars() {
-        if key.starts_with("COMPACTOR_") {
-            command.env_remove(key);
-        }
-    }
-    let mut child = command.spawn().expect("spawn compactor");
-    let pid = child.id().expect("pid");
-    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-
-    let (mut proxy, mut admin) = (None, None);
-    let mut log = Vec::new();
-    within("listening log lines", async {
-        while proxy.is_none() || admin.is_none() {
-            let Some(line) = lines.next_line().await.expect("read stderr") else {
-                panic!("compactor exited before listening:\n{}", log.join("\n"));
-            };
-            let line = strip_ansi(&line);
-            if line.contains("listening") {
-                if let Some(addr) = addr_in(&line) {
-                    if line.contains("admin") {
-                        admin = Some(addr);
-                    } else {
-                        proxy = Some(addr);
-                    }
-                }
-            }
-            log.push(line);
-        }
-    })
-    .await;
-    let (proxy, admin) = (proxy.expect("proxy addr"), admin.expect("admin addr"));
-    // Keep draining stderr so the child never blocks on a full pipe.
-    let drain = tokio::spawn(async move {
-        let mut rest = Vec::new();
-        while let Ok(Some(line)) = lines.next_line().await {
-            rest.push(strip_ansi(&line));
-        }
-        rest
-    });
-
+    let mut binary = Binary::serve(&config, dir.path()).await;
+    let (proxy, admin) = (binary.proxy, binary.admin);
     let client = TestClient::http1();
     let (status, _) = client.get_text(&format!("http://{admin}/livez")).await;
     assert_eq!(status, StatusCode::OK);
@@ -206,12 +130,7 @@ async fn binary_exits_zero_on_sigterm_after_draining() {
     sse.event("before").await.expect("open");
     assert_eq!(reader.next_data().await.as_deref(), Some("before"));
 
-    let kill = std::process::Command::new("kill")
-        .arg("-TERM")
-        .arg(pid.to_string())
-        .status()
-        .expect("run kill");
-    assert!(kill.success());
+    binary.signal("TERM");
     wait_until_refused(proxy).await;
 
     sse.event("after").await.expect("stream survives SIGTERM");
@@ -219,13 +138,15 @@ async fn binary_exits_zero_on_sigterm_after_draining() {
     sse.finish();
     assert_eq!(reader.next_event().await, None);
 
-    let status = within("compactor exit", child.wait()).await.expect("wait");
-    let rest = drain.await.unwrap_or_default();
+    let status = within("compactor exit", binary.child.wait())
+        .await
+        .expect("wait");
+    let rest = (&mut binary.drain).await.unwrap_or_default();
     assert_eq!(
         status.code(),
         Some(0),
         "exit status {status:?}; log:\n{}\n{}",
-        log.join("\n"),
+        binary.log.join("\n"),
         rest.join("\n")
     );
 }

@@ -5,6 +5,7 @@
 //! each uses a different subset, hence the blanket `dead_code` allowance.
 #![allow(dead_code, unused_imports)]
 
+pub mod binary;
 pub mod client;
 pub mod metrics;
 pub mod mock;
@@ -15,6 +16,7 @@ pub mod tls;
 use std::future::Future;
 use std::time::Duration;
 
+pub use binary::Binary;
 pub use client::{
     body_bytes, channel_body, empty_body, full_body, raw_http1, ClientBody, ClientBodySender,
     SseReader, TestClient,
