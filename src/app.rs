@@ -26,7 +26,7 @@ pub struct App {
 
 impl App {
     /// Builds an app for `config` that keeps this one's metrics registry and session store,
-    /// so a reload changes behaviour without losing counters, sessions or summaries.
+    /// so a reload changes behaviour without losing counters, sessions, summaries or calibration.
     /// (Store limits and listener addresses are fixed at start-up.)
     pub fn reconfigure(&self, config: Config) -> Result<App, Error> {
         config.validate()?;
@@ -36,7 +36,8 @@ impl App {
             summarizer,
             self.metrics.clone(),
             self.compactor.store().clone(),
-        );
+        )
+        .with_calibration(self.compactor.calibration().clone());
         let upstream = Upstream::new(&config)?;
         Ok(App {
             config,

@@ -164,6 +164,9 @@ pub struct CompactionConfig {
     pub default_context_window: usize,
     /// After repeated failed compactions a session stops compacting for this long.
     pub breaker_cooldown_secs: f64,
+    /// Scale token estimates per model by the observed ratio of the provider's reported input
+    /// tokens to compactor's estimate, so the token trigger fires at the right point.
+    pub calibration: bool,
 }
 
 /// `[summarizer]`
@@ -313,6 +316,7 @@ impl Default for CompactionConfig {
             preserve_ratio: 0.25,
             default_context_window: 128_000,
             breaker_cooldown_secs: 300.0,
+            calibration: true,
         }
     }
 }

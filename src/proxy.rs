@@ -6,8 +6,10 @@
 //!    decide, forward the rewritten body or the original bytes (fail open);
 //! 4. send upstream with the response-head timeout;
 //! 5. respond: stream the upstream body back untouched, minus hop-by-hop headers, plus the
-//!    `x-compactor-*` headers; record metrics once the head is out and keep the in-flight gauge
-//!    up until the body is finished or dropped.
+//!    `x-compactor-*` headers; chat responses are watched for the provider's `usage` as frames
+//!    pass (metrics, calibration); record metrics once the head is out (including compactor's
+//!    own overhead: the time not spent waiting on the upstream or the summarizer) and keep the
+//!    in-flight gauge up until the body is finished or dropped.
 //!
 //! Everything else (bodies of non-chat calls, every response body) streams frame by frame.
 
@@ -29,7 +31,9 @@ use crate::compaction::{Outcome, Processed, RequestContext};
 use crate::dialect::DialectKind;
 use crate::error::Error;
 use crate::metrics::{status_class, Metrics, RouteLabel};
+use crate::timing::Overhead;
 use crate::upstream::{prepare_headers, strip_hop_by_hop, BoxError, ProxyBody, Resolved};
+use crate::usage::{self, Format, Observed};
 
 /// Response header: whether the forwarded request carries a summary, new or reused.
 pub const HEADER_COMPACTED: &str = "x-compactor-compacted";
@@ -53,6 +57,7 @@ pub async fn handle(
     peer: SocketAddr,
 ) -> Response<ProxyBody> {
     let started = Instant::now();
+    let mut overhead = Overhead::started_at(started);
     let in_flight = InFlight::start(app.metrics.clone());
     let method = method_label(request.method());
 
@@ -69,7 +74,7 @@ pub async fn handle(
     };
 
     let result = match resolved {
-        Ok(resolved) => forward(&app, request, resolved, dialect, peer).await,
+        Ok(resolved) => forward(&app, request, resolved, dialect, peer, &mut overhead).await,
         Err(e) => Err(e),
     };
     let response = result.unwrap_or_else(|e| {
@@ -87,6 +92,10 @@ pub async fn handle(
         .request_duration
         .with_label_values(&[route.as_str()])
         .observe(started.elapsed().as_secs_f64());
+    app.metrics
+        .overhead
+        .with_label_values(&[route.as_str()])
+        .observe(overhead.finish().as_secs_f64());
     tracing::debug!(
         route = route.as_str(),
         method,
@@ -110,6 +119,7 @@ async fn forward(
     resolved: Resolved,
     dialect: Option<DialectKind>,
     peer: SocketAddr,
+    overhead: &mut Overhead,
 ) -> Result<Response<ProxyBody>, Error> {
     let (mut parts, body) = request.into_parts();
     prepare_headers(&mut parts.headers, &resolved.host, peer.ip());
@@ -117,6 +127,7 @@ async fn forward(
 
     // Headers for the client's response: set for every chat call, empty otherwise.
     let mut chat_headers = HeaderMap::new();
+    let mut estimate = None;
     let body = match dialect {
         Some(dialect) if app.config.compaction.enabled => {
             let original =
@@ -130,6 +141,8 @@ async fn forward(
                     .and_then(|v| v.to_str().ok()),
             };
             let processed = app.compactor.handle(dialect, &original, &context).await;
+            overhead.exclude(processed.summarizer_time);
+            estimate = processed.estimate.clone();
             let forwarded = annotate(&mut chat_headers, processed, original);
             parts
                 .headers
@@ -146,9 +159,8 @@ async fn forward(
     };
 
     let sent = Instant::now();
-    let response = app
-        .upstream
-        .send(Request::from_parts(parts, body))
+    let response = overhead
+        .wait(app.upstream.send(Request::from_parts(parts, body)))
         .await
         .map_err(|e| {
             app.metrics
@@ -164,10 +176,21 @@ async fn forward(
     let (mut parts, body) = response.into_parts();
     strip_hop_by_hop(&mut parts.headers);
     parts.headers.extend(chat_headers);
-    Ok(Response::from_parts(
-        parts,
-        body.map_err(BoxError::from).boxed_unsync(),
-    ))
+    let body = body.map_err(BoxError::from).boxed_unsync();
+    // Chat responses are watched for the provider's `usage` as they stream by.
+    let body = match (estimate, Format::from_headers(&parts.headers)) {
+        (Some(estimate), Some(format)) if parts.status.is_success() => {
+            let record = usage::recorder(
+                app.metrics.clone(),
+                app.compactor.calibration().clone(),
+                estimate.model,
+                Some(estimate.tokens as u64),
+            );
+            Observed::new(body, Some(format), record).boxed_unsync()
+        }
+        _ => body,
+    };
+    Ok(Response::from_parts(parts, body))
 }
 
 /// Fills the `x-compactor-*` response headers from the compaction outcome and returns the

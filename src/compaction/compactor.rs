@@ -28,6 +28,7 @@ use super::prompt::summary_message;
 use super::transcript::Transcript;
 use super::trigger::{CompactionOutcome, Limits, Trigger};
 use super::{CompactionResult, Outcome};
+use crate::calibration::Calibration;
 use crate::config::Config;
 use crate::dialect::{DialectError, DialectKind, ParsedRequest, Peek};
 use crate::metrics::Metrics;
@@ -47,12 +48,26 @@ pub struct RequestContext<'a> {
 }
 
 /// The outcome of one request plus the session it belongs to.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct Processed {
     /// What to forward.
     pub outcome: Outcome,
     /// The session id (`x-compactor-session`), when the body was a conversation.
     pub session_id: Option<String>,
+    /// Time spent waiting for summaries (not compactor's own overhead).
+    pub summarizer_time: Duration,
+    /// The request's model and the raw estimate of the forwarded input, for comparing with
+    /// the provider's reported usage.
+    pub estimate: Option<ForwardedEstimate>,
+}
+
+/// What the response's `usage` is compared with.
+#[derive(Debug, Clone)]
+pub struct ForwardedEstimate {
+    /// The request's model.
+    pub model: Option<String>,
+    /// Estimated input tokens of the body forwarded (raw, never calibrated).
+    pub tokens: usize,
 }
 
 /// The answer to a manual compaction (`POST /session/{id}/summarize`).
@@ -92,6 +107,8 @@ struct Splice {
 pub struct Compactor {
     engine: Engine,
     metrics: Arc<Metrics>,
+    calibration: Arc<Calibration>,
+    calibrate: bool,
     store: Arc<dyn SessionStore>,
     flights: SingleFlight<FlightKey, FlightValue>,
     flight_wait: Duration,
@@ -125,10 +142,31 @@ impl Compactor {
         Compactor {
             engine,
             metrics,
+            calibration: Arc::new(Calibration::new()),
+            calibrate: config.compaction.calibration,
             store,
             flights: SingleFlight::new(),
             flight_wait,
             enabled: config.compaction.enabled,
+        }
+    }
+
+    /// Shares a calibration table (kept across reloads, fed by observed usage).
+    pub fn with_calibration(mut self, calibration: Arc<Calibration>) -> Self {
+        self.calibration = calibration;
+        self
+    }
+
+    /// The per-model calibration table.
+    pub fn calibration(&self) -> &Arc<Calibration> {
+        &self.calibration
+    }
+
+    /// The estimate the token trigger compares: calibrated for the model when enabled.
+    fn trigger_tokens(&self, model: Option<&str>, tokens: usize) -> usize {
+        match model {
+            Some(model) if self.calibrate => self.calibration.apply(model, tokens),
+            _ => tokens,
         }
     }
 
@@ -160,23 +198,19 @@ impl Compactor {
         body: &Bytes,
         context: &RequestContext<'_>,
     ) -> Processed {
-        let unchanged = |session_id| Processed {
-            outcome: Outcome::Unchanged,
-            session_id,
-        };
         if !self.enabled {
-            return unchanged(None);
+            return Processed::default();
         }
         let estimator = self.engine.estimator();
         let (peek, raw) = match (dialect.peek(body, estimator), dialect.raw_messages(body)) {
             (Ok(peek), Ok(raw)) => (peek, raw),
             (Err(DialectError::ServerState), _) => {
                 self.record_label("none", "server_state");
-                return unchanged(None);
+                return Processed::default();
             }
             (Err(e), _) | (_, Err(e)) => {
                 tracing::debug!(error = %e, "chat body not understood; forwarding unchanged");
-                return unchanged(None);
+                return Processed::default();
             }
         };
         self.metrics
@@ -200,15 +234,12 @@ impl Compactor {
         }
 
         let checkpoint = self.lookup(tenant, &raw).await;
-        let limits = self
-            .engine
-            .limits(peek.model.as_deref(), peek.requested_output);
-        let trigger = limits.check(peek.message_count, peek.tokens);
-        if checkpoint.is_none() && trigger.is_none() {
-            return unchanged(Some(session));
-        }
-        let outcome = self
-            .rewrite_path(
+        let model = peek.model.as_deref();
+        let limits = self.engine.limits(model, peek.requested_output);
+        let trigger = limits.check(peek.message_count, self.trigger_tokens(model, peek.tokens));
+        let mut summarizer_time = Duration::ZERO;
+        let outcome = if checkpoint.is_some() || trigger.is_some() {
+            self.rewrite_path(
                 dialect,
                 body,
                 &peek,
@@ -217,12 +248,58 @@ impl Compactor {
                 tenant,
                 &session,
                 checkpoint,
+                &mut summarizer_time,
             )
-            .await;
-        Processed {
+            .await
+        } else {
+            Outcome::Unchanged
+        };
+        let mut processed = Processed {
             outcome,
             session_id: Some(session),
+            summarizer_time,
+            estimate: None,
+        };
+        self.record_tokens(dialect, &peek, limits.context_window, &mut processed);
+        processed
+    }
+
+    /// Token metrics of one request, and the estimate its response's usage is compared with.
+    fn record_tokens(
+        &self,
+        dialect: DialectKind,
+        peek: &Peek,
+        window: usize,
+        processed: &mut Processed,
+    ) {
+        let received = peek.tokens;
+        let forwarded = match &processed.outcome {
+            Outcome::Rewritten { result, .. } | Outcome::Reused { result, .. } => {
+                result.post_tokens
+            }
+            Outcome::Unchanged | Outcome::Failed => received,
+        };
+        let d = dialect.label();
+        let m = &self.metrics;
+        m.request_tokens
+            .with_label_values(&[d, "received"])
+            .observe(received as f64);
+        m.request_tokens
+            .with_label_values(&[d, "forwarded"])
+            .observe(forwarded as f64);
+        if window > 0 {
+            m.context_utilization
+                .with_label_values(&[d])
+                .observe(received as f64 / window as f64);
         }
+        if forwarded != received && received > 0 {
+            m.compaction_ratio
+                .observe(forwarded as f64 / received as f64);
+        }
+        processed.estimate = Some(ForwardedEstimate {
+            model: peek.model.clone(),
+            tokens: forwarded,
+        });
     }
 
     /// The longest checkpoint the request's history matches, hashing only as far as the
@@ -276,6 +353,7 @@ impl Compactor {
         tenant: TenantId,
         session: &str,
         checkpoint: Option<Arc<Checkpoint>>,
+        summarizer_time: &mut Duration,
     ) -> Outcome {
         let request = match dialect.parse(body, self.engine.estimator()) {
             Ok(r) => r,
@@ -295,8 +373,9 @@ impl Compactor {
             .limits(request.model(), request.requested_output());
         let splice = checkpoint.and_then(|c| self.splice(request.transcript(), c));
         let (count, tokens) = self.view_size(request, splice.as_ref(), peek.tokens);
+        let calibrated = self.trigger_tokens(request.model(), tokens);
 
-        let Some(trigger) = limits.check(count, tokens) else {
+        let Some(trigger) = limits.check(count, calibrated) else {
             return self.reuse(request, splice.as_ref(), peek.tokens, tokens);
         };
         let allowed = self
@@ -332,6 +411,7 @@ impl Compactor {
                 )
             })
             .await;
+        *summarizer_time += started.elapsed();
         let flight = match flight {
             Ok(f) if f.led => f.value,
             // Another request of this session made the compaction: use its checkpoint.

@@ -27,7 +27,7 @@ mod props;
 #[cfg(test)]
 pub(crate) mod testing;
 
-pub use compactor::{Compactor, ManualOutcome, Processed, RequestContext};
+pub use compactor::{Compactor, ForwardedEstimate, ManualOutcome, Processed, RequestContext};
 pub use processor::{
     CompactError, Compaction, CompactionInput, Engine, Prior,
     COMPACTION_CIRCUIT_BREAKER_THRESHOLD,
@@ -52,10 +52,11 @@ pub struct CompactionResult {
 }
 
 /// What the proxy should forward.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub enum Outcome {
     /// No compaction needed (or the body is not one compactor understands): forward the
     /// original bytes.
+    #[default]
     Unchanged,
     /// Forward this body instead of the original.
     Rewritten {

@@ -1,0 +1,169 @@
+//! Operator experience through the real proxy: exact metric values after known traffic,
+//! usage read from JSON and SSE responses, calibration moving the token trigger, and the
+//! `x-compactor-*` response headers.
+
+mod support;
+
+use serde_json::{json, Value};
+use support::provider_rules::chat_tokens;
+use support::{upstream_toml, MockUpstream, Recorded, Reply, TestClient, TestProxy};
+
+const CHAT: &str = "/v1/chat/completions";
+
+/// A conversation of `turns` user/assistant turns of `chars` characters each.
+fn conversation(topic: &str, turns: usize, chars: usize) -> Value {
+    let mut messages = vec![json!({"role": "system", "content": format!("Topic: {topic}.")})];
+    for i in 0..turns {
+        let role = if i % 2 == 0 { "user" } else { "assistant" };
+        messages.push(json!({"role": role, "content": "y".repeat(chars)}));
+    }
+    json!({"model": "calib-model", "messages": messages})
+}
+
+/// A completion whose usage reports `factor` × the mock's own count of the prompt.
+fn completion_with_usage(request: &Recorded, factor: usize) -> Reply {
+    let body: Value = serde_json::from_slice(&request.body).unwrap_or(Value::Null);
+    let prompt = chat_tokens(&body) * factor;
+    Reply::json(
+        200,
+        &json!({
+            "id": "c", "object": "chat.completion", "model": "calib-model",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": prompt, "completion_tokens": 7, "total_tokens": prompt + 7,
+                      "prompt_tokens_details": {"cached_tokens": 10}}
+        }),
+    )
+}
+
+fn proxy_config(mock: &MockUpstream, calibration: bool) -> String {
+    format!(
+        "{}[compaction]\ncalibration = {calibration}\nmin_preserve_tokens = 100\n\
+         [summarizer]\nbackend = \"extractive\"\n\
+         [models.\"calib-model\"]\ncontext_window = 10000\n",
+        upstream_toml(&mock.url())
+    )
+}
+
+#[tokio::test]
+async fn usage_from_json_and_sse_responses_is_counted_exactly() {
+    let mock = MockUpstream::start().await;
+    mock.set_handler(|r| completion_with_usage(r, 1));
+    let proxy = TestProxy::start(&proxy_config(&mock, true)).await;
+    let client = TestClient::http1();
+    for topic in ["a", "b", "c"] {
+        let response = client
+            .post_json(&proxy.url(CHAT), &conversation(topic, 3, 400))
+            .await;
+        assert_eq!(response.status(), 200);
+        support::body_bytes(response).await;
+    }
+    // Three JSON responses: 7 output tokens each, 10 cached each.
+    proxy
+        .wait_metric(
+            "compactor_upstream_usage_tokens_total",
+            &[("kind", "output")],
+            21.0,
+        )
+        .await;
+    let cache = proxy
+        .metric(
+            "compactor_upstream_usage_tokens_total",
+            &[("kind", "cache_read")],
+        )
+        .await;
+    assert_eq!(cache, Some(30.0));
+    let received = proxy
+        .metric(
+            "compactor_request_tokens_count",
+            &[("dialect", "chat_completions"), ("stage", "received")],
+        )
+        .await;
+    assert_eq!(received, Some(3.0));
+    assert_eq!(
+        proxy
+            .metric(
+                "compactor_overhead_seconds_count",
+                &[("route", "chat_completions")]
+            )
+            .await,
+        Some(3.0)
+    );
+    assert_eq!(
+        proxy
+            .metric("compactor_estimate_error_ratio_count", &[])
+            .await,
+        Some(3.0)
+    );
+
+    // An SSE stream whose last chunk carries usage (stream_options.include_usage).
+    mock.set_handler(|_| {
+        Reply::sse(&[
+            r#"{"choices":[{"index":0,"delta":{"content":"hi"}}]}"#,
+            r#"{"choices":[],"usage":{"prompt_tokens":50,"completion_tokens":5,"total_tokens":55}}"#,
+            "[DONE]",
+        ])
+    });
+    let response = client
+        .post_json(&proxy.url(CHAT), &conversation("sse", 3, 400))
+        .await;
+    support::body_bytes(response).await;
+    proxy
+        .wait_metric(
+            "compactor_upstream_usage_tokens_total",
+            &[("kind", "output")],
+            26.0,
+        )
+        .await;
+}
+
+/// The provider counts twice what compactor estimates: after one observed response, a request
+/// at ~70% of the threshold by the raw estimate is over it once calibrated, and compacts.
+#[tokio::test]
+async fn calibration_moves_the_token_trigger() {
+    for calibration in [true, false] {
+        let mock = MockUpstream::start().await;
+        mock.set_handler(|r| completion_with_usage(r, 2));
+        let proxy = TestProxy::start(&proxy_config(&mock, calibration)).await;
+        let client = TestClient::http1();
+        // Threshold 0.85 × 10,000 = 8,500 tokens; each request is ~6,000 by the raw estimate.
+        let first = client
+            .post_json(&proxy.url(CHAT), &conversation("first", 6, 4000))
+            .await;
+        assert_eq!(first.headers()["x-compactor-compacted"], "false");
+        support::body_bytes(first).await;
+        proxy
+            .wait_metric("compactor_estimate_error_ratio_count", &[], 1.0)
+            .await;
+
+        let second = client
+            .post_json(&proxy.url(CHAT), &conversation("second", 6, 4000))
+            .await;
+        let compacted = second.headers()["x-compactor-compacted"] == "true";
+        assert_eq!(compacted, calibration, "calibration = {calibration}");
+        if compacted {
+            let h = second.headers();
+            let before: usize = h["x-compactor-tokens-before"]
+                .to_str()
+                .expect("ascii")
+                .parse()
+                .expect("number");
+            let after: usize = h["x-compactor-tokens-after"]
+                .to_str()
+                .expect("ascii")
+                .parse()
+                .expect("number");
+            assert!(after < before && before > 5_000, "{before} -> {after}");
+            assert_eq!(h["x-compactor-compaction-num"], "1");
+            assert!(h.contains_key("x-compactor-session"));
+            assert_eq!(
+                proxy
+                    .metric(
+                        "compactor_compactions_total",
+                        &[("trigger", "tokens"), ("outcome", "compacted")]
+                    )
+                    .await,
+                Some(1.0)
+            );
+        }
+    }
+}
