@@ -31,13 +31,18 @@ impl Binary {
     /// Runs `compactor serve --config <config>` in `dir` with `RUST_LOG=info` and no
     /// inherited `COMPACTOR_*` variables; returns once both listeners are logged.
     pub async fn serve(config: &Path, dir: &Path) -> Binary {
+        Binary::serve_with_log(config, dir, "info").await
+    }
+
+    /// [`Binary::serve`] with another `RUST_LOG` filter.
+    pub async fn serve_with_log(config: &Path, dir: &Path, filter: &str) -> Binary {
         let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_compactor"));
         command
             .arg("serve")
             .arg("--config")
             .arg(config)
             .current_dir(dir)
-            .env("RUST_LOG", "info")
+            .env("RUST_LOG", filter)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

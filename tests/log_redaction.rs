@@ -1,0 +1,97 @@
+//! Credentials never reach the log, at any level: the binary runs with `RUST_LOG=trace`, serves
+//! requests carrying every credential header over HTTP/1.1 and HTTP/2 (plain, a chat request
+//! that compacts through the caller-credential summarizer, and one that fails upstream), and
+//! its whole log is searched for the secrets.
+
+mod support;
+
+use serde_json::json;
+use support::{upstream_toml, Binary, MockUpstream, Reply, TestClient};
+
+const SECRETS: [(&str, &str); 4] = [
+    ("authorization", "Bearer sk-test-SECRET-authorization"),
+    ("x-api-key", "sk-ant-SECRET-x-api-key"),
+    ("api-key", "SECRET-azure-api-key"),
+    ("cookie", "session=SECRET-cookie"),
+];
+
+#[tokio::test]
+async fn no_credential_appears_in_trace_logs() {
+    let mock = MockUpstream::start().await;
+    // Summarizer calls (the caller's own credentials, default `openai` backend) get a summary;
+    // everything else a plain completion.
+    mock.set_handler(|r| {
+        let body = String::from_utf8_lossy(&r.body);
+        let content = if body.contains("<task>") { "SUMMARY" } else { "ok" };
+        Reply::json(
+            200,
+            &json!({"choices": [{"index": 0, "message": {"role": "assistant", "content": content}}]}),
+        )
+    });
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("compactor.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n\
+             [compaction]\nmax_messages = 4\nmin_preserve_tokens = 10\n\n{}",
+            upstream_toml(&mock.url())
+        ),
+    )
+    .expect("write config");
+    let mut binary = Binary::serve_with_log(&config, dir.path(), "trace").await;
+
+    let mut messages = vec![json!({"role": "system", "content": "s"})];
+    for i in 0..7 {
+        let role = if i % 2 == 0 { "user" } else { "assistant" };
+        messages.push(json!({"role": role, "content": format!("turn {i} {}", "z".repeat(2000))}));
+    }
+    let chat = json!({"model": "gpt-4o", "messages": messages}).to_string();
+    for client in [TestClient::http1(), TestClient::h2c()] {
+        for (path, body) in [
+            ("/v1/models", String::new()),
+            ("/v1/chat/completions", chat.clone()),
+        ] {
+            let method = if body.is_empty() { "GET" } else { "POST" };
+            let response = client
+                .request(
+                    method,
+                    &format!("http://{}{path}", binary.proxy),
+                    &SECRETS,
+                    body,
+                )
+                .await;
+            assert_eq!(response.status(), 200);
+            support::body_bytes(response).await;
+        }
+    }
+    // The summarizer was called with the caller's credential: the secret did travel upstream.
+    let summarizer_calls: Vec<_> = mock
+        .requests()
+        .into_iter()
+        .filter(|r| String::from_utf8_lossy(&r.body).contains("<task>"))
+        .collect();
+    assert!(!summarizer_calls.is_empty(), "the chat request compacted");
+    assert_eq!(
+        summarizer_calls[0].header("authorization"),
+        Some(SECRETS[0].1)
+    );
+
+    binary.signal("TERM");
+    support::within("compactor exit", binary.child.wait())
+        .await
+        .expect("wait");
+    let rest = (&mut binary.drain).await.unwrap_or_default();
+    let log = [binary.log.clone(), rest].concat().join("\n");
+    assert!(
+        log.lines().count() > 20,
+        "trace logging produced too little to be meaningful:\n{log}"
+    );
+    for (name, secret) in SECRETS {
+        let needle = secret
+            .split_once("SECRET")
+            .map(|(_, tail)| tail)
+            .unwrap_or(secret);
+        assert!(!log.contains(needle), "{name} value leaked into the log");
+    }
+}
