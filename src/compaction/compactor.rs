@@ -93,7 +93,9 @@ struct FlightKey {
     covered: usize,
 }
 
-type FlightValue = Arc<Result<(Vec<u8>, Compaction), CompactError>>;
+/// What the leader of a single flight produced: `None` when a compaction that finished while
+/// this request was on its way already covers more of the conversation (use that instead).
+type FlightValue = Arc<Option<Result<(Vec<u8>, Compaction), CompactError>>>;
 
 /// A stored checkpoint applied to a request: messages `[head..covered)` become `message`.
 struct Splice {
@@ -305,18 +307,26 @@ impl Compactor {
     /// The longest checkpoint the request's history matches, hashing only as far as the
     /// tenant's checkpoints reach.
     async fn lookup(&self, tenant: TenantId, raw: &[&RawValue]) -> Option<Arc<Checkpoint>> {
+        let found = self.find_checkpoint(tenant, raw).await;
+        self.count_lookup(found.is_some());
+        found
+    }
+
+    /// [`Compactor::lookup`] without counting it.
+    async fn find_checkpoint(
+        &self,
+        tenant: TenantId,
+        raw: &[&RawValue],
+    ) -> Option<Arc<Checkpoint>> {
         let reach = match self.store.max_covered(tenant).await {
-            Ok(0) => {
-                self.count_lookup(false);
-                return None;
-            }
+            Ok(0) => return None,
             Ok(n) => n.min(raw.len()),
             Err(e) => {
                 tracing::warn!(error = %e, "checkpoint lookup failed; treating as a miss");
                 return None;
             }
         };
-        let found = match chain(&tenant, &raw[..reach]) {
+        match chain(&tenant, &raw[..reach]) {
             Ok(hashes) => self
                 .store
                 .longest_checkpoint(tenant, &hashes)
@@ -329,9 +339,7 @@ impl Compactor {
                 tracing::debug!(error = %e, "messages not canonicalisable; no checkpoint");
                 None
             }
-        };
-        self.count_lookup(found.is_some());
-        found
+        }
     }
 
     fn count_lookup(&self, hit: bool) {
@@ -397,7 +405,14 @@ impl Compactor {
         let flight = self
             .flights
             .run(key, self.flight_wait, || async {
-                Arc::new(
+                // A flight that ended between this request's lookup and now left a newer
+                // checkpoint: compacting again would call the summarizer a second time.
+                let covered = splice.as_ref().map_or(0, |s| s.covered);
+                let newer = self.find_checkpoint(tenant, request.raw_messages()).await;
+                if newer.is_some_and(|c| c.covered > covered) {
+                    return Arc::new(None);
+                }
+                Arc::new(Some(
                     self.compact_and_store(
                         request,
                         splice.as_ref(),
@@ -408,14 +423,17 @@ impl Compactor {
                         None,
                     )
                     .await,
-                )
+                ))
             })
             .await;
         *summarizer_time += started.elapsed();
+        // A request that waited, or found a newer checkpoint, uses what the other one stored.
         let flight = match flight {
             Ok(f) if f.led => f.value,
-            // Another request of this session made the compaction: use its checkpoint.
             Ok(_) | Err(_) => return self.after_wait(request, tenant, peek.tokens).await,
+        };
+        let Some(flight) = flight.as_ref() else {
+            return self.after_wait(request, tenant, peek.tokens).await;
         };
         self.metrics
             .compaction_duration
@@ -429,7 +447,7 @@ impl Compactor {
             self.metrics.breaker_open.inc();
             tracing::warn!(session, "session breaker open: automatic compaction paused");
         }
-        match &*flight {
+        match flight {
             Ok((body, compaction)) => {
                 self.record(trigger, CompactionOutcome::Compacted);
                 let mut result = compaction.result.clone();
