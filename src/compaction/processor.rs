@@ -214,7 +214,19 @@ impl Engine {
         let t = input.transcript;
         let n = t.len();
         let head = t.head_len();
-        let pre = input.fixed_tokens.saturating_add(t.tokens(0..n));
+        // What the request would carry without this compaction: the transcript plus the prior
+        // compaction's summary message, which the session layer spliced out of `transcript`.
+        let prior_message = input.prior.map_or(0, |p| {
+            self.estimator.text(&summary_message(
+                &p.summary,
+                &p.read_files,
+                &p.modified_files,
+            ))
+        });
+        let pre = input
+            .fixed_tokens
+            .saturating_add(t.tokens(0..n))
+            .saturating_add(prior_message);
         let head_tokens = t.tokens(0..head);
         let compaction_num = input
             .prior
@@ -283,11 +295,14 @@ impl Engine {
                 .saturating_add(t.tokens(boundary..n));
             let to_beat = best.as_ref().map_or(pre, |c| c.result.post_tokens);
             if post >= to_beat {
-                if best.is_none() {
-                    failure = Some(CompactError::NotSmaller { pre, post });
+                if best.is_some() {
+                    break; // no better than the previous attempt: keep that one
                 }
-                break;
+                // Not smaller yet: the next attempt keeps a smaller tail.
+                failure = Some(CompactError::NotSmaller { pre, post });
+                continue;
             }
+            failure = None;
             let still_over = limits
                 .check(head + 1 + n.saturating_sub(boundary), post)
                 .is_some();

@@ -1,0 +1,265 @@
+//! The `compactor compact` command: the real binary run over real transcripts with the
+//! `extractive` summarizer. stdout is the request the proxy would forward (smaller, valid, tail
+//! verbatim; the original bytes when nothing triggers), stderr names the trigger, the token
+//! estimates, the boundary and the summary; invalid input exits non-zero with a clear message.
+
+mod support;
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+use serde_json::{json, Value};
+
+use support::provider_rules::check_chat;
+
+/// Small limits so the fixtures trigger, and a summarizer that needs no network.
+const CONFIG: &str = "[compaction]\nmax_messages = 10\nmin_preserve_tokens = 50\n\
+                      max_preserve_tokens = 400\n[summarizer]\nbackend = \"extractive\"\n";
+
+const FIXTURES: [&str; 4] = [
+    "swe-agent-function-calling-simple.json",
+    "swe-agent-marshmallow-function-calling.json",
+    "swe-agent-ctf-katy.json",
+    "swe-agent-ctf-web.json",
+];
+
+/// `{"model": "gpt-4o", "messages": <the fixture's messages>}`.
+fn fixture_request(name: &str) -> Value {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/transcripts")
+        .join(name);
+    let text = std::fs::read_to_string(&path).expect("read fixture");
+    let v: Value = serde_json::from_str(&text).expect("fixture is JSON");
+    json!({"model": "gpt-4o", "messages": v["messages"].clone()})
+}
+
+/// Runs `compactor <args>` in `dir` (no `COMPACTOR_*` variables) with `stdin` piped in.
+fn compactor(dir: &Path, args: &[&str], stdin: &[u8]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_compactor"));
+    command
+        .args(args)
+        .current_dir(dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (key, _) in std::env::vars() {
+        if key.starts_with("COMPACTOR_") || key == "RUST_LOG" {
+            command.env_remove(key);
+        }
+    }
+    let mut child = command.spawn().expect("spawn compactor");
+    let mut pipe = child.stdin.take().expect("stdin");
+    pipe.write_all(stdin).expect("write stdin");
+    drop(pipe);
+    child.wait_with_output().expect("compactor output")
+}
+
+fn write(dir: &Path, name: &str, bytes: &[u8]) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, bytes).expect("write file");
+    path.display().to_string()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// The number after `label` on the stderr line starting with `line`.
+fn number_after(text: &str, line: &str, label: &str) -> usize {
+    let l = text
+        .lines()
+        .find(|l| l.starts_with(line))
+        .unwrap_or_else(|| panic!("no `{line}` line in:\n{text}"));
+    let rest = &l[l
+        .find(label)
+        .unwrap_or_else(|| panic!("no `{label}` in {l}"))
+        + label.len()..];
+    let digits: String = rest
+        .trim_start()
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits
+        .parse()
+        .unwrap_or_else(|_| panic!("no number after `{label}` in {l}"))
+}
+
+#[test]
+fn every_fixture_is_compacted_into_a_smaller_valid_request_with_a_verbatim_tail() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = write(dir.path(), "compactor.toml", CONFIG.as_bytes());
+    for name in FIXTURES {
+        let request = fixture_request(name);
+        let original = request["messages"].as_array().expect("messages").clone();
+        let bytes = serde_json::to_vec_pretty(&request).expect("serialise");
+        let file = write(dir.path(), "request.json", &bytes);
+
+        let out = compactor(dir.path(), &["compact", "--config", &config, &file], b"");
+        let err = stderr(&out);
+        assert!(out.status.success(), "{name}: {err}");
+
+        let forwarded: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{name}: stdout is not JSON ({e}):\n{err}"));
+        assert!(out.stdout.len() < bytes.len(), "{name}: not smaller");
+        assert_eq!(forwarded["model"], "gpt-4o", "{name}");
+        let messages = forwarded["messages"].as_array().expect("messages");
+        assert!(messages.len() < original.len(), "{name}");
+        assert!(messages.len() <= 10, "{name}: {} messages", messages.len());
+        check_chat(&forwarded, usize::MAX).unwrap_or_else(|e| panic!("{name}: {e:?}"));
+        assert_eq!(messages[0], original[0], "{name}: system prompt first");
+        assert_eq!(messages[1]["role"], "user", "{name}");
+        let summary = messages[1]["content"].as_str().expect("summary text");
+        assert!(summary.contains("1. Primary Request and Intent"), "{name}");
+        let tail = &messages[2..];
+        assert!(!tail.is_empty(), "{name}: a tail is kept");
+        assert_eq!(
+            tail,
+            &original[original.len() - tail.len()..],
+            "{name}: tail verbatim"
+        );
+
+        // stderr: trigger, both estimates, the boundary and the summary itself.
+        assert!(err.contains("trigger: messages\n"), "{name}: {err}");
+        let pre = number_after(&err, "tokens:", "tokens:");
+        let post = number_after(&err, "tokens:", "->");
+        assert!(post < pre, "{name}: {err}");
+        assert_eq!(
+            number_after(&err, "boundary:", "boundary:"),
+            original.len() - 1 - tail.len(),
+            "{name}: compacted count: {err}"
+        );
+        assert_eq!(
+            number_after(&err, "boundary:", "compacted,"),
+            1 + tail.len(),
+            "{name}: kept count: {err}"
+        );
+        let printed = err
+            .split_once("summary:\n")
+            .unwrap_or_else(|| panic!("{name}: no summary in {err}"))
+            .1;
+        assert!(
+            printed.starts_with("(Summary of compaction #1"),
+            "{name}: {err}"
+        );
+        assert!(
+            summary.contains(printed.trim_end()),
+            "{name}: the printed summary is the one in the request"
+        );
+    }
+}
+
+#[test]
+fn the_token_trigger_uses_the_configured_window() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Messages no longer trigger; a 6,000-token window (threshold 0.85 × 6,000 = 5,100) does.
+    let config = write(
+        dir.path(),
+        "compactor.toml",
+        format!(
+            "{}[models.\"gpt-4o\"]\ncontext_window = 6000\n",
+            CONFIG.replace("max_messages = 10", "max_messages = 50")
+        )
+        .as_bytes(),
+    );
+    // The marshmallow run up to its long test output: 16 messages, ~5,550 tokens.
+    let mut request = fixture_request("swe-agent-marshmallow-function-calling.json");
+    let first: Vec<Value> = request["messages"].as_array().expect("messages")[..16].to_vec();
+    request["messages"] = Value::Array(first.clone());
+    let bytes = serde_json::to_vec(&request).expect("serialise");
+
+    let out = compactor(dir.path(), &["compact", "--config", &config], &bytes);
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("trigger: tokens\n"), "{err}");
+    assert!(err.contains("context window 6000"), "{err}");
+    let pre = number_after(&err, "tokens:", "tokens:");
+    let post = number_after(&err, "tokens:", "->");
+    assert!(pre >= 5_100 && post < 5_100, "{err}");
+    let forwarded: Value = serde_json::from_slice(&out.stdout).expect("stdout is JSON");
+    check_chat(&forwarded, 6_000).unwrap_or_else(|e| panic!("{e:?}"));
+    let messages = forwarded["messages"].as_array().expect("messages");
+    let tail = &messages[2..];
+    assert_eq!(tail, &first[first.len() - tail.len()..], "tail verbatim");
+}
+
+#[test]
+fn a_small_request_comes_back_byte_identical_from_stdin() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = write(dir.path(), "compactor.toml", CONFIG.as_bytes());
+    // Odd whitespace, key order and escapes: any re-serialisation would show.
+    let body = b"{ \"messages\" : [ {\"role\":\"system\",\"content\":\"be brief\"},\n\t\
+                 {\"role\":\"user\", \"content\":\"caf\\u00e9?\"} ],\"model\":\"gpt-4o\",\
+                 \"temperature\": 0.50 }\n";
+    for args in [
+        vec!["compact", "--config", config.as_str()],
+        vec!["compact", "--config", config.as_str(), "-"],
+    ] {
+        let out = compactor(dir.path(), &args, body);
+        let err = stderr(&out);
+        assert!(out.status.success(), "{err}");
+        assert_eq!(out.stdout, body.to_vec(), "byte-identical");
+        assert!(err.contains("trigger: no trigger"), "{err}");
+        assert!(err.contains("tokens: "), "{err}");
+        assert!(!err.contains("summary:"), "{err}");
+    }
+}
+
+#[test]
+fn invalid_input_exits_non_zero_with_a_clear_message() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = write(dir.path(), "compactor.toml", CONFIG.as_bytes());
+    for (body, expected) in [
+        (&b"this is not json"[..], "not a Chat Completions request"),
+        (b"{\"model\":\"gpt-4o\"}", "no `messages` array"),
+        (b"[1, 2]", "not a Chat Completions request"),
+        (
+            b"{\"model\":\"gpt-4o\",\"messages\":[{\"role\":\"narrator\",\"content\":\"x\"}]}",
+            "message 0: unknown role",
+        ),
+        (b"", "not a Chat Completions request"),
+    ] {
+        let out = compactor(dir.path(), &["compact", "--config", &config], body);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "{body:?}: {err}");
+        assert!(out.stdout.is_empty(), "{body:?}: nothing on stdout");
+        assert!(err.starts_with("error: "), "{err}");
+        assert!(err.contains(expected), "{body:?}: {err}");
+    }
+    let missing = dir.path().join("missing.json").display().to_string();
+    let out = compactor(dir.path(), &["compact", "--config", &config, &missing], b"");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("missing.json"), "{}", stderr(&out));
+    let bad = write(
+        dir.path(),
+        "bad.toml",
+        b"[summarizer]\nbackend = \"nope\"\n",
+    );
+    let out = compactor(dir.path(), &["compact", "--config", &bad], b"{}");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("summarizer.backend"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn a_failed_compaction_prints_the_original_and_exits_2() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = write(
+        dir.path(),
+        "compactor.toml",
+        "[compaction]\nmax_messages = 10\n[summarizer]\nbackend = \"exec\"\n\
+         [summarizer.exec]\ncommand = \"/bin/sh\"\n\
+         args = [\"-c\", \"cat >/dev/null; echo '{\\\"summary\\\": \\\"   \\\"}'\"]\n"
+            .as_bytes(),
+    );
+    let bytes = serde_json::to_vec(&fixture_request("swe-agent-ctf-katy.json")).expect("json");
+    let out = compactor(dir.path(), &["compact", "--config", &config], &bytes);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(out.stdout, bytes, "the original, byte for byte");
+    assert!(err.contains("trigger: messages"), "{err}");
+    assert!(err.contains("compaction failed (blank)"), "{err}");
+}

@@ -1,0 +1,407 @@
+//! Fail open, through the real proxy: when a due compaction does not happen (blank summary,
+//! summarizer error, summarizer timeout) the ORIGINAL request goes upstream byte for byte, the
+//! client gets the upstream's answer and the failure is counted once. Requests that need no
+//! compaction, or that are not JSON at all, arrive byte-identical; fields compactor does not
+//! interpret survive a real rewrite with their values, bytes and order.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use serde::de::{IgnoredAny, MapAccess, Visitor};
+use serde::Deserializer as _;
+use serde_json::{json, Value};
+
+use support::{body_bytes, upstream_toml, MockUpstream, Recorded, Reply, TestClient, TestProxy};
+
+const COMPACTIONS: &str = "compactor_compactions_total";
+
+/// Triggers on the message count only: 14 messages > 10, about 300 tokens.
+const SMALL: &str = "[compaction]\nmax_messages = 10\nmin_preserve_tokens = 20\n\
+                     max_preserve_tokens = 60\n";
+
+const AUTH: &str = "Bearer sk-failopen";
+
+/// A conversation of `n` messages after the system prompt, alternating user / assistant.
+fn conversation(n: usize) -> Vec<Value> {
+    let mut m = vec![json!({"role": "system", "content": "You are a careful assistant."})];
+    for i in 0..n {
+        let role = if i % 2 == 0 { "user" } else { "assistant" };
+        m.push(json!({"role": role, "content": format!("turn {i}: {}", "words ".repeat(8))}));
+    }
+    m
+}
+
+/// A triggering request, serialised with unusual spacing so that any re-serialisation shows.
+fn triggering_body() -> Vec<u8> {
+    let messages = serde_json::to_string_pretty(&conversation(13)).expect("json");
+    format!("{{ \"model\" : \"gpt-4o\",\n  \"temperature\": 0.70, \"messages\": {messages} }}\n")
+        .into_bytes()
+}
+
+fn is_summary_request(r: &Recorded) -> bool {
+    serde_json::from_slice::<Value>(&r.body).is_ok_and(|v| {
+        v["messages"].as_array().is_some_and(|m| {
+            m.iter().any(|m| {
+                m["content"]
+                    .as_str()
+                    .is_some_and(|c| c.starts_with("<task>"))
+            })
+        })
+    })
+}
+
+/// The upstream's answer to chat requests (distinct bytes, so the test sees it is passed on).
+fn upstream_answer() -> Reply {
+    Reply::json(
+        200,
+        &json!({"id": "chatcmpl-upstream-7", "object": "chat.completion",
+                "choices": [{"index": 0, "finish_reason": "stop",
+                             "message": {"role": "assistant", "content": "from upstream"}}]}),
+    )
+    .with_header("x-upstream", "yes")
+}
+
+fn completion(content: &str) -> Reply {
+    Reply::json(
+        200,
+        &json!({"choices": [{"index": 0, "message": {"role": "assistant", "content": content}}]}),
+    )
+}
+
+/// Mock whose summary requests get `summary` and whose other requests get [`upstream_answer`].
+async fn mock_with(summary: impl Fn() -> Reply + Send + Sync + 'static) -> MockUpstream {
+    let mock = MockUpstream::start().await;
+    mock.set_handler(move |r| {
+        if is_summary_request(r) {
+            summary()
+        } else {
+            upstream_answer()
+        }
+    });
+    mock
+}
+
+struct Sent {
+    status: u16,
+    headers: http::HeaderMap,
+    body: Bytes,
+}
+
+async fn send(proxy: &TestProxy, body: &[u8]) -> Sent {
+    let client = TestClient::http1();
+    let response = client
+        .request(
+            "POST",
+            &proxy.url("/v1/chat/completions"),
+            &[
+                ("content-type", "application/json"),
+                ("authorization", AUTH),
+            ],
+            Bytes::copy_from_slice(body),
+        )
+        .await;
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    Sent {
+        status,
+        headers,
+        body: body_bytes(response).await,
+    }
+}
+
+fn header<'a>(sent: &'a Sent, name: &str) -> Option<&'a str> {
+    sent.headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// The chat requests the upstream received (summary requests left out).
+fn forwarded(mock: &MockUpstream) -> Vec<Recorded> {
+    mock.requests()
+        .into_iter()
+        .filter(|r| !is_summary_request(r))
+        .collect()
+}
+
+async fn compactions(proxy: &TestProxy, trigger: &str, outcome: &str) -> f64 {
+    proxy
+        .metric(COMPACTIONS, &[("trigger", trigger), ("outcome", outcome)])
+        .await
+        .unwrap_or(0.0)
+}
+
+/// Sends the triggering request through a proxy configured with `summarizer_toml`; checks the
+/// original went upstream byte-identical, the client got the upstream's 200, and the failure
+/// was counted exactly once under `outcome`. Returns the mock for further checks.
+async fn assert_fails_open(
+    mock: MockUpstream,
+    summarizer_toml: &str,
+    outcome: &str,
+) -> MockUpstream {
+    let proxy = TestProxy::start(&format!(
+        "{}{SMALL}{summarizer_toml}",
+        upstream_toml(&mock.url())
+    ))
+    .await;
+    let body = triggering_body();
+    let sent = send(&proxy, &body).await;
+    assert_eq!(sent.status, 200, "{}", String::from_utf8_lossy(&sent.body));
+    assert_eq!(
+        header(&sent, "x-upstream"),
+        Some("yes"),
+        "the upstream's response"
+    );
+    let v: Value = serde_json::from_slice(&sent.body).expect("JSON");
+    assert_eq!(v["id"], "chatcmpl-upstream-7");
+    assert_eq!(header(&sent, "x-compactor-compacted"), Some("false"));
+
+    let chats = forwarded(&mock);
+    assert_eq!(chats.len(), 1, "forwarded once");
+    assert_eq!(chats[0].body, body, "the original request, byte for byte");
+    assert_eq!(chats[0].header("authorization"), Some(AUTH));
+    assert_eq!(
+        chats[0].header("content-length"),
+        Some(body.len().to_string().as_str())
+    );
+
+    assert_eq!(
+        compactions(&proxy, "messages", outcome).await,
+        1.0,
+        "{outcome} counted once"
+    );
+    for other in ["compacted", "failed", "blank"] {
+        if other != outcome {
+            assert_eq!(compactions(&proxy, "messages", other).await, 0.0, "{other}");
+        }
+    }
+    assert_eq!(compactions(&proxy, "tokens", outcome).await, 0.0);
+    proxy.shutdown().await;
+    mock
+}
+
+#[tokio::test]
+async fn a_blank_summary_from_an_exec_plugin_forwards_the_original() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let script = dir.path().join("blank.py");
+    std::fs::write(
+        &script,
+        "import json, sys\nsys.stdin.read()\nprint(json.dumps({\"summary\": \"  \"}))\n",
+    )
+    .expect("write script");
+    let toml = format!(
+        "[summarizer]\nbackend = \"exec\"\n[summarizer.exec]\ncommand = \"python3\"\n\
+         args = [\"{}\"]\n",
+        script.display()
+    );
+    let mock = mock_with(upstream_answer).await;
+    let mock = assert_fails_open(mock, &toml, "blank").await;
+    assert_eq!(mock.request_count(), 1, "exec asks no one");
+}
+
+#[tokio::test]
+async fn a_blank_summary_from_the_openai_backend_forwards_the_original() {
+    let mock = mock_with(|| completion(" \n\t ")).await;
+    let mock = assert_fails_open(mock, "", "blank").await;
+    let summaries: Vec<Recorded> = mock
+        .requests()
+        .into_iter()
+        .filter(is_summary_request)
+        .collect();
+    assert_eq!(summaries.len(), 1, "the summarizer was asked once");
+    assert_eq!(summaries[0].header("authorization"), Some(AUTH));
+}
+
+#[tokio::test]
+async fn a_summarizer_error_forwards_the_original() {
+    let mock = mock_with(|| Reply::status(500)).await;
+    let mock = assert_fails_open(mock, "", "failed").await;
+    assert_eq!(
+        mock.requests()
+            .iter()
+            .filter(|r| is_summary_request(r))
+            .count(),
+        1
+    );
+}
+
+#[tokio::test]
+async fn a_summarizer_timeout_forwards_the_original() {
+    let mock = mock_with(|| Reply::Stall).await;
+    let started = Instant::now();
+    let mock = assert_fails_open(mock, "[summarizer]\ntimeout_secs = 0.3\n", "failed").await;
+    // Bounded by the summarizer timeout, not by the test's own 20 s limit.
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        mock.requests()
+            .iter()
+            .filter(|r| is_summary_request(r))
+            .count(),
+        1
+    );
+}
+
+#[tokio::test]
+async fn a_request_below_the_triggers_arrives_byte_identical() {
+    let mock = mock_with(|| Reply::status(500)).await;
+    let proxy = TestProxy::start(&format!("{}{SMALL}", upstream_toml(&mock.url()))).await;
+    let body =
+        b"{\"messages\":[ {\"role\":\"user\",\"content\":\"caf\\u00e9 \\ud83d\\ude00\"} ],\n\
+                 \"model\":\"gpt-4o\", \"max_tokens\": 1e2, \"x_vendor\": {\"z\":1,\"a\":[]}}";
+    let sent = send(&proxy, body).await;
+    assert_eq!(sent.status, 200);
+    assert_eq!(header(&sent, "x-compactor-compacted"), Some("false"));
+    assert_eq!(mock.request_count(), 1);
+    assert_eq!(mock.last_request().body, body.to_vec());
+    for outcome in ["compacted", "failed", "blank"] {
+        assert_eq!(compactions(&proxy, "messages", outcome).await, 0.0);
+        assert_eq!(compactions(&proxy, "tokens", outcome).await, 0.0);
+    }
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn invalid_json_is_forwarded_byte_identical_and_the_upstream_decides() {
+    let mock = MockUpstream::start().await;
+    mock.set_handler(|_| {
+        Reply::json(
+            400,
+            &json!({"error": {"message": "upstream says: bad JSON"}}),
+        )
+    });
+    let proxy = TestProxy::start(&format!("{}{SMALL}", upstream_toml(&mock.url()))).await;
+    for body in [
+        &b"{\"model\": \"gpt-4o\", \"messages\": [ {\"role\": \"user\""[..],
+        b"\xff\xfe not even UTF-8",
+        b"",
+    ] {
+        let before = mock.request_count();
+        let sent = send(&proxy, body).await;
+        assert_eq!(sent.status, 400, "the upstream's status");
+        assert!(
+            String::from_utf8_lossy(&sent.body).contains("upstream says"),
+            "the upstream's body"
+        );
+        assert_eq!(mock.request_count(), before + 1);
+        assert_eq!(mock.last_request().body, body.to_vec(), "byte-identical");
+    }
+    for outcome in ["compacted", "failed", "blank"] {
+        assert_eq!(compactions(&proxy, "messages", outcome).await, 0.0);
+    }
+    proxy.shutdown().await;
+}
+
+/// The top-level keys of a JSON object, in document order.
+fn top_level_keys(body: &[u8]) -> Vec<String> {
+    struct Keys;
+    impl<'de> Visitor<'de> for Keys {
+        type Value = Vec<String>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("an object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Vec<String>, A::Error> {
+            let mut keys = Vec::new();
+            while let Some(k) = map.next_key::<String>()? {
+                map.next_value::<IgnoredAny>()?;
+                keys.push(k);
+            }
+            Ok(keys)
+        }
+    }
+    serde_json::Deserializer::from_slice(body)
+        .deserialize_map(Keys)
+        .expect("a JSON object")
+}
+
+#[tokio::test]
+async fn unknown_fields_survive_a_real_rewrite() {
+    let mock = mock_with(upstream_answer).await;
+    let proxy = TestProxy::start(&format!(
+        "{}{SMALL}[summarizer]\nbackend = \"extractive\"\n",
+        upstream_toml(&mock.url())
+    ))
+    .await;
+    // Long early turns (worth summarising), a short recent tail.
+    let mut messages = conversation(13);
+    for m in &mut messages[1..11] {
+        m["content"] = json!(format!(
+            "{} {}",
+            m["content"].as_str().unwrap_or(""),
+            "more ".repeat(120)
+        ));
+    }
+    messages[0]["name"] = json!("system-prompt-v2");
+    let last = messages.len() - 1;
+    messages[last - 2]["name"] = json!("alice");
+    messages[last]["content"] = json!([
+        {"type": "text", "text": "Please continue.",
+         "cache_control": {"type": "ephemeral"}}
+    ]);
+    messages[last]["cache_control"] = json!({"type": "ephemeral", "ttl": "5m"});
+    // Raw bytes (`1.50`, `2e0`, spacing) that a re-serialisation would normalise.
+    let x_foo = "{\"b\": 1, \"a\": [1.50, 2e0]}";
+    let body = format!(
+        "{{\"model\": \"gpt-4o\", \"response_format\": {{\"type\": \"json_object\"}}, \
+         \"messages\": {}, \"stream_options\": {{\"include_usage\": true}}, \
+         \"x_foo\": {x_foo}, \"temperature\": 0.0, \"stream\": false}}",
+        serde_json::to_string(&messages).expect("json")
+    )
+    .into_bytes();
+
+    let sent = send(&proxy, &body).await;
+    assert_eq!(sent.status, 200);
+    assert_eq!(header(&sent, "x-compactor-compacted"), Some("true"));
+    assert_eq!(compactions(&proxy, "messages", "compacted").await, 1.0);
+    let chats = forwarded(&mock);
+    assert_eq!(chats.len(), 1);
+    let out_bytes = &chats[0].body;
+    assert_ne!(out_bytes, &body, "rewritten");
+
+    assert_eq!(
+        top_level_keys(out_bytes),
+        top_level_keys(&body),
+        "key order"
+    );
+    let original: Value = serde_json::from_slice(&body).expect("json");
+    let out: Value = serde_json::from_slice(out_bytes).expect("forwarded JSON");
+    for key in [
+        "model",
+        "response_format",
+        "stream_options",
+        "x_foo",
+        "temperature",
+        "stream",
+    ] {
+        assert_eq!(out[key], original[key], "{key}");
+    }
+    let text = String::from_utf8_lossy(out_bytes);
+    assert!(text.contains(x_foo), "raw bytes of x_foo kept: {text}");
+    assert!(
+        text.contains("\"temperature\":0.0"),
+        "0.0 not re-serialised: {text}"
+    );
+
+    let out_messages = out["messages"].as_array().expect("messages");
+    assert!(out_messages.len() < messages.len());
+    assert_eq!(out_messages[0], messages[0], "system message with its name");
+    let tail = &out_messages[2..];
+    assert!(
+        tail.len() >= 3,
+        "the tail reaches the named message: {}",
+        tail.len()
+    );
+    assert_eq!(tail, &messages[messages.len() - tail.len()..]);
+    assert_eq!(tail[tail.len() - 3]["name"], "alice");
+    assert_eq!(
+        tail[tail.len() - 1]["cache_control"],
+        json!({"type": "ephemeral", "ttl": "5m"})
+    );
+    assert_eq!(
+        tail[tail.len() - 1]["content"][0]["cache_control"],
+        json!({"type": "ephemeral"})
+    );
+    proxy.shutdown().await;
+}
