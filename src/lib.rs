@@ -21,6 +21,8 @@
 //! - [`metrics`]: the only place that names metrics.
 //! - [`usage`]: response bodies passed through unbuffered while their `usage` is read.
 //! - [`calibration`]: per-model moving ratio of actual to estimated input tokens.
+//! - [`replay`]: `compactor replay`: recorded conversations replayed offline through the
+//!   compactor, as a per-step table and an SVG chart, for tuning thresholds.
 //! - [`timing`]: the stopwatch of the time compactor itself adds to a request.
 //! - [`error`]: the error enum whose variants know their HTTP status.
 
@@ -34,6 +36,7 @@ pub mod error;
 pub mod metrics;
 pub mod proxy;
 pub mod reload;
+pub mod replay;
 pub mod server;
 pub mod session;
 pub mod summarizer;

@@ -2,7 +2,8 @@
 //!
 //! `serve` runs the proxy, `check-config` validates and prints the configuration, and
 //! `compact` runs the compaction engine once over a Chat Completions request read from a file
-//! or stdin: the request to forward on stdout, what happened on stderr.
+//! or stdin: the request to forward on stdout, what happened on stderr. `replay` runs recorded
+//! conversations through the compactor offline and prints a table per file (and a chart).
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -63,6 +64,28 @@ enum Command {
         /// The request body (JSON); stdin when absent or `-`.
         file: Option<PathBuf>,
     },
+    /// Replay recorded conversations offline through the compactor and its session memory.
+    ///
+    /// Each TRANSCRIPT is a JSON file with a `messages` array (Chat Completions or Anthropic
+    /// Messages) or an `input` array (Responses), sent request by request as an agent would
+    /// (the request before each assistant turn carries everything before it), or a JSONL file
+    /// of complete requests. Prints per request the messages, estimated tokens received and
+    /// forwarded, compactions and summarizer calls so far, then a summary line per file.
+    /// Nothing is sent to a provider unless `--summarizer` names a network backend.
+    Replay {
+        /// Config file (default: config/compactor.toml when present, else built-in defaults).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Summarizer backend (default `extractive`); configured fallbacks are not used.
+        #[arg(long, value_name = "NAME")]
+        summarizer: Option<String>,
+        /// Write an SVG chart of tokens received and forwarded per step, one panel per file.
+        #[arg(long, value_name = "OUT")]
+        svg: Option<PathBuf>,
+        /// Recorded conversations: JSON transcripts or JSONL files of requests.
+        #[arg(required = true, value_name = "TRANSCRIPT")]
+        transcripts: Vec<PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -107,6 +130,25 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 .build()
                 .context("starting the runtime")?;
             runtime.block_on(compact(&config, &body))
+        }
+        Command::Replay {
+            config,
+            summarizer,
+            svg,
+            transcripts,
+        } => {
+            let config = Config::load(config.as_deref())?;
+            init_tracing(config.server.log_format, "warn");
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("starting the runtime")?;
+            runtime.block_on(replay(
+                config,
+                summarizer.as_deref(),
+                &transcripts,
+                svg.as_deref(),
+            ))
         }
     }
 }
@@ -180,6 +222,7 @@ async fn compact(config: &Config, body: &[u8]) -> anyhow::Result<ExitCode> {
         upstream_base_url: config.upstream.base_url.clone(),
         api_prefix: "/v1".into(),
         credentials: Vec::new(),
+        ..Caller::default()
     };
     let compacted = engine
         .compact(CompactionInput {
@@ -235,6 +278,38 @@ async fn compact(config: &Config, body: &[u8]) -> anyhow::Result<ExitCode> {
     )?;
     writeln!(err, "summary:\n{}", result.summary)?;
     write_stdout(&rewritten)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `compactor replay`: every file is read before any is replayed, so a typo fails at once.
+async fn replay(
+    config: Config,
+    summarizer: Option<&str>,
+    files: &[PathBuf],
+    svg: Option<&Path>,
+) -> anyhow::Result<ExitCode> {
+    use compactor::replay;
+    let replayer = replay::Replayer::new(config, summarizer)?;
+    let recordings = files
+        .iter()
+        .map(|f| replay::load(f))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut reports = Vec::with_capacity(recordings.len());
+    for (i, recording) in recordings.iter().enumerate() {
+        let report = replayer.run(recording).await?;
+        let separator = if i > 0 { "\n" } else { "" };
+        write_stdout(format!("{separator}{}", report.render()).as_bytes())?;
+        reports.push(report);
+    }
+    if let Some(path) = svg {
+        std::fs::write(path, replay::svg::render(&reports))
+            .with_context(|| format!("writing {}", path.display()))?;
+        eprintln!(
+            "chart written to {} ({} panels)",
+            path.display(),
+            reports.len()
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -248,6 +248,7 @@ fn caller(headers: &HeaderMap, resolved: &Resolved, dialect: DialectKind) -> Cal
         upstream_base_url: resolved.base_url.clone(),
         api_prefix: dialect.api_prefix(&resolved.api_path).to_string(),
         credentials,
+        api: dialect.api(),
     }
 }
 

@@ -9,8 +9,16 @@
 //! kind) and `compactor_summarizer_duration_seconds{backend}` per attempt. Failures are logged
 //! at `warn` with the backend and kind, never with the prompt or credentials.
 //!
+//! `auto` is not a plugin of its own: it builds both `openai` and `anthropic` and sends each
+//! summary request to the one speaking the wire API of the request being compacted
+//! ([`Caller::api`]): Anthropic Messages requests to `anthropic`, everything else (Chat
+//! Completions, Responses) to `openai`. With no further configuration both use the caller's own
+//! upstream, model and credentials, so `auto` works unconfigured behind any upstream.
+//!
 //! Adding a backend: write a crate implementing [`Summarizer`] and add one arm to
 //! [`backend`]'s match (see `plugins/README.md`).
+//!
+//! [`Caller::api`]: compactor_plugin_api::Caller::api
 
 use std::borrow::Cow;
 use std::path::Path;
@@ -18,7 +26,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use compactor_plugin_anthropic::{AnthropicConfig, AnthropicSummarizer};
-use compactor_plugin_api::{BoxFuture, SummarizeError, Summarizer, Summary, SummaryRequest};
+use compactor_plugin_api::{Api, BoxFuture, SummarizeError, Summarizer, Summary, SummaryRequest};
 use compactor_plugin_exec::{ExecConfig, ExecSummarizer};
 use compactor_plugin_extractive::{ExtractiveConfig, ExtractiveSummarizer};
 use compactor_plugin_openai::{OpenAiConfig, OpenAiSummarizer};
@@ -27,7 +35,7 @@ use crate::config::Config;
 use crate::metrics::Metrics;
 
 /// Every backend name [`build`] knows.
-pub const BACKENDS: [&str; 4] = ["openai", "anthropic", "extractive", "exec"];
+pub const BACKENDS: [&str; 5] = ["openai", "anthropic", "extractive", "exec", "auto"];
 
 /// A backend name or its required keys are wrong.
 #[derive(Debug, thiserror::Error)]
@@ -143,6 +151,10 @@ pub fn backend(config: &Config, name: &str, key: &str) -> Result<Arc<dyn Summari
             exec.env = c.env.clone();
             Arc::new(ExecSummarizer::new(exec))
         }
+        "auto" => Arc::new(Auto {
+            openai: backend(config, "openai", key)?,
+            anthropic: backend(config, "anthropic", key)?,
+        }),
         other => {
             return Err(err(
                 key,
@@ -203,6 +215,28 @@ fn program_exists(command: &str) -> bool {
     std::env::var_os("PATH")
         .map(|paths| std::env::split_paths(&paths).any(|dir| dir.join(command).is_file()))
         .unwrap_or(false)
+}
+
+/// The `auto` backend: `anthropic` for Anthropic Messages requests, `openai` for the rest.
+struct Auto {
+    openai: Arc<dyn Summarizer>,
+    anthropic: Arc<dyn Summarizer>,
+}
+
+impl Summarizer for Auto {
+    fn name(&self) -> &str {
+        "auto"
+    }
+
+    fn summarize<'a>(
+        &'a self,
+        request: &'a SummaryRequest,
+    ) -> BoxFuture<'a, Result<Summary, SummarizeError>> {
+        match request.caller.api {
+            Api::Messages => self.anthropic.summarize(request),
+            Api::ChatCompletions | Api::Responses => self.openai.summarize(request),
+        }
+    }
 }
 
 /// Backends tried in order, each attempt bounded by a timeout and counted in the metrics.
@@ -333,6 +367,17 @@ mod tests {
         .expect("config");
         let s = build(&config, metrics()).expect("builds");
         assert_eq!(s.name(), "anthropic");
+    }
+
+    #[test]
+    fn auto_builds_both_backends_and_validates_them() {
+        let config = Config::from_toml("[summarizer]\nbackend = \"auto\"\n").expect("config");
+        let s = build(&config, metrics()).expect("auto builds with zero configuration");
+        assert_eq!(s.name(), "auto");
+        let e = build_err(
+            "[summarizer]\nbackend = \"auto\"\n[summarizer.anthropic]\nmax_tokens = 0\n",
+        );
+        assert_eq!(e.key, "summarizer.anthropic.max_tokens");
     }
 
     #[test]

@@ -16,10 +16,22 @@
 //!    so it does not trip again right away) and something before it remains to compact. In a long agentic turn (one task message followed by
 //!    hundreds of tool calls) keeping it is impossible; the summary then carries every user
 //!    message (section 6 of the prompt);
-//! 3. a tool call is never separated from its result: the tail never starts on a tool result,
-//!    and when a tool result in the tail answers a call made before the boundary, the
-//!    boundary moves back to that assistant message.
+//! 3. a tool call is never separated from its result: the tail never starts on a tool answer
+//!    (a tool-role message, or a user message opening with tool-result parts: Anthropic only
+//!    accepts `tool_result` blocks right after the message holding their `tool_use`), and when
+//!    a tool result anywhere in the tail answers a call made before the boundary, the boundary
+//!    moves back to that assistant message (a user message answering several parallel calls
+//!    pulls in the earliest);
+//! 4. reasoning stays with what it reasoned about: the tail never starts right after a
+//!    message that is nothing but reasoning (a Responses `reasoning` item must be followed by
+//!    the output it produced), and inside an Anthropic tool loop (an assistant message right
+//!    after a user message of `tool_result` blocks) whose turn carries thinking, the tail
+//!    starts only on an assistant message that opens with its own thinking, else at the start
+//!    of the turn: with thinking enabled, Anthropic requires the assistant message that opens
+//!    the final turn to start with a thinking block.
 //!
+//! The rules only ever move the boundary back (a longer tail), so they are applied until none
+//! moves it.
 //! Leading system/developer messages are never compacted; when no message is left between
 //! them and the boundary there is nothing to compact.
 
@@ -100,7 +112,7 @@ pub fn find_preserve_boundary(t: &Transcript, limits: &TailLimits) -> Option<usi
         }
     }
 
-    // Keep tool calls with their results.
+    // Keep tool calls with their results, and reasoning with its output.
     let pairs = t.pairs();
     // suffix_min[j] = the earliest assistant index answered by a tool result at j or later.
     let mut suffix_min = vec![usize::MAX; n + 1];
@@ -108,29 +120,59 @@ pub fn find_preserve_boundary(t: &Transcript, limits: &TailLimits) -> Option<usi
         let here = pairs.get(j).copied().flatten().unwrap_or(usize::MAX);
         suffix_min[j] = here.min(suffix_min[j + 1]);
     }
-    loop {
-        while b > head && messages.get(b).map(|m| m.role) == Some(Role::Tool) {
-            b = match pairs.get(b).copied().flatten() {
+    while b > head {
+        let moved = if messages[b].is_tool_answer() {
+            match pairs.get(b).copied().flatten() {
                 Some(a) if a < b => a,
                 _ => b - 1,
-            };
-        }
-        let earliest = suffix_min.get(b).copied().unwrap_or(usize::MAX);
-        if earliest < b {
-            b = earliest;
+            }
+        } else if suffix_min.get(b).is_some_and(|&a| a < b) {
+            suffix_min[b]
+        } else if messages[b - 1].is_reasoning_only() {
+            b - 1
         } else {
+            thinking_loop_start(t, b).unwrap_or(b)
+        };
+        if moved == b {
             break;
         }
+        b = moved;
     }
 
     (b > head).then_some(b)
+}
+
+/// Where a tail starting at `b` must start instead because `b` is inside an Anthropic tool loop
+/// whose turn carries thinking while `b` does not open with thinking: the latest earlier
+/// assistant message of the turn that opens with thinking, else the turn's first message.
+/// `None` when `b` is not such a message.
+fn thinking_loop_start(t: &Transcript, b: usize) -> Option<usize> {
+    let messages = &t.messages;
+    let m = messages.get(b)?;
+    let previous = messages.get(b.checked_sub(1)?)?;
+    let in_tool_loop = m.role == Role::Assistant
+        && previous.role == Role::User
+        && previous.tool_results().next().is_some();
+    if !in_tool_loop || m.starts_with_reasoning() {
+        return None;
+    }
+    let start = t.turn_start(b);
+    let turn = messages.get(start..b)?;
+    if !turn.iter().any(|m| m.has_reasoning()) {
+        return None;
+    }
+    let opener = turn
+        .iter()
+        .rposition(|m| m.role == Role::Assistant && m.starts_with_reasoning())
+        .map_or(start, |j| start + j);
+    Some(opener)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::compaction::transcript::tests::{call, text};
-    use crate::compaction::transcript::{Message, Part};
+    use crate::compaction::transcript::{Message, Part, ToolResult};
 
     fn sized(role: Role, tokens: usize) -> Message {
         let mut m = text(role, "x");
@@ -313,6 +355,155 @@ mod tests {
         ]);
         let limits = TailLimits {
             budget: 3,
+            ..wide()
+        };
+        assert_eq!(find_preserve_boundary(&t, &limits), Some(1));
+    }
+
+    /// An Anthropic user message answering calls with tool-result parts.
+    fn results(ids: &[&str]) -> Message {
+        let parts = ids
+            .iter()
+            .map(|id| {
+                Part::ToolResult(ToolResult {
+                    call_id: Some(id.to_string()),
+                    name: None,
+                    content: vec![Part::Text("out".into())],
+                    is_error: false,
+                })
+            })
+            .collect();
+        Message::new(Role::User, parts)
+    }
+
+    fn thinking() -> Part {
+        Part::Reasoning("hmm".into())
+    }
+
+    #[test]
+    fn a_user_message_of_parallel_tool_results_stays_with_its_calls() {
+        // user, assistant(3 parallel calls), user(3 results + text), assistant, user
+        let mut answer = results(&["a", "b", "c"]);
+        answer.parts.push(Part::Text("also this".into()));
+        let t = Transcript::new(vec![
+            sized(Role::User, 1),
+            Message::new(
+                Role::Assistant,
+                vec![
+                    call("a", "Read", "{}"),
+                    call("b", "Read", "{}"),
+                    call("c", "Bash", "{}"),
+                ],
+            ),
+            answer,
+            sized(Role::Assistant, 1),
+            sized(Role::User, 1),
+        ]);
+        assert_eq!(t.head_len(), 0);
+        assert_eq!(t.last_user(), Some(4));
+        for budget in 0..40 {
+            let limits = TailLimits { budget, ..wide() };
+            if let Some(b) = find_preserve_boundary(&t, &limits) {
+                assert_ne!(b, 2, "budget {budget}: tail starts on tool results");
+            }
+        }
+        let limits = TailLimits {
+            budget: t.tokens(2..5),
+            ..wide()
+        };
+        assert_eq!(find_preserve_boundary(&t, &limits), Some(1));
+    }
+
+    #[test]
+    fn a_result_answering_an_earlier_assistant_pulls_it_in() {
+        // Results for calls of two different assistant messages in one user message (odd,
+        // but the earliest call wins).
+        let t = Transcript::new(vec![
+            sized(Role::User, 50),
+            Message::new(Role::Assistant, vec![call("x", "bash", "{}")]),
+            sized(Role::User, 50),
+            Message::new(Role::Assistant, vec![call("y", "bash", "{}")]),
+            results(&["y", "x"]),
+            sized(Role::Assistant, 1),
+        ]);
+        assert_eq!(t.pairs()[4], Some(1));
+        let limits = TailLimits {
+            budget: 10,
+            ..wide()
+        };
+        assert_eq!(find_preserve_boundary(&t, &limits), Some(1));
+    }
+
+    #[test]
+    fn thinking_tool_loops_are_cut_only_before_their_own_thinking() {
+        // One turn: thinking only at its start (no interleaved thinking).
+        let loop_turn = |interleaved: bool| {
+            let mut m = vec![sized(Role::User, 100), sized(Role::Assistant, 100)];
+            m.push(sized(Role::User, 5)); // the task: index 2
+            for i in 0..6 {
+                let id = format!("c{i}");
+                let mut parts = vec![call(&id, "bash", "{}")];
+                if i == 0 || interleaved {
+                    parts.insert(0, thinking());
+                }
+                let mut a = Message::new(Role::Assistant, parts);
+                a.tokens = 10;
+                m.push(a);
+                let mut r = results(&[&id]);
+                r.tokens = 10;
+                m.push(r);
+            }
+            Transcript::new(m)
+        };
+        let limits = TailLimits {
+            budget: 45,
+            turn_max_tokens: 0,
+            ..wide()
+        };
+        // Budget alone would start at the fifth call (index 11).
+        let plain = loop_turn(true);
+        assert_eq!(find_preserve_boundary(&plain, &limits), Some(11));
+        assert_eq!(plain.turn_start(11), 3);
+        // Without interleaved thinking the whole loop stays with the thinking that opened it.
+        let t = loop_turn(false);
+        assert_eq!(find_preserve_boundary(&t, &limits), Some(3));
+        assert!(t.messages[3].starts_with_reasoning());
+        // Chat-style tool messages are not Anthropic tool loops: no such rule.
+        let mut chat = t.clone();
+        for m in &mut chat.messages {
+            if m.is_tool_answer() {
+                let id = m.tool_results().next().and_then(|r| r.call_id.clone());
+                *m = Message::tool_result(id, "out");
+                m.tokens = 10;
+            }
+        }
+        assert_eq!(find_preserve_boundary(&chat, &limits), Some(11));
+    }
+
+    #[test]
+    fn a_reasoning_item_stays_with_the_output_it_produced() {
+        // Responses: reasoning, function_call, output, reasoning, message, user.
+        let reasoning = || {
+            let mut m = Message::new(Role::Assistant, vec![thinking()]);
+            m.tokens = 10;
+            m
+        };
+        let t = Transcript::new(vec![
+            sized(Role::User, 100),
+            reasoning(),
+            Message::new(Role::Assistant, vec![call("c", "shell", "{}")]),
+            Message::tool_result(Some("c".into()), "out"),
+            reasoning(),
+            sized(Role::Assistant, 5),
+            sized(Role::User, 1),
+        ]);
+        let limits = TailLimits {
+            budget: 6,
+            ..wide()
+        };
+        assert_eq!(find_preserve_boundary(&t, &limits), Some(4));
+        let limits = TailLimits {
+            budget: t.tokens(2..7),
             ..wide()
         };
         assert_eq!(find_preserve_boundary(&t, &limits), Some(1));

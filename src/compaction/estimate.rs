@@ -6,7 +6,8 @@
 //! are Unicode scalar values, never bytes, so non-Latin text is not over-counted fourfold.
 //! Estimates are rounded up per message, so the estimate of a request is the sum of the
 //! estimates of its messages plus that of its tool definitions. Dialects count what a message
-//! holds into [`Counts`]; this module turns counts into tokens.
+//! holds into [`Counts`]; this module turns counts into tokens. A tool result carried as a part
+//! (Anthropic `tool_result`) counts its content.
 
 use super::transcript::{Message, Part};
 
@@ -113,15 +114,25 @@ pub fn count_chars(s: &str) -> usize {
 
 /// What the model reads of one neutral message.
 pub fn message_counts(message: &Message) -> Counts {
+    parts_counts(&message.parts)
+}
+
+/// What the model reads of a list of parts (tool-result parts: their content).
+pub fn parts_counts(parts: &[Part]) -> Counts {
     let mut counts = Counts::default();
-    for part in &message.parts {
+    for part in parts {
         match part {
-            Part::Text(text) | Part::Reasoning(text) => counts.chars += count_chars(text),
-            Part::Image => counts.images += 1,
-            Part::ToolCall(call) => {
-                counts.chars += count_chars(&call.name) + count_chars(&call.arguments)
+            Part::Text(text) | Part::Reasoning(text) => {
+                counts.chars = counts.chars.saturating_add(count_chars(text))
             }
-            Part::Opaque { chars, .. } => counts.chars += chars,
+            Part::Image => counts.images = counts.images.saturating_add(1),
+            Part::ToolCall(call) => {
+                counts.chars = counts
+                    .chars
+                    .saturating_add(count_chars(&call.name) + count_chars(&call.arguments))
+            }
+            Part::ToolResult(result) => counts.add(parts_counts(&result.content)),
+            Part::Opaque { chars, .. } => counts.chars = counts.chars.saturating_add(*chars),
         }
     }
     counts

@@ -3,13 +3,15 @@
 //! The tracker reads the model's tool calls. Tool names are matched case-insensitively after
 //! dropping namespaces (`mcp__fs__read_file` → `read_file`, `functions.bash` → `bash`):
 //! - read tools (`read`, `Read`, `read_file`, `view`, ...) → read, from `file_path`/`path`/
-//!   `file`/`filename`;
+//!   `file`/`filename`; search tools (Claude Code's `Grep`, `search`) → read when their `path`
+//!   names a file rather than a directory (`Glob` only lists names and is not tracked);
 //! - write tools (`write`, `Write`, `edit`, `Edit`, `MultiEdit`, `patch`, `apply_patch`,
 //!   `create`, `edit_file`, ...) → modified; patch bodies (`*** Update File: x`, `+++ b/x`)
 //!   name their files;
 //! - editor tools (`str_replace_editor`, `str_replace_based_edit_tool`): `command: view` →
 //!   read, `create`/`str_replace`/`insert`/`undo_edit` → modified;
-//! - shell tools (`shell`, `bash`, ...) → both, from the `command` string: it is split into
+//! - shell tools (`shell`, `bash`, Codex's `shell`/`local_shell` with an argv array such as
+//!   `["bash", "-lc", "cat x"]`, ...) → both, from the `command`: it is split into
 //!   simple commands (quotes, `&&`, `||`, `;`, pipes, heredocs), then `cat`/`head`/`tail`/
 //!   `less`/`grep`/... operands and `<` sources are read; `sed -i`, `tee`, `touch`, `rm`, the
 //!   destination of `mv`/`cp`, and `>`/`>>` targets are modified;
@@ -89,6 +91,7 @@ enum ToolKind {
     SweCreate,
     SweEdit,
     SweSearch,
+    Search,
 }
 
 fn classify(name: &str) -> Option<ToolKind> {
@@ -104,6 +107,7 @@ fn classify(name: &str) -> Option<ToolKind> {
         "create" => SweCreate,
         "edit" => SweEdit,
         "search_file" => SweSearch,
+        "grep" | "search" | "search_files" => Search,
         "write" | "write_file" | "writefile" | "write_to_file" | "create_file" | "edit_file"
         | "multiedit" | "multi_edit" | "str_replace" | "insert" | "replace" | "replace_in_file"
         | "search_replace" | "notebookedit" | "notebook_edit" | "delete_file" | "append_file" => {
@@ -178,6 +182,10 @@ impl FileTracker {
         let paths = paths_in(&args);
         match kind {
             ToolKind::Read | ToolKind::SweSearch => paths.iter().for_each(|p| self.add_read(p)),
+            ToolKind::Search => paths
+                .iter()
+                .filter(|p| names_a_file(p))
+                .for_each(|p| self.add_read(p)),
             ToolKind::Modify => paths.iter().for_each(|p| self.add_modified(p)),
             ToolKind::Patch => {
                 paths.iter().for_each(|p| self.add_modified(p));
@@ -444,6 +452,18 @@ fn looks_like_path(p: &str) -> bool {
         && !p.chars().any(|c| "*?[]{}$`<>|;&()=\n\r\0".contains(c))
 }
 
+/// Whether a search path names a file (its last segment has an extension) rather than a
+/// directory.
+fn names_a_file(path: &str) -> bool {
+    let path = clean(path);
+    !path.ends_with('/')
+        && path
+            .rsplit('/')
+            .next()
+            .and_then(|name| name.rsplit_once('.'))
+            .is_some_and(|(stem, ext)| !stem.is_empty() && !ext.is_empty())
+}
+
 /// The file paths named in a tool's arguments.
 fn paths_in(args: &Value) -> Vec<String> {
     let mut out = Vec::new();
@@ -651,6 +671,72 @@ mod tests {
             r#"{"command":"git apply <<EOF\n--- a/y.rs\n+++ b/y.rs\n@@\nEOF"}"#,
         )]);
         assert_eq!(modified, s(&["y.rs"]));
+    }
+
+    #[test]
+    fn claude_code_tools_are_tracked() {
+        let (read, modified) = track(&[
+            ("Read", r#"{"file_path":"/repo/src/a.rs","offset":10,"limit":50}"#),
+            ("Write", r#"{"file_path":"/repo/new.rs","content":"fn x() {}"}"#),
+            (
+                "Edit",
+                r#"{"file_path":"/repo/src/a.rs","old_string":"a","new_string":"b"}"#,
+            ),
+            (
+                "MultiEdit",
+                r#"{"file_path":"/repo/src/b.rs","edits":[{"old_string":"x","new_string":"y"}]}"#,
+            ),
+            (
+                "NotebookEdit",
+                r#"{"notebook_path":"/repo/nb.ipynb","new_source":"print(1)"}"#,
+            ),
+            ("Bash", r#"{"command":"cat Cargo.toml && rm -f old.log","description":"x"}"#),
+            ("Grep", r#"{"pattern":"fn main","path":"/repo/src/main.rs"}"#),
+            ("Grep", r#"{"pattern":"fn main","path":"/repo/src","glob":"*.rs"}"#),
+            ("Glob", r#"{"pattern":"**/*.rs","path":"/repo"}"#),
+        ]);
+        assert_eq!(
+            read,
+            s(&["/repo/src/a.rs", "Cargo.toml", "/repo/src/main.rs"])
+        );
+        assert_eq!(
+            modified,
+            s(&["/repo/new.rs", "/repo/src/a.rs", "/repo/src/b.rs", "/repo/nb.ipynb", "old.log"])
+        );
+    }
+
+    #[test]
+    fn codex_tools_are_tracked() {
+        let patch = "*** Begin Patch\n*** Update File: src/lib.rs\n@@\n-a\n+b\n\
+                     *** Add File: docs/new.md\n+hi\n*** Delete File: old.txt\n*** End Patch";
+        let (read, modified) = track(&[
+            ("shell", r#"{"command":["bash","-lc","cat foo.txt | grep x"],"workdir":"/r"}"#),
+            ("shell", r#"{"command":["sed","-n","1,20p","src/main.rs"]}"#),
+            (
+                "shell",
+                &format!(r#"{{"command":["apply_patch","{patch}"]}}"#),
+            ),
+            (
+                "local_shell",
+                r#"{"type":"exec","command":["bash","-lc","echo hi > out.txt"]}"#,
+            ),
+            // The freeform `apply_patch` tool (a Responses `custom_tool_call`): the input is
+            // the patch itself, not JSON.
+            (
+                "apply_patch",
+                "*** Begin Patch
+*** Update File: src/free.rs
+@@
+-x
++y
+*** End Patch",
+            ),
+        ]);
+        assert_eq!(read, s(&["foo.txt", "src/main.rs"]));
+        assert_eq!(
+            modified,
+            s(&["src/lib.rs", "docs/new.md", "old.txt", "out.txt", "src/free.rs"])
+        );
     }
 
     #[test]

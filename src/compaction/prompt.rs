@@ -88,8 +88,8 @@ pub fn truncate(text: &str, max: usize) -> String {
 }
 
 /// The turns of `messages` as summarizer entries, untruncated. System messages in the middle
-/// of a conversation become user turns marked `[system]`; tool results join the assistant turn
-/// before them.
+/// of a conversation become user turns marked `[system]`; tool results (tool-role messages and
+/// the tool-result parts of user messages) join the assistant turn before them.
 pub fn to_entries(messages: &[Message]) -> Vec<Entry> {
     let mut entries: Vec<Entry> = Vec::new();
     for m in messages {
@@ -114,14 +114,37 @@ pub fn to_entries(messages: &[Message]) -> Vec<Entry> {
                     text: format!("[system] {}", flatten(&m.parts)),
                 }],
             }),
-            Role::User | Role::Assistant => {
-                let role = if m.role == Role::User {
-                    EntryRole::User
-                } else {
-                    EntryRole::Assistant
-                };
+            Role::User => {
+                // Tool-result parts (Anthropic) join the assistant turn that made the calls;
+                // whatever else the message says is the user's.
+                let (results, rest): (Vec<&Part>, Vec<&Part>) = m
+                    .parts
+                    .iter()
+                    .partition(|p| matches!(p, Part::ToolResult(_)));
+                if !results.is_empty() {
+                    let parts = results.into_iter().map(entry_part);
+                    match entries.last_mut() {
+                        Some(e) if e.role == EntryRole::Assistant => e.parts.extend(parts),
+                        _ => entries.push(Entry {
+                            role: EntryRole::Assistant,
+                            parts: parts.collect(),
+                        }),
+                    }
+                    if rest.is_empty() {
+                        continue;
+                    }
+                }
+                entries.push(Entry {
+                    role: EntryRole::User,
+                    parts: rest.into_iter().map(entry_part).collect(),
+                });
+            }
+            Role::Assistant => {
                 let parts = m.parts.iter().map(entry_part).collect();
-                entries.push(Entry { role, parts });
+                entries.push(Entry {
+                    role: EntryRole::Assistant,
+                    parts,
+                });
             }
         }
     }
@@ -142,6 +165,11 @@ fn entry_part(part: &Part) -> EntryPart {
             arguments: call.arguments.clone(),
         },
         Part::Reasoning(text) => EntryPart::Reasoning { text: text.clone() },
+        Part::ToolResult(result) => EntryPart::ToolResult {
+            name: result.name.clone().unwrap_or_else(|| "tool".into()),
+            output: flatten(&result.content),
+            is_error: result.is_error,
+        },
     }
 }
 
@@ -149,11 +177,16 @@ fn entry_part(part: &Part) -> EntryPart {
 fn flatten(parts: &[Part]) -> String {
     let mut out = String::new();
     for part in parts {
+        let nested;
         let piece = match part {
             Part::Text(t) | Part::Reasoning(t) => t.as_str(),
             Part::Image => "[image]",
             Part::Opaque { kind, .. } => kind.as_str(),
             Part::ToolCall(call) => call.name.as_str(),
+            Part::ToolResult(result) => {
+                nested = flatten(&result.content);
+                nested.as_str()
+            }
         };
         if !out.is_empty() {
             out.push('\n');
@@ -455,6 +488,44 @@ mod tests {
                 output: "fn main() {}".into(),
                 is_error: false
             }
+        );
+    }
+
+    #[test]
+    fn tool_result_parts_join_the_calling_turn_and_the_rest_stays_the_users() {
+        use crate::compaction::transcript::ToolResult;
+        let mut t = Transcript::new(vec![
+            Message::new(Role::Assistant, vec![call("t1", "Read", "{}")]),
+            Message::new(
+                Role::User,
+                vec![
+                    Part::ToolResult(ToolResult {
+                        call_id: Some("t1".into()),
+                        name: None,
+                        content: vec![Part::Text("line".into()), Part::Image],
+                        is_error: true,
+                    }),
+                    Part::Text("please continue".into()),
+                ],
+            ),
+        ]);
+        t.resolve_tool_names();
+        let entries = to_entries(&t.messages);
+        assert_eq!(entries.len(), 2);
+        assert_eq!(
+            entries[0].parts[1],
+            EntryPart::ToolResult {
+                name: "Read".into(),
+                output: "line\n[image]".into(),
+                is_error: true
+            }
+        );
+        assert_eq!(entries[1].role, EntryRole::User);
+        assert_eq!(
+            entries[1].parts,
+            vec![EntryPart::Text {
+                text: "please continue".into()
+            }]
         );
     }
 

@@ -1,11 +1,16 @@
 //! The neutral transcript: what every dialect parses a chat request into.
 //!
 //! A [`Transcript`] is the request's message list in order, each [`Message`] a role, its parts
-//! (text, image, tool call, reasoning, opaque) and, for tool results, the id and name of the
-//! call they answer. It carries the per-message token estimate computed by the dialect, and
-//! answers the structural questions the engine asks: how many leading system messages there
-//! are, where the latest user message is, and which assistant message holds the call each tool
-//! result answers. It never holds wire JSON: writing back is the dialect's job.
+//! (text, image, tool call, tool result, reasoning, opaque) and, for tool-role messages, the
+//! id and name of the call they answer. Tool results come in two shapes: a whole message of
+//! role [`Role::Tool`] (Chat Completions `tool` messages, Responses `function_call_output`
+//! items), or [`Part::ToolResult`] parts inside a user message (Anthropic `tool_result`
+//! blocks, several per message when the model made parallel calls). It carries the
+//! per-message token estimate computed by the dialect, and answers the structural questions
+//! the engine asks: how many leading system messages there are, where the latest user message
+//! is, which assistant message holds the calls each message answers, and where the assistant
+//! turn a message belongs to starts. It never holds wire JSON: writing back is the dialect's
+//! job.
 
 use std::collections::HashMap;
 
@@ -35,6 +40,19 @@ pub struct ToolCall {
     pub arguments: String,
 }
 
+/// The output of a tool call carried as a part of a message (Anthropic `tool_result`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolResult {
+    /// The id of the call answered (`tool_use_id`).
+    pub call_id: Option<String>,
+    /// The tool's name, resolved from the call (see [`Transcript::resolve_tool_names`]).
+    pub name: Option<String>,
+    /// The output, in order (text, images, opaque parts).
+    pub content: Vec<Part>,
+    /// Whether the tool reported an error.
+    pub is_error: bool,
+}
+
 /// One piece of a message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Part {
@@ -44,6 +62,8 @@ pub enum Part {
     Image,
     /// A tool invocation.
     ToolCall(ToolCall),
+    /// A tool's output inside a message (Anthropic `tool_result` blocks).
+    ToolResult(ToolResult),
     /// Visible reasoning.
     Reasoning(String),
     /// Anything else (audio, files, unknown part types): its type and how many characters
@@ -54,6 +74,20 @@ pub enum Part {
         /// Characters counted for the estimate.
         chars: usize,
     },
+}
+
+impl Part {
+    /// Whether this part is the model's reasoning: visible text, or an encrypted or redacted
+    /// form of it (`redacted_thinking`, a reasoning object).
+    pub fn is_reasoning(&self) -> bool {
+        match self {
+            Part::Reasoning(_) => true,
+            Part::Opaque { kind, .. } => {
+                matches!(kind.as_str(), "redacted_thinking" | "reasoning" | "thinking")
+            }
+            _ => false,
+        }
+    }
 }
 
 /// One message of the conversation.
@@ -98,6 +132,39 @@ impl Message {
             Part::ToolCall(c) => Some(c),
             _ => None,
         })
+    }
+
+    /// The tool results this message carries as parts.
+    pub fn tool_results(&self) -> impl Iterator<Item = &ToolResult> {
+        self.parts.iter().filter_map(|p| match p {
+            Part::ToolResult(r) => Some(r),
+            _ => None,
+        })
+    }
+
+    /// Whether this message answers tool calls: a tool-role message, or a message opening
+    /// with tool-result parts (Anthropic's user message of `tool_result` blocks).
+    pub fn is_tool_answer(&self) -> bool {
+        self.role == Role::Tool || matches!(self.parts.first(), Some(Part::ToolResult(_)))
+    }
+
+    /// Whether the message is nothing but reasoning (a Responses `reasoning` item): it belongs
+    /// with the output that follows it.
+    pub fn is_reasoning_only(&self) -> bool {
+        self.role == Role::Assistant
+            && !self.parts.is_empty()
+            && self.parts.iter().all(Part::is_reasoning)
+    }
+
+    /// Whether the message opens with reasoning (Anthropic: its first block is `thinking` or
+    /// `redacted_thinking`).
+    pub fn starts_with_reasoning(&self) -> bool {
+        self.parts.first().is_some_and(Part::is_reasoning)
+    }
+
+    /// Whether any part is reasoning.
+    pub fn has_reasoning(&self) -> bool {
+        self.parts.iter().any(Part::is_reasoning)
     }
 
     /// Its text parts joined by newlines (the output of a tool result).
@@ -146,9 +213,30 @@ impl Transcript {
             .count()
     }
 
-    /// Index of the latest user message, if any.
+    /// Index of the latest user message, if any; user messages that only carry tool results
+    /// (Anthropic `tool_result` blocks) continue the assistant's turn and do not count.
     pub fn last_user(&self) -> Option<usize> {
-        self.messages.iter().rposition(|m| m.role == Role::User)
+        self.messages
+            .iter()
+            .rposition(|m| m.role == Role::User && !m.is_tool_answer())
+    }
+
+    /// Index of the first message of the assistant turn message `i` belongs to: the turn
+    /// starts after the latest user or system message before `i` that is not a tool answer,
+    /// and runs through the model's messages and the tool results it receives. A message that
+    /// is itself a user or system message (not a tool answer) starts its own turn.
+    pub fn turn_start(&self, i: usize) -> usize {
+        let opens_turn = |m: &Message| {
+            matches!(m.role, Role::User | Role::System) && !m.is_tool_answer()
+        };
+        match self.messages.get(i) {
+            None => i,
+            Some(m) if opens_turn(m) => i,
+            Some(_) => self.messages[..i]
+                .iter()
+                .rposition(opens_turn)
+                .map_or(0, |u| u + 1),
+        }
     }
 
     /// Sum of the estimates of `messages[range]`.
@@ -162,8 +250,9 @@ impl Transcript {
 
     /// For each message: when it is a tool result, the index of the assistant message that
     /// holds the call it answers (the nearest earlier one with that call id; for legacy
-    /// `function` results, the nearest earlier assistant with a legacy call); otherwise, or
-    /// when no such call exists, `None`.
+    /// `function` results, the nearest earlier assistant with a legacy call); when it carries
+    /// tool-result parts, the earliest of the assistant messages holding the calls they
+    /// answer; otherwise, or when no such call exists, `None`.
     pub fn pairs(&self) -> Vec<Option<usize>> {
         let mut by_id: HashMap<&str, usize> = HashMap::new();
         let mut legacy: Option<usize> = None;
@@ -185,14 +274,20 @@ impl Transcript {
                     Some(id) => by_id.get(id.as_str()).copied(),
                     None => legacy,
                 }),
-                _ => out.push(None),
+                _ => out.push(
+                    m.tool_results()
+                        .filter_map(|r| by_id.get(r.call_id.as_deref()?).copied())
+                        .min(),
+                ),
             }
         }
         out
     }
 
-    /// Fills in `tool_name` of tool results from the calls they answer, where missing.
+    /// Fills in `tool_name` of tool results (and the name of tool-result parts) from the calls
+    /// they answer, where missing.
     pub fn resolve_tool_names(&mut self) {
+        self.resolve_tool_name_parts();
         let pairs = self.pairs();
         for (i, pair) in pairs.into_iter().enumerate() {
             let Some(a) = pair else { continue };
@@ -212,6 +307,24 @@ impl Transcript {
             });
             if let Some(message) = self.messages.get_mut(i) {
                 message.tool_name = name;
+            }
+        }
+    }
+
+    /// Names tool-result parts after the nearest earlier call with their id.
+    fn resolve_tool_name_parts(&mut self) {
+        let mut names: HashMap<String, String> = HashMap::new();
+        for m in &mut self.messages {
+            for part in &mut m.parts {
+                match part {
+                    Part::ToolCall(ToolCall { id: Some(id), name, .. }) => {
+                        names.insert(id.clone(), name.clone());
+                    }
+                    Part::ToolResult(r) if r.name.is_none() => {
+                        r.name = r.call_id.as_ref().and_then(|id| names.get(id)).cloned();
+                    }
+                    _ => {}
+                }
             }
         }
     }
@@ -300,6 +413,65 @@ pub(crate) mod tests {
         assert_eq!(t.pairs(), vec![None, None, Some(1)]);
         t.resolve_tool_names();
         assert_eq!(t.messages[2].tool_name.as_deref(), Some("get_weather"));
+    }
+
+    fn result_part(id: &str) -> Part {
+        Part::ToolResult(ToolResult {
+            call_id: Some(id.into()),
+            name: None,
+            content: vec![Part::Text("out".into())],
+            is_error: false,
+        })
+    }
+
+    #[test]
+    fn tool_result_parts_pair_resolve_and_do_not_make_a_user_turn() {
+        let mut t = Transcript::new(vec![
+            text(Role::User, "go"),
+            Message::new(
+                Role::Assistant,
+                vec![call("a", "Read", "{}"), call("b", "Bash", "{}")],
+            ),
+            Message::new(
+                Role::User,
+                vec![result_part("b"), result_part("a"), Part::Text("note".into())],
+            ),
+            text(Role::Assistant, "ok"),
+            Message::new(Role::User, vec![result_part("zz")]),
+        ]);
+        assert_eq!(t.pairs(), vec![None, None, Some(1), None, None]);
+        assert_eq!(t.last_user(), Some(0), "tool answers are not the user's turn");
+        assert!(t.messages[2].is_tool_answer() && t.messages[4].is_tool_answer());
+        assert_eq!(t.turn_start(3), 1);
+        assert_eq!(t.turn_start(0), 0);
+        t.resolve_tool_names();
+        let names: Vec<_> = t.messages[2]
+            .tool_results()
+            .map(|r| r.name.as_deref())
+            .collect();
+        assert_eq!(names, vec![Some("Bash"), Some("Read")]);
+        assert_eq!(t.messages[4].tool_results().next().and_then(|r| r.name.as_deref()), None);
+        // A tool result's content counts toward the estimate.
+        assert_eq!(t.messages[2].tokens, LazyEstimator::default().chars(3 + 3 + 4));
+    }
+
+    #[test]
+    fn reasoning_shapes() {
+        let r = Message::new(Role::Assistant, vec![Part::Reasoning("x".into())]);
+        assert!(r.is_reasoning_only() && r.starts_with_reasoning());
+        let redacted = Message::new(
+            Role::Assistant,
+            vec![
+                Part::Opaque {
+                    kind: "redacted_thinking".into(),
+                    chars: 8,
+                },
+                call("a", "bash", "{}"),
+            ],
+        );
+        assert!(redacted.starts_with_reasoning() && !redacted.is_reasoning_only());
+        assert!(!text(Role::Assistant, "x").has_reasoning());
+        assert!(!Message::new(Role::Assistant, vec![]).is_reasoning_only());
     }
 
     #[test]

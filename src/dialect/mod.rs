@@ -9,8 +9,17 @@
 //! [`DialectKind::raw_messages`] (the messages as raw JSON, for session identity and
 //! checkpoint hashing) and [`DialectKind::parse`] (the full [`ParsedRequest`], only when a
 //! request must be rewritten).
+//!
+//! One module per wire format: [`chat`] (OpenAI Chat Completions, the reference: zero-copy
+//! peek, order-preserving raw rewrite), [`messages`] (Anthropic Messages) and [`responses`]
+//! (OpenAI Responses), with the JSON plumbing the last two share in `json`.
 
 pub mod chat;
+mod json;
+pub mod messages;
+#[cfg(test)]
+mod props;
+pub mod responses;
 
 use serde_json::value::RawValue;
 
@@ -25,6 +34,12 @@ pub enum DialectError {
     /// Chat Completions.
     #[error(transparent)]
     Chat(#[from] chat::ChatError),
+    /// Anthropic Messages.
+    #[error(transparent)]
+    Messages(#[from] messages::MessagesError),
+    /// OpenAI Responses.
+    #[error(transparent)]
+    Responses(responses::ResponsesError),
     /// The conversation lives on the provider (`previous_response_id`, `conversation`): there
     /// is no history to compact, so the request passes through (counted as `server_state`).
     #[error("history held by the provider; passed through")]
@@ -32,6 +47,15 @@ pub enum DialectError {
     /// A dialect compactor recognises but does not compact (yet); passed through.
     #[error("{0} requests are passed through unchanged")]
     Unsupported(&'static str),
+}
+
+impl From<responses::ResponsesError> for DialectError {
+    fn from(e: responses::ResponsesError) -> DialectError {
+        match e {
+            responses::ResponsesError::ServerState => DialectError::ServerState,
+            other => DialectError::Responses(other),
+        }
+    }
 }
 
 /// A request parsed for rewriting: what the engine reads and how the plan is written back.
@@ -93,7 +117,8 @@ impl DialectKind {
     pub fn peek(self, body: &[u8], estimator: &LazyEstimator) -> Result<Peek, DialectError> {
         match self {
             DialectKind::ChatCompletions => Ok(chat::peek(body, estimator)?),
-            other => Err(DialectError::Unsupported(other.label())),
+            DialectKind::Messages => Ok(messages::peek(body, estimator)?),
+            DialectKind::Responses => Ok(responses::peek(body, estimator)?),
         }
     }
 
@@ -101,7 +126,8 @@ impl DialectKind {
     pub fn raw_messages(self, body: &[u8]) -> Result<Vec<&RawValue>, DialectError> {
         match self {
             DialectKind::ChatCompletions => Ok(chat::raw_messages(body)?),
-            other => Err(DialectError::Unsupported(other.label())),
+            DialectKind::Messages => Ok(messages::raw_messages(body)?),
+            DialectKind::Responses => Ok(responses::raw_messages(body)?),
         }
     }
 
@@ -113,7 +139,17 @@ impl DialectKind {
     ) -> Result<Box<dyn ParsedRequest + 'a>, DialectError> {
         match self {
             DialectKind::ChatCompletions => Ok(Box::new(chat::parse_with(body, estimator)?)),
-            other => Err(DialectError::Unsupported(other.label())),
+            DialectKind::Messages => Ok(Box::new(messages::parse_with(body, estimator)?)),
+            DialectKind::Responses => Ok(Box::new(responses::parse_with(body, estimator)?)),
+        }
+    }
+
+    /// The wire API a summarizer calling the caller's provider should speak.
+    pub fn api(self) -> compactor_plugin_api::Api {
+        match self {
+            DialectKind::ChatCompletions => compactor_plugin_api::Api::ChatCompletions,
+            DialectKind::Messages => compactor_plugin_api::Api::Messages,
+            DialectKind::Responses => compactor_plugin_api::Api::Responses,
         }
     }
 

@@ -206,7 +206,7 @@ impl MemoryStore {
         inner
             .sessions
             .get_mut(&SessionKey::new(tenant, id))
-            .map_or(true, |entry| entry.breaker.allow(now))
+            .is_none_or(|entry| entry.breaker.allow(now))
     }
 
     fn record(&self, tenant: TenantId, id: &str, succeeded: bool) -> bool {

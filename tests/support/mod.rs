@@ -5,12 +5,14 @@
 //! each uses a different subset, hence the blanket `dead_code` allowance.
 #![allow(dead_code, unused_imports)]
 
+pub mod anthropic_rules;
 pub mod binary;
 pub mod client;
 pub mod metrics;
 pub mod mock;
 pub mod provider_rules;
 pub mod proxy;
+pub mod responses_rules;
 pub mod tls;
 
 use std::future::Future;

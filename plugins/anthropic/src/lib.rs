@@ -208,6 +208,7 @@ mod tests {
             upstream_base_url: "https://gw.example/anthropic".into(),
             api_prefix: "/v1".into(),
             credentials: vec![],
+            ..Caller::default()
         };
         assert_eq!(
             s(Some("https://api.anthropic.com/"))

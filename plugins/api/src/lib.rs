@@ -120,6 +120,20 @@ pub enum Part {
     },
 }
 
+/// The wire API of the request being compacted, so a backend that calls the caller's own
+/// provider can speak that provider's language (an Anthropic upstream does not serve
+/// `/chat/completions`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Api {
+    /// OpenAI Chat Completions (`POST …/chat/completions`), and the default when unknown.
+    #[default]
+    ChatCompletions,
+    /// Anthropic Messages (`POST …/messages`).
+    Messages,
+    /// OpenAI Responses (`POST …/responses`).
+    Responses,
+}
+
 /// The destination and credentials of the request being compacted.
 ///
 /// Backends that call the caller's own provider (the zero-configuration default) use these.
@@ -133,6 +147,8 @@ pub struct Caller {
     /// Credential headers of the request (`authorization`, `x-api-key`, `api-key`), by
     /// lowercase name.
     pub credentials: Vec<(String, String)>,
+    /// The wire API the request itself used ([`Api::ChatCompletions`] when unknown).
+    pub api: Api,
 }
 
 impl Caller {
@@ -151,6 +167,7 @@ impl fmt::Debug for Caller {
         f.debug_struct("Caller")
             .field("upstream_base_url", &self.upstream_base_url)
             .field("api_prefix", &self.api_prefix)
+            .field("api", &self.api)
             .field("credentials", &format_args!("{names:?} (values redacted)"))
             .finish()
     }
@@ -241,8 +258,10 @@ mod tests {
             upstream_base_url: "https://x".into(),
             api_prefix: "/v1".into(),
             credentials: vec![("authorization".into(), "Bearer sk-secret".into())],
+            api: Api::Messages,
         };
         let shown = format!("{caller:?}");
+        assert!(shown.contains("Messages"), "{shown}");
         assert!(!shown.contains("sk-secret"), "{shown}");
         assert!(shown.contains("authorization"));
         assert_eq!(caller.credential("authorization"), Some("Bearer sk-secret"));

@@ -358,6 +358,7 @@ mod tests {
                 upstream_base_url: "https://up".into(),
                 api_prefix: "/v1".into(),
                 credentials: vec![("authorization".into(), "Bearer sk-xyz".into())],
+                ..Caller::default()
             },
         };
         let bytes = request_json(&request).expect("json");

@@ -59,6 +59,7 @@ fn request(timeout: Duration) -> SummaryRequest {
                 ("authorization".into(), format!("Bearer {SECRET}")),
                 ("x-api-key".into(), SECRET.into()),
             ],
+            ..Caller::default()
         },
     }
 }

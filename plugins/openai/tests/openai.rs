@@ -138,6 +138,7 @@ fn caller(base: &str, credentials: &[(&str, &str)]) -> Caller {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
+        ..Caller::default()
     }
 }
 

@@ -1,0 +1,467 @@
+//! JSON plumbing shared by the Anthropic Messages and OpenAI Responses dialects: the
+//! order-preserving top level, zero-copy token counting driven by per-dialect [`Rules`], and
+//! the small writers the rewrites use.
+//!
+//! Counting follows one rule for every content node (an Anthropic message or content block, a
+//! Responses input item or content part): a node whose `type` names an image costs one image;
+//! any other node counts the characters of its string leaves, except under keys the model does
+//! not read as text (ids, signatures, cache markers, statuses), with the dialect's *nested*
+//! keys (`content`, `output`, ...) counted recursively as nodes (so images inside a tool
+//! result count as images) and its *raw* keys (Anthropic's `input` object) counted as the JSON
+//! text sent. Keys are classified and strings counted as serde_json hands them over: nothing is
+//! allocated or copied.
+
+use std::fmt;
+
+use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::Value;
+
+use crate::compaction::estimate::{count_chars, Counts};
+
+/// How a dialect's content nodes are counted.
+#[derive(Debug)]
+pub(crate) struct Rules {
+    /// Keys whose values the model does not read as text.
+    pub skip: &'static [&'static str],
+    /// Keys holding content (a string, a node or an array of nodes), counted recursively.
+    pub nested: &'static [&'static str],
+    /// Keys whose value counts as its JSON text (a tool's input object).
+    pub raw: &'static [&'static str],
+    /// `type` values that make a node an image.
+    pub image_types: &'static [&'static str],
+}
+
+/// Characters of every string leaf (not keys) of a parsed value.
+pub(crate) fn leaf_chars(v: &Value) -> usize {
+    match v {
+        Value::String(s) => count_chars(s),
+        Value::Array(items) => items.iter().map(leaf_chars).fold(0, usize::saturating_add),
+        Value::Object(map) => map.values().map(leaf_chars).fold(0, usize::saturating_add),
+        _ => 0,
+    }
+}
+
+/// A non-negative token count from a JSON number (`max_tokens` and friends).
+pub(crate) fn as_tokens(v: Option<&Value>) -> Option<usize> {
+    let n = v?.as_f64()?;
+    (n.is_finite() && n >= 0.0).then(|| n.min(usize::MAX as f64) as usize)
+}
+
+/// Counts of `raw` content (a string, a node or an array of nodes) under `rules`.
+pub(crate) fn content_counts(raw: &str, rules: &'static Rules) -> Result<Counts, serde_json::Error> {
+    let mut de = serde_json::Deserializer::from_str(raw);
+    let counts = ContentSeed(rules).deserialize(&mut de)?;
+    de.end()?;
+    Ok(counts)
+}
+
+/// Counts of one `raw` node under `rules`.
+pub(crate) fn node_counts(raw: &str, rules: &'static Rules) -> Result<Counts, serde_json::Error> {
+    let mut de = serde_json::Deserializer::from_str(raw);
+    let counts = NodeSeed(rules).deserialize(&mut de)?;
+    de.end()?;
+    Ok(counts)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Order-preserving top level.
+
+/// The fields of a JSON object in order, values raw.
+pub(crate) struct OrderedObject<'a>(pub Vec<(String, &'a RawValue)>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for OrderedObject<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
+            type Value = OrderedObject<'a>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut fields = Vec::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    let value: &'a RawValue = map.next_value()?;
+                    fields.push((key, value));
+                }
+                Ok(OrderedObject(fields))
+            }
+        }
+        d.deserialize_map(V(std::marker::PhantomData))
+    }
+}
+
+impl std::fmt::Debug for OrderedObject<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list()
+            .entries(self.0.iter().map(|(k, _)| k))
+            .finish()
+    }
+}
+
+impl<'a> OrderedObject<'a> {
+    /// Index of the first field named `name`.
+    pub fn position(&self, name: &str) -> Option<usize> {
+        self.0.iter().position(|(k, _)| k == name)
+    }
+
+    /// Whether a field name appears more than once (ambiguous: never rewritten).
+    pub fn duplicated(&self, name: &str) -> bool {
+        self.0.iter().filter(|(k, _)| k == name).count() > 1
+    }
+
+    /// The raw value of the field named `name`.
+    pub fn raw(&self, name: &str) -> Option<&'a RawValue> {
+        self.0.iter().find(|(k, _)| k == name).map(|(_, v)| *v)
+    }
+
+    /// The parsed value of the field named `name` (`None` when absent or not parseable).
+    pub fn value(&self, name: &str) -> Option<Value> {
+        serde_json::from_str(self.raw(name)?.get()).ok()
+    }
+
+    /// Writes the object with the field at `at` replaced by `write`'s output, every other
+    /// field raw and in order.
+    pub fn write_replacing(
+        &self,
+        out: &mut Vec<u8>,
+        at: usize,
+        write: impl FnOnce(&mut Vec<u8>) -> Result<(), serde_json::Error>,
+    ) -> Result<(), serde_json::Error> {
+        let mut write = Some(write);
+        out.push(b'{');
+        for (i, (key, value)) in self.0.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            serde_json::to_writer(&mut *out, key)?;
+            out.push(b':');
+            match write.take_if(|_| i == at) {
+                Some(w) => w(out)?,
+                None => out.extend_from_slice(value.get().as_bytes()),
+            }
+        }
+        out.push(b'}');
+        Ok(())
+    }
+
+    /// Bytes of the object as received (a capacity hint).
+    pub fn size(&self) -> usize {
+        self.0
+            .iter()
+            .map(|(k, v)| k.len() + v.get().len() + 4)
+            .fold(2, usize::saturating_add)
+    }
+}
+
+/// Writes `items` raw as a JSON array.
+pub(crate) fn write_array(out: &mut Vec<u8>, items: &[&RawValue]) {
+    out.push(b'[');
+    for (i, item) in items.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(item.get().as_bytes());
+    }
+    out.push(b']');
+}
+
+// ---------------------------------------------------------------------------------------------
+// Zero-copy counting.
+
+/// What a key of a node is, under some rules.
+enum KeyKind {
+    Type,
+    Skip,
+    Nested,
+    Raw,
+    Other,
+}
+
+struct KeySeed(&'static Rules);
+
+impl<'de> DeserializeSeed<'de> for KeySeed {
+    type Value = KeyKind;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<KeyKind, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de> Visitor<'de> for KeySeed {
+    type Value = KeyKind;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an object key")
+    }
+    fn visit_str<E: de::Error>(self, k: &str) -> Result<KeyKind, E> {
+        let rules = self.0;
+        Ok(if k == "type" {
+            KeyKind::Type
+        } else if rules.skip.contains(&k) {
+            KeyKind::Skip
+        } else if rules.nested.contains(&k) {
+            KeyKind::Nested
+        } else if rules.raw.contains(&k) {
+            KeyKind::Raw
+        } else {
+            KeyKind::Other
+        })
+    }
+}
+
+/// Whether a string value is one of a set (a `type` naming an image, a valid role); any other
+/// JSON value is skipped and answers `false`.
+pub(crate) struct OneOf(pub &'static [&'static str]);
+
+impl<'de> DeserializeSeed<'de> for OneOf {
+    type Value = bool;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for OneOf {
+    type Value = bool;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<bool, E> {
+        Ok(self.0.contains(&v))
+    }
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<bool, E> {
+        Ok(false)
+    }
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<bool, E> {
+        Ok(false)
+    }
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<bool, E> {
+        Ok(false)
+    }
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<bool, E> {
+        Ok(false)
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<bool, E> {
+        Ok(false)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<bool, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(false)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<bool, A::Error> {
+        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        Ok(false)
+    }
+}
+
+/// Characters of all string leaves of any value (object keys excluded).
+pub(crate) struct StrChars(pub usize);
+
+impl<'de> Deserialize<'de> for StrChars {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(StrCharsVisitor).map(StrChars)
+    }
+}
+
+struct StrCharsVisitor;
+
+impl<'de> Visitor<'de> for StrCharsVisitor {
+    type Value = usize;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<usize, E> {
+        Ok(count_chars(v))
+    }
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<usize, E> {
+        Ok(0)
+    }
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<usize, E> {
+        Ok(0)
+    }
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<usize, E> {
+        Ok(0)
+    }
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<usize, E> {
+        Ok(0)
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<usize, E> {
+        Ok(0)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<usize, A::Error> {
+        let mut n = 0usize;
+        while let Some(StrChars(c)) = seq.next_element()? {
+            n = n.saturating_add(c);
+        }
+        Ok(n)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<usize, A::Error> {
+        let mut n = 0usize;
+        while map.next_key::<IgnoredAny>()?.is_some() {
+            n = n.saturating_add(map.next_value::<StrChars>()?.0);
+        }
+        Ok(n)
+    }
+}
+
+/// Content: a string, `null`, one node or an array of nodes (anything else counts its leaves).
+#[derive(Clone, Copy)]
+pub(crate) struct ContentSeed(pub &'static Rules);
+
+impl<'de> DeserializeSeed<'de> for ContentSeed {
+    type Value = Counts;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Counts, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ContentSeed {
+    type Value = Counts;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("content")
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Counts, E> {
+        Ok(chars(count_chars(v)))
+    }
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Counts, E> {
+        Ok(Counts::default())
+    }
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Counts, E> {
+        Ok(Counts::default())
+    }
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Counts, E> {
+        Ok(Counts::default())
+    }
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Counts, E> {
+        Ok(Counts::default())
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Counts, E> {
+        Ok(Counts::default())
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Counts, A::Error> {
+        let mut counts = Counts::default();
+        while let Some(c) = seq.next_element_seed(NodeSeed(self.0))? {
+            counts.add(c);
+        }
+        Ok(counts)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Counts, A::Error> {
+        NodeSeed(self.0).visit_map(map)
+    }
+}
+
+/// One content node (a block, a part, an item): an image, or the characters the model reads.
+#[derive(Clone, Copy)]
+pub(crate) struct NodeSeed(pub &'static Rules);
+
+impl<'de> DeserializeSeed<'de> for NodeSeed {
+    type Value = Counts;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Counts, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for NodeSeed {
+    type Value = Counts;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a content node")
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Counts, E> {
+        Ok(chars(count_chars(v)))
+    }
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Counts, E> {
+        Ok(Counts::default())
+    }
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Counts, E> {
+        Ok(Counts::default())
+    }
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Counts, E> {
+        Ok(Counts::default())
+    }
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Counts, E> {
+        Ok(Counts::default())
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Counts, E> {
+        Ok(Counts::default())
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Counts, A::Error> {
+        StrCharsVisitor.visit_seq(seq).map(chars)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Counts, A::Error> {
+        let rules = self.0;
+        let mut image = false;
+        let mut counts = Counts::default();
+        while let Some(kind) = map.next_key_seed(KeySeed(rules))? {
+            match kind {
+                KeyKind::Type => image = map.next_value_seed(OneOf(rules.image_types))?,
+                KeyKind::Skip => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+                KeyKind::Nested => counts.add(map.next_value_seed(ContentSeed(rules))?),
+                KeyKind::Raw => {
+                    let raw: &'de RawValue = map.next_value()?;
+                    counts.add(chars(count_chars(raw.get())));
+                }
+                KeyKind::Other => counts.add(chars(map.next_value::<StrChars>()?.0)),
+            }
+        }
+        Ok(if image {
+            Counts {
+                chars: 0,
+                images: 1,
+            }
+        } else {
+            counts
+        })
+    }
+}
+
+fn chars(chars: usize) -> Counts {
+    Counts { chars, images: 0 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    static RULES: Rules = Rules {
+        skip: &["id", "cache_control"],
+        nested: &["content"],
+        raw: &["input"],
+        image_types: &["image"],
+    };
+
+    #[test]
+    fn nodes_count_leaves_nested_content_raw_inputs_and_images() {
+        let raw = r#"{"type":"tool_result","id":"skipped","cache_control":{"type":"x"},
+            "content":[{"type":"text","text":"abcd"},{"source":{"data":"zzzz"},"type":"image"}],
+            "input":{"a": "b"},"extra":["cd", 5, null]}"#;
+        let c = node_counts(raw, &RULES).expect("counts");
+        assert_eq!(c.images, 1);
+        assert_eq!(c.chars, 4 + r#"{"a": "b"}"#.len() + 2);
+        assert_eq!(
+            content_counts(r#""héllo""#, &RULES).expect("counts").chars,
+            5
+        );
+        assert_eq!(content_counts("null", &RULES).expect("counts"), Counts::default());
+        assert!(content_counts("[1,", &RULES).is_err());
+    }
+
+    #[test]
+    fn ordered_objects_find_fields_and_write_replacements() {
+        let o: OrderedObject<'_> =
+            serde_json::from_str(r#"{"b": 1, "a" :[ 2 ], "c":"x"}"#).expect("object");
+        assert_eq!(o.position("a"), Some(1));
+        assert_eq!(o.position("z"), None);
+        let mut out = Vec::new();
+        o.write_replacing(&mut out, 1, |w| {
+            w.extend_from_slice(b"[3]");
+            Ok(())
+        })
+        .expect("writes");
+        assert_eq!(String::from_utf8_lossy(&out), r#"{"b":1,"a":[3],"c":"x"}"#);
+        let dup: OrderedObject<'_> = serde_json::from_str(r#"{"a":1,"a":2}"#).expect("object");
+        assert!(dup.duplicated("a") && !o.duplicated("a"));
+        assert_eq!(as_tokens(Some(&serde_json::json!(12))), Some(12));
+        assert_eq!(as_tokens(Some(&serde_json::json!(-1))), None);
+    }
+}

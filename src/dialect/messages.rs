@@ -1,0 +1,817 @@
+//! Anthropic Messages (`POST …/v1/messages`): peek, parse and rewrite.
+//!
+//! - [`peek`] (every request): one zero-copy pass counting the messages and estimating what the
+//!   model reads: text, `tool_use` names and inputs (as JSON text), `tool_result` content
+//!   (strings or blocks, images included), `thinking`, images at a fixed cost, and the string
+//!   leaves of any other block (`document`, `redacted_thinking`, `server_tool_use`,
+//!   `web_search_tool_result`, ...); ids, signatures, citations and `cache_control` are not
+//!   read as text. The top-level `system` (string or blocks) and `tools` are counted as fixed
+//!   tokens. Roles other than `user`/`assistant` make the body not a Messages request (it
+//!   passes through).
+//! - [`parse_with`] (only when a compaction is due): top-level fields in order as raw JSON,
+//!   one transcript message per wire message: `text` → text, `image` → image, `tool_use` → a
+//!   tool call (id, name, input as sent), `tool_result` → a [`Part::ToolResult`] (call id,
+//!   content, `is_error`), `thinking` → reasoning, anything else → opaque. Messages keep their
+//!   wire role, so a user message of `tool_result` blocks stays one message answering every
+//!   parallel call of the assistant message before it.
+//! - [`MessagesRequest::rewrite`]: `system`, `tools`, `tool_choice`, `metadata`, `thinking`
+//!   and every unknown field byte for byte; `messages` becomes one user message holding the
+//!   summary, then the preserved tail verbatim. Roles must alternate, so when the tail starts
+//!   with a user message the summary is merged into it as a leading text block (its other
+//!   blocks, `cache_control` markers included, stay as they are); a tail starting with
+//!   `tool_result` blocks is refused (they must answer the message right before them, which
+//!   the boundary rules never cut away).
+
+use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use serde_json::Value;
+
+use super::json::{
+    as_tokens, content_counts, leaf_chars, node_counts, write_array, ContentSeed, OneOf,
+    OrderedObject, Rules,
+};
+use super::Peek;
+use crate::compaction::estimate::{Counts, LazyEstimator};
+use crate::compaction::transcript::{Message, Part, Role, ToolCall, ToolResult, Transcript};
+
+/// How Anthropic content is counted.
+pub(crate) static RULES: Rules = Rules {
+    skip: &[
+        "id",
+        "tool_use_id",
+        "cache_control",
+        "signature",
+        "citations",
+        "is_error",
+        "role",
+    ],
+    nested: &["content"],
+    raw: &["input"],
+    image_types: &["image"],
+};
+
+const ROLES: &[&str] = &["user", "assistant"];
+
+/// Why a body could not be read or written as a Messages request.
+#[derive(Debug, thiserror::Error)]
+pub enum MessagesError {
+    /// Not JSON, or JSON of an unexpected shape.
+    #[error("invalid messages request: {0}")]
+    Json(#[from] serde_json::Error),
+    /// The body has no single `messages` array.
+    #[error("request has no `messages` array")]
+    NoMessages,
+    /// A message the dialect does not understand.
+    #[error("message {index}: {reason}")]
+    BadMessage {
+        /// Position in `messages`.
+        index: usize,
+        /// What is wrong.
+        reason: &'static str,
+    },
+    /// A rewrite plan that does not fit the request.
+    #[error("rewrite plan out of range: head {head}, boundary {boundary}, {len} messages")]
+    BadPlan {
+        /// Leading messages kept.
+        head: usize,
+        /// First message of the tail.
+        boundary: usize,
+        /// Messages in the request.
+        len: usize,
+    },
+    /// The tail would start with `tool_result` blocks, which must answer the message before.
+    #[error("the preserved tail cannot start with tool results")]
+    TailStartsWithToolResult,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Hot path.
+
+/// Counts and estimates a request in one zero-copy pass.
+pub fn peek(body: &[u8], estimator: &LazyEstimator) -> Result<Peek, MessagesError> {
+    let wire: PeekWire<'_> = serde_json::from_slice(body)?;
+    let messages = wire.messages.ok_or(MessagesError::NoMessages)?;
+    let system = wire.system.map(|s| s.0).unwrap_or_default();
+    let fixed_tokens = fixed_tokens(system, wire.tools, estimator);
+    let tokens = messages.0.iter().fold(fixed_tokens, |acc, c| {
+        acc.saturating_add(estimator.counts(*c))
+    });
+    Ok(Peek {
+        model: wire.model,
+        requested_output: as_tokens(wire.max_tokens.as_ref()),
+        message_count: messages.0.len(),
+        tokens,
+        fixed_tokens,
+    })
+}
+
+#[derive(Deserialize)]
+struct PeekWire<'a> {
+    #[serde(default)]
+    model: Option<String>,
+    #[serde(default)]
+    max_tokens: Option<Value>,
+    #[serde(default)]
+    messages: Option<MessageCounts>,
+    #[serde(default)]
+    system: Option<SystemCounts>,
+    #[serde(borrow, default)]
+    tools: Option<&'a RawValue>,
+}
+
+fn fixed_tokens(system: Counts, tools: Option<&RawValue>, estimator: &LazyEstimator) -> usize {
+    estimator
+        .counts(system)
+        .saturating_add(tools.map_or(0, |t| estimator.text(t.get())))
+}
+
+/// The top-level `system`: a string or text blocks.
+struct SystemCounts(Counts);
+
+impl<'de> Deserialize<'de> for SystemCounts {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        de::DeserializeSeed::deserialize(ContentSeed(&RULES), d).map(SystemCounts)
+    }
+}
+
+/// Per-message counts of a `messages` array.
+struct MessageCounts(Vec<Counts>);
+
+impl<'de> Deserialize<'de> for MessageCounts {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = MessageCounts;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an array of messages")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(64));
+                while let Some(MessageStats(c)) = seq.next_element()? {
+                    out.push(c);
+                }
+                Ok(MessageCounts(out))
+            }
+        }
+        d.deserialize_seq(V)
+    }
+}
+
+/// What the model reads of one message; the role must be `user` or `assistant`.
+struct MessageStats(Counts);
+
+#[derive(Deserialize)]
+#[serde(field_identifier, rename_all = "snake_case")]
+enum MessageField {
+    Role,
+    Content,
+    #[serde(other)]
+    Other,
+}
+
+impl<'de> Deserialize<'de> for MessageStats {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = MessageStats;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a message object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut counts = Counts::default();
+                let mut role_ok = false;
+                while let Some(field) = map.next_key::<MessageField>()? {
+                    match field {
+                        MessageField::Role => role_ok = map.next_value_seed(OneOf(ROLES))?,
+                        MessageField::Content => {
+                            counts.add(map.next_value_seed(ContentSeed(&RULES))?)
+                        }
+                        MessageField::Other => {
+                            map.next_value::<IgnoredAny>()?;
+                        }
+                    }
+                }
+                if !role_ok {
+                    return Err(de::Error::custom("role must be `user` or `assistant`"));
+                }
+                Ok(MessageStats(counts))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Full parse.
+
+/// A parsed request, borrowing the original body.
+#[derive(Debug)]
+pub struct MessagesRequest<'a> {
+    fields: OrderedObject<'a>,
+    messages_at: usize,
+    /// The messages as raw JSON, in order.
+    pub raw_messages: Vec<&'a RawValue>,
+    /// The `model` field.
+    pub model: Option<String>,
+    /// `max_tokens`.
+    pub requested_output: Option<usize>,
+    /// Estimated tokens of `system` and the tool definitions.
+    pub fixed_tokens: usize,
+    /// The neutral transcript, message for message.
+    pub transcript: Transcript,
+}
+
+/// Parses a request with the default estimator.
+pub fn parse(body: &[u8]) -> Result<MessagesRequest<'_>, MessagesError> {
+    parse_with(body, &LazyEstimator::default())
+}
+
+/// Parses a request fully (only when a compaction is due).
+pub fn parse_with<'a>(
+    body: &'a [u8],
+    estimator: &LazyEstimator,
+) -> Result<MessagesRequest<'a>, MessagesError> {
+    let fields: OrderedObject<'a> = serde_json::from_slice(body)?;
+    if fields.duplicated("messages") {
+        return Err(MessagesError::NoMessages);
+    }
+    let messages_at = fields.position("messages").ok_or(MessagesError::NoMessages)?;
+    let raw_list = fields.raw("messages").ok_or(MessagesError::NoMessages)?;
+    let raw_messages: Vec<&'a RawValue> = serde_json::from_str(raw_list.get())?;
+    let system = match fields.raw("system") {
+        Some(raw) => content_counts(raw.get(), &RULES)?,
+        None => Counts::default(),
+    };
+    let fixed_tokens = fixed_tokens(system, fields.raw("tools"), estimator);
+    let model = fields
+        .value("model")
+        .and_then(|v| v.as_str().map(str::to_string));
+    let requested_output = as_tokens(fields.value("max_tokens").as_ref());
+
+    let mut messages = Vec::with_capacity(raw_messages.len());
+    for (index, raw) in raw_messages.iter().enumerate() {
+        let MessageStats(counts) = serde_json::from_str(raw.get())?;
+        let mut message = message_from_raw(raw, index)?;
+        message.tokens = estimator.counts(counts);
+        messages.push(message);
+    }
+    let mut transcript = Transcript::new(messages);
+    transcript.resolve_tool_names();
+    Ok(MessagesRequest {
+        fields,
+        messages_at,
+        raw_messages,
+        model,
+        requested_output,
+        fixed_tokens,
+        transcript,
+    })
+}
+
+/// The `messages` of a request as raw JSON, borrowed from the body.
+pub fn raw_messages(body: &[u8]) -> Result<Vec<&RawValue>, MessagesError> {
+    #[derive(Deserialize)]
+    struct Wire<'a> {
+        #[serde(borrow)]
+        messages: Option<Vec<&'a RawValue>>,
+    }
+    let wire: Wire<'_> = serde_json::from_slice(body)?;
+    wire.messages.ok_or(MessagesError::NoMessages)
+}
+
+#[derive(Deserialize)]
+struct WireMessage<'a> {
+    role: String,
+    #[serde(borrow, default)]
+    content: Option<&'a RawValue>,
+}
+
+fn message_from_raw(raw: &RawValue, index: usize) -> Result<Message, MessagesError> {
+    let bad = |reason| MessagesError::BadMessage { index, reason };
+    let wire: WireMessage<'_> =
+        serde_json::from_str(raw.get()).map_err(|_| bad("not a message object"))?;
+    let role = match wire.role.as_str() {
+        "user" => Role::User,
+        "assistant" => Role::Assistant,
+        _ => return Err(bad("role must be `user` or `assistant`")),
+    };
+    let parts = match wire.content {
+        None => Vec::new(),
+        Some(content) => content_parts(content)?,
+    };
+    Ok(Message::new(role, parts))
+}
+
+/// Content (string, blocks, or anything else as one opaque part) as neutral parts.
+fn content_parts(raw: &RawValue) -> Result<Vec<Part>, MessagesError> {
+    let text = raw.get().trim_start();
+    if text.starts_with('[') {
+        let blocks: Vec<&RawValue> = serde_json::from_str(raw.get())?;
+        let mut parts = Vec::with_capacity(blocks.len());
+        for block in blocks {
+            block_parts(block, &mut parts)?;
+        }
+        return Ok(parts);
+    }
+    let value: Value = serde_json::from_str(raw.get())?;
+    Ok(match value {
+        Value::String(s) => vec![Part::Text(s)],
+        Value::Null => Vec::new(),
+        _ => {
+            let mut parts = Vec::new();
+            block_parts(raw, &mut parts)?;
+            parts
+        }
+    })
+}
+
+#[derive(Deserialize)]
+struct WireBlock<'a> {
+    #[serde(rename = "type", default)]
+    kind: Option<String>,
+    #[serde(default)]
+    text: Option<Value>,
+    #[serde(default)]
+    thinking: Option<Value>,
+    #[serde(default)]
+    id: Option<Value>,
+    #[serde(default)]
+    name: Option<Value>,
+    #[serde(borrow, default)]
+    input: Option<&'a RawValue>,
+    #[serde(default)]
+    tool_use_id: Option<Value>,
+    #[serde(borrow, default)]
+    content: Option<&'a RawValue>,
+    #[serde(default)]
+    is_error: Option<Value>,
+}
+
+fn string(v: Option<Value>) -> Option<String> {
+    match v? {
+        Value::String(s) => Some(s),
+        _ => None,
+    }
+}
+
+/// One content block as neutral parts (an opaque block holding images adds them as images).
+fn block_parts(raw: &RawValue, parts: &mut Vec<Part>) -> Result<(), MessagesError> {
+    let Ok(block) = serde_json::from_str::<WireBlock<'_>>(raw.get()) else {
+        // A bare string or another odd shape: count it, keep it opaque.
+        let value: Value = serde_json::from_str(raw.get())?;
+        parts.push(match value {
+            Value::String(s) => Part::Text(s),
+            other => Part::Opaque {
+                kind: "unknown".into(),
+                chars: leaf_chars(&other),
+            },
+        });
+        return Ok(());
+    };
+    let kind = block.kind.clone().unwrap_or_else(|| "unknown".into());
+    match kind.as_str() {
+        "text" if matches!(block.text, Some(Value::String(_))) => {
+            parts.push(Part::Text(string(block.text).unwrap_or_default()));
+        }
+        "image" => parts.push(Part::Image),
+        "thinking" if matches!(block.thinking, Some(Value::String(_))) => {
+            parts.push(Part::Reasoning(string(block.thinking).unwrap_or_default()));
+        }
+        "tool_use" if matches!(block.name, Some(Value::String(_))) => {
+            parts.push(Part::ToolCall(ToolCall {
+                id: string(block.id),
+                name: string(block.name).unwrap_or_default(),
+                arguments: block.input.map(|i| i.get().to_string()).unwrap_or_default(),
+            }));
+        }
+        "tool_result" => {
+            let content = match block.content {
+                Some(c) => content_parts(c)?,
+                None => Vec::new(),
+            };
+            parts.push(Part::ToolResult(ToolResult {
+                call_id: string(block.tool_use_id),
+                name: None,
+                content,
+                is_error: matches!(block.is_error, Some(Value::Bool(true))),
+            }));
+        }
+        _ => {
+            let counts = node_counts(raw.get(), &RULES)?;
+            parts.push(Part::Opaque {
+                kind,
+                chars: counts.chars,
+            });
+            parts.extend(std::iter::repeat_n(Part::Image, counts.images));
+        }
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rewrite.
+
+impl super::ParsedRequest for MessagesRequest<'_> {
+    fn transcript(&self) -> &Transcript {
+        &self.transcript
+    }
+
+    fn raw_messages(&self) -> &[&RawValue] {
+        &self.raw_messages
+    }
+
+    fn model(&self) -> Option<&str> {
+        self.model.as_deref()
+    }
+
+    fn requested_output(&self) -> Option<usize> {
+        self.requested_output
+    }
+
+    fn fixed_tokens(&self) -> usize {
+        self.fixed_tokens
+    }
+
+    fn rewrite(
+        &self,
+        head: usize,
+        boundary: usize,
+        summary_message: &str,
+    ) -> Result<Vec<u8>, super::DialectError> {
+        Ok(MessagesRequest::rewrite(
+            self,
+            head,
+            boundary,
+            summary_message,
+        )?)
+    }
+}
+
+#[derive(Serialize)]
+struct SummaryMessage<'a> {
+    role: &'static str,
+    content: &'a str,
+}
+
+#[derive(Serialize)]
+struct TextBlock<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    text: &'a str,
+}
+
+fn text_block(text: &str) -> TextBlock<'_> {
+    TextBlock { kind: "text", text }
+}
+
+impl MessagesRequest<'_> {
+    /// Estimated tokens of the whole request as received.
+    pub fn tokens(&self) -> usize {
+        self.fixed_tokens
+            .saturating_add(self.transcript.tokens(0..self.transcript.len()))
+    }
+
+    /// The request with `messages[head..boundary]` replaced by one user message holding
+    /// `summary_message`, merged into the first kept message when that is a user message;
+    /// every other byte as received, except insignificant whitespace between top-level fields
+    /// and, in a merged message, between its content blocks.
+    pub fn rewrite(
+        &self,
+        head: usize,
+        boundary: usize,
+        summary_message: &str,
+    ) -> Result<Vec<u8>, MessagesError> {
+        let len = self.raw_messages.len();
+        let bad_plan = MessagesError::BadPlan {
+            head,
+            boundary,
+            len,
+        };
+        if head > boundary || boundary > len {
+            return Err(bad_plan);
+        }
+        let kept_head = &self.raw_messages[..head];
+        let tail = &self.raw_messages[boundary..];
+        let merge_into = match (tail.first(), self.transcript.messages.get(boundary)) {
+            (Some(first), Some(m)) if m.role == Role::User => {
+                if m.is_tool_answer() {
+                    return Err(MessagesError::TailStartsWithToolResult);
+                }
+                Some(*first)
+            }
+            _ => None,
+        };
+
+        let mut out = Vec::with_capacity(self.fields.size() + summary_message.len() + 64);
+        self.fields.write_replacing(&mut out, self.messages_at, |out| {
+            out.push(b'[');
+            for m in kept_head {
+                out.extend_from_slice(m.get().as_bytes());
+                out.push(b',');
+            }
+            let rest = match merge_into {
+                Some(first) => {
+                    merged_user_message(out, first, summary_message)?;
+                    &tail[1..]
+                }
+                None => {
+                    serde_json::to_writer(
+                        &mut *out,
+                        &SummaryMessage {
+                            role: "user",
+                            content: summary_message,
+                        },
+                    )?;
+                    tail
+                }
+            };
+            for m in rest {
+                out.push(b',');
+                out.extend_from_slice(m.get().as_bytes());
+            }
+            out.push(b']');
+            Ok(())
+        })?;
+        Ok(out)
+    }
+}
+
+/// Writes the user message `raw` with a text block holding `summary` before its content.
+fn merged_user_message(
+    out: &mut Vec<u8>,
+    raw: &RawValue,
+    summary: &str,
+) -> Result<(), serde_json::Error> {
+    let fields: OrderedObject<'_> = serde_json::from_str(raw.get())?;
+    let Some(at) = fields.position("content") else {
+        return Err(serde::ser::Error::custom("user message without content"));
+    };
+    let content = fields.0[at].1;
+    fields.write_replacing(out, at, |out| {
+        let trimmed = content.get().trim_start();
+        if trimmed.starts_with('[') {
+            let blocks: Vec<&RawValue> = serde_json::from_str(content.get())?;
+            out.push(b'[');
+            serde_json::to_writer(&mut *out, &text_block(summary))?;
+            if !blocks.is_empty() {
+                out.push(b',');
+                let mut rest = Vec::new();
+                write_array(&mut rest, &blocks);
+                // Without the brackets: the original blocks, byte for byte.
+                out.extend_from_slice(&rest[1..rest.len() - 1]);
+            }
+            out.push(b']');
+            return Ok(());
+        }
+        let text = match serde_json::from_str::<Value>(content.get())? {
+            Value::String(s) => s,
+            Value::Null => String::new(),
+            _ => return Err(serde::ser::Error::custom("unexpected content shape")),
+        };
+        if text.is_empty() {
+            serde_json::to_writer(&mut *out, &[text_block(summary)])
+        } else {
+            serde_json::to_writer(&mut *out, &[text_block(summary), text_block(&text)])
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compaction::estimate::IMAGE_TOKENS;
+    use crate::dialect::json::OrderedObject;
+    use serde_json::json;
+
+    fn est() -> LazyEstimator {
+        LazyEstimator::default()
+    }
+
+    fn messages_of(body: &[u8]) -> Vec<Value> {
+        let v: Value = serde_json::from_slice(body).expect("JSON");
+        v["messages"].as_array().cloned().expect("messages")
+    }
+
+    #[test]
+    fn peek_counts_what_the_model_reads() {
+        let body = json!({
+            "model": "claude-sonnet-4-5",
+            "max_tokens": 1024,
+            "system": [{"type": "text", "text": "abcd", "cache_control": {"type": "ephemeral"}}],
+            "tools": [{"name": "Read", "input_schema": {"type": "object"}}],
+            "metadata": {"user_id": "x".repeat(400)},
+            "messages": [
+                {"role": "user", "content": "abcdefgh"},
+                {"role": "assistant", "content": [
+                    {"type": "thinking", "thinking": "abcd", "signature": "s".repeat(500)},
+                    {"type": "text", "text": "ok", "citations": [{"cited_text": "z".repeat(80)}]},
+                    {"type": "tool_use", "id": "toolu_1", "name": "Read", "input": {"file_path": "a"}}
+                ]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "toolu_1", "is_error": false, "content": [
+                        {"type": "text", "text": "abcd"},
+                        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "A".repeat(999)}}
+                    ]},
+                    {"type": "text", "text": "more", "cache_control": {"type": "ephemeral"}}
+                ]},
+                {"role": "assistant", "content": [
+                    {"type": "redacted_thinking", "data": "abcdabcd"},
+                    {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {"query": "q"}},
+                    {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1", "content": [
+                        {"type": "web_search_result", "url": "u", "title": "t", "encrypted_content": "e"}
+                    ]}
+                ]},
+                {"role": "user", "content": [{"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "doc!"}}]}
+            ]
+        })
+        .to_string();
+        let p = peek(body.as_bytes(), &est()).expect("peeks");
+        assert_eq!(p.model.as_deref(), Some("claude-sonnet-4-5"));
+        assert_eq!(p.requested_output, Some(1024));
+        assert_eq!(p.message_count, 5);
+        let tools = r#"[{"input_schema":{"type":"object"},"name":"Read"}]"#;
+        assert_eq!(p.fixed_tokens, 1 + est().text(tools), "system text + tools");
+        let input = r#"{"file_path":"a"}"#;
+        let expected = p.fixed_tokens
+            + 2                                       // "abcdefgh"
+            + est().chars(4 + 2 + 4 + input.len())    // thinking, text, tool name + input
+            + est().chars(4 + 4) + IMAGE_TOKENS       // tool_result text + image, "more"
+            // redacted data, server tool name + input, result url + title + content (a nested
+            // node's `type` is not read)
+            + est().chars(8 + 10 + r#"{"query":"q"}"#.len() + 3)
+            + est().chars("text".len() + "text/plain".len() + 4); // document source leaves
+        let r = parse(body.as_bytes()).expect("parses");
+        let per: Vec<usize> = r.transcript.messages.iter().map(|m| m.tokens).collect();
+        assert_eq!(p.tokens, expected, "{per:?}");
+
+        assert_eq!(r.tokens(), p.tokens, "peek and parse agree");
+        assert_eq!(r.fixed_tokens, p.fixed_tokens);
+        for m in &r.transcript.messages {
+            assert_eq!(est().message(m), m.tokens, "parts estimate of {m:?}");
+        }
+    }
+
+    #[test]
+    fn peek_rejects_what_is_not_a_messages_request() {
+        for body in [
+            &b"nope"[..],
+            b"{}",
+            br#"{"messages": 5}"#,
+            br#"{"messages": [], "messages": []}"#,
+            br#"{"messages": [{"role": "system", "content": "s"}]}"#,
+            br#"{"messages": [{"content": "no role"}]}"#,
+        ] {
+            assert!(
+                peek(body, &est()).is_err(),
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+        }
+        let p = peek(br#"{"messages":[],"max_tokens":-3,"system":"abcd"}"#, &est())
+            .expect("peeks");
+        assert_eq!((p.requested_output, p.tokens), (None, 1));
+    }
+
+    #[test]
+    fn parse_builds_one_message_per_wire_message() {
+        let body = json!({"model": "claude-x", "messages": [
+            {"role": "user", "content": "go"},
+            {"role": "assistant", "content": [
+                {"type": "thinking", "thinking": "plan", "signature": "sig"},
+                {"type": "tool_use", "id": "t1", "name": "Read", "input": {"file_path": "a.rs"}},
+                {"type": "tool_use", "id": "t2", "name": "Bash", "input": {"command": "ls"}}
+            ]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "t2", "content": "src", "is_error": true},
+                {"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "fn a"}]},
+                {"type": "text", "text": "and?"}
+            ]},
+            {"role": "assistant", "content": "done"}
+        ]})
+        .to_string();
+        let r = parse(body.as_bytes()).expect("parses");
+        let t = &r.transcript;
+        assert_eq!(t.len(), 4);
+        assert_eq!(t.head_len(), 0, "no system role in messages");
+        assert_eq!(t.last_user(), Some(0), "tool results are not a user turn");
+        assert_eq!(t.pairs(), vec![None, None, Some(1), None]);
+        let m = &t.messages;
+        assert_eq!(m[1].parts[0], Part::Reasoning("plan".into()));
+        assert_eq!(
+            m[1].parts[1],
+            Part::ToolCall(ToolCall {
+                id: Some("t1".into()),
+                name: "Read".into(),
+                arguments: r#"{"file_path":"a.rs"}"#.into()
+            })
+        );
+        assert!(m[2].is_tool_answer());
+        let results: Vec<_> = m[2].tool_results().collect();
+        assert_eq!(results[0].name.as_deref(), Some("Bash"), "resolved");
+        assert!(results[0].is_error);
+        assert_eq!(results[1].content, vec![Part::Text("fn a".into())]);
+        assert_eq!(m[2].parts[2], Part::Text("and?".into()));
+        assert_eq!(m[3].parts, vec![Part::Text("done".into())]);
+        assert!(matches!(
+            parse(br#"{"messages":[{"role":"tool","content":"x"}]}"#),
+            Err(MessagesError::Json(_) | MessagesError::BadMessage { .. })
+        ));
+    }
+
+    const BODY: &str = r#"{"model":"claude-x","system" : [{"type":"text","text":"sys","cache_control":{"type":"ephemeral"}}],
+        "messages":[
+          {"role":"user","content":"old task"},
+          {"role":"assistant","content":[{"type":"tool_use","id":"t1","name":"Bash","input":{"command":"ls"}}]},
+          {"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":"a b"}]},
+          {"role":"assistant","content":"listed"},
+          {"role":"user","content":"next"},
+          {"role":"assistant","content":[{"type":"text","text":"ok"}]},
+          {"role": "user", "content": [{"type":"text","text":"last","cache_control":{"type":"ephemeral"}}, {"type":"image","source":{"type":"url","url":"https://x/y.png"}}]}
+        ],
+        "tools":[ {"name":"Bash","input_schema":{"b":1,"a":2}} ],"tool_choice":{"type":"auto"},
+        "thinking":{"type":"enabled","budget_tokens":2000},"metadata":{"user_id":"u"},"x_vendor":[1, {"z":null}],"max_tokens":4096}"#;
+
+    fn fields(body: &[u8]) -> Vec<(String, String)> {
+        let o: OrderedObject<'_> = serde_json::from_slice(body).expect("object");
+        o.0.iter()
+            .map(|(k, v)| (k.clone(), v.get().to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn rewrite_keeps_every_other_field_byte_for_byte() {
+        let r = parse(BODY.as_bytes()).expect("parses");
+        // Tail starts with an assistant message: the summary stands alone before it.
+        let out = r.rewrite(0, 3, "SUMMARY \"q\"").expect("rewrites");
+        let (a, b) = (fields(BODY.as_bytes()), fields(&out));
+        assert_eq!(a.len(), b.len());
+        for ((ka, va), (kb, vb)) in a.iter().zip(&b) {
+            assert_eq!(ka, kb, "order");
+            if ka != "messages" {
+                assert_eq!(va, vb, "{ka} untouched");
+            }
+        }
+        let m = messages_of(&out);
+        assert_eq!(m[0], json!({"role": "user", "content": "SUMMARY \"q\""}));
+        let original = messages_of(BODY.as_bytes());
+        assert_eq!(&m[1..], &original[3..]);
+        // The tail's raw bytes are the client's.
+        let text = String::from_utf8(out).expect("utf8");
+        assert!(text.contains(r#"{"role": "user", "content": [{"type":"text","text":"last","cache_control":{"type":"ephemeral"}}, {"type":"image","source":{"type":"url","url":"https://x/y.png"}}]}"#));
+    }
+
+    #[test]
+    fn a_user_tail_start_takes_the_summary_as_its_first_block() {
+        let r = parse(BODY.as_bytes()).expect("parses");
+        let original = messages_of(BODY.as_bytes());
+        // String content: two text blocks.
+        let m = messages_of(&r.rewrite(0, 4, "S").expect("rewrites"));
+        assert_eq!(
+            m[0],
+            json!({"role": "user", "content": [{"type": "text", "text": "S"}, {"type": "text", "text": "next"}]})
+        );
+        assert_eq!(&m[1..], &original[5..]);
+        // Block content: the summary block first, the original blocks verbatim after it.
+        let out = r.rewrite(0, 6, "S").expect("rewrites");
+        let m = messages_of(&out);
+        assert_eq!(m.len(), 1);
+        assert_eq!(m[0]["content"][0], json!({"type": "text", "text": "S"}));
+        let blocks = m[0]["content"].as_array().expect("blocks");
+        assert_eq!(
+            blocks[1..],
+            original[6]["content"].as_array().expect("blocks")[..]
+        );
+        let text = String::from_utf8(out).expect("utf8");
+        assert!(text.contains(r#"{"role":"user","content":[{"type":"text","text":"S"},{"type":"text","text":"last","cache_control":{"type":"ephemeral"}},{"type":"image","source":{"type":"url","url":"https://x/y.png"}}]}"#), "{text}");
+        // Roles alternate in every case.
+        for b in 1..=6 {
+            let Ok(out) = r.rewrite(0, b, "S") else {
+                continue;
+            };
+            let roles: Vec<Value> = messages_of(&out).iter().map(|m| m["role"].clone()).collect();
+            for (i, role) in roles.iter().enumerate() {
+                assert_eq!(role, if i % 2 == 0 { "user" } else { "assistant" }, "b={b}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_tail_opening_with_tool_results_or_out_of_range_is_refused() {
+        let r = parse(BODY.as_bytes()).expect("parses");
+        assert!(matches!(
+            r.rewrite(0, 2, "S"),
+            Err(MessagesError::TailStartsWithToolResult)
+        ));
+        assert!(matches!(
+            r.rewrite(0, 8, "S"),
+            Err(MessagesError::BadPlan { .. })
+        ));
+        assert!(matches!(
+            r.rewrite(2, 1, "S"),
+            Err(MessagesError::BadPlan { .. })
+        ));
+        let all = messages_of(&r.rewrite(0, 7, "S").expect("empty tail"));
+        assert_eq!(all, vec![json!({"role": "user", "content": "S"})]);
+    }
+}

@@ -1,0 +1,912 @@
+//! Property tests of the Anthropic Messages and OpenAI Responses dialects through the whole
+//! request flow (`Compactor::process`) over random conversations: tool loops with parallel
+//! calls answered in any order, tool errors, images in messages and in tool results, thinking
+//! (at the start of each turn, optionally interleaved), redacted thinking, server tools,
+//! documents, Responses reasoning items, custom and local shell tools, vendor fields at every
+//! level. Every rewrite must be valid for the provider, leave `system`/`instructions` and every
+//! other top-level field byte-identical, keep a verbatim tail, and be smaller.
+
+use std::cell::Cell;
+
+use proptest::prelude::*;
+use proptest::test_runner::{Config as ProptestConfig, TestCaseError, TestRunner};
+use serde_json::value::RawValue;
+use serde_json::{json, Value};
+
+use super::json::OrderedObject;
+use super::{messages, responses, DialectKind};
+use crate::compaction::estimate::LazyEstimator;
+use crate::compaction::prompt::SUMMARY_INTRO;
+use crate::compaction::testing::{caller, compactor, config, FakeSummarizer};
+use crate::compaction::Outcome;
+
+fn text(min: usize, max: usize) -> impl Strategy<Value = String> {
+    proptest::string::string_regex(&format!("[a-z0-9 é日🦀\"\\\\\n]{{{min},{max}}}"))
+        .unwrap_or_else(|e| panic!("regex: {e}"))
+}
+
+fn ensure(cond: bool, what: impl Into<String>) -> Result<(), TestCaseError> {
+    if cond {
+        Ok(())
+    } else {
+        Err(TestCaseError::fail(what.into()))
+    }
+}
+
+fn fail(e: impl std::fmt::Display) -> TestCaseError {
+    TestCaseError::fail(e.to_string())
+}
+
+/// Top-level fields of a body, raw.
+fn fields(body: &[u8]) -> Result<Vec<(String, String)>, TestCaseError> {
+    let o: OrderedObject<'_> = serde_json::from_slice(body).map_err(fail)?;
+    Ok(o.0
+        .iter()
+        .map(|(k, v)| (k.clone(), v.get().to_string()))
+        .collect())
+}
+
+/// The raw elements of the top-level array field `key`.
+fn raw_list(body: &[u8], key: &str) -> Result<Vec<String>, TestCaseError> {
+    let all = fields(body)?;
+    let raw = all
+        .iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.as_str())
+        .ok_or_else(|| fail(format!("no {key}")))?;
+    let list: Vec<&RawValue> = serde_json::from_str(raw).map_err(fail)?;
+    Ok(list.iter().map(|r| r.get().to_string()).collect())
+}
+
+/// Same keys in the same order, same bytes except `changed`.
+fn same_fields_except(a: &[u8], b: &[u8], changed: &str) -> Result<(), TestCaseError> {
+    let (a, b) = (fields(a)?, fields(b)?);
+    ensure(a.len() == b.len(), "field count")?;
+    for ((ka, va), (kb, vb)) in a.iter().zip(&b) {
+        ensure(ka == kb, format!("key order {ka} vs {kb}"))?;
+        if ka != changed {
+            ensure(va == vb, format!("field {ka} changed"))?;
+        }
+    }
+    Ok(())
+}
+
+fn object(fields: Vec<(&str, Value)>, order: &[usize]) -> Vec<u8> {
+    let mut out = String::from("{");
+    let mut first = true;
+    for &i in order {
+        let Some((k, v)) = fields.get(i) else {
+            continue;
+        };
+        if v.is_null() {
+            continue;
+        }
+        if !first {
+            out.push(',');
+        }
+        first = false;
+        out.push_str(&json!(k).to_string());
+        out.push(':');
+        out.push_str(&v.to_string());
+    }
+    out.push('}');
+    out.into_bytes()
+}
+
+/// Counts of a run: how often compaction was due and how often it rewrote.
+#[derive(Default)]
+struct Tally {
+    triggered: Cell<usize>,
+    rewritten: Cell<usize>,
+}
+
+impl Tally {
+    fn check(&self, name: &str) {
+        let (t, r) = (self.triggered.get(), self.rewritten.get());
+        eprintln!("{name}: triggered {t}, rewritten {r}");
+        assert!(t > 80, "{name}: triggered {t}");
+        assert!(r * 10 > t * 7, "{name}: rewritten {r} of {t}");
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap_or_else(|e| panic!("runtime: {e}"))
+}
+
+fn engine_toml(max_messages: usize, min_preserve: usize, max_preserve: usize) -> String {
+    format!(
+        "[compaction]\nmax_messages = {max_messages}\nmin_preserve_tokens = {min_preserve}\n\
+         max_preserve_tokens = {max_preserve}\n[models.\"claude-test\"]\ncontext_window = 3000\n\
+         [models.\"gpt-test\"]\ncontext_window = 3000\n[summarizer.openai]\nmax_tokens = 200\n"
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// Anthropic Messages.
+
+#[derive(Debug, Clone)]
+struct Call {
+    name: &'static str,
+    arg: String,
+    output: String,
+    error: bool,
+    image: bool,
+    as_blocks: bool,
+}
+
+#[derive(Debug, Clone)]
+struct Step {
+    text: Option<String>,
+    calls: Vec<Call>,
+    order: Vec<usize>,
+    interleaved_thinking: bool,
+    reminder: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+struct Exchange {
+    user: String,
+    user_blocks: bool,
+    image: bool,
+    document: bool,
+    steps: Vec<Step>,
+    answer: String,
+    web_search: bool,
+    redacted: bool,
+}
+
+fn call() -> impl Strategy<Value = Call> {
+    (
+        prop_oneof![Just("Bash"), Just("Read"), Just("Edit"), Just("Grep")],
+        text(0, 80),
+        text(0, 500),
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
+    )
+        .prop_map(|(name, arg, output, error, image, as_blocks)| Call {
+            name,
+            arg,
+            output,
+            error: error && !image,
+            image: image && as_blocks,
+            as_blocks,
+        })
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    (
+        proptest::option::of(text(1, 60)),
+        proptest::collection::vec(call(), 1..4),
+        any::<bool>(),
+        proptest::option::weighted(0.2, text(1, 40)),
+    )
+        .prop_flat_map(|(text, calls, interleaved_thinking, reminder)| {
+            let n = calls.len();
+            (
+                Just(text),
+                Just(calls),
+                Just((0..n).collect::<Vec<usize>>()).prop_shuffle(),
+                Just(interleaved_thinking),
+                Just(reminder),
+            )
+        })
+        .prop_map(
+            |(text, calls, order, interleaved_thinking, reminder)| Step {
+                text,
+                calls,
+                order,
+                interleaved_thinking,
+                reminder,
+            },
+        )
+}
+
+fn exchange() -> impl Strategy<Value = Exchange> {
+    (
+        (text(1, 300), any::<bool>(), any::<bool>(), any::<bool>()),
+        proptest::collection::vec(step(), 0..5),
+        (text(1, 300), any::<bool>(), any::<bool>()),
+    )
+        .prop_map(
+            |((user, user_blocks, image, document), steps, (answer, web_search, redacted))| {
+                Exchange {
+                    user,
+                    user_blocks,
+                    image: image && user_blocks,
+                    document: document && user_blocks,
+                    steps,
+                    answer,
+                    web_search,
+                    redacted,
+                }
+            },
+        )
+}
+
+/// Renders exchanges as Anthropic messages. The last exchange is cut after `cut` of its
+/// messages (at a user message), so a request may end in the middle of a tool loop.
+fn render_anthropic(exchanges: &[Exchange], thinking: bool, cut: usize) -> Vec<Value> {
+    let mut out: Vec<Value> = Vec::new();
+    let mut id = 0;
+    for (k, ex) in exchanges.iter().enumerate() {
+        let start = out.len();
+        let user = if ex.user_blocks {
+            let mut blocks = vec![json!({"type": "text", "text": ex.user})];
+            if ex.image {
+                blocks.push(json!({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo"}}));
+            }
+            if ex.document {
+                blocks.push(json!({"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "notes"}, "title": "n"}));
+            }
+            if k % 3 == 0 {
+                if let Some(last) = blocks.last_mut() {
+                    last["cache_control"] = json!({"type": "ephemeral"});
+                }
+            }
+            json!({"role": "user", "content": blocks})
+        } else {
+            json!({"role": "user", "content": ex.user})
+        };
+        out.push(user);
+        for (s, step) in ex.steps.iter().enumerate() {
+            let mut blocks = Vec::new();
+            if thinking && (s == 0 || step.interleaved_thinking) {
+                if ex.redacted && s == 0 {
+                    blocks.push(json!({"type": "redacted_thinking", "data": "EncryptedBlob"}));
+                } else {
+                    blocks.push(json!({"type": "thinking", "thinking": format!("think {k}.{s}"), "signature": "c2lnbmF0dXJl"}));
+                }
+            }
+            if let Some(t) = &step.text {
+                blocks.push(json!({"type": "text", "text": t}));
+            }
+            let ids: Vec<String> = step
+                .calls
+                .iter()
+                .map(|_| {
+                    id += 1;
+                    format!("toolu_{id:04}")
+                })
+                .collect();
+            for (c, tid) in step.calls.iter().zip(&ids) {
+                blocks.push(json!({"type": "tool_use", "id": tid, "name": c.name, "input": {"arg": c.arg, "n": 1}}));
+            }
+            out.push(json!({"role": "assistant", "content": blocks}));
+            let mut results = Vec::new();
+            for &j in &step.order {
+                let c = &step.calls[j];
+                let content = if c.as_blocks {
+                    let mut b = vec![json!({"type": "text", "text": c.output})];
+                    if c.image {
+                        b.push(json!({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo"}}));
+                    }
+                    json!(b)
+                } else {
+                    json!(c.output)
+                };
+                let mut r =
+                    json!({"type": "tool_result", "tool_use_id": ids[j], "content": content});
+                if c.error {
+                    r["is_error"] = json!(true);
+                }
+                results.push(r);
+            }
+            if let Some(reminder) = &step.reminder {
+                results.push(json!({"type": "text", "text": reminder}));
+            }
+            out.push(json!({"role": "user", "content": results}));
+        }
+        let mut blocks = Vec::new();
+        if thinking && ex.steps.is_empty() {
+            blocks.push(json!({"type": "thinking", "thinking": "final", "signature": "c2ln"}));
+        }
+        if ex.web_search {
+            id += 1;
+            let sid = format!("srvtoolu_{id:04}");
+            blocks.push(json!({"type": "server_tool_use", "id": sid, "name": "web_search", "input": {"query": "rust"}}));
+            blocks.push(json!({"type": "web_search_tool_result", "tool_use_id": sid, "content": [
+                {"type": "web_search_result", "url": "https://r.example", "title": "Rust", "encrypted_content": "Zm9v"}
+            ]}));
+        }
+        blocks.push(json!({"type": "text", "text": ex.answer}));
+        out.push(json!({"role": "assistant", "content": blocks}));
+        if k + 1 == exchanges.len() {
+            // Cut the last exchange at one of its user messages.
+            let users: Vec<usize> = (start..out.len())
+                .filter(|&i| out[i]["role"] == "user")
+                .collect();
+            let at = users[cut % users.len()];
+            out.truncate(at + 1);
+        }
+    }
+    out
+}
+
+fn tool_result_ids(m: &Value) -> Vec<String> {
+    m["content"]
+        .as_array()
+        .map(|blocks| {
+            blocks
+                .iter()
+                .filter(|b| b["type"] == "tool_result")
+                .filter_map(|b| b["tool_use_id"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn tool_use_ids(m: &Value) -> Vec<String> {
+    m["content"]
+        .as_array()
+        .map(|blocks| {
+            blocks
+                .iter()
+                .filter(|b| b["type"] == "tool_use")
+                .filter_map(|b| b["id"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn is_thinking(b: &Value) -> bool {
+    b["type"] == "thinking" || b["type"] == "redacted_thinking"
+}
+
+/// Anthropic's request rules: first message from the user, roles alternate, `tool_result`
+/// blocks lead their message and answer the `tool_use` blocks of the message right before,
+/// every `tool_use` (but in the last message) is answered in the next message, thinking blocks
+/// lead their message, and with thinking enabled a request that continues a tool loop has its
+/// final turn open with thinking.
+pub(crate) fn check_anthropic(messages: &[Value], thinking: bool) -> Result<(), String> {
+    let first = messages.first().ok_or("no messages")?;
+    if first["role"] != "user" {
+        return Err("the first message must be from the user".into());
+    }
+    for (i, m) in messages.iter().enumerate() {
+        let expected = if i % 2 == 0 { "user" } else { "assistant" };
+        if m["role"] != expected {
+            return Err(format!("messages[{i}]: roles must alternate"));
+        }
+        let blocks = m["content"].as_array().cloned().unwrap_or_default();
+        if expected == "user" {
+            let results = tool_result_ids(m);
+            let leading = blocks
+                .iter()
+                .take_while(|b| b["type"] == "tool_result")
+                .count();
+            if leading != results.len() {
+                return Err(format!("messages[{i}]: tool_result blocks must come first"));
+            }
+            let calls = match i.checked_sub(1) {
+                Some(p) => tool_use_ids(&messages[p]),
+                None => Vec::new(),
+            };
+            if let Some(orphan) = results.iter().find(|r| !calls.contains(r)) {
+                return Err(format!(
+                    "messages[{i}]: tool_result {orphan} has no tool_use in the previous message"
+                ));
+            }
+        } else {
+            if blocks.iter().any(is_thinking) && !blocks.first().is_some_and(is_thinking) {
+                return Err(format!("messages[{i}]: thinking must come first"));
+            }
+            if let Some(next) = messages.get(i + 1) {
+                let answered = tool_result_ids(next);
+                if let Some(open) = tool_use_ids(m).iter().find(|c| !answered.contains(c)) {
+                    return Err(format!(
+                        "messages[{i}]: tool_use {open} has no tool_result right after it"
+                    ));
+                }
+            }
+        }
+    }
+    let last = messages.len() - 1;
+    if thinking && !tool_result_ids(&messages[last]).is_empty() {
+        let turn_user = messages
+            .iter()
+            .rposition(|m| m["role"] == "user" && tool_result_ids(m).is_empty())
+            .ok_or("no user turn")?;
+        let opener = messages.get(turn_user + 1).ok_or("no assistant")?;
+        let starts = opener["content"]
+            .as_array()
+            .and_then(|b| b.first())
+            .is_some_and(is_thinking);
+        if !starts {
+            return Err(format!(
+                "messages[{}]: the final assistant turn must start with thinking",
+                turn_user + 1
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[derive(Debug, Clone)]
+struct AnthropicCase {
+    exchanges: Vec<Exchange>,
+    thinking: bool,
+    cut: usize,
+    system_blocks: bool,
+    model: &'static str,
+    max_tokens: Option<u32>,
+    order: Vec<usize>,
+    limits: (usize, usize, usize),
+}
+
+fn anthropic_case() -> impl Strategy<Value = AnthropicCase> {
+    (
+        proptest::collection::vec(exchange(), 1..10),
+        any::<bool>(),
+        0usize..8,
+        any::<bool>(),
+        prop_oneof![Just("claude-test"), Just("claude-sonnet-4-5"), Just("other")],
+        proptest::option::of(0u32..2_000),
+        Just((0..9).collect::<Vec<usize>>()).prop_shuffle(),
+        (4usize..30, 10usize..200, 200usize..1_500),
+    )
+        .prop_map(
+            |(exchanges, thinking, cut, system_blocks, model, max_tokens, order, limits)| {
+                AnthropicCase {
+                    exchanges,
+                    thinking,
+                    cut,
+                    system_blocks,
+                    model,
+                    max_tokens,
+                    order,
+                    limits,
+                }
+            },
+        )
+}
+
+fn anthropic_body(case: &AnthropicCase, messages: &[Value]) -> Vec<u8> {
+    let system = if case.system_blocks {
+        json!([{"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}}])
+    } else {
+        json!("You are a coding agent.")
+    };
+    let fields = vec![
+        ("model", json!(case.model)),
+        ("messages", json!(messages)),
+        ("system", system),
+        (
+            "tools",
+            json!([{"name": "Bash", "input_schema": {"type": "object"}, "cache_control": {"type": "ephemeral"}}]),
+        ),
+        ("tool_choice", json!({"type": "auto"})),
+        (
+            "thinking",
+            if case.thinking {
+                json!({"type": "enabled", "budget_tokens": 1024})
+            } else {
+                Value::Null
+            },
+        ),
+        ("metadata", json!({"user_id": "user_1"})),
+        ("x_vendor", json!({"b": 1, "a": [true, 2.5, null]})),
+        (
+            "max_tokens",
+            case.max_tokens.map_or(json!(4096), |t| json!(t)),
+        ),
+    ];
+    object(fields, &case.order)
+}
+
+#[test]
+fn anthropic_rewrites_stay_valid_verbatim_and_smaller() {
+    let rt = runtime();
+    let tally = Tally::default();
+    let mut runner = TestRunner::new(ProptestConfig {
+        cases: 250,
+        ..ProptestConfig::default()
+    });
+    let result = runner.run(&anthropic_case(), |case| {
+        let msgs = render_anthropic(&case.exchanges, case.thinking, case.cut);
+        check_anthropic(&msgs, case.thinking).map_err(|e| fail(format!("generator: {e}")))?;
+        let body = anthropic_body(&case, &msgs);
+        let (mm, minp, maxp) = case.limits;
+        let (c, _) = compactor(
+            &config(&engine_toml(mm, minp, maxp)),
+            FakeSummarizer::text("Short summary of the earlier turns."),
+        );
+        let est = LazyEstimator::default();
+        let before = messages::peek(&body, &est).map_err(fail)?;
+        let parsed = messages::parse(&body).map_err(fail)?;
+        ensure(parsed.tokens() == before.tokens, "peek and parse agree")?;
+        for m in &parsed.transcript.messages {
+            ensure(est.message(m) == m.tokens, format!("parts estimate of {m:?}"))?;
+        }
+        let due = c
+            .engine()
+            .limits(before.model.as_deref(), before.requested_output)
+            .check(before.message_count, before.tokens)
+            .is_some();
+        match rt.block_on(c.process(DialectKind::Messages, &body, &caller())) {
+            Outcome::Reused { .. } => ensure(false, "a fresh compactor reused a summary")?,
+            Outcome::Unchanged => ensure(!due, "due compaction reported unchanged")?,
+            Outcome::Failed => {
+                ensure(due, "failure without a trigger")?;
+                tally.triggered.set(tally.triggered.get() + 1);
+            }
+            Outcome::Rewritten {
+                body: out, result, ..
+            } => {
+                ensure(due, "rewrite without a trigger")?;
+                tally.triggered.set(tally.triggered.get() + 1);
+                tally.rewritten.set(tally.rewritten.get() + 1);
+                same_fields_except(&body, &out, "messages")?;
+                let orig = raw_list(&body, "messages")?;
+                let new = raw_list(&out, "messages")?;
+                let values: Vec<Value> = new
+                    .iter()
+                    .map(|m| serde_json::from_str(m).unwrap_or(Value::Null))
+                    .collect();
+                check_anthropic(&values, case.thinking).map_err(fail)?;
+                // The first message carries the summary; after it, a verbatim suffix.
+                let first = &values[0];
+                ensure(first["role"] == "user", "summary is a user message")?;
+                let summary_text = match &first["content"] {
+                    Value::String(s) => s.clone(),
+                    blocks => blocks[0]["text"].as_str().unwrap_or("").to_string(),
+                };
+                ensure(summary_text.starts_with(SUMMARY_INTRO), "summary introduced")?;
+                let tail = &new[1..];
+                ensure(
+                    tail == &orig[orig.len() - tail.len()..],
+                    "tail byte-identical",
+                )?;
+                if let Some(blocks) = first["content"].as_array() {
+                    // Merged into the first kept user message: its blocks follow, unchanged.
+                    let at = orig.len() - tail.len() - 1;
+                    let kept: Value = serde_json::from_str(&orig[at]).map_err(fail)?;
+                    let kept_blocks = match &kept["content"] {
+                        Value::String(s) => vec![json!({"type": "text", "text": s})],
+                        Value::Array(b) => b.clone(),
+                        _ => Vec::new(),
+                    };
+                    ensure(blocks[1..] == kept_blocks[..], "merged blocks kept")?;
+                    ensure(tail.len() + 1 < orig.len(), "something was compacted")?;
+                } else {
+                    ensure(tail.len() < orig.len(), "something was compacted")?;
+                }
+                let after = messages::peek(&out, &est).map_err(fail)?;
+                ensure(
+                    after.tokens == result.post_tokens,
+                    format!("post_tokens {} vs {}", result.post_tokens, after.tokens),
+                )?;
+                ensure(before.tokens == result.pre_tokens, "pre_tokens")?;
+                ensure(after.tokens < before.tokens, "rewrite is smaller")?;
+            }
+        }
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+    tally.check("messages");
+}
+
+// ---------------------------------------------------------------------------------------------
+// OpenAI Responses.
+
+#[derive(Debug, Clone)]
+enum Item {
+    User {
+        text: String,
+        parts: bool,
+        image: bool,
+    },
+    Answer {
+        text: String,
+        reasoning: bool,
+    },
+    Calls {
+        reasoning: bool,
+        calls: Vec<(&'static str, String, String)>,
+        order: Vec<usize>,
+    },
+    WebSearch,
+    Developer(String),
+}
+
+fn item() -> impl Strategy<Value = Item> {
+    let user = (text(0, 300), any::<bool>(), any::<bool>())
+        .prop_map(|(text, parts, image)| Item::User { text, parts, image });
+    let answer = (text(0, 300), any::<bool>())
+        .prop_map(|(text, reasoning)| Item::Answer { text, reasoning });
+    let calls = (
+        any::<bool>(),
+        proptest::collection::vec(
+            (
+                prop_oneof![
+                    Just("function_call"),
+                    Just("custom_tool_call"),
+                    Just("local_shell_call")
+                ],
+                text(0, 100),
+                text(0, 500),
+            ),
+            1..4,
+        ),
+    )
+        .prop_flat_map(|(reasoning, calls)| {
+            let n = calls.len();
+            (
+                Just(reasoning),
+                Just(calls),
+                Just((0..n).collect::<Vec<usize>>()).prop_shuffle(),
+            )
+        })
+        .prop_map(|(reasoning, calls, order)| Item::Calls {
+            reasoning,
+            calls,
+            order,
+        });
+    prop_oneof![
+        3 => user,
+        2 => answer,
+        4 => calls,
+        1 => Just(Item::WebSearch),
+        1 => text(1, 60).prop_map(Item::Developer),
+    ]
+}
+
+fn reasoning_item(id: usize) -> Value {
+    json!({"type": "reasoning", "id": format!("rs_{id}"),
+           "summary": [{"type": "summary_text", "text": format!("thinking {id}")}],
+           "encrypted_content": "ZW5jcnlwdGVk"})
+}
+
+/// Renders items as Responses `input`; leading developer messages first; always ends on a user
+/// message or tool outputs.
+fn render_responses(developers: usize, items: &[Item]) -> Vec<Value> {
+    let mut out: Vec<Value> = (0..developers)
+        .map(|i| json!({"type": "message", "role": if i % 2 == 0 { "developer" } else { "system" }, "content": format!("rules {i}")}))
+        .collect();
+    let mut id = 0;
+    for (k, it) in items.iter().enumerate() {
+        id += 1;
+        match it {
+            Item::User { text, parts, image } => {
+                let mut m = if *parts {
+                    let mut p = vec![json!({"type": "input_text", "text": text})];
+                    if *image {
+                        p.push(json!({"type": "input_image", "image_url": "https://x.example/i.png", "detail": "auto"}));
+                    }
+                    json!({"type": "message", "role": "user", "content": p})
+                } else {
+                    json!({"role": "user", "content": text})
+                };
+                if k % 3 == 0 {
+                    m["x_vendor"] = json!({"k": k});
+                }
+                out.push(m);
+            }
+            Item::Answer { text, reasoning } => {
+                if *reasoning {
+                    out.push(reasoning_item(id));
+                }
+                out.push(json!({"type": "message", "role": "assistant", "id": format!("msg_{id}"), "status": "completed",
+                                "content": [{"type": "output_text", "text": text, "annotations": []}]}));
+            }
+            Item::Calls {
+                reasoning,
+                calls,
+                order,
+            } => {
+                if *reasoning {
+                    out.push(reasoning_item(id));
+                }
+                let ids: Vec<String> = (0..calls.len())
+                    .map(|j| format!("call_{id}_{j}"))
+                    .collect();
+                for ((kind, arg, _), cid) in calls.iter().zip(&ids) {
+                    out.push(match *kind {
+                        "function_call" => json!({"type": "function_call", "id": format!("fc_{cid}"), "call_id": cid,
+                                                  "name": "shell", "arguments": json!({"command": ["bash", "-lc", arg]}).to_string()}),
+                        "custom_tool_call" => json!({"type": "custom_tool_call", "call_id": cid, "name": "apply_patch",
+                                                     "input": format!("*** Begin Patch\n*** Update File: f{id}.rs\n+{arg}\n*** End Patch")}),
+                        _ => json!({"type": "local_shell_call", "id": format!("lsh_{cid}"), "call_id": cid, "status": "completed",
+                                    "action": {"type": "exec", "command": ["bash", "-lc", arg]}}),
+                    });
+                }
+                for &j in order {
+                    let (kind, _, output) = &calls[j];
+                    out.push(json!({"type": format!("{kind}_output"), "call_id": ids[j], "output": output}));
+                }
+            }
+            Item::WebSearch => out.push(json!({"type": "web_search_call", "id": format!("ws_{id}"), "status": "completed",
+                                               "action": {"type": "search", "query": "rust serde"}})),
+            Item::Developer(t) => out.push(json!({"type": "message", "role": "developer", "content": t})),
+        }
+    }
+    let ends_well = out.last().is_some_and(|m| {
+        m["role"] == "user" || m["type"].as_str().is_some_and(|t| t.ends_with("_output"))
+    });
+    if !ends_well {
+        out.push(json!({"role": "user", "content": "continue"}));
+    }
+    out
+}
+
+/// The Responses rules: every `*_call_output` follows a call with its `call_id`, every call
+/// is answered (but at the very end), and a reasoning item is never the last item.
+pub(crate) fn check_responses(items: &[Value]) -> Result<(), String> {
+    let mut open: Vec<String> = Vec::new();
+    let mut seen: Vec<String> = Vec::new();
+    for (i, it) in items.iter().enumerate() {
+        let kind = it["type"].as_str().unwrap_or("message");
+        let call_id = it["call_id"].as_str().map(str::to_string);
+        if kind.ends_with("_call_output") {
+            let id = call_id.ok_or(format!("input[{i}]: output without call_id"))?;
+            if !seen.contains(&id) {
+                return Err(format!("input[{i}]: no call found for call_id {id}"));
+            }
+            open.retain(|o| *o != id);
+        } else if kind.ends_with("_call") {
+            if let Some(id) = call_id {
+                seen.push(id.clone());
+                open.push(id);
+            }
+        }
+        if kind == "reasoning" && i + 1 == items.len() {
+            return Err(format!("input[{i}]: reasoning without its following item"));
+        }
+    }
+    let trailing_calls = items
+        .iter()
+        .rev()
+        .take_while(|it| it["type"].as_str().is_some_and(|t| t.ends_with("_call")))
+        .count();
+    if open.len() > trailing_calls {
+        return Err(format!("calls {open:?} are never answered"));
+    }
+    Ok(())
+}
+
+#[derive(Debug, Clone)]
+struct ResponsesCase {
+    developers: usize,
+    items: Vec<Item>,
+    model: &'static str,
+    max_output_tokens: Option<u32>,
+    order: Vec<usize>,
+    limits: (usize, usize, usize),
+}
+
+fn responses_case() -> impl Strategy<Value = ResponsesCase> {
+    (
+        0usize..3,
+        proptest::collection::vec(item(), 1..40),
+        prop_oneof![Just("gpt-test"), Just("gpt-5"), Just("unknown")],
+        proptest::option::of(0u32..3_000),
+        Just((0..8).collect::<Vec<usize>>()).prop_shuffle(),
+        (4usize..30, 10usize..200, 200usize..1_500),
+    )
+        .prop_map(
+            |(developers, items, model, max_output_tokens, order, limits)| ResponsesCase {
+                developers,
+                items,
+                model,
+                max_output_tokens,
+                order,
+                limits,
+            },
+        )
+}
+
+fn responses_body(case: &ResponsesCase, input: &[Value]) -> Vec<u8> {
+    let fields = vec![
+        ("model", json!(case.model)),
+        ("input", json!(input)),
+        ("instructions", json!("You are Codex.\nBe \"precise\".")),
+        (
+            "tools",
+            json!([{"type": "function", "name": "shell", "parameters": {"type": "object"}}]),
+        ),
+        ("reasoning", json!({"effort": "medium", "summary": "auto"})),
+        ("store", json!(false)),
+        ("include", json!(["reasoning.encrypted_content"])),
+        (
+            "max_output_tokens",
+            case.max_output_tokens.map_or(Value::Null, |t| json!(t)),
+        ),
+    ];
+    object(fields, &case.order)
+}
+
+#[test]
+fn responses_rewrites_stay_valid_verbatim_and_smaller() {
+    let rt = runtime();
+    let tally = Tally::default();
+    let mut runner = TestRunner::new(ProptestConfig {
+        cases: 250,
+        ..ProptestConfig::default()
+    });
+    let result = runner.run(&responses_case(), |case| {
+        let input = render_responses(case.developers, &case.items);
+        check_responses(&input).map_err(|e| fail(format!("generator: {e}")))?;
+        let body = responses_body(&case, &input);
+        let (mm, minp, maxp) = case.limits;
+        let (c, _) = compactor(
+            &config(&engine_toml(mm, minp, maxp)),
+            FakeSummarizer::text("Short summary of the earlier turns."),
+        );
+        let est = LazyEstimator::default();
+        let before = responses::peek(&body, &est).map_err(fail)?;
+        let parsed = responses::parse(&body).map_err(fail)?;
+        ensure(parsed.tokens() == before.tokens, "peek and parse agree")?;
+        let due = c
+            .engine()
+            .limits(before.model.as_deref(), before.requested_output)
+            .check(before.message_count, before.tokens)
+            .is_some();
+        match rt.block_on(c.process(DialectKind::Responses, &body, &caller())) {
+            Outcome::Reused { .. } => ensure(false, "a fresh compactor reused a summary")?,
+            Outcome::Unchanged => ensure(!due, "due compaction reported unchanged")?,
+            Outcome::Failed => {
+                ensure(due, "failure without a trigger")?;
+                tally.triggered.set(tally.triggered.get() + 1);
+            }
+            Outcome::Rewritten {
+                body: out, result, ..
+            } => {
+                ensure(due, "rewrite without a trigger")?;
+                tally.triggered.set(tally.triggered.get() + 1);
+                tally.rewritten.set(tally.rewritten.get() + 1);
+                same_fields_except(&body, &out, "input")?;
+                let orig = raw_list(&body, "input")?;
+                let new = raw_list(&out, "input")?;
+                let head = input
+                    .iter()
+                    .take_while(|m| m["role"] == "developer" || m["role"] == "system")
+                    .count();
+                ensure(new.len() >= head + 2, "head + summary + tail")?;
+                ensure(new[..head] == orig[..head], "leading instructions kept")?;
+                let summary: Value = serde_json::from_str(&new[head]).map_err(fail)?;
+                ensure(
+                    summary["type"] == "message" && summary["role"] == "user",
+                    "summary item",
+                )?;
+                ensure(
+                    summary["content"][0]["type"] == "input_text"
+                        && summary["content"][0]["text"]
+                            .as_str()
+                            .is_some_and(|s| s.starts_with(SUMMARY_INTRO)),
+                    "summary introduced",
+                )?;
+                let tail = &new[head + 1..];
+                ensure(
+                    tail == &orig[orig.len() - tail.len()..],
+                    "tail byte-identical",
+                )?;
+                ensure(tail.len() < orig.len() - head, "something was compacted")?;
+                let start = orig.len() - tail.len();
+                let before_tail: Value = serde_json::from_str(&orig[start - 1]).map_err(fail)?;
+                ensure(
+                    before_tail["type"] != "reasoning",
+                    "a reasoning item was cut from its output",
+                )?;
+                let values: Vec<Value> = new
+                    .iter()
+                    .map(|m| serde_json::from_str(m).unwrap_or(Value::Null))
+                    .collect();
+                check_responses(&values).map_err(fail)?;
+                let after = responses::peek(&out, &est).map_err(fail)?;
+                ensure(after.tokens == result.post_tokens, "post_tokens")?;
+                ensure(before.tokens == result.pre_tokens, "pre_tokens")?;
+                ensure(after.tokens < before.tokens, "rewrite is smaller")?;
+            }
+        }
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+    tally.check("responses");
+}

@@ -1,0 +1,709 @@
+//! OpenAI Responses (`POST …/v1/responses`): peek, parse and rewrite.
+//!
+//! - [`peek`] (every request): a request carrying `previous_response_id` or `conversation`
+//!   keeps its history on OpenAI's side, so it is [`DialectError::ServerState`] and passes
+//!   through. Otherwise one zero-copy pass counts the `input` items (a string `input` is one
+//!   user message) and estimates what the model reads: message text, function names and
+//!   arguments, tool outputs, reasoning summaries, images at a fixed cost, and the string
+//!   leaves of any other item; ids, statuses, annotations and `encrypted_content` are not read
+//!   as text. `instructions` and `tools` are counted as fixed tokens.
+//! - [`parse_with`] (only when a compaction is due): one transcript message per input item:
+//!   `message` items by role (`system`/`developer` lead the conversation and are never
+//!   compacted), `function_call` and `custom_tool_call` (and any other `*_call` item with a
+//!   `call_id`: `local_shell_call`, `computer_call`, `shell_call`, `apply_patch_call`) →
+//!   assistant tool calls, `*_call_output` items with a `call_id` → tool results answering
+//!   them, `reasoning` → assistant reasoning (its summary and content texts), anything else →
+//!   opaque assistant items.
+//! - [`ResponsesRequest::rewrite`]: every field but `input` byte for byte (`instructions`,
+//!   `tools`, `reasoning`, `store`, `include`, unknown fields); `input` becomes the leading
+//!   system/developer items verbatim, one user `message` item holding the summary, then the
+//!   preserved tail verbatim.
+//!
+//! [`DialectError::ServerState`]: super::DialectError::ServerState
+
+use serde::de::{Deserializer, SeqAccess, Visitor};
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use serde_json::Value;
+
+use super::json::{as_tokens, leaf_chars, node_counts, NodeSeed, OrderedObject, Rules, StrChars};
+use super::Peek;
+use crate::compaction::estimate::{count_chars, Counts, LazyEstimator};
+use crate::compaction::transcript::{Message, Part, Role, ToolCall, Transcript};
+
+/// How Responses input is counted.
+pub(crate) static RULES: Rules = Rules {
+    skip: &[
+        "id",
+        "call_id",
+        "status",
+        "encrypted_content",
+        "role",
+        "annotations",
+        "logprobs",
+        "detail",
+        "file_id",
+        "cache_control",
+    ],
+    nested: &["content", "output", "summary"],
+    raw: &[],
+    image_types: &["input_image", "image", "image_url", "computer_screenshot"],
+};
+
+/// Why a body could not be read or written as a Responses request.
+#[derive(Debug, thiserror::Error)]
+pub enum ResponsesError {
+    /// Not JSON, or JSON of an unexpected shape.
+    #[error("invalid responses request: {0}")]
+    Json(#[from] serde_json::Error),
+    /// The body has no single `input` (a string or an array of items).
+    #[error("request has no `input`")]
+    NoInput,
+    /// The history lives on the provider (`previous_response_id`, `conversation`).
+    #[error("history held by the provider")]
+    ServerState,
+    /// An item the dialect does not understand.
+    #[error("input item {index}: {reason}")]
+    BadItem {
+        /// Position in `input`.
+        index: usize,
+        /// What is wrong.
+        reason: &'static str,
+    },
+    /// A rewrite plan that does not fit the request.
+    #[error("rewrite plan out of range: head {head}, boundary {boundary}, {len} items")]
+    BadPlan {
+        /// Leading items kept.
+        head: usize,
+        /// First item of the tail.
+        boundary: usize,
+        /// Items in the request.
+        len: usize,
+    },
+}
+
+// ---------------------------------------------------------------------------------------------
+// Hot path.
+
+/// Counts and estimates a request in one zero-copy pass.
+pub fn peek(body: &[u8], estimator: &LazyEstimator) -> Result<Peek, ResponsesError> {
+    let wire: PeekWire<'_> = serde_json::from_slice(body)?;
+    if server_state(wire.previous_response_id.as_ref(), wire.conversation.as_ref()) {
+        return Err(ResponsesError::ServerState);
+    }
+    let input = wire.input.ok_or(ResponsesError::NoInput)?;
+    let fixed_tokens = fixed_tokens(
+        wire.instructions.map_or(0, |s| s.0),
+        wire.tools,
+        estimator,
+    );
+    let tokens = input.0.iter().fold(fixed_tokens, |acc, c| {
+        acc.saturating_add(estimator.counts(*c))
+    });
+    Ok(Peek {
+        model: wire.model,
+        requested_output: as_tokens(wire.max_output_tokens.as_ref()),
+        message_count: input.0.len(),
+        tokens,
+        fixed_tokens,
+    })
+}
+
+#[derive(Deserialize)]
+struct PeekWire<'a> {
+    #[serde(default)]
+    model: Option<String>,
+    #[serde(default)]
+    max_output_tokens: Option<Value>,
+    #[serde(default)]
+    previous_response_id: Option<Value>,
+    #[serde(default)]
+    conversation: Option<Value>,
+    #[serde(default)]
+    instructions: Option<StrChars>,
+    #[serde(default)]
+    input: Option<InputCounts>,
+    #[serde(borrow, default)]
+    tools: Option<&'a RawValue>,
+}
+
+/// Whether the conversation is held by OpenAI: a non-null `previous_response_id` or
+/// `conversation` (an id string or `{"id": ...}`).
+fn server_state(previous: Option<&Value>, conversation: Option<&Value>) -> bool {
+    let set = |v: Option<&Value>| v.is_some_and(|v| !v.is_null());
+    set(previous) || set(conversation)
+}
+
+fn fixed_tokens(instructions: usize, tools: Option<&RawValue>, estimator: &LazyEstimator) -> usize {
+    estimator
+        .chars(instructions)
+        .saturating_add(tools.map_or(0, |t| estimator.text(t.get())))
+}
+
+/// Per-item counts of `input`: a string is one message.
+struct InputCounts(Vec<Counts>);
+
+impl<'de> Deserialize<'de> for InputCounts {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = InputCounts;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string or an array of input items")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<InputCounts, E> {
+                Ok(InputCounts(vec![Counts {
+                    chars: count_chars(v),
+                    images: 0,
+                }]))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<InputCounts, A::Error> {
+                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(64));
+                while let Some(c) = seq.next_element_seed(NodeSeed(&RULES))? {
+                    out.push(c);
+                }
+                Ok(InputCounts(out))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Full parse.
+
+/// A parsed request, borrowing the original body.
+#[derive(Debug)]
+pub struct ResponsesRequest<'a> {
+    fields: OrderedObject<'a>,
+    input_at: usize,
+    /// `input` is a string: its one item is written back as a user message item.
+    input_is_string: bool,
+    /// The input items as raw JSON, in order (a string `input` is its one item).
+    pub raw_items: Vec<&'a RawValue>,
+    /// The `model` field.
+    pub model: Option<String>,
+    /// `max_output_tokens`.
+    pub requested_output: Option<usize>,
+    /// Estimated tokens of `instructions` and the tool definitions.
+    pub fixed_tokens: usize,
+    /// The neutral transcript, item for item.
+    pub transcript: Transcript,
+}
+
+/// Parses a request with the default estimator.
+pub fn parse(body: &[u8]) -> Result<ResponsesRequest<'_>, ResponsesError> {
+    parse_with(body, &LazyEstimator::default())
+}
+
+/// Parses a request fully (only when a compaction is due).
+pub fn parse_with<'a>(
+    body: &'a [u8],
+    estimator: &LazyEstimator,
+) -> Result<ResponsesRequest<'a>, ResponsesError> {
+    let fields: OrderedObject<'a> = serde_json::from_slice(body)?;
+    if server_state(
+        fields.value("previous_response_id").as_ref(),
+        fields.value("conversation").as_ref(),
+    ) {
+        return Err(ResponsesError::ServerState);
+    }
+    if fields.duplicated("input") {
+        return Err(ResponsesError::NoInput);
+    }
+    let input_at = fields.position("input").ok_or(ResponsesError::NoInput)?;
+    let input = fields.raw("input").ok_or(ResponsesError::NoInput)?;
+    let instructions = match fields.raw("instructions") {
+        Some(raw) => serde_json::from_str::<StrChars>(raw.get())?.0,
+        None => 0,
+    };
+    let fixed_tokens = fixed_tokens(instructions, fields.raw("tools"), estimator);
+    let model = fields
+        .value("model")
+        .and_then(|v| v.as_str().map(str::to_string));
+    let requested_output = as_tokens(fields.value("max_output_tokens").as_ref());
+
+    let (raw_items, messages) = match serde_json::from_str::<Value>(input.get())? {
+        Value::String(s) => {
+            let tokens = estimator.text(&s);
+            let mut m = Message::new(Role::User, vec![Part::Text(s)]);
+            m.tokens = tokens;
+            (vec![input], vec![m])
+        }
+        Value::Array(_) => {
+            let raw_items: Vec<&'a RawValue> = serde_json::from_str(input.get())?;
+            let mut messages = Vec::with_capacity(raw_items.len());
+            for (index, raw) in raw_items.iter().enumerate() {
+                let counts = node_counts(raw.get(), &RULES)?;
+                let mut m = item_message(raw, index)?;
+                m.tokens = estimator.counts(counts);
+                messages.push(m);
+            }
+            (raw_items, messages)
+        }
+        _ => return Err(ResponsesError::NoInput),
+    };
+    let mut transcript = Transcript::new(messages);
+    transcript.resolve_tool_names();
+    let input_is_string = !input.get().trim_start().starts_with('[');
+    Ok(ResponsesRequest {
+        fields,
+        input_at,
+        input_is_string,
+        raw_items,
+        model,
+        requested_output,
+        fixed_tokens,
+        transcript,
+    })
+}
+
+/// The input items of a request as raw JSON, borrowed from the body (a string `input` is one
+/// item).
+pub fn raw_messages(body: &[u8]) -> Result<Vec<&RawValue>, ResponsesError> {
+    #[derive(Deserialize)]
+    struct Wire<'a> {
+        #[serde(borrow)]
+        input: Option<&'a RawValue>,
+    }
+    let wire: Wire<'_> = serde_json::from_slice(body)?;
+    let input = wire.input.ok_or(ResponsesError::NoInput)?;
+    if input.get().trim_start().starts_with('[') {
+        Ok(serde_json::from_str(input.get())?)
+    } else {
+        Ok(vec![input])
+    }
+}
+
+fn text_of(v: Option<&Value>) -> Option<String> {
+    match v? {
+        Value::String(s) => Some(s.clone()),
+        Value::Null => None,
+        other => Some(other.to_string()),
+    }
+}
+
+/// One input item as a neutral message.
+fn item_message(raw: &RawValue, index: usize) -> Result<Message, ResponsesError> {
+    let bad = |reason| ResponsesError::BadItem { index, reason };
+    let v: Value = serde_json::from_str(raw.get())?;
+    let obj = v.as_object().ok_or(bad("not an object"))?;
+    let str_field = |k: &str| obj.get(k).and_then(Value::as_str);
+    let kind = match str_field("type") {
+        Some(k) => k,
+        None if obj.contains_key("role") => "message",
+        None => return Err(bad("no type")),
+    };
+    let call_id = str_field("call_id").map(str::to_string);
+    let opaque = || -> Result<Vec<Part>, ResponsesError> {
+        let counts = node_counts(raw.get(), &RULES)?;
+        let mut parts = vec![Part::Opaque {
+            kind: kind.to_string(),
+            chars: counts.chars,
+        }];
+        parts.extend(std::iter::repeat_n(Part::Image, counts.images));
+        Ok(parts)
+    };
+    let message = match kind {
+        "message" => {
+            let role = match str_field("role") {
+                Some("user") => Role::User,
+                Some("assistant") => Role::Assistant,
+                Some("system") | Some("developer") => Role::System,
+                _ => return Err(bad("unknown role")),
+            };
+            Message::new(role, content_parts(obj.get("content"))?)
+        }
+        "function_call" => Message::new(
+            Role::Assistant,
+            vec![Part::ToolCall(ToolCall {
+                id: call_id,
+                name: str_field("name").unwrap_or_default().to_string(),
+                arguments: text_of(obj.get("arguments")).unwrap_or_default(),
+            })],
+        ),
+        "reasoning" => {
+            let mut parts: Vec<Part> = ["summary", "content"]
+                .iter()
+                .filter_map(|k| obj.get(*k).and_then(Value::as_array))
+                .flatten()
+                .filter_map(|p| p.get("text").and_then(Value::as_str))
+                .map(|t| Part::Reasoning(t.to_string()))
+                .collect();
+            if parts.is_empty() {
+                parts.push(Part::Opaque {
+                    kind: "reasoning".into(),
+                    chars: 0,
+                });
+            }
+            Message::new(Role::Assistant, parts)
+        }
+        k if k.ends_with("_call_output") && call_id.is_some() => {
+            let mut m = Message::new(Role::Tool, content_parts(obj.get("output"))?);
+            m.tool_call_id = call_id;
+            m
+        }
+        k if k.ends_with("_call") && call_id.is_some() => {
+            let name = str_field("name")
+                .map(str::to_string)
+                .unwrap_or_else(|| k.trim_end_matches("_call").to_string());
+            let arguments = ["arguments", "input", "action", "operation"]
+                .iter()
+                .find_map(|key| text_of(obj.get(*key)))
+                .unwrap_or_default();
+            Message::new(
+                Role::Assistant,
+                vec![Part::ToolCall(ToolCall {
+                    id: call_id,
+                    name,
+                    arguments,
+                })],
+            )
+        }
+        _ => Message::new(Role::Assistant, opaque()?),
+    };
+    Ok(message)
+}
+
+/// A message's `content` or a tool's `output`: a string, one part, or parts.
+fn content_parts(content: Option<&Value>) -> Result<Vec<Part>, ResponsesError> {
+    Ok(match content {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::String(s)) => vec![Part::Text(s.clone())],
+        Some(Value::Array(items)) => items.iter().map(part_from_value).collect(),
+        Some(other) => vec![part_from_value(other)],
+    })
+}
+
+fn part_from_value(part: &Value) -> Part {
+    let Some(obj) = part.as_object() else {
+        return match part {
+            Value::String(s) => Part::Text(s.clone()),
+            other => Part::Opaque {
+                kind: "unknown".into(),
+                chars: leaf_chars(other),
+            },
+        };
+    };
+    let kind = obj.get("type").and_then(Value::as_str).unwrap_or("unknown");
+    if RULES.image_types.contains(&kind) {
+        return Part::Image;
+    }
+    let text = |k: &str| obj.get(k).and_then(Value::as_str).map(str::to_string);
+    match kind {
+        "input_text" | "output_text" | "text" | "summary_text" | "reasoning_text" => {
+            if let Some(t) = text("text") {
+                return Part::Text(t);
+            }
+        }
+        "refusal" => {
+            if let Some(t) = text("refusal") {
+                return Part::Text(t);
+            }
+        }
+        _ => {}
+    }
+    let chars = serde_json::to_string(part)
+        .ok()
+        .and_then(|s| node_counts(&s, &RULES).ok())
+        .map_or(0, |c| c.chars);
+    Part::Opaque {
+        kind: kind.to_string(),
+        chars,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rewrite.
+
+impl super::ParsedRequest for ResponsesRequest<'_> {
+    fn transcript(&self) -> &Transcript {
+        &self.transcript
+    }
+
+    fn raw_messages(&self) -> &[&RawValue] {
+        &self.raw_items
+    }
+
+    fn model(&self) -> Option<&str> {
+        self.model.as_deref()
+    }
+
+    fn requested_output(&self) -> Option<usize> {
+        self.requested_output
+    }
+
+    fn fixed_tokens(&self) -> usize {
+        self.fixed_tokens
+    }
+
+    fn rewrite(
+        &self,
+        head: usize,
+        boundary: usize,
+        summary_message: &str,
+    ) -> Result<Vec<u8>, super::DialectError> {
+        Ok(ResponsesRequest::rewrite(
+            self,
+            head,
+            boundary,
+            summary_message,
+        )?)
+    }
+}
+
+#[derive(Serialize)]
+struct SummaryItem<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    role: &'static str,
+    content: [InputText<'a>; 1],
+}
+
+#[derive(Serialize)]
+struct InputText<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    text: &'a str,
+}
+
+impl ResponsesRequest<'_> {
+    /// Estimated tokens of the whole request as received.
+    pub fn tokens(&self) -> usize {
+        self.fixed_tokens
+            .saturating_add(self.transcript.tokens(0..self.transcript.len()))
+    }
+
+    /// The request with `input[head..boundary]` replaced by one user message item holding
+    /// `summary_message`; every other byte as received, except insignificant whitespace
+    /// between top-level fields and between input items.
+    pub fn rewrite(
+        &self,
+        head: usize,
+        boundary: usize,
+        summary_message: &str,
+    ) -> Result<Vec<u8>, ResponsesError> {
+        let len = self.raw_items.len();
+        if head > boundary || boundary > len {
+            return Err(ResponsesError::BadPlan {
+                head,
+                boundary,
+                len,
+            });
+        }
+        let summary = SummaryItem {
+            kind: "message",
+            role: "user",
+            content: [InputText {
+                kind: "input_text",
+                text: summary_message,
+            }],
+        };
+        let mut out = Vec::with_capacity(self.fields.size() + summary_message.len() + 96);
+        self.fields.write_replacing(&mut out, self.input_at, |out| {
+            out.push(b'[');
+            for item in &self.raw_items[..head] {
+                out.extend_from_slice(item.get().as_bytes());
+                out.push(b',');
+            }
+            serde_json::to_writer(&mut *out, &summary)?;
+            for item in &self.raw_items[boundary..] {
+                out.push(b',');
+                if self.input_is_string {
+                    out.extend_from_slice(br#"{"type":"message","role":"user","content":"#);
+                    out.extend_from_slice(item.get().as_bytes());
+                    out.push(b'}');
+                } else {
+                    out.extend_from_slice(item.get().as_bytes());
+                }
+            }
+            out.push(b']');
+            Ok(())
+        })?;
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compaction::estimate::IMAGE_TOKENS;
+    use serde_json::json;
+
+    fn est() -> LazyEstimator {
+        LazyEstimator::default()
+    }
+
+    fn input_of(body: &[u8]) -> Vec<Value> {
+        let v: Value = serde_json::from_slice(body).expect("JSON");
+        v["input"].as_array().cloned().expect("input array")
+    }
+
+    fn items() -> Value {
+        json!([
+            {"type": "message", "role": "developer", "content": "rules"},
+            {"role": "user", "content": [
+                {"type": "input_text", "text": "abcd"},
+                {"type": "input_image", "image_url": "data:image/png;base64,AAAA", "detail": "high"}
+            ]},
+            {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "abcd"}],
+             "encrypted_content": "E".repeat(300)},
+            {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "shell",
+             "arguments": "{\"command\":[\"cat\",\"a.rs\"]}", "status": "completed"},
+            {"type": "function_call_output", "call_id": "call_1", "output": "fn a() {}"},
+            {"type": "custom_tool_call", "call_id": "call_2", "name": "apply_patch",
+             "input": "*** Begin Patch\n*** Add File: b.rs\n+x\n*** End Patch"},
+            {"type": "custom_tool_call_output", "call_id": "call_2", "output": "ok"},
+            {"type": "local_shell_call", "id": "lsh_1", "call_id": "call_3", "status": "completed",
+             "action": {"type": "exec", "command": ["bash", "-lc", "rm c.rs"]}},
+            {"type": "local_shell_call_output", "call_id": "call_3", "output": ""},
+            {"type": "web_search_call", "id": "ws_1", "status": "completed",
+             "action": {"type": "search", "query": "rust"}},
+            {"type": "message", "role": "assistant", "id": "msg_1", "status": "completed",
+             "content": [{"type": "output_text", "text": "done", "annotations": [{"url": "u".repeat(50)}]}]},
+            {"role": "user", "content": "next?"}
+        ])
+    }
+
+    #[test]
+    fn peek_counts_items_and_agrees_with_parse() {
+        let body = json!({
+            "model": "gpt-5", "instructions": "abcd", "max_output_tokens": 500,
+            "tools": [{"type": "function", "name": "shell"}],
+            "store": false, "include": ["reasoning.encrypted_content"],
+            "input": items()
+        })
+        .to_string();
+        let p = peek(body.as_bytes(), &est()).expect("peeks");
+        assert_eq!(p.model.as_deref(), Some("gpt-5"));
+        assert_eq!(p.requested_output, Some(500));
+        assert_eq!(p.message_count, 12);
+        let tools = r#"[{"name":"shell","type":"function"}]"#;
+        assert_eq!(p.fixed_tokens, 1 + est().text(tools));
+        let r = parse(body.as_bytes()).expect("parses");
+        assert_eq!(r.tokens(), p.tokens);
+        let per: Vec<usize> = r.transcript.messages.iter().map(|m| m.tokens).collect();
+        assert_eq!(
+            per,
+            vec![
+                2,                                // "rules"
+                1 + IMAGE_TOKENS,                 // text + image
+                1,                                // reasoning summary only
+                est().chars(5 + 25),              // name + arguments
+                est().chars(9),                   // output
+                est().chars(11 + 50),             // name + input
+                1,                                // "ok"
+                est().chars(4 + 4 + 3 + 8),       // action leaves
+                0,                                // empty output
+                est().chars(6 + 4),               // action leaves
+                1,                                // "done", annotations not read
+                2,                                // "next?"
+            ]
+        );
+    }
+
+    #[test]
+    fn server_held_conversations_pass_through() {
+        for body in [
+            json!({"model": "gpt-5", "previous_response_id": "resp_1", "input": "more"}),
+            json!({"model": "gpt-5", "conversation": "conv_1", "input": [{"role": "user", "content": "x"}]}),
+            json!({"model": "gpt-5", "conversation": {"id": "conv_1"}, "input": "x"}),
+        ] {
+            let b = body.to_string();
+            assert!(matches!(
+                peek(b.as_bytes(), &est()),
+                Err(ResponsesError::ServerState)
+            ));
+            assert!(matches!(parse(b.as_bytes()), Err(ResponsesError::ServerState)));
+        }
+        let null = json!({"previous_response_id": null, "conversation": null, "input": "x"});
+        assert!(peek(null.to_string().as_bytes(), &est()).is_ok());
+        assert!(matches!(
+            peek(br#"{"model":"gpt-5"}"#, &est()),
+            Err(ResponsesError::NoInput)
+        ));
+        assert!(peek(br#"{"input": 5}"#, &est()).is_err());
+        assert!(peek(b"[]", &est()).is_err());
+    }
+
+    #[test]
+    fn parse_maps_items_to_messages() {
+        let body = json!({"model": "gpt-5", "input": items()}).to_string();
+        let r = parse(body.as_bytes()).expect("parses");
+        let t = &r.transcript;
+        let m = &t.messages;
+        assert_eq!(t.head_len(), 1, "the developer message leads");
+        let roles: Vec<Role> = m.iter().map(|m| m.role).collect();
+        use Role::*;
+        assert_eq!(
+            roles,
+            vec![
+                System, User, Assistant, Assistant, Tool, Assistant, Tool, Assistant, Tool,
+                Assistant, Assistant, User
+            ]
+        );
+        assert!(m[2].is_reasoning_only());
+        assert_eq!(m[2].parts, vec![Part::Reasoning("abcd".into())]);
+        assert_eq!(
+            t.pairs(),
+            vec![None, None, None, None, Some(3), None, Some(5), None, Some(7), None, None, None]
+        );
+        assert_eq!(m[4].tool_name.as_deref(), Some("shell"), "resolved");
+        assert!(matches!(&m[5].parts[0], Part::ToolCall(c) if c.name == "apply_patch"
+            && c.arguments.starts_with("*** Begin Patch")));
+        assert!(matches!(&m[7].parts[0], Part::ToolCall(c) if c.name == "local_shell"
+            && c.arguments.contains("rm c.rs")));
+        assert!(matches!(&m[9].parts[0], Part::Opaque { kind, .. } if kind == "web_search_call"));
+        assert_eq!(m[1].parts[1], Part::Image);
+        // Files read and modified through Codex's tools.
+        let mut files = crate::compaction::files::FileTracker::new();
+        m.iter().for_each(|m| files.observe_message(m));
+        assert_eq!(files.read_files(), ["a.rs".to_string()]);
+        assert_eq!(files.modified_files(), ["b.rs".to_string(), "c.rs".to_string()]);
+        assert!(matches!(
+            parse(br#"{"input":[{"type":"message","role":"narrator","content":"x"}]}"#),
+            Err(ResponsesError::BadItem { index: 0, .. })
+        ));
+    }
+
+    #[test]
+    fn a_string_input_is_one_user_message() {
+        let body = br#"{"model":"gpt-5","input":"hello there","instructions":"be brief"}"#;
+        let p = peek(body, &est()).expect("peeks");
+        assert_eq!((p.message_count, p.tokens), (1, 3 + 2));
+        let r = parse(body).expect("parses");
+        assert_eq!(r.transcript.messages[0].role, Role::User);
+        assert_eq!(raw_messages(body).expect("raw").len(), 1);
+        // Nothing before it to compact; written back, it becomes a message item.
+        let out = input_of(&r.rewrite(0, 0, "S").expect("rewrites"));
+        assert_eq!(
+            out[1],
+            json!({"type": "message", "role": "user", "content": "hello there"})
+        );
+    }
+
+    #[test]
+    fn rewrite_keeps_instructions_and_unknown_fields_and_the_tail() {
+        let body = format!(
+            r#"{{"model":"gpt-5","instructions" : "be \"brief\"","input":{},"tools":[ {{"type":"function","name":"shell"}} ],"reasoning":{{"effort":"high"}},"store":false,"x_vendor":{{"a":[1, 2]}}}}"#,
+            items()
+        );
+        let r = parse(body.as_bytes()).expect("parses");
+        let out = r.rewrite(1, 10, "SUMMARY").expect("rewrites");
+        let text = String::from_utf8(out.clone()).expect("utf8");
+        assert!(text.starts_with(r#"{"model":"gpt-5","instructions":"be \"brief\"","input":["#));
+        assert!(text.ends_with(r#""tools":[ {"type":"function","name":"shell"} ],"reasoning":{"effort":"high"},"store":false,"x_vendor":{"a":[1, 2]}}"#));
+        let items_out = input_of(&out);
+        let items_in = input_of(body.as_bytes());
+        assert_eq!(items_out[0], items_in[0], "developer message kept");
+        assert_eq!(
+            items_out[1],
+            json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "SUMMARY"}]})
+        );
+        assert_eq!(&items_out[2..], &items_in[10..]);
+        assert!(matches!(
+            r.rewrite(0, 13, "S"),
+            Err(ResponsesError::BadPlan { .. })
+        ));
+    }
+}

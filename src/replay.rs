@@ -1,0 +1,695 @@
+//! Offline replay of recorded conversations through the real compactor (`compactor replay`):
+//! how a user tunes `max_messages`, `trigger_ratio` and the preserve sizes before deploying.
+//!
+//! [`load()`] reads a recording. A JSON transcript (a `messages` array in Chat Completions or
+//! Anthropic Messages shape, an `input` array for Responses, or a bare array of messages) is
+//! cut into the requests an agent sends while producing it: the request before each assistant
+//! turn carries every message before that turn, and a last request carries the whole history
+//! when it does not end with an assistant turn ([`step_ends`]). Every other top-level field of
+//! the file travels with each request; `model` defaults per dialect when absent. A JSONL file
+//! (`.jsonl`/`.ndjson`, or any file whose lines are JSON objects) holds complete requests, one
+//! per line, replayed as recorded. [`detect`] tells the dialect of a body from its shape alone.
+//!
+//! A [`Replayer`] feeds every request of a recording, in order, to a fresh [`Compactor`] built
+//! from the configuration as the proxy builds it (models table, thresholds, session memory and
+//! checkpoints), with the `extractive` summarizer unless told otherwise, wrapped in a
+//! [`CountingSummarizer`]. Each step yields a [`StepRow`]: messages, estimated tokens received
+//! and forwarded, compactions and summarizer calls so far. [`FileReport::render`] prints the
+//! table and a summary line; [`svg::render`] draws the chart. Dialects the engine does not
+//! compact pass through unchanged, as in the proxy.
+
+mod load;
+pub mod svg;
+
+pub use load::{detect, load, step_ends, Format, Recording, Step};
+
+use load::item_count;
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use compactor_plugin_api::{
+    BoxFuture, Caller, SummarizeError, Summarizer, Summary, SummaryRequest,
+};
+use serde_json::Value;
+
+use crate::compaction::{CompactionOutcome, Compactor, Limits, Outcome, RequestContext, Trigger};
+use crate::config::{Config, ConfigError};
+use crate::metrics::Metrics;
+use crate::summarizer::{self, BuildError};
+
+/// The summarizer backend used unless `--summarizer` names another: local, deterministic and
+/// free.
+pub const DEFAULT_SUMMARIZER: &str = "extractive";
+
+/// The model of a Chat Completions or Responses transcript that names none.
+pub const DEFAULT_OPENAI_MODEL: &str = "gpt-4o";
+
+/// The model of an Anthropic Messages transcript that names none.
+pub const DEFAULT_ANTHROPIC_MODEL: &str = "claude-sonnet-4-5";
+
+/// Why a replay could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    /// The recording could not be read.
+    #[error("cannot read {}: {error}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// What the system said.
+        error: std::io::Error,
+    },
+    /// The recording is not JSON.
+    #[error("{}: not JSON: {error}", path.display())]
+    Json {
+        /// The file.
+        path: PathBuf,
+        /// The parser's message, with line and column.
+        error: serde_json::Error,
+    },
+    /// One line of a JSONL recording is not JSON.
+    #[error("{} line {line}: not JSON: {error}", path.display())]
+    JsonLine {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line number.
+        line: usize,
+        /// The parser's message.
+        error: serde_json::Error,
+    },
+    /// The recording is JSON but not a conversation compactor knows.
+    #[error("{}: {reason}", path.display())]
+    Shape {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The summarizer backend cannot be built.
+    #[error(transparent)]
+    Summarizer(#[from] BuildError),
+    /// The metrics registry could not be built.
+    #[error("building the metrics registry: {0}")]
+    Metrics(#[from] prometheus::Error),
+}
+
+/// A summarizer that counts the calls made to the one it wraps.
+pub struct CountingSummarizer {
+    inner: Arc<dyn Summarizer>,
+    calls: AtomicUsize,
+}
+
+impl CountingSummarizer {
+    /// Wraps `inner`.
+    pub fn new(inner: Arc<dyn Summarizer>) -> Self {
+        CountingSummarizer {
+            inner,
+            calls: AtomicUsize::new(0),
+        }
+    }
+
+    /// Calls so far (successful or not).
+    pub fn calls(&self) -> usize {
+        self.calls.load(Ordering::Relaxed)
+    }
+}
+
+impl Summarizer for CountingSummarizer {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    fn summarize<'a>(
+        &'a self,
+        request: &'a SummaryRequest,
+    ) -> BoxFuture<'a, Result<Summary, SummarizeError>> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.inner.summarize(request)
+    }
+}
+
+/// What happened to one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// Forwarded as received: no trigger, no stored summary.
+    Unchanged,
+    /// A body the engine does not read (a dialect it does not compact): passed through.
+    PassedThrough,
+    /// A new compaction; the forwarded request carries its summary.
+    Compacted {
+        /// 1-based compaction number within the conversation.
+        num: u32,
+        /// Which trigger fired.
+        trigger: Trigger,
+        /// Messages forwarded.
+        forwarded_messages: usize,
+    },
+    /// A stored summary spliced in, no summarizer call.
+    Reused {
+        /// The number of the compaction whose summary was spliced in.
+        num: u32,
+        /// Messages forwarded.
+        forwarded_messages: usize,
+    },
+    /// A compaction was due but did not happen; forwarded unchanged.
+    Failed,
+}
+
+impl StepRow {
+    /// The outcome column.
+    pub fn describe(&self) -> String {
+        let missed = match self.missed {
+            None => "",
+            Some(Missed::Failed) => " (new compaction failed)",
+            Some(Missed::Breaker) => " (compaction due, breaker open)",
+        };
+        match &self.event {
+            Event::Unchanged => format!("unchanged{missed}"),
+            Event::PassedThrough => "passed through (dialect not compacted)".into(),
+            Event::Compacted {
+                num,
+                trigger,
+                forwarded_messages,
+            } => format!(
+                "compacted #{num} ({}), {forwarded_messages} messages forwarded",
+                trigger.label()
+            ),
+            Event::Reused {
+                num,
+                forwarded_messages,
+            } => format!("summary #{num} reused{missed}, {forwarded_messages} messages forwarded"),
+            Event::Failed => "compaction failed, forwarded unchanged".into(),
+        }
+    }
+}
+
+/// A compaction that was due at a step but did not happen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Missed {
+    /// It ran and failed: summarizer error or timeout, blank summary, a rewrite that would not
+    /// be smaller, or nothing that could be compacted (not every cause calls the summarizer).
+    Failed,
+    /// The session's breaker was open after repeated failures (no summarizer call).
+    Breaker,
+}
+
+/// One row of the replay table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepRow {
+    /// 1-based step number.
+    pub step: usize,
+    /// Messages (or input items) in the request as received.
+    pub messages: usize,
+    /// Estimated input tokens received.
+    pub received: usize,
+    /// Estimated input tokens forwarded.
+    pub forwarded: usize,
+    /// Compactions so far, this step included.
+    pub compactions: usize,
+    /// Summarizer calls so far, this step included.
+    pub summarizer_calls: usize,
+    /// What happened.
+    pub event: Event,
+    /// A compaction that was due but did not happen, if any.
+    pub missed: Option<Missed>,
+}
+
+/// The replay of one recording.
+#[derive(Debug, Clone)]
+pub struct FileReport {
+    /// The file, as given.
+    pub name: String,
+    /// Transcript or requests.
+    pub format: Format,
+    /// The dialect label (`mixed` when requests differ).
+    pub dialect: String,
+    /// The model of the last request.
+    pub model: Option<String>,
+    /// The summarizer backend.
+    pub summarizer: String,
+    /// The limits of the last request (its model and reserved output).
+    pub limits: Limits,
+    /// One row per request.
+    pub rows: Vec<StepRow>,
+}
+
+/// The table's column headers, in order.
+pub const COLUMNS: [&str; 7] = [
+    "step",
+    "messages",
+    "tokens_received",
+    "tokens_forwarded",
+    "compactions",
+    "summarizer_calls",
+    "outcome",
+];
+
+impl FileReport {
+    /// Compactions over the whole replay.
+    pub fn compactions(&self) -> usize {
+        self.rows.last().map_or(0, |r| r.compactions)
+    }
+
+    /// Summarizer calls over the whole replay.
+    pub fn summarizer_calls(&self) -> usize {
+        self.rows.last().map_or(0, |r| r.summarizer_calls)
+    }
+
+    /// Steps where a due compaction ran and failed.
+    pub fn failed_compactions(&self) -> usize {
+        self.rows
+            .iter()
+            .filter(|r| r.missed == Some(Missed::Failed))
+            .count()
+    }
+
+    /// The largest request received, in estimated tokens.
+    pub fn peak_received(&self) -> usize {
+        self.rows.iter().map(|r| r.received).max().unwrap_or(0)
+    }
+
+    /// The largest request forwarded, in estimated tokens.
+    pub fn peak_forwarded(&self) -> usize {
+        self.rows.iter().map(|r| r.forwarded).max().unwrap_or(0)
+    }
+
+    /// `== <file> (<dialect> <format>, model ..., N steps, summarizer ...)`.
+    pub fn heading(&self) -> String {
+        format!(
+            "== {} ({} {}, model {}, {} steps, summarizer {})",
+            self.name,
+            self.dialect,
+            self.format.label(),
+            self.model.as_deref().unwrap_or("(none)"),
+            self.rows.len(),
+            self.summarizer
+        )
+    }
+
+    /// The per-step table: a header line and one line per step, columns as [`COLUMNS`]
+    /// (numbers right-aligned, the outcome last), separated by two spaces.
+    pub fn table(&self) -> String {
+        let cells: Vec<[String; 7]> = self
+            .rows
+            .iter()
+            .map(|r| {
+                [
+                    r.step.to_string(),
+                    r.messages.to_string(),
+                    r.received.to_string(),
+                    r.forwarded.to_string(),
+                    r.compactions.to_string(),
+                    r.summarizer_calls.to_string(),
+                    r.describe(),
+                ]
+            })
+            .collect();
+        let mut widths = COLUMNS.map(str::len);
+        for row in &cells {
+            for (w, cell) in widths.iter_mut().zip(row) {
+                *w = (*w).max(cell.len());
+            }
+        }
+        let mut out = String::new();
+        let mut line = |cells: [&str; 7]| {
+            let numbers: Vec<String> = cells[..6]
+                .iter()
+                .zip(widths)
+                .map(|(c, w)| format!("{c:>w$}"))
+                .collect();
+            let _ = writeln!(out, "{}  {}", numbers.join("  "), cells[6]);
+        };
+        line(COLUMNS);
+        for row in &cells {
+            line(row.each_ref().map(String::as_str));
+        }
+        out
+    }
+
+    /// `summary: ...`: totals, peaks and the thresholds the replay ran against.
+    pub fn summary(&self) -> String {
+        format!(
+            "summary: {} steps, {} compactions, {} summarizer calls, {} failed compactions, peak \
+             tokens received {} vs forwarded {}, token threshold {} for {} (context window {}, \
+             {} reserved for output), max_messages {}",
+            self.rows.len(),
+            self.compactions(),
+            self.summarizer_calls(),
+            self.failed_compactions(),
+            self.peak_received(),
+            self.peak_forwarded(),
+            self.limits.token_threshold,
+            self.model.as_deref().unwrap_or("(no model)"),
+            self.limits.context_window,
+            self.limits.reserved_output,
+            self.limits.max_messages
+        )
+    }
+
+    /// Heading, table and summary line.
+    pub fn render(&self) -> String {
+        format!("{}\n{}{}\n", self.heading(), self.table(), self.summary())
+    }
+}
+
+/// Replays recordings through a compactor built from one configuration.
+pub struct Replayer {
+    config: Config,
+}
+
+impl Replayer {
+    /// `config` with its summarizer replaced by `summarizer` (default [`DEFAULT_SUMMARIZER`])
+    /// and no fallback, so the replay measures that one backend; fails now on an unknown or
+    /// misconfigured backend.
+    pub fn new(mut config: Config, summarizer: Option<&str>) -> Result<Replayer, ReplayError> {
+        config.summarizer.backend = summarizer.unwrap_or(DEFAULT_SUMMARIZER).to_string();
+        config.summarizer.fallback.clear();
+        config.validate()?;
+        summarizer::build(&config, Arc::new(Metrics::new()?))?;
+        Ok(Replayer { config })
+    }
+
+    /// The configuration replays run with.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Replays one recording, in order, through a fresh compactor (its own session memory).
+    pub async fn run(&self, recording: &Recording) -> Result<FileReport, ReplayError> {
+        let metrics = Arc::new(Metrics::new()?);
+        let counting = Arc::new(CountingSummarizer::new(summarizer::build(
+            &self.config,
+            metrics.clone(),
+        )?));
+        let compactor = Compactor::new(&self.config, counting.clone(), metrics.clone());
+        let estimator = compactor.engine().estimator();
+        let mut rows = Vec::with_capacity(recording.steps.len());
+        let mut compactions = 0;
+        let mut last = (None, None);
+        for (i, step) in recording.steps.iter().enumerate() {
+            let peek = step.dialect.peek(&step.body, estimator).ok();
+            let understood = peek.is_some();
+            let received = match &peek {
+                Some(p) => p.tokens,
+                // Not readable by its dialect: the raw body's estimate.
+                None => estimator.text(&String::from_utf8_lossy(&step.body)),
+            };
+            last = match peek {
+                Some(p) => (p.model, p.requested_output),
+                None => (step.model.clone(), step.requested_output),
+            };
+            // No credentials: a summarizer calling the provider needs its `api_key_env`.
+            let caller = Caller {
+                upstream_base_url: self.config.upstream.base_url.clone(),
+                api_prefix: "/v1".into(),
+                credentials: Vec::new(),
+                api: step.dialect.api(),
+            };
+            let context = RequestContext {
+                caller: &caller,
+                session_header: None,
+            };
+            let before = missed_counts(&metrics);
+            let processed = compactor.handle(step.dialect, &step.body, &context).await;
+            let after = missed_counts(&metrics);
+            let missed = if after.0 > before.0 {
+                Some(Missed::Failed)
+            } else if after.1 > before.1 {
+                Some(Missed::Breaker)
+            } else {
+                None
+            };
+            let forwarded = processed.estimate.as_ref().map_or(received, |e| e.tokens);
+            let event = match &processed.outcome {
+                Outcome::Unchanged if !understood => Event::PassedThrough,
+                Outcome::Unchanged => Event::Unchanged,
+                Outcome::Failed => Event::Failed,
+                Outcome::Rewritten {
+                    body,
+                    result,
+                    trigger,
+                } => {
+                    compactions += 1;
+                    Event::Compacted {
+                        num: result.compaction_num,
+                        trigger: *trigger,
+                        forwarded_messages: forwarded_items(body),
+                    }
+                }
+                Outcome::Reused { body, result } => Event::Reused {
+                    num: result.compaction_num,
+                    forwarded_messages: forwarded_items(body),
+                },
+            };
+            rows.push(StepRow {
+                step: i + 1,
+                messages: step.messages,
+                received,
+                forwarded,
+                compactions,
+                summarizer_calls: counting.calls(),
+                event,
+                missed,
+            });
+        }
+        let (model, requested_output) = last;
+        let limits = compactor
+            .engine()
+            .limits(model.as_deref(), requested_output);
+        let mut dialects = recording.steps.iter().map(|s| s.dialect.label());
+        let first = dialects.next().unwrap_or("none");
+        let dialect = if dialects.all(|d| d == first) {
+            first
+        } else {
+            "mixed"
+        };
+        Ok(FileReport {
+            name: recording.path.display().to_string(),
+            format: recording.format,
+            dialect: dialect.to_string(),
+            model,
+            summarizer: self.config.summarizer.backend.clone(),
+            limits,
+            rows,
+        })
+    }
+}
+
+/// Automatic compactions counted so far that failed (`failed`, `blank`) and that the breaker
+/// skipped.
+fn missed_counts(metrics: &Metrics) -> (u64, u64) {
+    let count = |outcomes: &[&str]| -> u64 {
+        [Trigger::Messages, Trigger::Tokens]
+            .iter()
+            .flat_map(|t| outcomes.iter().map(move |o| (t.label(), *o)))
+            .map(|(t, o)| metrics.compactions.with_label_values(&[t, o]).get())
+            .sum()
+    };
+    (
+        count(&[
+            CompactionOutcome::Failed.label(),
+            CompactionOutcome::Blank.label(),
+        ]),
+        count(&[CompactionOutcome::Breaker.label()]),
+    )
+}
+
+/// Messages (or input items) of a rewritten body.
+fn forwarded_items(body: &[u8]) -> usize {
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(request)) => item_count(&request),
+        _ => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn temp_file(name: &str, contents: &str) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join(name);
+        std::fs::write(&path, contents).expect("write");
+        (dir, path)
+    }
+
+    fn row(step: usize, event: Event) -> StepRow {
+        StepRow {
+            step,
+            messages: step * 2,
+            received: step * 1000,
+            forwarded: step * 500,
+            compactions: step / 2,
+            summarizer_calls: step / 2,
+            event,
+            missed: None,
+        }
+    }
+
+    #[test]
+    fn the_table_has_one_aligned_row_per_step_with_every_column() {
+        let report = FileReport {
+            name: "t.json".into(),
+            format: Format::Transcript,
+            dialect: "chat_completions".into(),
+            model: Some("gpt-4o".into()),
+            summarizer: "extractive".into(),
+            limits: Limits {
+                context_window: 128_000,
+                reserved_output: 0,
+                token_threshold: 108_800,
+                max_messages: 10,
+            },
+            rows: vec![
+                row(1, Event::Unchanged),
+                row(
+                    2,
+                    Event::Compacted {
+                        num: 1,
+                        trigger: Trigger::Messages,
+                        forwarded_messages: 5,
+                    },
+                ),
+                StepRow {
+                    missed: Some(Missed::Failed),
+                    ..row(
+                        12,
+                        Event::Reused {
+                            num: 1,
+                            forwarded_messages: 7,
+                        },
+                    )
+                },
+            ],
+        };
+        let table = report.table();
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines.len(), 4, "{table}");
+        assert_eq!(
+            lines[0].split_whitespace().collect::<Vec<_>>(),
+            COLUMNS.to_vec()
+        );
+        let numbers: Vec<Vec<usize>> = lines[1..]
+            .iter()
+            .map(|l| {
+                l.split_whitespace()
+                    .take(6)
+                    .map(|c| c.parse().expect("numeric column"))
+                    .collect()
+            })
+            .collect();
+        assert_eq!(numbers[0], vec![1, 2, 1000, 500, 0, 0]);
+        assert_eq!(numbers[2], vec![12, 24, 12000, 6000, 6, 6]);
+        assert!(lines[2].ends_with("compacted #1 (messages), 5 messages forwarded"));
+        assert!(
+            lines[3].ends_with("summary #1 reused (new compaction failed), 7 messages forwarded")
+        );
+        // Right-aligned: every row's numbers end where the header's do.
+        let end = lines[0].find("summarizer_calls").expect("header") + "summarizer_calls".len();
+        for l in &lines[1..] {
+            assert_eq!(&l[end..end + 2], "  ", "{l}");
+            assert_ne!(&l[end - 1..end], " ", "{l}");
+        }
+        let summary = report.summary();
+        for part in [
+            "3 steps",
+            "6 compactions",
+            "6 summarizer calls",
+            "1 failed compactions",
+            "peak tokens received 12000 vs forwarded 6000",
+            "token threshold 108800 for gpt-4o",
+            "max_messages 10",
+        ] {
+            assert!(summary.contains(part), "{part} missing from {summary}");
+        }
+    }
+
+    fn chat_transcript(turns: usize) -> Value {
+        let mut messages = vec![json!({"role": "system", "content": "You are a coding agent."})];
+        for i in 0..turns {
+            messages.push(json!({"role": "user", "content":
+                format!("Step {i}: please look at src/file_{i}.rs and explain it in detail. {}", "x ".repeat(1000))}));
+            messages.push(json!({"role": "assistant", "content":
+                format!("The file {i} does things. {}", "y ".repeat(1000))}));
+        }
+        json!({"model": "gpt-4o", "messages": messages})
+    }
+
+    #[tokio::test]
+    async fn a_replay_compacts_once_per_compaction_and_reuses_between() {
+        let config = Config::from_toml(
+            "[compaction]\nmax_messages = 8\nmin_preserve_tokens = 50\nmax_preserve_tokens = 300\n",
+        )
+        .expect("config");
+        let replayer = Replayer::new(config, None).expect("replayer");
+        assert_eq!(replayer.config().summarizer.backend, DEFAULT_SUMMARIZER);
+        let (_dir, path) = temp_file("t.json", &chat_transcript(20).to_string());
+        let report = replayer
+            .run(&load(&path).expect("loads"))
+            .await
+            .expect("runs");
+
+        assert_eq!(report.rows.len(), 20);
+        assert_eq!(report.limits.max_messages, 8);
+        assert!(report.compactions() >= 2, "{}", report.render());
+        assert_eq!(report.summarizer_calls(), report.compactions());
+        for r in &report.rows {
+            assert!(r.forwarded <= r.received, "{r:?}");
+            match &r.event {
+                Event::Compacted {
+                    forwarded_messages, ..
+                }
+                | Event::Reused {
+                    forwarded_messages, ..
+                } => {
+                    assert!(r.forwarded < r.received, "{r:?}");
+                    assert!(*forwarded_messages < r.messages, "{r:?}");
+                }
+                Event::Unchanged => assert_eq!(r.forwarded, r.received),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        // Between two compactions the stored summary is reused, never recomputed.
+        assert!(report
+            .rows
+            .iter()
+            .any(|r| matches!(r.event, Event::Reused { .. })));
+
+        let chart = svg::render(std::slice::from_ref(&report));
+        assert_eq!(
+            chart.matches("class=\"compaction\"").count(),
+            report.compactions()
+        );
+    }
+
+    #[tokio::test]
+    async fn an_unknown_summarizer_is_refused_and_other_dialects_pass_through() {
+        let err = Replayer::new(Config::default(), Some("nope"))
+            .err()
+            .expect("unknown backend");
+        assert!(err.to_string().contains("nope"), "{err}");
+
+        // Whatever the engine makes of Responses, a request under every threshold is forwarded
+        // as received.
+        let (_dir, path) = temp_file(
+            "r.json",
+            &json!({"input": [{"role": "user", "content": "hi"}]}).to_string(),
+        );
+        let replayer = Replayer::new(Config::default(), None).expect("replayer");
+        let report = replayer
+            .run(&load(&path).expect("loads"))
+            .await
+            .expect("runs");
+        assert_eq!(report.dialect, "responses");
+        assert_eq!(report.rows.len(), 1);
+        assert_eq!(report.rows[0].forwarded, report.rows[0].received);
+        assert!(report.rows[0].received > 0);
+        assert_eq!(report.compactions(), 0);
+    }
+}

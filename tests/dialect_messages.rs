@@ -1,0 +1,442 @@
+//! Anthropic Messages through the real proxy: the real agent transcripts converted to the
+//! Messages shape (system on top, `tool_use`/`tool_result` blocks, interleaved thinking, cache
+//! markers, unknown fields) and replayed step by step against a mock provider that enforces
+//! Anthropic's request rules and a small context window (`support::anthropic_rules`). Sent
+//! straight to the mock the replay hits context-length errors; through compactor, with the
+//! local `extractive` summarizer, it never does and no request is rejected. Every rewritten
+//! request keeps every top-level field byte-identical and a verbatim tail, later requests of a
+//! conversation reuse the stored summary (stable spliced prefix) until the next compaction,
+//! and streamed responses pass through event by event.
+
+mod support;
+
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use compactor::compaction::prompt::SUMMARY_INTRO;
+use serde_json::{json, Value};
+
+use support::anthropic_rules::{
+    check_messages, from_chat, raw_elements, rejection_body, top_level_fields,
+};
+use support::provider_rules::Rejection;
+use support::{
+    body_bytes, metric_value, upstream_toml, MockUpstream, Recorded, Reply, SseReader, TestClient,
+    TestProxy,
+};
+
+/// The mock provider's window, in its own tokens (4 characters each).
+const WINDOW: usize = 4_000;
+const MODEL: &str = "claude-test";
+
+const FIXTURES: [&str; 4] = [
+    "swe-agent-function-calling-simple.json",
+    "swe-agent-marshmallow-function-calling.json",
+    "swe-agent-ctf-katy.json",
+    "swe-agent-ctf-web.json",
+];
+
+fn fixture(name: &str) -> Vec<Value> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/transcripts")
+        .join(name);
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(path).expect("read fixture"))
+        .expect("fixture is JSON");
+    v["messages"].as_array().expect("messages").clone()
+}
+
+/// A Claude Code–like request carrying `messages`: system blocks and tools with cache markers,
+/// thinking enabled, metadata, and fields compactor knows nothing about.
+fn request(system: Option<Value>, mut messages: Vec<Value>, stream: bool) -> Vec<u8> {
+    // Claude Code marks the end of the conversation for caching.
+    if let Some(last) = messages.last_mut().and_then(|m| m["content"].as_array_mut()) {
+        if let Some(block) = last.last_mut() {
+            block["cache_control"] = json!({"type": "ephemeral"});
+        }
+    }
+    let system_text = system.as_ref().and_then(Value::as_str).unwrap_or("You are an agent.");
+    serde_json::to_vec(&json!({
+        "model": MODEL,
+        "max_tokens": 64,
+        "system": [
+            {"type": "text", "text": "You are Claude Code, Anthropic's official CLI for Claude."},
+            {"type": "text", "text": system_text, "cache_control": {"type": "ephemeral"}}
+        ],
+        "tools": [
+            {"name": "Bash", "description": "Run a command", "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}}},
+            {"name": "Read", "description": "Read a file", "input_schema": {"type": "object"}, "cache_control": {"type": "ephemeral"}}
+        ],
+        "tool_choice": {"type": "auto"},
+        "thinking": {"type": "enabled", "budget_tokens": 1024},
+        "metadata": {"user_id": "user_abc_account_def_session_1234"},
+        "stream": stream,
+        "context_management": {"edits": []},
+        "x_future_field": {"nested": [1, "two", null]},
+        "messages": messages
+    }))
+    .expect("serialise")
+}
+
+/// The requests an agent sends while producing the fixture: before each assistant message,
+/// everything before it.
+fn steps(name: &str) -> Vec<Vec<u8>> {
+    let chat = fixture(name);
+    (1..chat.len())
+        .filter(|&i| chat[i]["role"] == "assistant")
+        .map(|i| {
+            let (system, messages) = from_chat(&chat[..i], true);
+            request(system, messages, false)
+        })
+        .collect()
+}
+
+fn reply(text: &str) -> Value {
+    json!({
+        "id": "msg_mock", "type": "message", "role": "assistant", "model": MODEL,
+        "content": [{"type": "text", "text": text}],
+        "stop_reason": "end_turn", "usage": {"input_tokens": 10, "output_tokens": 5}
+    })
+}
+
+#[derive(Default)]
+struct Refusals {
+    invalid: AtomicUsize,
+    context_length: AtomicUsize,
+    messages: Mutex<Vec<String>>,
+}
+
+/// Makes `mock` a strict Anthropic provider with a `WINDOW`-token context.
+fn strict_provider(mock: &MockUpstream) -> Arc<Refusals> {
+    let refusals = Arc::new(Refusals::default());
+    let r = refusals.clone();
+    mock.set_handler(move |req: &Recorded| {
+        let verdict = match serde_json::from_slice::<Value>(&req.body) {
+            Ok(v) if req.path() == "/v1/messages" => check_messages(&v, WINDOW),
+            Ok(_) => Err(Rejection::Invalid(format!("unexpected path {}", req.path()))),
+            Err(e) => Err(Rejection::Invalid(format!("invalid JSON: {e}"))),
+        };
+        match verdict {
+            Ok(()) => Reply::json(200, &reply("Next step.")),
+            Err(rejection) => {
+                match &rejection {
+                    Rejection::Invalid(_) => r.invalid.fetch_add(1, Ordering::SeqCst),
+                    Rejection::ContextLength { .. } => {
+                        r.context_length.fetch_add(1, Ordering::SeqCst)
+                    }
+                };
+                r.messages.lock().expect("lock").push(format!("{rejection:?}"));
+                Reply::json(400, &rejection_body(&rejection))
+            }
+        }
+    });
+    refusals
+}
+
+struct Exchange {
+    status: u16,
+    headers: http::HeaderMap,
+    body: Bytes,
+}
+
+async fn post(client: &TestClient, url: &str, key: &str, body: &[u8]) -> Exchange {
+    let response = client
+        .request(
+            "POST",
+            url,
+            &[
+                ("content-type", "application/json"),
+                ("x-api-key", key),
+                ("anthropic-version", "2023-06-01"),
+            ],
+            Bytes::copy_from_slice(body),
+        )
+        .await;
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    Exchange {
+        status,
+        headers,
+        body: body_bytes(response).await,
+    }
+}
+
+fn header<'a>(ex: &'a Exchange, name: &str) -> Option<&'a str> {
+    ex.headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+fn proxy_toml(mock: &MockUpstream, window: usize) -> String {
+    format!(
+        "{}[models.\"{MODEL}\"]\ncontext_window = {window}\n[summarizer]\nbackend = \"extractive\"\n",
+        upstream_toml(&mock.url())
+    )
+}
+
+async fn metric(proxy: &TestProxy, name: &str, labels: &[(&str, &str)]) -> f64 {
+    metric_value(&proxy.metrics().await, name, labels).unwrap_or(0.0)
+}
+
+/// What one fixture's replay through the proxy showed.
+#[derive(Default)]
+struct Replay {
+    requests: usize,
+    compacted: usize,
+    /// (compaction number, first forwarded message) of every compacted request, in order.
+    spliced: Vec<(u32, String)>,
+}
+
+/// Replays one fixture through the proxy, checking every forwarded request against what the
+/// client sent.
+async fn replay_through(proxy: &TestProxy, mock: &MockUpstream, name: &str) -> Replay {
+    let client = TestClient::http1();
+    let url = proxy.url("/v1/messages");
+    let key = format!("sk-ant-replay-{name}");
+    let mut replay = Replay::default();
+    for (step, body) in steps(name).into_iter().enumerate() {
+        let what = format!("{name} step {step}");
+        let seen = mock.request_count();
+        let ex = post(&client, &url, &key, &body).await;
+        assert_eq!(
+            ex.status,
+            200,
+            "{what}: {} (compacted: {:?}, tokens {:?} -> {:?}, #{:?})",
+            String::from_utf8_lossy(&ex.body),
+            header(&ex, "x-compactor-compacted"),
+            header(&ex, "x-compactor-tokens-before"),
+            header(&ex, "x-compactor-tokens-after"),
+            header(&ex, "x-compactor-compaction-num"),
+        );
+        let answer: Value = serde_json::from_slice(&ex.body).expect("JSON answer");
+        assert_eq!(answer["content"][0]["text"], "Next step.", "{what}");
+        replay.requests += 1;
+
+        let received = mock.wait_for_requests(seen + 1).await;
+        assert_eq!(received.len(), seen + 1, "{what}: one forwarded request");
+        let forwarded = &received[seen];
+        assert_eq!(forwarded.path(), "/v1/messages");
+        assert_eq!(forwarded.header("x-api-key"), Some(key.as_str()));
+        assert_eq!(forwarded.header("anthropic-version"), Some("2023-06-01"));
+        if forwarded.body == body {
+            assert_eq!(header(&ex, "x-compactor-compacted"), Some("false"), "{what}");
+            continue;
+        }
+        assert_eq!(header(&ex, "x-compactor-compacted"), Some("true"), "{what}");
+        replay.compacted += 1;
+
+        // Every field but `messages` byte for byte, in order.
+        let (sent_fields, out_fields) = (
+            top_level_fields(&body),
+            top_level_fields(&forwarded.body),
+        );
+        assert_eq!(sent_fields.len(), out_fields.len(), "{what}");
+        for ((ks, vs), (ko, vo)) in sent_fields.iter().zip(&out_fields) {
+            assert_eq!(ks, ko, "{what}: field order");
+            if ks != "messages" {
+                assert_eq!(vs, vo, "{what}: {ks} untouched");
+            }
+        }
+        // The summary leads; the tail is a verbatim suffix of what the client sent.
+        let sent = raw_elements(&body, "messages");
+        let out = raw_elements(&forwarded.body, "messages");
+        let first: Value = serde_json::from_str(&out[0]).expect("message");
+        assert_eq!(first["role"], "user", "{what}");
+        let summary = match &first["content"] {
+            Value::String(s) => s.clone(),
+            blocks => blocks[0]["text"].as_str().expect("summary block").to_owned(),
+        };
+        assert!(summary.starts_with(SUMMARY_INTRO), "{what}");
+        assert!(summary.contains("(Summary of compaction #"), "{what}: {summary}");
+        let tail = &out[1..];
+        assert_eq!(tail, &sent[sent.len() - tail.len()..], "{what}: verbatim tail");
+        if let Some(blocks) = first["content"].as_array() {
+            // Merged into the first kept user message: its blocks follow the summary as sent.
+            let kept: Value =
+                serde_json::from_str(&sent[sent.len() - tail.len() - 1]).expect("message");
+            assert_eq!(blocks[1..], kept["content"].as_array().expect("blocks")[..]);
+            assert!(tail.len() + 1 < sent.len(), "{what}: something was compacted");
+        } else {
+            assert!(tail.len() < sent.len(), "{what}: something was compacted");
+        }
+        let last: Value = serde_json::from_str(&out[out.len() - 1]).expect("message");
+        let marked = last["content"]
+            .as_array()
+            .and_then(|b| b.last())
+            .map(|b| b["cache_control"].clone());
+        assert_eq!(marked, Some(json!({"type": "ephemeral"})), "{what}: cache marker kept");
+        let num: u32 = header(&ex, "x-compactor-compaction-num")
+            .and_then(|n| n.parse().ok())
+            .expect("compaction number");
+        replay.spliced.push((num, out[0].clone()));
+    }
+    replay
+}
+
+#[tokio::test]
+async fn replays_fit_the_window_and_reuse_their_summaries() {
+    let mock = MockUpstream::start().await;
+    let refusals = strict_provider(&mock);
+
+    // Straight to the provider: the window bites.
+    let client = TestClient::http1();
+    let direct_url = format!("{}/v1/messages", mock.url());
+    for name in FIXTURES {
+        for body in steps(name) {
+            let ex = post(&client, &direct_url, "sk-direct", &body).await;
+            assert!(ex.status == 200 || ex.status == 400, "{name}: {}", ex.status);
+        }
+    }
+    let direct_errors = refusals.context_length.load(Ordering::SeqCst);
+    assert!(direct_errors > 0, "the window must bite without compactor");
+    assert_eq!(
+        refusals.invalid.load(Ordering::SeqCst),
+        0,
+        "the converted fixtures are valid: {:?}",
+        refusals.messages.lock().expect("lock")
+    );
+
+    // Through compactor: never.
+    let proxy = TestProxy::start(&proxy_toml(&mock, WINDOW)).await;
+    let mut total = Replay::default();
+    let mut max_num = 0;
+    for name in FIXTURES {
+        let replay = replay_through(&proxy, &mock, name).await;
+        // Session memory: numbers only grow, and between two compactions every request sends
+        // the same spliced summary message (the provider's prompt cache keeps hitting).
+        for pair in replay.spliced.windows(2) {
+            let ((a, first_a), (b, first_b)) = (&pair[0], &pair[1]);
+            assert!(b >= a, "{name}: compaction numbers go up: {a} then {b}");
+            if a == b {
+                assert_eq!(first_a, first_b, "{name}: stable spliced prefix for #{a}");
+            }
+        }
+        max_num = max_num.max(replay.spliced.iter().map(|s| s.0).max().unwrap_or(0));
+        total.requests += replay.requests;
+        total.compacted += replay.compacted;
+    }
+    let refused = refusals.messages.lock().expect("lock")[direct_errors..].to_vec();
+    assert_eq!(refusals.invalid.load(Ordering::SeqCst), 0, "rejected: {refused:?}");
+    assert_eq!(
+        refusals.context_length.load(Ordering::SeqCst),
+        direct_errors,
+        "context-length errors through compactor: {refused:?}"
+    );
+
+    assert!(total.compacted > 0, "compaction happened");
+    assert!(max_num >= 2, "later compactions refine earlier ones (reached #{max_num})");
+    let compactions: f64 = {
+        let text = proxy.metrics().await;
+        ["messages", "tokens"]
+            .iter()
+            .map(|t| {
+                metric_value(
+                    &text,
+                    "compactor_compactions_total",
+                    &[("trigger", t), ("outcome", "compacted")],
+                )
+                .unwrap_or(0.0)
+            })
+            .sum()
+    };
+    assert!(compactions >= 1.0);
+    assert!(
+        compactions < total.compacted as f64,
+        "{compactions} compactions for {} compacted requests: the rest reused a summary",
+        total.compacted
+    );
+    let summarizer_calls = metric(
+        &proxy,
+        "compactor_summarizer_requests_total",
+        &[("backend", "extractive"), ("outcome", "ok")],
+    )
+    .await;
+    assert!(
+        summarizer_calls < total.compacted as f64,
+        "{summarizer_calls} summaries for {} compacted requests",
+        total.compacted
+    );
+    for outcome in ["failed", "blank"] {
+        for trigger in ["messages", "tokens"] {
+            assert_eq!(
+                metric(
+                    &proxy,
+                    "compactor_compactions_total",
+                    &[("trigger", trigger), ("outcome", outcome)]
+                )
+                .await,
+                0.0,
+                "{trigger}/{outcome}"
+            );
+        }
+    }
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_compacted_stream_passes_through_event_by_event() {
+    let mock = MockUpstream::start().await;
+    // A window the marshmallow session outgrows at its last step.
+    let proxy = TestProxy::start(&proxy_toml(&mock, 2_000)).await;
+    let chat = fixture(FIXTURES[1]);
+    let (system, messages) = from_chat(&chat[..chat.len() - 1], true);
+    let body = request(system, messages, true);
+
+    let (reply, sse) = Reply::sse_channel();
+    mock.push(reply);
+    let client = TestClient::http1();
+    let response = client
+        .request(
+            "POST",
+            &proxy.url("/v1/messages"),
+            &[("content-type", "application/json"), ("x-api-key", "sk-stream")],
+            Bytes::from(body.clone()),
+        )
+        .await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["content-type"], "text/event-stream");
+    assert_eq!(response.headers()["x-compactor-compacted"], "true");
+    let forwarded = mock.last_request();
+    assert_ne!(forwarded.body, body, "the request was rewritten");
+    let v: Value = serde_json::from_slice(&forwarded.body).expect("JSON");
+    assert_eq!(check_messages(&v, usize::MAX), Ok(()));
+    assert_eq!(v["stream"], true);
+
+    // Anthropic's named events: each reaches the client before the next is written.
+    let mut reader = SseReader::new(response);
+    let events = [
+        ("message_start", json!({"type": "message_start", "message": {"id": "msg_1", "type": "message", "role": "assistant", "content": [], "model": MODEL}})),
+        ("content_block_start", json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})),
+        ("ping", json!({"type": "ping"})),
+        ("content_block_delta", json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hello"}})),
+        ("content_block_stop", json!({"type": "content_block_stop", "index": 0})),
+        ("message_delta", json!({"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 1}})),
+        ("message_stop", json!({"type": "message_stop"})),
+    ];
+    for (name, data) in &events {
+        let event = format!("event: {name}\ndata: {data}");
+        sse.send(format!("{event}\n\n")).await.expect("proxy still reading");
+        assert_eq!(reader.next_event().await.as_deref(), Some(event.as_str()));
+    }
+    sse.finish();
+    assert_eq!(reader.next_event().await, None, "the stream ends with the upstream's");
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn requests_it_does_not_understand_pass_through_byte_identical() {
+    let mock = MockUpstream::start().await;
+    let proxy = TestProxy::start(&proxy_toml(&mock, 1_000)).await;
+    let client = TestClient::http1();
+    // Too big for the window, but not a Messages request (a `system` role in `messages`).
+    let odd = serde_json::to_vec(&json!({
+        "model": MODEL, "max_tokens": 10,
+        "messages": [{"role": "system", "content": "x".repeat(8_000)}, {"role": "user", "content": "hi"}]
+    }))
+    .expect("serialise");
+    mock.push(Reply::json(200, &reply("ok")));
+    let ex = post(&client, &proxy.url("/v1/messages"), "sk-odd", &odd).await;
+    assert_eq!(ex.status, 200);
+    assert_eq!(header(&ex, "x-compactor-compacted"), Some("false"));
+    assert_eq!(mock.last_request().body, Bytes::from(odd));
+    proxy.shutdown().await;
+}

@@ -1,0 +1,542 @@
+//! The `compactor replay` command: the real binary replays the real transcripts of
+//! `tests/fixtures/transcripts/` offline with the `extractive` summarizer. One table row per
+//! request the agent sent, never more tokens forwarded than received, compactions on the longer
+//! transcripts, a summarizer call only where a compaction ran (session memory reuses the stored
+//! summary in between), a well-formed chart, JSONL recordings, and clear errors.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::{json, Value};
+
+const FIXTURES: [&str; 4] = [
+    "swe-agent-function-calling-simple.json",
+    "swe-agent-marshmallow-function-calling.json",
+    "swe-agent-ctf-katy.json",
+    "swe-agent-ctf-web.json",
+];
+
+/// The fixtures long enough to compact under [`TUNED`].
+const LONGER: [&str; 3] = [
+    "swe-agent-marshmallow-function-calling.json",
+    "swe-agent-ctf-katy.json",
+    "swe-agent-ctf-web.json",
+];
+
+/// Thresholds lowered so the fixtures (a few thousand tokens) compact, with a verbatim tail
+/// small enough that every compaction shrinks the request.
+const TUNED: &str =
+    "[compaction]\nmax_messages = 20\nmin_preserve_tokens = 50\nmax_preserve_tokens = 400\n";
+
+/// Too aggressive for the `extractive` summarizer: after the first compaction each new one
+/// covers two or three short messages and the refined summary outgrows them, so compactions
+/// fail and the session's breaker opens. The replay must show that, not hide it.
+const AGGRESSIVE: &str =
+    "[compaction]\nmax_messages = 10\nmin_preserve_tokens = 50\nmax_preserve_tokens = 400\n";
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/transcripts")
+        .join(name)
+}
+
+fn messages(name: &str) -> Vec<Value> {
+    let text = std::fs::read_to_string(fixture(name)).expect("read fixture");
+    let v: Value = serde_json::from_str(&text).expect("fixture is JSON");
+    v["messages"].as_array().expect("messages").clone()
+}
+
+/// The requests an agent sends while producing `messages`, counted independently of the
+/// code under test: one before each assistant message, one more when the history does not
+/// end with one.
+fn expected_steps(messages: &[Value]) -> Vec<usize> {
+    let mut ends: Vec<usize> = (1..messages.len())
+        .filter(|&i| messages[i]["role"] == "assistant")
+        .collect();
+    if messages.last().is_some_and(|m| m["role"] != "assistant") {
+        ends.push(messages.len());
+    }
+    ends
+}
+
+/// Runs `compactor <args>` in `dir` without `COMPACTOR_*` variables.
+fn compactor(dir: &Path, args: &[&str]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_compactor"));
+    command.args(args).current_dir(dir);
+    for (key, _) in std::env::vars() {
+        if key.starts_with("COMPACTOR_") || key == "RUST_LOG" {
+            command.env_remove(key);
+        }
+    }
+    command.output().expect("run compactor")
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, text).expect("write file");
+    path.display().to_string()
+}
+
+/// One parsed table row.
+#[derive(Debug, Clone)]
+struct Row {
+    step: usize,
+    messages: usize,
+    received: usize,
+    forwarded: usize,
+    compactions: usize,
+    calls: usize,
+    outcome: String,
+}
+
+/// One file's section of the output: its heading, rows and summary line.
+#[derive(Debug)]
+struct Section {
+    heading: String,
+    rows: Vec<Row>,
+    summary: String,
+}
+
+fn parse(stdout: &str) -> Vec<Section> {
+    let mut sections: Vec<Section> = Vec::new();
+    for line in stdout.lines() {
+        if line.starts_with("== ") {
+            sections.push(Section {
+                heading: line.to_string(),
+                rows: Vec::new(),
+                summary: String::new(),
+            });
+            continue;
+        }
+        let Some(section) = sections.last_mut() else {
+            panic!("output before any heading: {line}");
+        };
+        if line.starts_with("summary: ") {
+            section.summary = line.to_string();
+        } else if line.split_whitespace().next() == Some("step") {
+            assert_eq!(
+                line.split_whitespace().collect::<Vec<_>>(),
+                [
+                    "step",
+                    "messages",
+                    "tokens_received",
+                    "tokens_forwarded",
+                    "compactions",
+                    "summarizer_calls",
+                    "outcome"
+                ]
+            );
+        } else if !line.trim().is_empty() {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let n = |i: usize| -> usize {
+                fields[i]
+                    .parse()
+                    .unwrap_or_else(|_| panic!("column {i} of {line:?} is not a number"))
+            };
+            section.rows.push(Row {
+                step: n(0),
+                messages: n(1),
+                received: n(2),
+                forwarded: n(3),
+                compactions: n(4),
+                calls: n(5),
+                outcome: fields[6..].join(" "),
+            });
+        }
+    }
+    sections
+}
+
+/// The number before `label` in a summary line (`..., 3 compactions, ...`).
+fn summary_number(summary: &str, label: &str) -> usize {
+    let at = summary
+        .find(&format!(" {label}"))
+        .unwrap_or_else(|| panic!("no `{label}` in {summary}"));
+    summary[..at]
+        .rsplit([' ', ','])
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no number before `{label}` in {summary}"))
+}
+
+fn run_ok(dir: &Path, args: &[&str]) -> (Vec<Section>, String) {
+    let out = compactor(dir, args);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        out.status.success(),
+        "exit {:?}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        out.status
+    );
+    (parse(&stdout), stdout)
+}
+
+/// Invariants of every replay, whatever the configuration.
+fn check_section(name: &str, section: &Section, stdout: &str) {
+    let expected = expected_steps(&messages(name));
+    assert!(section.heading.contains(name), "{}", section.heading);
+    assert!(
+        section
+            .heading
+            .contains("chat_completions transcript, model gpt-4o"),
+        "{}",
+        section.heading
+    );
+    assert_eq!(section.rows.len(), expected.len(), "{name}:\n{stdout}");
+    let mut previous: Option<&Row> = None;
+    for (row, messages) in section.rows.iter().zip(&expected) {
+        let ctx = || format!("{name} step {}:\n{stdout}", row.step);
+        assert_eq!(row.messages, *messages, "{}", ctx());
+        assert!(row.forwarded <= row.received, "{}", ctx());
+        let (compactions, calls) = previous.map_or((0, 0), |p| (p.compactions, p.calls));
+        let compacted = row.outcome.starts_with("compacted #");
+        let failed = row.outcome.contains("failed");
+        // A compaction is counted exactly on the step that made it.
+        assert_eq!(
+            row.compactions,
+            compactions + usize::from(compacted),
+            "{}",
+            ctx()
+        );
+        // Session memory: the summarizer is called only where a compaction ran (a failed one
+        // may stop before calling it); steps that reuse the stored summary cost nothing.
+        if compacted {
+            assert!(row.calls > calls, "{}", ctx());
+        } else if failed {
+            assert!(row.calls >= calls, "{}", ctx());
+        } else {
+            assert_eq!(row.calls, calls, "{}", ctx());
+        }
+        if compacted || row.outcome.starts_with("summary #") {
+            assert!(row.forwarded < row.received, "{}", ctx());
+        } else {
+            assert_eq!(row.forwarded, row.received, "{}", ctx());
+        }
+        previous = Some(row);
+    }
+    let last = section.rows.last().expect("rows");
+    let s = &section.summary;
+    assert_eq!(summary_number(s, "steps"), section.rows.len(), "{s}");
+    assert_eq!(summary_number(s, "compactions"), last.compactions, "{s}");
+    assert_eq!(summary_number(s, "summarizer calls"), last.calls, "{s}");
+    let peak = |f: fn(&Row) -> usize| section.rows.iter().map(f).max().unwrap_or(0);
+    assert!(
+        s.contains(&format!(
+            "peak tokens received {} vs forwarded {}",
+            peak(|r| r.received),
+            peak(|r| r.forwarded)
+        )),
+        "{s}"
+    );
+    assert!(
+        s.contains("token threshold 108800 for gpt-4o (context window 128000"),
+        "{s}"
+    );
+}
+
+#[test]
+fn every_transcript_replays_with_one_summary_per_compaction_and_a_chart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = write(dir.path(), "replay.toml", TUNED);
+    let svg = dir.path().join("replay.svg");
+    let paths: Vec<String> = FIXTURES
+        .iter()
+        .map(|f| fixture(f).display().to_string())
+        .collect();
+    let mut args = vec!["replay", "--config", config.as_str()];
+    args.extend(paths.iter().map(String::as_str));
+    args.extend(["--svg", svg.to_str().expect("utf-8 path")]);
+    let (sections, stdout) = run_ok(dir.path(), &args);
+
+    assert_eq!(sections.len(), FIXTURES.len(), "{stdout}");
+    let mut total = 0;
+    for (name, section) in FIXTURES.iter().zip(&sections) {
+        check_section(name, section, &stdout);
+        let last = section.rows.last().expect("rows");
+        assert!(section.summary.contains("max_messages 20"), "{stdout}");
+        assert_eq!(summary_number(&section.summary, "failed compactions"), 0);
+        // Every compaction succeeded here, so one summarizer call each.
+        assert_eq!(last.calls, last.compactions, "{name}:\n{stdout}");
+        if LONGER.contains(name) {
+            assert!(last.compactions >= 1, "{name}:\n{stdout}");
+            assert!(
+                section
+                    .rows
+                    .iter()
+                    .any(|r| r.outcome.starts_with("summary #")),
+                "{name}: the stored summary is reused after a compaction:\n{stdout}"
+            );
+        }
+        total += last.compactions;
+    }
+
+    let chart = std::fs::read_to_string(&svg).expect("the chart is written");
+    let elements = check_well_formed(&chart).unwrap_or_else(|e| panic!("{e}\n{chart}"));
+    assert_eq!(elements.first().map(String::as_str), Some("svg"));
+    assert_eq!(chart.matches(r#"class="panel""#).count(), FIXTURES.len());
+    assert_eq!(chart.matches(r#"class="compaction""#).count(), total);
+    assert_eq!(
+        chart.matches(r#"class="threshold""#).count(),
+        FIXTURES.len()
+    );
+    assert_eq!(
+        chart.matches("<polyline").count(),
+        2 * FIXTURES.len(),
+        "received and forwarded per panel"
+    );
+    for name in FIXTURES {
+        assert!(chart.contains(name), "{name} is titled");
+    }
+}
+
+#[test]
+fn aggressive_thresholds_show_failed_compactions_without_extra_summaries() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = write(dir.path(), "replay.toml", AGGRESSIVE);
+    for name in FIXTURES {
+        let path = fixture(name).display().to_string();
+        let (sections, stdout) = run_ok(dir.path(), &["replay", "--config", &config, &path]);
+        assert_eq!(sections.len(), 1, "{stdout}");
+        let section = &sections[0];
+        check_section(name, section, &stdout);
+        assert!(
+            section.rows.last().expect("rows").compactions >= 1,
+            "{stdout}"
+        );
+        let failed = section
+            .rows
+            .iter()
+            .filter(|r| {
+                r.outcome.contains("new compaction failed")
+                    || r.outcome.contains("compaction failed,")
+            })
+            .count();
+        assert_eq!(
+            summary_number(&section.summary, "failed compactions"),
+            failed,
+            "{stdout}"
+        );
+    }
+}
+
+#[test]
+fn a_jsonl_of_requests_replays_line_by_line() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = write(dir.path(), "replay.toml", TUNED);
+    let name = "swe-agent-marshmallow-function-calling.json";
+    let all = messages(name);
+    let ends = expected_steps(&all);
+    let lines: String = ends
+        .iter()
+        .map(|&end| {
+            let request = json!({"model": "gpt-4o", "stream": true, "messages": all[..end]});
+            format!("{request}\n")
+        })
+        .collect();
+    let jsonl = write(dir.path(), "requests.jsonl", &lines);
+    let transcript = fixture(name).display().to_string();
+    let (sections, stdout) = run_ok(
+        dir.path(),
+        &["replay", "--config", &config, &jsonl, &transcript],
+    );
+    assert_eq!(sections.len(), 2, "{stdout}");
+    let (requests, replayed) = (&sections[0], &sections[1]);
+    assert!(
+        requests
+            .heading
+            .contains("chat_completions requests, model gpt-4o"),
+        "{stdout}"
+    );
+    check_section_rows_match(requests, replayed, &stdout);
+    assert!(
+        requests.rows.last().expect("rows").compactions >= 1,
+        "{stdout}"
+    );
+
+    // Other dialects are detected per line; under every threshold they are forwarded as
+    // received, whether or not the engine compacts them yet.
+    let mixed = [
+        json!({"model": "claude-sonnet-4-5", "max_tokens": 1024, "system": "Be brief.",
+               "messages": [{"role": "user", "content": "hello"}]}),
+        json!({"model": "gpt-4o", "input": [{"role": "user", "content": "hello"}]}),
+        json!({"model": "gpt-4o", "messages": [{"role": "user", "content": "hello"}]}),
+    ];
+    let text: String = mixed.iter().map(|l| format!("{l}\n")).collect();
+    let path = write(dir.path(), "mixed.jsonl", &text);
+    let (sections, stdout) = run_ok(dir.path(), &["replay", &path]);
+    assert_eq!(sections.len(), 1, "{stdout}");
+    assert!(sections[0].heading.contains("(mixed requests"), "{stdout}");
+    assert_eq!(sections[0].rows.len(), 3, "{stdout}");
+    for row in &sections[0].rows {
+        assert_eq!(row.forwarded, row.received, "{stdout}");
+        assert!(row.received > 0, "{stdout}");
+        assert_eq!((row.compactions, row.calls), (0, 0), "{stdout}");
+    }
+}
+
+/// The same requests give the same table, whether recorded as JSONL or cut from a transcript.
+fn check_section_rows_match(a: &Section, b: &Section, stdout: &str) {
+    assert_eq!(a.rows.len(), b.rows.len(), "{stdout}");
+    for (x, y) in a.rows.iter().zip(&b.rows) {
+        assert_eq!(
+            (
+                x.step,
+                x.messages,
+                x.received,
+                x.forwarded,
+                x.compactions,
+                x.calls
+            ),
+            (
+                y.step,
+                y.messages,
+                y.received,
+                y.forwarded,
+                y.compactions,
+                y.calls
+            ),
+            "{stdout}"
+        );
+        assert_eq!(x.outcome, y.outcome, "{stdout}");
+    }
+}
+
+#[test]
+fn missing_or_invalid_inputs_fail_with_a_clear_message() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let present = fixture(FIXTURES[0]).display().to_string();
+    let out = compactor(dir.path(), &["replay", &present, "no-such-transcript.json"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("cannot read no-such-transcript.json"),
+        "{stderr}"
+    );
+    assert!(
+        out.stdout.is_empty(),
+        "nothing is replayed when a file is missing"
+    );
+
+    let bad = write(dir.path(), "bad.json", r#"{"prompt": "hi"}"#);
+    let out = compactor(dir.path(), &["replay", &bad]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("bad.json") && stderr.contains("`messages`"),
+        "{stderr}"
+    );
+
+    let out = compactor(dir.path(), &["replay", "--summarizer", "nope", &present]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("`nope`"), "{stderr}");
+
+    let out = compactor(dir.path(), &["replay"]);
+    assert!(!out.status.success(), "a transcript is required");
+}
+
+/// A small well-formedness check: one root element, every element closed in order, attribute
+/// values quoted, and every `&` in text or attributes starting an entity.
+fn check_well_formed(doc: &str) -> Result<Vec<String>, String> {
+    let mut rest = doc.trim_start();
+    if let Some(prolog) = rest.strip_prefix("<?xml") {
+        let end = prolog.find("?>").ok_or("unterminated prolog")?;
+        rest = &prolog[end + 2..];
+    }
+    let mut stack: Vec<&str> = Vec::new();
+    let mut elements = Vec::new();
+    let mut roots = 0;
+    while let Some(open) = rest.find('<') {
+        let text = &rest[..open];
+        check_text(text)?;
+        if stack.is_empty() && !text.trim().is_empty() {
+            return Err(format!("text outside the root: {text:?}"));
+        }
+        rest = &rest[open + 1..];
+        let close = rest.find('>').ok_or("unterminated tag")?;
+        let tag = &rest[..close];
+        rest = &rest[close + 1..];
+        if let Some(name) = tag.strip_prefix('/') {
+            let opened = stack.pop().ok_or(format!("</{name}> closes nothing"))?;
+            if opened != name.trim() {
+                return Err(format!("<{opened}> closed by </{name}>"));
+            }
+            continue;
+        }
+        let (body, self_closing) = match tag.strip_suffix('/') {
+            Some(body) => (body, true),
+            None => (tag, false),
+        };
+        let name_end = body.find(char::is_whitespace).unwrap_or(body.len());
+        let name = &body[..name_end];
+        if !is_name(name) {
+            return Err(format!("bad element name in <{tag}>"));
+        }
+        check_attributes(&body[name_end..]).map_err(|e| format!("<{name}>: {e}"))?;
+        if stack.is_empty() {
+            roots += 1;
+        }
+        elements.push(name.to_string());
+        if !self_closing {
+            stack.push(name);
+        }
+    }
+    check_text(rest)?;
+    if !rest.trim().is_empty() {
+        return Err("text after the root".into());
+    }
+    if let Some(open) = stack.last() {
+        return Err(format!("<{open}> never closed"));
+    }
+    if roots != 1 {
+        return Err(format!("{roots} root elements"));
+    }
+    Ok(elements)
+}
+
+fn is_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | ':' | '.'))
+}
+
+fn check_attributes(mut s: &str) -> Result<(), String> {
+    loop {
+        s = s.trim_start();
+        if s.is_empty() {
+            return Ok(());
+        }
+        let eq = s.find('=').ok_or(format!("attribute without value: {s}"))?;
+        if !is_name(&s[..eq]) {
+            return Err(format!("bad attribute name {:?}", &s[..eq]));
+        }
+        let value = s[eq + 1..]
+            .strip_prefix('"')
+            .ok_or(format!("unquoted attribute {:?}", &s[..eq]))?;
+        let end = value.find('"').ok_or("unterminated attribute value")?;
+        check_text(&value[..end])?;
+        s = &value[end + 1..];
+        if !(s.is_empty() || s.starts_with(char::is_whitespace)) {
+            return Err(format!("no space after attribute value: {s}"));
+        }
+    }
+}
+
+fn check_text(text: &str) -> Result<(), String> {
+    if text.contains(['<', '>']) {
+        return Err(format!("unescaped markup in {text:?}"));
+    }
+    let mut rest = text;
+    while let Some(amp) = rest.find('&') {
+        rest = &rest[amp..];
+        let ok = ["&amp;", "&lt;", "&gt;", "&quot;", "&apos;"]
+            .iter()
+            .any(|e| rest.starts_with(e));
+        if !ok {
+            return Err(format!("bare & in {text:?}"));
+        }
+        rest = &rest[1..];
+    }
+    Ok(())
+}
