@@ -1,22 +1,24 @@
 //! Engine benchmarks: parse + trigger check + rewrite of 100, 1,000 and 10,000-message
-//! conversations (with a summarizer that answers instantly), and the no-compaction hot path
-//! for a ~500 KB request side by side with a bare `serde_json::Value` parse + serialise of the
-//! same bytes.
+//! conversations (with a summarizer that answers instantly, each on a fresh compactor so every
+//! iteration really compacts); the same conversations once a checkpoint exists (hash the
+//! history, splice the stored summary); and the no-compaction hot path for a ~500 KB request
+//! side by side with a bare `serde_json::Value` parse + serialise of the same bytes.
 //!
 //! Run: `cargo bench --bench engine -- --warm-up-time 1 --measurement-time 3`
 
 use std::hint::black_box;
 use std::sync::Arc;
 
+use bytes::Bytes;
 use compactor::compaction::estimate::LazyEstimator;
-use compactor::compaction::{Compactor, Outcome};
+use compactor::compaction::{Compactor, Outcome, RequestContext};
 use compactor::config::Config;
 use compactor::dialect::{chat, DialectKind};
 use compactor::metrics::Metrics;
 use compactor_plugin_api::{
     BoxFuture, Caller, SummarizeError, Summarizer, Summary, SummaryRequest,
 };
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion, Throughput};
 use serde_json::{json, Value};
 
 /// Answers at once with a fixed summary.
@@ -85,15 +87,18 @@ fn request(model: &str, messages: Vec<Value>) -> Vec<u8> {
     .into_bytes()
 }
 
-fn setup() -> (Compactor, tokio::runtime::Runtime) {
+fn fresh_compactor() -> Compactor {
     let config = Config::from_toml("").expect("default config");
     let metrics = Arc::new(Metrics::new().expect("metrics"));
-    let compactor = Compactor::new(&config, Arc::new(InstantSummarizer), metrics);
+    Compactor::new(&config, Arc::new(InstantSummarizer), metrics)
+}
+
+fn setup() -> (Compactor, tokio::runtime::Runtime) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()
         .expect("runtime");
-    (compactor, rt)
+    (fresh_compactor(), rt)
 }
 
 fn compaction(c: &mut Criterion) {
@@ -109,11 +114,44 @@ fn compaction(c: &mut Criterion) {
             "{n} messages must compact"
         );
         group.bench_with_input(BenchmarkId::from_parameter(n), &body, |b, body| {
+            b.iter_batched(
+                fresh_compactor,
+                |fresh| {
+                    let out = rt.block_on(fresh.process(
+                        DialectKind::ChatCompletions,
+                        black_box(body),
+                        &caller,
+                    ));
+                    (fresh, out)
+                },
+                BatchSize::SmallInput,
+            )
+        });
+    }
+    group.finish();
+
+    // The next request of the same conversation: hash its history, find the checkpoint the
+    // compaction above stored, splice the summary in.
+    let mut group = c.benchmark_group("reuse_checkpoint");
+    for n in [100usize, 1_000, 10_000] {
+        let body = Bytes::from(request("gpt-4o", conversation(n, 400)));
+        let context = RequestContext {
+            caller: &caller,
+            session_header: None,
+        };
+        rt.block_on(compactor.handle(DialectKind::ChatCompletions, &body, &context));
+        let again = rt.block_on(compactor.handle(DialectKind::ChatCompletions, &body, &context));
+        assert!(
+            matches!(again.outcome, Outcome::Reused { .. }),
+            "{n} messages must reuse the checkpoint"
+        );
+        group.throughput(Throughput::Elements(n as u64));
+        group.bench_with_input(BenchmarkId::from_parameter(n), &body, |b, body| {
             b.iter(|| {
-                black_box(rt.block_on(compactor.process(
+                black_box(rt.block_on(compactor.handle(
                     DialectKind::ChatCompletions,
                     black_box(body),
-                    &caller,
+                    &context,
                 )))
             })
         });
@@ -136,12 +174,17 @@ fn hot_path(c: &mut Criterion) {
 
     let mut group = c.benchmark_group("no_compaction_500kb");
     group.throughput(Throughput::Bytes(body.len() as u64));
-    group.bench_function("compactor_process", |b| {
+    let shared = Bytes::from(body.clone());
+    let context = RequestContext {
+        caller: &caller,
+        session_header: None,
+    };
+    group.bench_function("compactor_handle", |b| {
         b.iter(|| {
-            black_box(rt.block_on(compactor.process(
+            black_box(rt.block_on(compactor.handle(
                 DialectKind::ChatCompletions,
-                black_box(&body),
-                &caller,
+                black_box(&shared),
+                &context,
             )))
         })
     });
