@@ -173,7 +173,7 @@ pub struct CompactionConfig {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct SummarizerConfig {
-    /// The backend tried first: `openai`, `anthropic`, `extractive` or `exec`.
+    /// The backend tried first: `auto`, `openai`, `anthropic`, `extractive` or `exec`.
     pub backend: String,
     /// Backends tried in order when the previous one fails.
     pub fallback: Vec<String>,
@@ -324,7 +324,7 @@ impl Default for CompactionConfig {
 impl Default for SummarizerConfig {
     fn default() -> Self {
         SummarizerConfig {
-            backend: "openai".into(),
+            backend: "auto".into(),
             fallback: Vec::new(),
             timeout_secs: 60.0,
             openai: OpenAiSummarizerConfig {

@@ -18,7 +18,7 @@ const SECRETS: [(&str, &str); 4] = [
 #[tokio::test]
 async fn no_credential_appears_in_trace_logs() {
     let mock = MockUpstream::start().await;
-    // Summarizer calls (the caller's own credentials, default `openai` backend) get a summary;
+    // Summarizer calls (the caller's own credentials, default `auto` backend) get a summary;
     // everything else a plain completion.
     mock.set_handler(|r| {
         let body = String::from_utf8_lossy(&r.body);
@@ -100,7 +100,7 @@ async fn no_credential_appears_in_trace_logs() {
         "messages_after=",
         "tokens_before=",
         "tokens_after=",
-        "summarizer=\"openai\"",
+        "summarizer=\"auto\"",
         "duration_ms=",
     ] {
         assert!(event.contains(field), "{field} missing from {event}");
