@@ -85,6 +85,9 @@ fn number_after(text: &str, line: &str, label: &str) -> usize {
         .unwrap_or_else(|_| panic!("no number after `{label}` in {l}"))
 }
 
+/// The fixture whose one task message outweighs everything after it.
+const TASK_DOMINATED: &str = "swe-agent-function-calling-simple.json";
+
 #[test]
 fn every_fixture_is_compacted_into_a_smaller_valid_request_with_a_verbatim_tail() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -97,6 +100,14 @@ fn every_fixture_is_compacted_into_a_smaller_valid_request_with_a_verbatim_tail(
 
         let out = compactor(dir.path(), &["compact", "--config", &config, &file], b"");
         let err = stderr(&out);
+        if name == TASK_DOMINATED {
+            // Its task message is 60% of the request and must be kept verbatim: no rewrite can
+            // be smaller, so the original comes back and the exit code says compaction failed.
+            assert_eq!(out.status.code(), Some(2), "{name}: {err}");
+            assert_eq!(out.stdout, bytes, "{name}: original printed unchanged");
+            assert!(err.contains("would not be smaller"), "{name}: {err}");
+            continue;
+        }
         assert!(out.status.success(), "{name}: {err}");
 
         let forwarded: Value = serde_json::from_slice(&out.stdout)
@@ -113,6 +124,21 @@ fn every_fixture_is_compacted_into_a_smaller_valid_request_with_a_verbatim_tail(
         assert!(summary.contains("1. Primary Request and Intent"), "{name}");
         let tail = &messages[2..];
         assert!(!tail.is_empty(), "{name}: a tail is kept");
+        // At least the latest user turn is kept: in the tail, or verbatim in the summary.
+        let last_user = original
+            .iter()
+            .rev()
+            .find(|m| m["role"] == "user")
+            .expect("a user turn");
+        if !tail.contains(last_user) {
+            let text = last_user["content"].as_str().expect("text").trim();
+            assert!(
+                summary.contains(&format!(
+                    "<latest-user-message>\n{text}\n</latest-user-message>"
+                )),
+                "{name}: latest user turn neither kept nor pinned"
+            );
+        }
         assert_eq!(
             tail,
             &original[original.len() - tail.len()..],

@@ -288,6 +288,7 @@ impl Engine {
                     break;
                 }
             };
+            let summary = pin_latest_user_turn(summary, t, head, boundary, input.prior);
             let message = summary_message(&summary, tracker.read_files(), tracker.modified_files());
             let post = head_tokens
                 .saturating_add(input.fixed_tokens)
@@ -397,6 +398,68 @@ impl Engine {
     }
 }
 
+/// Opens the verbatim copy of the latest user turn inside a summary.
+pub const LATEST_USER_OPEN: &str = "<latest-user-message>";
+/// Closes it.
+pub const LATEST_USER_CLOSE: &str = "</latest-user-message>";
+
+/// Keeps at least the latest user turn: when it falls among the compacted messages (agents
+/// that send one task and then hundreds of tool calls), its text is appended verbatim to the
+/// summary; when the conversation being compacted has no user turn left (it was compacted
+/// earlier), the copy in the prior summary is carried over. Any copy the summarizer itself
+/// echoed is replaced, so there is exactly one.
+fn pin_latest_user_turn(
+    summary: String,
+    t: &Transcript,
+    head: usize,
+    boundary: usize,
+    prior: Option<&Prior>,
+) -> String {
+    let pinned = match t.last_user() {
+        Some(u) if u >= boundary => None, // kept verbatim in the tail
+        Some(u) if u >= head => t.messages.get(u).map(|m| m.text()),
+        _ => prior
+            .and_then(|p| pinned_text(&p.summary))
+            .map(str::to_string),
+    };
+    let mut out = strip_pinned(&summary);
+    if let Some(text) = pinned.filter(|t| !t.trim().is_empty()) {
+        out.push_str("\n\n");
+        out.push_str(LATEST_USER_OPEN);
+        out.push('\n');
+        out.push_str(text.trim());
+        out.push('\n');
+        out.push_str(LATEST_USER_CLOSE);
+    }
+    out
+}
+
+/// The pinned user turn inside a summary, if any.
+fn pinned_text(summary: &str) -> Option<&str> {
+    let start = summary.find(LATEST_USER_OPEN)? + LATEST_USER_OPEN.len();
+    let len = summary[start..].find(LATEST_USER_CLOSE)?;
+    Some(summary[start..start + len].trim())
+}
+
+/// A summary without its pinned user turn.
+fn strip_pinned(summary: &str) -> String {
+    match (
+        summary.find(LATEST_USER_OPEN),
+        summary.find(LATEST_USER_CLOSE),
+    ) {
+        (Some(a), Some(b)) if b > a => {
+            let mut s = summary[..a].trim_end().to_string();
+            let rest = summary[b + LATEST_USER_CLOSE.len()..].trim();
+            if !rest.is_empty() {
+                s.push_str("\n\n");
+                s.push_str(rest);
+            }
+            s
+        }
+        _ => summary.trim_end().to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -436,6 +499,82 @@ mod tests {
         let caller = caller();
         let fut = c.process(DialectKind::ChatCompletions, b"{}", &caller);
         assert_send(&fut);
+    }
+
+    /// An agent run: one task, then tool calls and their results only.
+    fn agent_run(from: usize, rounds: usize) -> Vec<Value> {
+        let mut m = Vec::new();
+        for i in from..from + rounds {
+            let id = format!("call_{i}");
+            m.push(
+                json!({"role": "assistant", "content": null, "tool_calls": [{"id": id,
+                "type": "function", "function": {"name": "bash",
+                "arguments": format!("{{\"command\": \"cat f{i}.rs\"}}")}}]}),
+            );
+            m.push(json!({"role": "tool", "tool_call_id": id, "content": "x".repeat(60)}));
+        }
+        m
+    }
+
+    #[tokio::test]
+    async fn the_latest_user_turn_is_kept_verbatim_when_its_turn_is_compacted() {
+        let fake = FakeSummarizer::text("Work so far.");
+        let (c, _) = compactor(&config(SMALL), fake);
+        let task = "TASK: fix the parser in src/p.rs";
+        let mut m = vec![
+            json!({"role": "system", "content": "You are an agent."}),
+            json!({"role": "user", "content": task}),
+        ];
+        m.extend(agent_run(0, 8));
+        let pin = format!("{LATEST_USER_OPEN}\n{task}\n{LATEST_USER_CLOSE}");
+
+        let out = c
+            .process(
+                DialectKind::ChatCompletions,
+                &body("tiny", m.clone()),
+                &caller(),
+            )
+            .await;
+        let Outcome::Rewritten {
+            body: b, result, ..
+        } = out
+        else {
+            panic!("expected a rewrite, got {out:?}");
+        };
+        let sent = messages_of(&b);
+        assert!(
+            sent[2..].iter().all(|x| x["content"] != task),
+            "the task message itself was compacted"
+        );
+        let summary = sent[1]["content"].as_str().expect("summary text");
+        assert!(summary.contains(&pin), "{summary}");
+        assert!(result.summary.contains(&pin));
+
+        // The next compaction of the conversation no longer sees the task (it is spliced
+        // away), and still carries it, exactly once.
+        m.extend(agent_run(8, 8));
+        let out = c
+            .process(DialectKind::ChatCompletions, &body("tiny", m), &caller())
+            .await;
+        let Outcome::Rewritten { result, .. } = out else {
+            panic!("expected a second compaction, got {out:?}");
+        };
+        assert_eq!(result.compaction_num, 2);
+        assert_eq!(
+            result.summary.matches(LATEST_USER_OPEN).count(),
+            1,
+            "{}",
+            result.summary
+        );
+        assert!(result.summary.contains(&pin));
+    }
+
+    #[test]
+    fn a_pinned_turn_echoed_by_the_summarizer_is_not_duplicated() {
+        let echoed = format!("S.\n\n{LATEST_USER_OPEN}\nold\n{LATEST_USER_CLOSE}\n\nMore.");
+        assert_eq!(strip_pinned(&echoed), "S.\n\nMore.");
+        assert_eq!(pinned_text(&echoed), Some("old"));
+        assert_eq!(strip_pinned("plain "), "plain");
     }
 
     #[test]
@@ -761,7 +900,15 @@ mod tests {
         assert!(requests[1]
             .prompt
             .contains(&format!("<prior-summary>\n{}", "a".repeat(1_200))));
-        assert!(!requests[1].prompt.contains("fix the bug"));
+        // The task turn itself is not summarised again: it travels only as the pinned copy
+        // inside the prior summary.
+        let conversation = requests[1]
+            .prompt
+            .split("</prior-summary>")
+            .nth(1)
+            .expect("a prior summary");
+        assert!(!conversation.contains("fix the bug"));
+        assert!(requests[1].prompt.contains(LATEST_USER_OPEN));
         assert_eq!(c.head, 1);
         assert_eq!(t.messages[c.boundary].role, Role::Assistant);
     }
@@ -965,10 +1112,10 @@ mod tests {
         // Later compactions of a conversation refine the stored summary.
         assert!(max_num >= 3, "compaction numbers reached only {max_num}");
         let requests = fake.requests();
-        assert!(requests
-            .iter()
-            .filter(|r| r.compaction_num > 1)
-            .all(|r| r.prior_summary.as_deref() == Some("Summary of the work so far.")));
+        assert!(requests.iter().filter(|r| r.compaction_num > 1).all(|r| r
+            .prior_summary
+            .as_deref()
+            .is_some_and(|p| p.starts_with("Summary of the work so far."))));
         assert_eq!(compactions(&metrics, "messages", "compacted"), rewritten);
     }
 }
