@@ -355,7 +355,11 @@ mod tests {
     fn defaults_build_with_zero_configuration() {
         let config = Config::from_toml("").expect("config");
         let s = build(&config, metrics()).expect("default builds");
-        assert_eq!(s.name(), "openai");
+        assert_eq!(
+            s.name(),
+            "auto",
+            "the request's own provider, in its own API"
+        );
     }
 
     #[test]
@@ -374,9 +378,8 @@ mod tests {
         let config = Config::from_toml("[summarizer]\nbackend = \"auto\"\n").expect("config");
         let s = build(&config, metrics()).expect("auto builds with zero configuration");
         assert_eq!(s.name(), "auto");
-        let e = build_err(
-            "[summarizer]\nbackend = \"auto\"\n[summarizer.anthropic]\nmax_tokens = 0\n",
-        );
+        let e =
+            build_err("[summarizer]\nbackend = \"auto\"\n[summarizer.anthropic]\nmax_tokens = 0\n");
         assert_eq!(e.key, "summarizer.anthropic.max_tokens");
     }
 

@@ -116,7 +116,10 @@ async fn chat_and_responses_requests_are_summarised_through_chat_completions() {
         assert_eq!(summary.text, "summary via chat", "{api:?}");
         let sent = mock.last_request();
         assert_eq!(sent.path(), "/v1/chat/completions", "{api:?}");
-        assert_eq!(sent.header("authorization"), Some("Bearer sk-openai-caller"));
+        assert_eq!(
+            sent.header("authorization"),
+            Some("Bearer sk-openai-caller")
+        );
     }
     assert_eq!(mock.request_count(), 2);
     // A caller that says nothing about its API is a Chat Completions caller.

@@ -22,9 +22,11 @@
 //!    a tool result anywhere in the tail answers a call made before the boundary, the boundary
 //!    moves back to that assistant message (a user message answering several parallel calls
 //!    pulls in the earliest);
-//! 4. reasoning stays with what it reasoned about: the tail never starts right after a
-//!    message that is nothing but reasoning (a Responses `reasoning` item must be followed by
-//!    the output it produced), and inside an Anthropic tool loop (an assistant message right
+//! 4. reasoning stays with what it reasoned about: a message that is nothing but reasoning (a
+//!    Responses `reasoning` item) opens a model response, and the tail never starts on a later
+//!    message of that response (the run of consecutive assistant messages after it: the
+//!    Responses API refuses a `function_call` or output message without the `reasoning` item
+//!    produced with it); and inside an Anthropic tool loop (an assistant message right
 //!    after a user message of `tool_result` blocks) whose turn carries thinking, the tail
 //!    starts only on an assistant message that opens with its own thinking, else at the start
 //!    of the turn: with thinking enabled, Anthropic requires the assistant message that opens
@@ -35,7 +37,7 @@
 //! Leading system/developer messages are never compacted; when no message is left between
 //! them and the boundary there is nothing to compact.
 
-use super::transcript::{Role, Transcript};
+use super::transcript::{Message, Role, Transcript};
 use crate::config::CompactionConfig;
 
 /// The seed's `MinPreserveRecentTokens`: floor of the preserve budget.
@@ -128,8 +130,8 @@ pub fn find_preserve_boundary(t: &Transcript, limits: &TailLimits) -> Option<usi
             }
         } else if suffix_min.get(b).is_some_and(|&a| a < b) {
             suffix_min[b]
-        } else if messages[b - 1].is_reasoning_only() {
-            b - 1
+        } else if let Some(r) = response_start(t, b) {
+            r
         } else {
             thinking_loop_start(t, b).unwrap_or(b)
         };
@@ -140,6 +142,21 @@ pub fn find_preserve_boundary(t: &Transcript, limits: &TailLimits) -> Option<usi
     }
 
     (b > head).then_some(b)
+}
+
+/// Where a tail starting at assistant message `b` must start instead because a reasoning-only
+/// message earlier in the same run of assistant messages opened the response `b` belongs to.
+fn response_start(t: &Transcript, b: usize) -> Option<usize> {
+    let messages = &t.messages;
+    if messages.get(b)?.role != Role::Assistant {
+        return None;
+    }
+    messages[..b]
+        .iter()
+        .rev()
+        .take_while(|m| m.role == Role::Assistant)
+        .position(Message::is_reasoning_only)
+        .map(|back| b - 1 - back)
 }
 
 /// Where a tail starting at `b` must start instead because `b` is inside an Anthropic tool loop
@@ -488,9 +505,12 @@ mod tests {
             m.tokens = 10;
             m
         };
+        // Responses: reasoning, message, function_call (one response), output, reasoning,
+        // message, user.
         let t = Transcript::new(vec![
             sized(Role::User, 100),
             reasoning(),
+            sized(Role::Assistant, 10),
             Message::new(Role::Assistant, vec![call("c", "shell", "{}")]),
             Message::tool_result(Some("c".into()), "out"),
             reasoning(),
@@ -501,12 +521,15 @@ mod tests {
             budget: 6,
             ..wide()
         };
-        assert_eq!(find_preserve_boundary(&t, &limits), Some(4));
-        let limits = TailLimits {
-            budget: t.tokens(2..7),
-            ..wide()
-        };
-        assert_eq!(find_preserve_boundary(&t, &limits), Some(1));
+        assert_eq!(find_preserve_boundary(&t, &limits), Some(5));
+        // Budgets that reach the function call or the message pull in the reasoning item.
+        for from in [2, 3] {
+            let limits = TailLimits {
+                budget: t.tokens(from..8),
+                ..wide()
+            };
+            assert_eq!(find_preserve_boundary(&t, &limits), Some(1), "from {from}");
+        }
     }
 
     #[test]

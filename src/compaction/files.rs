@@ -676,8 +676,14 @@ mod tests {
     #[test]
     fn claude_code_tools_are_tracked() {
         let (read, modified) = track(&[
-            ("Read", r#"{"file_path":"/repo/src/a.rs","offset":10,"limit":50}"#),
-            ("Write", r#"{"file_path":"/repo/new.rs","content":"fn x() {}"}"#),
+            (
+                "Read",
+                r#"{"file_path":"/repo/src/a.rs","offset":10,"limit":50}"#,
+            ),
+            (
+                "Write",
+                r#"{"file_path":"/repo/new.rs","content":"fn x() {}"}"#,
+            ),
             (
                 "Edit",
                 r#"{"file_path":"/repo/src/a.rs","old_string":"a","new_string":"b"}"#,
@@ -690,9 +696,18 @@ mod tests {
                 "NotebookEdit",
                 r#"{"notebook_path":"/repo/nb.ipynb","new_source":"print(1)"}"#,
             ),
-            ("Bash", r#"{"command":"cat Cargo.toml && rm -f old.log","description":"x"}"#),
-            ("Grep", r#"{"pattern":"fn main","path":"/repo/src/main.rs"}"#),
-            ("Grep", r#"{"pattern":"fn main","path":"/repo/src","glob":"*.rs"}"#),
+            (
+                "Bash",
+                r#"{"command":"cat Cargo.toml && rm -f old.log","description":"x"}"#,
+            ),
+            (
+                "Grep",
+                r#"{"pattern":"fn main","path":"/repo/src/main.rs"}"#,
+            ),
+            (
+                "Grep",
+                r#"{"pattern":"fn main","path":"/repo/src","glob":"*.rs"}"#,
+            ),
             ("Glob", r#"{"pattern":"**/*.rs","path":"/repo"}"#),
         ]);
         assert_eq!(
@@ -701,7 +716,13 @@ mod tests {
         );
         assert_eq!(
             modified,
-            s(&["/repo/new.rs", "/repo/src/a.rs", "/repo/src/b.rs", "/repo/nb.ipynb", "old.log"])
+            s(&[
+                "/repo/new.rs",
+                "/repo/src/a.rs",
+                "/repo/src/b.rs",
+                "/repo/nb.ipynb",
+                "old.log"
+            ])
         );
     }
 
@@ -710,7 +731,10 @@ mod tests {
         let patch = "*** Begin Patch\n*** Update File: src/lib.rs\n@@\n-a\n+b\n\
                      *** Add File: docs/new.md\n+hi\n*** Delete File: old.txt\n*** End Patch";
         let (read, modified) = track(&[
-            ("shell", r#"{"command":["bash","-lc","cat foo.txt | grep x"],"workdir":"/r"}"#),
+            (
+                "shell",
+                r#"{"command":["bash","-lc","cat foo.txt | grep x"],"workdir":"/r"}"#,
+            ),
             ("shell", r#"{"command":["sed","-n","1,20p","src/main.rs"]}"#),
             (
                 "shell",
@@ -735,7 +759,13 @@ mod tests {
         assert_eq!(read, s(&["foo.txt", "src/main.rs"]));
         assert_eq!(
             modified,
-            s(&["src/lib.rs", "docs/new.md", "old.txt", "out.txt", "src/free.rs"])
+            s(&[
+                "src/lib.rs",
+                "docs/new.md",
+                "old.txt",
+                "out.txt",
+                "src/free.rs"
+            ])
         );
     }
 

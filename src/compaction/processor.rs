@@ -288,13 +288,42 @@ impl Engine {
                     break;
                 }
             };
-            let summary = pin_latest_user_turn(summary, t, head, boundary, input.prior);
-            let message = summary_message(&summary, tracker.read_files(), tracker.modified_files());
-            let post = head_tokens
-                .saturating_add(input.fixed_tokens)
-                .saturating_add(self.estimator.text(&message))
-                .saturating_add(t.tokens(boundary..n));
+            let kept = head + 1 + n.saturating_sub(boundary);
+            let price = |summary: String| {
+                let message =
+                    summary_message(&summary, tracker.read_files(), tracker.modified_files());
+                let post = head_tokens
+                    .saturating_add(input.fixed_tokens)
+                    .saturating_add(self.estimator.text(&message))
+                    .saturating_add(t.tokens(boundary..n));
+                (summary, message, post)
+            };
+            // The latest user turn pinned verbatim, unless the pin keeps the rewrite over the
+            // limits or no smaller than what it replaces, and dropping it (its truncated copy
+            // stays in the summary's "All user messages") does better: fitting the window and
+            // shrinking the request come first.
             let to_beat = best.as_ref().map_or(pre, |c| c.result.post_tokens);
+            let plain = strip_pinned(&summary);
+            let (summary, message, post) = {
+                let pinned = price(pin_latest_user_turn(
+                    summary,
+                    t,
+                    head,
+                    boundary,
+                    input.prior,
+                ));
+                let fits = pinned.2 < to_beat && limits.check(kept, pinned.2).is_none();
+                if pinned.0 != plain && !fits {
+                    let unpinned = price(plain);
+                    if unpinned.2 < pinned.2 {
+                        unpinned
+                    } else {
+                        pinned
+                    }
+                } else {
+                    pinned
+                }
+            };
             if post >= to_beat {
                 if best.is_some() {
                     break; // no better than the previous attempt: keep that one
@@ -304,9 +333,7 @@ impl Engine {
                 continue;
             }
             failure = None;
-            let still_over = limits
-                .check(head + 1 + n.saturating_sub(boundary), post)
-                .is_some();
+            let still_over = limits.check(kept, post).is_some();
             best = Some(Compaction {
                 head,
                 boundary,
@@ -900,15 +927,13 @@ mod tests {
         assert!(requests[1]
             .prompt
             .contains(&format!("<prior-summary>\n{}", "a".repeat(1_200))));
-        // The task turn itself is not summarised again: it travels only as the pinned copy
-        // inside the prior summary.
+        // The task turn itself is not summarised again: it lives in the prior summary.
         let conversation = requests[1]
             .prompt
             .split("</prior-summary>")
             .nth(1)
             .expect("a prior summary");
         assert!(!conversation.contains("fix the bug"));
-        assert!(requests[1].prompt.contains(LATEST_USER_OPEN));
         assert_eq!(c.head, 1);
         assert_eq!(t.messages[c.boundary].role, Role::Assistant);
     }

@@ -83,7 +83,10 @@ impl Part {
         match self {
             Part::Reasoning(_) => true,
             Part::Opaque { kind, .. } => {
-                matches!(kind.as_str(), "redacted_thinking" | "reasoning" | "thinking")
+                matches!(
+                    kind.as_str(),
+                    "redacted_thinking" | "reasoning" | "thinking"
+                )
             }
             _ => false,
         }
@@ -226,9 +229,8 @@ impl Transcript {
     /// and runs through the model's messages and the tool results it receives. A message that
     /// is itself a user or system message (not a tool answer) starts its own turn.
     pub fn turn_start(&self, i: usize) -> usize {
-        let opens_turn = |m: &Message| {
-            matches!(m.role, Role::User | Role::System) && !m.is_tool_answer()
-        };
+        let opens_turn =
+            |m: &Message| matches!(m.role, Role::User | Role::System) && !m.is_tool_answer();
         match self.messages.get(i) {
             None => i,
             Some(m) if opens_turn(m) => i,
@@ -317,7 +319,9 @@ impl Transcript {
         for m in &mut self.messages {
             for part in &mut m.parts {
                 match part {
-                    Part::ToolCall(ToolCall { id: Some(id), name, .. }) => {
+                    Part::ToolCall(ToolCall {
+                        id: Some(id), name, ..
+                    }) => {
                         names.insert(id.clone(), name.clone());
                     }
                     Part::ToolResult(r) if r.name.is_none() => {
@@ -434,13 +438,21 @@ pub(crate) mod tests {
             ),
             Message::new(
                 Role::User,
-                vec![result_part("b"), result_part("a"), Part::Text("note".into())],
+                vec![
+                    result_part("b"),
+                    result_part("a"),
+                    Part::Text("note".into()),
+                ],
             ),
             text(Role::Assistant, "ok"),
             Message::new(Role::User, vec![result_part("zz")]),
         ]);
         assert_eq!(t.pairs(), vec![None, None, Some(1), None, None]);
-        assert_eq!(t.last_user(), Some(0), "tool answers are not the user's turn");
+        assert_eq!(
+            t.last_user(),
+            Some(0),
+            "tool answers are not the user's turn"
+        );
         assert!(t.messages[2].is_tool_answer() && t.messages[4].is_tool_answer());
         assert_eq!(t.turn_start(3), 1);
         assert_eq!(t.turn_start(0), 0);
@@ -450,9 +462,18 @@ pub(crate) mod tests {
             .map(|r| r.name.as_deref())
             .collect();
         assert_eq!(names, vec![Some("Bash"), Some("Read")]);
-        assert_eq!(t.messages[4].tool_results().next().and_then(|r| r.name.as_deref()), None);
+        assert_eq!(
+            t.messages[4]
+                .tool_results()
+                .next()
+                .and_then(|r| r.name.as_deref()),
+            None
+        );
         // A tool result's content counts toward the estimate.
-        assert_eq!(t.messages[2].tokens, LazyEstimator::default().chars(3 + 3 + 4));
+        assert_eq!(
+            t.messages[2].tokens,
+            LazyEstimator::default().chars(3 + 3 + 4)
+        );
     }
 
     #[test]

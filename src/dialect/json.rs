@@ -50,7 +50,10 @@ pub(crate) fn as_tokens(v: Option<&Value>) -> Option<usize> {
 }
 
 /// Counts of `raw` content (a string, a node or an array of nodes) under `rules`.
-pub(crate) fn content_counts(raw: &str, rules: &'static Rules) -> Result<Counts, serde_json::Error> {
+pub(crate) fn content_counts(
+    raw: &str,
+    rules: &'static Rules,
+) -> Result<Counts, serde_json::Error> {
     let mut de = serde_json::Deserializer::from_str(raw);
     let counts = ContentSeed(rules).deserialize(&mut de)?;
     de.end()?;
@@ -442,7 +445,10 @@ mod tests {
             content_counts(r#""héllo""#, &RULES).expect("counts").chars,
             5
         );
-        assert_eq!(content_counts("null", &RULES).expect("counts"), Counts::default());
+        assert_eq!(
+            content_counts("null", &RULES).expect("counts"),
+            Counts::default()
+        );
         assert!(content_counts("[1,", &RULES).is_err());
     }
 

@@ -236,7 +236,9 @@ pub fn parse_with<'a>(
     if fields.duplicated("messages") {
         return Err(MessagesError::NoMessages);
     }
-    let messages_at = fields.position("messages").ok_or(MessagesError::NoMessages)?;
+    let messages_at = fields
+        .position("messages")
+        .ok_or(MessagesError::NoMessages)?;
     let raw_list = fields.raw("messages").ok_or(MessagesError::NoMessages)?;
     let raw_messages: Vec<&'a RawValue> = serde_json::from_str(raw_list.get())?;
     let system = match fields.raw("system") {
@@ -504,35 +506,36 @@ impl MessagesRequest<'_> {
         };
 
         let mut out = Vec::with_capacity(self.fields.size() + summary_message.len() + 64);
-        self.fields.write_replacing(&mut out, self.messages_at, |out| {
-            out.push(b'[');
-            for m in kept_head {
-                out.extend_from_slice(m.get().as_bytes());
-                out.push(b',');
-            }
-            let rest = match merge_into {
-                Some(first) => {
-                    merged_user_message(out, first, summary_message)?;
-                    &tail[1..]
+        self.fields
+            .write_replacing(&mut out, self.messages_at, |out| {
+                out.push(b'[');
+                for m in kept_head {
+                    out.extend_from_slice(m.get().as_bytes());
+                    out.push(b',');
                 }
-                None => {
-                    serde_json::to_writer(
-                        &mut *out,
-                        &SummaryMessage {
-                            role: "user",
-                            content: summary_message,
-                        },
-                    )?;
-                    tail
+                let rest = match merge_into {
+                    Some(first) => {
+                        merged_user_message(out, first, summary_message)?;
+                        &tail[1..]
+                    }
+                    None => {
+                        serde_json::to_writer(
+                            &mut *out,
+                            &SummaryMessage {
+                                role: "user",
+                                content: summary_message,
+                            },
+                        )?;
+                        tail
+                    }
+                };
+                for m in rest {
+                    out.push(b',');
+                    out.extend_from_slice(m.get().as_bytes());
                 }
-            };
-            for m in rest {
-                out.push(b',');
-                out.extend_from_slice(m.get().as_bytes());
-            }
-            out.push(b']');
-            Ok(())
-        })?;
+                out.push(b']');
+                Ok(())
+            })?;
         Ok(out)
     }
 }
@@ -668,8 +671,11 @@ mod tests {
                 String::from_utf8_lossy(body)
             );
         }
-        let p = peek(br#"{"messages":[],"max_tokens":-3,"system":"abcd"}"#, &est())
-            .expect("peeks");
+        let p = peek(
+            br#"{"messages":[],"max_tokens":-3,"system":"abcd"}"#,
+            &est(),
+        )
+        .expect("peeks");
         assert_eq!((p.requested_output, p.tokens), (None, 1));
     }
 
@@ -789,7 +795,10 @@ mod tests {
             let Ok(out) = r.rewrite(0, b, "S") else {
                 continue;
             };
-            let roles: Vec<Value> = messages_of(&out).iter().map(|m| m["role"].clone()).collect();
+            let roles: Vec<Value> = messages_of(&out)
+                .iter()
+                .map(|m| m["role"].clone())
+                .collect();
             for (i, role) in roles.iter().enumerate() {
                 assert_eq!(role, if i % 2 == 0 { "user" } else { "assistant" }, "b={b}");
             }

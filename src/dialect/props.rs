@@ -443,7 +443,11 @@ fn anthropic_case() -> impl Strategy<Value = AnthropicCase> {
         any::<bool>(),
         0usize..8,
         any::<bool>(),
-        prop_oneof![Just("claude-test"), Just("claude-sonnet-4-5"), Just("other")],
+        prop_oneof![
+            Just("claude-test"),
+            Just("claude-sonnet-4-5"),
+            Just("other")
+        ],
         proptest::option::of(0u32..2_000),
         Just((0..9).collect::<Vec<usize>>()).prop_shuffle(),
         (4usize..30, 10usize..200, 200usize..1_500),
@@ -510,16 +514,24 @@ fn anthropic_rewrites_stay_valid_verbatim_and_smaller() {
         check_anthropic(&msgs, case.thinking).map_err(|e| fail(format!("generator: {e}")))?;
         let body = anthropic_body(&case, &msgs);
         let (mm, minp, maxp) = case.limits;
+        // Summaries of every length modulo 4, so per-message rounding shows.
+        let summary = format!(
+            "Short summary of the earlier turns.{}",
+            "!".repeat(case.cut % 4)
+        );
         let (c, _) = compactor(
             &config(&engine_toml(mm, minp, maxp)),
-            FakeSummarizer::text("Short summary of the earlier turns."),
+            FakeSummarizer::text(&summary),
         );
         let est = LazyEstimator::default();
         let before = messages::peek(&body, &est).map_err(fail)?;
         let parsed = messages::parse(&body).map_err(fail)?;
         ensure(parsed.tokens() == before.tokens, "peek and parse agree")?;
         for m in &parsed.transcript.messages {
-            ensure(est.message(m) == m.tokens, format!("parts estimate of {m:?}"))?;
+            ensure(
+                est.message(m) == m.tokens,
+                format!("parts estimate of {m:?}"),
+            )?;
         }
         let due = c
             .engine()
@@ -554,12 +566,16 @@ fn anthropic_rewrites_stay_valid_verbatim_and_smaller() {
                     Value::String(s) => s.clone(),
                     blocks => blocks[0]["text"].as_str().unwrap_or("").to_string(),
                 };
-                ensure(summary_text.starts_with(SUMMARY_INTRO), "summary introduced")?;
+                ensure(
+                    summary_text.starts_with(SUMMARY_INTRO),
+                    "summary introduced",
+                )?;
                 let tail = &new[1..];
                 ensure(
                     tail == &orig[orig.len() - tail.len()..],
                     "tail byte-identical",
                 )?;
+                let merged = first["content"].is_array();
                 if let Some(blocks) = first["content"].as_array() {
                     // Merged into the first kept user message: its blocks follow, unchanged.
                     let at = orig.len() - tail.len() - 1;
@@ -574,9 +590,13 @@ fn anthropic_rewrites_stay_valid_verbatim_and_smaller() {
                 } else {
                     ensure(tail.len() < orig.len(), "something was compacted")?;
                 }
+                // The engine prices the summary and the kept message separately; merged into one
+                // message they can round to one token less.
                 let after = messages::peek(&out, &est).map_err(fail)?;
+                let slack = usize::from(merged);
                 ensure(
-                    after.tokens == result.post_tokens,
+                    after.tokens <= result.post_tokens
+                        && after.tokens + slack >= result.post_tokens,
                     format!("post_tokens {} vs {}", result.post_tokens, after.tokens),
                 )?;
                 ensure(before.tokens == result.pre_tokens, "pre_tokens")?;
@@ -734,6 +754,23 @@ fn render_responses(developers: usize, items: &[Item]) -> Vec<Value> {
     out
 }
 
+/// The response an item belongs to, from the ids [`render_responses`] gives: `rs_N`, `msg_N`,
+/// and call ids `call_N_K`.
+fn response_of(item: &Value) -> Option<String> {
+    let id = item["id"].as_str().unwrap_or("");
+    if let Some(n) = id.strip_prefix("rs_").or_else(|| id.strip_prefix("msg_")) {
+        return Some(n.to_string());
+    }
+    let call = item["call_id"].as_str()?;
+    if item["type"].as_str()?.ends_with("_output") {
+        return None;
+    }
+    call.strip_prefix("call_")?
+        .split('_')
+        .next()
+        .map(str::to_string)
+}
+
 /// The Responses rules: every `*_call_output` follows a call with its `call_id`, every call
 /// is answered (but at the very end), and a reasoning item is never the last item.
 pub(crate) fn check_responses(items: &[Value]) -> Result<(), String> {
@@ -886,12 +923,27 @@ fn responses_rewrites_stay_valid_verbatim_and_smaller() {
                     "tail byte-identical",
                 )?;
                 ensure(tail.len() < orig.len() - head, "something was compacted")?;
-                let start = orig.len() - tail.len();
-                let before_tail: Value = serde_json::from_str(&orig[start - 1]).map_err(fail)?;
-                ensure(
-                    before_tail["type"] != "reasoning",
-                    "a reasoning item was cut from its output",
-                )?;
+                // No output of a response lost the reasoning item produced with it.
+                let originals: Vec<Value> = orig
+                    .iter()
+                    .map(|m| serde_json::from_str(m).unwrap_or(Value::Null))
+                    .collect();
+                let kept: Vec<Value> = tail
+                    .iter()
+                    .map(|m| serde_json::from_str(m).unwrap_or(Value::Null))
+                    .collect();
+                for item in &kept {
+                    let Some(r) = response_of(item) else { continue };
+                    let reasoned = |items: &[Value]| {
+                        items
+                            .iter()
+                            .any(|i| i["type"] == "reasoning" && response_of(i) == Some(r.clone()))
+                    };
+                    ensure(
+                        !reasoned(&originals) || reasoned(&kept),
+                        format!("an output of response {r} lost its reasoning item"),
+                    )?;
+                }
                 let values: Vec<Value> = new
                     .iter()
                     .map(|m| serde_json::from_str(m).unwrap_or(Value::Null))

@@ -88,15 +88,14 @@ pub enum ResponsesError {
 /// Counts and estimates a request in one zero-copy pass.
 pub fn peek(body: &[u8], estimator: &LazyEstimator) -> Result<Peek, ResponsesError> {
     let wire: PeekWire<'_> = serde_json::from_slice(body)?;
-    if server_state(wire.previous_response_id.as_ref(), wire.conversation.as_ref()) {
+    if server_state(
+        wire.previous_response_id.as_ref(),
+        wire.conversation.as_ref(),
+    ) {
         return Err(ResponsesError::ServerState);
     }
     let input = wire.input.ok_or(ResponsesError::NoInput)?;
-    let fixed_tokens = fixed_tokens(
-        wire.instructions.map_or(0, |s| s.0),
-        wire.tools,
-        estimator,
-    );
+    let fixed_tokens = fixed_tokens(wire.instructions.map_or(0, |s| s.0), wire.tools, estimator);
     let tokens = input.0.iter().fold(fixed_tokens, |acc, c| {
         acc.saturating_add(estimator.counts(*c))
     });
@@ -500,26 +499,27 @@ impl ResponsesRequest<'_> {
             }],
         };
         let mut out = Vec::with_capacity(self.fields.size() + summary_message.len() + 96);
-        self.fields.write_replacing(&mut out, self.input_at, |out| {
-            out.push(b'[');
-            for item in &self.raw_items[..head] {
-                out.extend_from_slice(item.get().as_bytes());
-                out.push(b',');
-            }
-            serde_json::to_writer(&mut *out, &summary)?;
-            for item in &self.raw_items[boundary..] {
-                out.push(b',');
-                if self.input_is_string {
-                    out.extend_from_slice(br#"{"type":"message","role":"user","content":"#);
+        self.fields
+            .write_replacing(&mut out, self.input_at, |out| {
+                out.push(b'[');
+                for item in &self.raw_items[..head] {
                     out.extend_from_slice(item.get().as_bytes());
-                    out.push(b'}');
-                } else {
-                    out.extend_from_slice(item.get().as_bytes());
+                    out.push(b',');
                 }
-            }
-            out.push(b']');
-            Ok(())
-        })?;
+                serde_json::to_writer(&mut *out, &summary)?;
+                for item in &self.raw_items[boundary..] {
+                    out.push(b',');
+                    if self.input_is_string {
+                        out.extend_from_slice(br#"{"type":"message","role":"user","content":"#);
+                        out.extend_from_slice(item.get().as_bytes());
+                        out.push(b'}');
+                    } else {
+                        out.extend_from_slice(item.get().as_bytes());
+                    }
+                }
+                out.push(b']');
+                Ok(())
+            })?;
         Ok(out)
     }
 }
@@ -586,18 +586,18 @@ mod tests {
         assert_eq!(
             per,
             vec![
-                2,                                // "rules"
-                1 + IMAGE_TOKENS,                 // text + image
-                1,                                // reasoning summary only
-                est().chars(5 + 25),              // name + arguments
-                est().chars(9),                   // output
-                est().chars(11 + 50),             // name + input
-                1,                                // "ok"
-                est().chars(4 + 4 + 3 + 8),       // action leaves
-                0,                                // empty output
-                est().chars(6 + 4),               // action leaves
-                1,                                // "done", annotations not read
-                2,                                // "next?"
+                2,                          // "rules"
+                1 + IMAGE_TOKENS,           // text + image
+                1,                          // reasoning summary only
+                est().chars(5 + 25),        // name + arguments
+                est().chars(9),             // output
+                est().chars(11 + 50),       // name + input
+                1,                          // "ok"
+                est().chars(4 + 4 + 3 + 8), // action leaves
+                0,                          // empty output
+                est().chars(6 + 4),         // action leaves
+                1,                          // "done", annotations not read
+                2,                          // "next?"
             ]
         );
     }
@@ -614,7 +614,10 @@ mod tests {
                 peek(b.as_bytes(), &est()),
                 Err(ResponsesError::ServerState)
             ));
-            assert!(matches!(parse(b.as_bytes()), Err(ResponsesError::ServerState)));
+            assert!(matches!(
+                parse(b.as_bytes()),
+                Err(ResponsesError::ServerState)
+            ));
         }
         let null = json!({"previous_response_id": null, "conversation": null, "input": "x"});
         assert!(peek(null.to_string().as_bytes(), &est()).is_ok());
@@ -646,20 +649,40 @@ mod tests {
         assert_eq!(m[2].parts, vec![Part::Reasoning("abcd".into())]);
         assert_eq!(
             t.pairs(),
-            vec![None, None, None, None, Some(3), None, Some(5), None, Some(7), None, None, None]
+            vec![
+                None,
+                None,
+                None,
+                None,
+                Some(3),
+                None,
+                Some(5),
+                None,
+                Some(7),
+                None,
+                None,
+                None
+            ]
         );
         assert_eq!(m[4].tool_name.as_deref(), Some("shell"), "resolved");
-        assert!(matches!(&m[5].parts[0], Part::ToolCall(c) if c.name == "apply_patch"
-            && c.arguments.starts_with("*** Begin Patch")));
-        assert!(matches!(&m[7].parts[0], Part::ToolCall(c) if c.name == "local_shell"
-            && c.arguments.contains("rm c.rs")));
+        assert!(
+            matches!(&m[5].parts[0], Part::ToolCall(c) if c.name == "apply_patch"
+            && c.arguments.starts_with("*** Begin Patch"))
+        );
+        assert!(
+            matches!(&m[7].parts[0], Part::ToolCall(c) if c.name == "local_shell"
+            && c.arguments.contains("rm c.rs"))
+        );
         assert!(matches!(&m[9].parts[0], Part::Opaque { kind, .. } if kind == "web_search_call"));
         assert_eq!(m[1].parts[1], Part::Image);
         // Files read and modified through Codex's tools.
         let mut files = crate::compaction::files::FileTracker::new();
         m.iter().for_each(|m| files.observe_message(m));
         assert_eq!(files.read_files(), ["a.rs".to_string()]);
-        assert_eq!(files.modified_files(), ["b.rs".to_string(), "c.rs".to_string()]);
+        assert_eq!(
+            files.modified_files(),
+            ["b.rs".to_string(), "c.rs".to_string()]
+        );
         assert!(matches!(
             parse(br#"{"input":[{"type":"message","role":"narrator","content":"x"}]}"#),
             Err(ResponsesError::BadItem { index: 0, .. })

@@ -79,7 +79,9 @@ pub fn check_messages(request: &Value, window: usize) -> Result<(), Rejection> {
     for (i, m) in messages.iter().enumerate() {
         let expected = if i % 2 == 0 { "user" } else { "assistant" };
         if m["role"] != expected {
-            return invalid(format!("messages.{i}: roles must alternate between \"user\" and \"assistant\""));
+            return invalid(format!(
+                "messages.{i}: roles must alternate between \"user\" and \"assistant\""
+            ));
         }
         let content = blocks(m);
         if expected == "user" {
@@ -108,7 +110,10 @@ pub fn check_messages(request: &Value, window: usize) -> Result<(), Rejection> {
             }
             if let Some(next) = messages.get(i + 1) {
                 let answered = ids(next, "tool_result", "tool_use_id");
-                if let Some(open) = ids(m, "tool_use", "id").iter().find(|c| !answered.contains(c)) {
+                if let Some(open) = ids(m, "tool_use", "id")
+                    .iter()
+                    .find(|c| !answered.contains(c))
+                {
                     return invalid(format!(
                         "messages.{i}: `tool_use` ids were found without `tool_result` blocks immediately after: {open}"
                     ));
@@ -209,7 +214,10 @@ pub fn from_chat(chat: &[Value], thinking: bool) -> (Option<Value>, Vec<Value>) 
                     .and_then(|old| renamed.get(old))
                     .cloned()
                     .unwrap_or_default();
-                ("user", vec![json!({"type": "tool_result", "tool_use_id": id, "content": text})])
+                (
+                    "user",
+                    vec![json!({"type": "tool_result", "tool_use_id": id, "content": text})],
+                )
             }
             _ => continue,
         };
@@ -268,7 +276,11 @@ pub fn top_level_fields(body: &[u8]) -> Vec<(String, String)> {
 /// The elements of the top-level array `key` as raw JSON text.
 pub fn raw_elements(body: &[u8], key: &str) -> Vec<String> {
     let fields = top_level_fields(body);
-    let raw = &fields.iter().find(|(k, _)| k == key).expect("field present").1;
+    let raw = &fields
+        .iter()
+        .find(|(k, _)| k == key)
+        .expect("field present")
+        .1;
     let items: Vec<&serde_json::value::RawValue> = serde_json::from_str(raw).expect("an array");
     items.iter().map(|r| r.get().to_owned()).collect()
 }
@@ -280,8 +292,7 @@ mod tests {
     #[test]
     fn the_rules_refuse_what_anthropic_refuses() {
         let call = json!({"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]});
-        let answer =
-            json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "x"}]});
+        let answer = json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "x"}]});
         let ok = json!({"messages": [{"role": "user", "content": "hi"}, call, answer]});
         assert_eq!(check_messages(&ok, 1000), Ok(()));
         let bad = [
@@ -294,12 +305,19 @@ mod tests {
             json!({"thinking": {"type": "enabled"}, "messages": [{"role": "user", "content": "hi"}, call, answer]}),
         ];
         for b in bad {
-            assert!(matches!(check_messages(&b, 1000), Err(Rejection::Invalid(_))), "{b}");
+            assert!(
+                matches!(check_messages(&b, 1000), Err(Rejection::Invalid(_))),
+                "{b}"
+            );
         }
-        let big = json!({"system": "abcd", "messages": [{"role": "user", "content": "x".repeat(40)}]});
+        let big =
+            json!({"system": "abcd", "messages": [{"role": "user", "content": "x".repeat(40)}]});
         assert_eq!(
             check_messages(&big, 10),
-            Err(Rejection::ContextLength { tokens: 11, window: 10 })
+            Err(Rejection::ContextLength {
+                tokens: 11,
+                window: 10
+            })
         );
     }
 
@@ -327,7 +345,10 @@ mod tests {
                 request["thinking"] = json!({"type": "enabled", "budget_tokens": 1024});
             }
             assert_eq!(check_messages(&request, 1000), Ok(()));
-            assert_eq!(request["messages"][4]["content"][0]["tool_use_id"], "toolu_00003");
+            assert_eq!(
+                request["messages"][4]["content"][0]["tool_use_id"],
+                "toolu_00003"
+            );
         }
     }
 }

@@ -4,8 +4,11 @@
 //! Rules checked (those compaction could break): every `*_call_output` item has an earlier
 //! call item with the same `call_id`; every call is answered, except calls at the very end of
 //! `input`; a `reasoning` item is followed by the output it produced (never last, never
-//! followed by a user message or an output). Then the context window, at 4 characters per token
-//! over `instructions` and the items' text.
+//! followed by a user message or an output); an output item (message or call) of a response
+//! that had reasoning comes with that `reasoning` item. The real API knows which items one
+//! response produced from its own records; this mock reads it from the ids [`from_chat`] gives
+//! (`rs_N`, `msg_N`, `fc_N_K`: response `N`). Then the context window, at 4 characters per
+//! token over `instructions` and the items' text.
 
 use std::collections::HashMap;
 
@@ -27,9 +30,7 @@ fn text_chars(v: &Value) -> usize {
 fn item_chars(item: &Value) -> usize {
     match item["type"].as_str().unwrap_or("message") {
         "message" => text_chars(&item["content"]),
-        "function_call" => {
-            text_chars(&item["name"]) + text_chars(&item["arguments"])
-        }
+        "function_call" => text_chars(&item["name"]) + text_chars(&item["arguments"]),
         "function_call_output" => text_chars(&item["output"]),
         "reasoning" => text_chars(&item["summary"]),
         _ => 0,
@@ -74,7 +75,9 @@ pub fn check_responses(request: &Value, window: usize) -> Result<(), Rejection> 
             }
         }
         if kind == "reasoning" {
-            let next = items.get(i + 1).map(|n| n["type"].as_str().unwrap_or("message"));
+            let next = items
+                .get(i + 1)
+                .map(|n| n["type"].as_str().unwrap_or("message"));
             let follows = match next {
                 Some("message") => items[i + 1]["role"] == "assistant",
                 Some(t) => t.ends_with("_call") || t == "reasoning",
@@ -83,6 +86,25 @@ pub fn check_responses(request: &Value, window: usize) -> Result<(), Rejection> 
             if !follows {
                 return invalid(format!(
                     "input[{i}]: Item of type 'reasoning' was provided without its required following item."
+                ));
+            }
+        }
+    }
+    // Outputs of a response come with its reasoning item.
+    let mut reasoned: Vec<&str> = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        let id = item["id"].as_str().unwrap_or("");
+        if let Some(n) = id.strip_prefix("rs_") {
+            reasoned.push(n);
+            continue;
+        }
+        let response = id
+            .strip_prefix("msg_")
+            .or_else(|| id.strip_prefix("fc_").and_then(|r| r.split('_').next()));
+        if let Some(n) = response {
+            if !reasoned.contains(&n) {
+                return invalid(format!(
+                    "input[{i}]: Item '{id}' was provided without its required 'reasoning' item: 'rs_{n}'."
                 ));
             }
         }
@@ -121,14 +143,13 @@ pub fn rejection_body(r: &Rejection) -> Value {
 
 /// A Chat Completions transcript as Codex would send it to the Responses API: the first system
 /// message becomes `instructions`; user messages become `input_text` message items; each
-/// assistant message becomes a `reasoning` item, an output message (when it has text) and one
-/// `function_call` item per tool call (call ids renamed so each is unique); tool messages
-/// become `function_call_output` items.
+/// assistant message `N` becomes a `reasoning` item `rs_N`, an output message `msg_N` (when it
+/// has text) and one `function_call` item `fc_N_K` per tool call (call ids renamed `call_N_K`,
+/// unique as OpenAI issues them); tool messages become `function_call_output` items.
 pub fn from_chat(chat: &[Value]) -> (Option<Value>, Vec<Value>) {
     let mut instructions = None;
     let mut items = Vec::new();
     let mut renamed: HashMap<String, String> = HashMap::new();
-    let mut next = 0;
     for (i, m) in chat.iter().enumerate() {
         let text = match &m["content"] {
             Value::String(s) => s.clone(),
@@ -141,7 +162,9 @@ pub fn from_chat(chat: &[Value]) -> (Option<Value>, Vec<Value>) {
         };
         match m["role"].as_str().unwrap_or("") {
             "system" if i == 0 => instructions = Some(json!(text)),
-            "system" => items.push(json!({"type": "message", "role": "developer", "content": text})),
+            "system" => {
+                items.push(json!({"type": "message", "role": "developer", "content": text}))
+            }
             "user" => items.push(json!({"type": "message", "role": "user",
                                         "content": [{"type": "input_text", "text": text}]})),
             "assistant" => {
@@ -157,13 +180,12 @@ pub fn from_chat(chat: &[Value]) -> (Option<Value>, Vec<Value>) {
                 if calls.is_empty() && text.trim().is_empty() {
                     items.push(json!({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "(no content)"}]}));
                 }
-                for call in calls {
-                    next += 1;
-                    let id = format!("call_{next:05}");
+                for (k, call) in calls.iter().enumerate() {
+                    let id = format!("call_{i}_{k}");
                     if let Some(old) = call["id"].as_str() {
                         renamed.insert(old.to_owned(), id.clone());
                     }
-                    items.push(json!({"type": "function_call", "id": format!("fc_{next:05}"), "call_id": id,
+                    items.push(json!({"type": "function_call", "id": format!("fc_{i}_{k}"), "call_id": id,
                                       "name": call["function"]["name"], "arguments": call["function"]["arguments"]}));
                 }
             }
@@ -191,20 +213,32 @@ mod tests {
         let output = json!({"type": "function_call_output", "call_id": "c", "output": "x"});
         let user = json!({"role": "user", "content": "hi"});
         let reasoning = json!({"type": "reasoning", "summary": []});
-        assert_eq!(check_responses(&json!({"input": [user, call, output]}), 100), Ok(()));
-        assert_eq!(check_responses(&json!({"input": [user, reasoning, call]}), 100), Ok(()));
+        assert_eq!(
+            check_responses(&json!({"input": [user, call, output]}), 100),
+            Ok(())
+        );
+        assert_eq!(
+            check_responses(&json!({"input": [user, reasoning, call]}), 100),
+            Ok(())
+        );
         for bad in [
             json!({"input": [user, output]}),
             json!({"input": [user, call, user]}),
             json!({"input": [user, reasoning]}),
             json!({"input": [reasoning, user]}),
         ] {
-            assert!(matches!(check_responses(&bad, 100), Err(Rejection::Invalid(_))), "{bad}");
+            assert!(
+                matches!(check_responses(&bad, 100), Err(Rejection::Invalid(_))),
+                "{bad}"
+            );
         }
         let big = json!({"instructions": "abcd", "input": "x".repeat(40)});
         assert_eq!(
             check_responses(&big, 10),
-            Err(Rejection::ContextLength { tokens: 11, window: 10 })
+            Err(Rejection::ContextLength {
+                tokens: 11,
+                window: 10
+            })
         );
     }
 
@@ -223,8 +257,14 @@ mod tests {
         let (instructions, items) = from_chat(&chat);
         assert_eq!(instructions, Some(json!("sys")));
         assert_eq!(items.len(), 8);
-        assert_eq!(items[7]["call_id"], "call_00002");
-        let request = json!({"instructions": instructions, "input": items});
+        assert_eq!(items[7]["call_id"], "call_4_0");
+        let request = json!({"instructions": instructions, "input": items.clone()});
         assert_eq!(check_responses(&request, 1000), Ok(()));
+        // Without the reasoning item of response 4, its message and call are refused.
+        let cut = json!({"input": items[5..].to_vec()});
+        assert!(matches!(
+            check_responses(&cut, 1000),
+            Err(Rejection::Invalid(_))
+        ));
     }
 }
