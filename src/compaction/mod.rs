@@ -29,8 +29,7 @@ pub(crate) mod testing;
 
 pub use compactor::{Compactor, ForwardedEstimate, ManualOutcome, Processed, RequestContext};
 pub use processor::{
-    CompactError, Compaction, CompactionInput, Engine, Prior,
-    COMPACTION_CIRCUIT_BREAKER_THRESHOLD,
+    CompactError, Compaction, CompactionInput, Engine, Prior, COMPACTION_CIRCUIT_BREAKER_THRESHOLD,
 };
 pub use trigger::{CompactionOutcome, Limits, Trigger};
 
