@@ -204,13 +204,13 @@ impl Compactor {
             return Processed::default();
         }
         let estimator = self.engine.estimator();
-        let (peek, raw) = match (dialect.peek(body, estimator), dialect.raw_messages(body)) {
-            (Ok(peek), Ok(raw)) => (peek, raw),
-            (Err(DialectError::ServerState), _) => {
+        let peek = match dialect.peek(body, estimator) {
+            Ok(peek) => peek,
+            Err(DialectError::ServerState) => {
                 self.record_label("none", "server_state");
                 return Processed::default();
             }
-            (Err(e), _) | (_, Err(e)) => {
+            Err(e) => {
                 tracing::debug!(error = %e, "chat body not understood; forwarding unchanged");
                 return Processed::default();
             }
@@ -219,9 +219,34 @@ impl Compactor {
             .request_tokens_estimated
             .observe(peek.tokens as f64);
 
+        // The messages as raw JSON are needed only to hash a history that may match a
+        // checkpoint, or when the peek did not keep the first ones for the session id: most
+        // requests are served by the single pass of the peek.
         let tenant = TenantId::from_caller(context.caller);
-        let first = &raw[..raw.len().min(SESSION_ID_MESSAGES)];
-        let session = session_id(&tenant, context.session_header, first);
+        let reach = self.store.max_covered(tenant).await.unwrap_or(0);
+        let raw = if reach > 0 || peek.first_messages.is_none() {
+            match dialect.raw_messages(body) {
+                Ok(raw) => Some(raw),
+                Err(e) => {
+                    tracing::debug!(error = %e, "chat body not understood; forwarding unchanged");
+                    return Processed::default();
+                }
+            }
+        } else {
+            None
+        };
+        let kept: Vec<Box<RawValue>> = match (&raw, &peek.first_messages) {
+            (None, Some(first)) => first
+                .iter()
+                .filter_map(|m| RawValue::from_string(m.clone()).ok())
+                .collect(),
+            _ => Vec::new(),
+        };
+        let first: Vec<&RawValue> = match &raw {
+            Some(raw) => raw.iter().take(SESSION_ID_MESSAGES).copied().collect(),
+            None => kept.iter().map(|m| m.as_ref()).collect(),
+        };
+        let session = session_id(&tenant, context.session_header, &first);
         let latest = LatestRequest {
             dialect,
             body: body.clone(),
@@ -229,13 +254,19 @@ impl Compactor {
         };
         if let Err(e) = self
             .store
-            .touch_session(tenant, &session, latest, raw.len())
+            .touch_session(tenant, &session, latest, peek.message_count)
             .await
         {
             tracing::warn!(error = %e, "session store unavailable; continuing without it");
         }
 
-        let checkpoint = self.lookup(tenant, &raw).await;
+        let checkpoint = match &raw {
+            Some(raw) if reach > 0 => self.lookup(tenant, raw).await,
+            _ => {
+                self.count_lookup(false);
+                None
+            }
+        };
         let model = peek.model.as_deref();
         let limits = self.engine.limits(model, peek.requested_output);
         let trigger = limits.check(peek.message_count, self.trigger_tokens(model, peek.tokens));

@@ -67,7 +67,13 @@ pub struct Peek {
     pub tokens: usize,
     /// Of which tool definitions (`tools`, legacy `functions`).
     pub fixed_tokens: usize,
+    /// The raw JSON of the first [`PEEK_FIRST_MESSAGES`] messages, when the dialect's peek
+    /// keeps them: enough to name the session without a second pass over the body.
+    pub first_messages: Option<Vec<String>>,
 }
+
+/// How many leading messages [`peek`] keeps as raw JSON: those the session id is made of.
+pub const PEEK_FIRST_MESSAGES: usize = crate::session::hash::SESSION_ID_MESSAGES;
 
 /// Counts and estimates a request in one zero-copy pass.
 pub fn peek(body: &[u8], estimator: &LazyEstimator) -> Result<Peek, ChatError> {
@@ -86,6 +92,7 @@ pub fn peek(body: &[u8], estimator: &LazyEstimator) -> Result<Peek, ChatError> {
         message_count: messages.0.len(),
         tokens,
         fixed_tokens,
+        first_messages: Some(messages.1),
     })
 }
 
@@ -491,8 +498,8 @@ impl<'de: 'a, 'a> Deserialize<'de> for OrderedObject<'a> {
 // Zero-copy counting (hot path). Every visitor counts characters of strings as serde_json
 // hands them over (borrowed, or from its scratch buffer when unescaping) and allocates nothing.
 
-/// Per-message counts of a `messages` array.
-struct MessageCounts(Vec<Counts>);
+/// Per-message counts of a `messages` array, and the raw JSON of its first messages.
+struct MessageCounts(Vec<Counts>, Vec<String>);
 
 impl<'de> Deserialize<'de> for MessageCounts {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -504,10 +511,22 @@ impl<'de> Deserialize<'de> for MessageCounts {
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
                 let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(64));
+                let mut first = Vec::with_capacity(PEEK_FIRST_MESSAGES);
+                // The first messages are kept raw (and counted from that copy); the rest are
+                // counted straight off the body.
+                while first.len() < PEEK_FIRST_MESSAGES {
+                    let Some(raw) = seq.next_element::<&'de RawValue>()? else {
+                        return Ok(MessageCounts(out, first));
+                    };
+                    let stats: MessageStats =
+                        serde_json::from_str(raw.get()).map_err(de::Error::custom)?;
+                    out.push(stats.0);
+                    first.push(raw.get().to_string());
+                }
                 while let Some(stats) = seq.next_element::<MessageStats>()? {
                     out.push(stats.0);
                 }
-                Ok(MessageCounts(out))
+                Ok(MessageCounts(out, first))
             }
         }
         d.deserialize_seq(V)

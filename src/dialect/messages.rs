@@ -103,6 +103,7 @@ pub fn peek(body: &[u8], estimator: &LazyEstimator) -> Result<Peek, MessagesErro
         message_count: messages.0.len(),
         tokens,
         fixed_tokens,
+        first_messages: None,
     })
 }
 

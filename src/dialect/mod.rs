@@ -44,9 +44,6 @@ pub enum DialectError {
     /// is no history to compact, so the request passes through (counted as `server_state`).
     #[error("history held by the provider; passed through")]
     ServerState,
-    /// A dialect compactor recognises but does not compact (yet); passed through.
-    #[error("{0} requests are passed through unchanged")]
-    Unsupported(&'static str),
 }
 
 impl From<responses::ResponsesError> for DialectError {

@@ -105,6 +105,7 @@ pub fn peek(body: &[u8], estimator: &LazyEstimator) -> Result<Peek, ResponsesErr
         message_count: input.0.len(),
         tokens,
         fixed_tokens,
+        first_messages: None,
     })
 }
 
