@@ -33,7 +33,7 @@ use crate::error::Error;
 use crate::metrics::{status_class, Metrics, RouteLabel};
 use crate::timing::Overhead;
 use crate::upstream::{prepare_headers, strip_hop_by_hop, BoxError, ProxyBody, Resolved};
-use crate::usage::{self, Format, Observed};
+use crate::usage::{self, Encoding, Format, Observed};
 
 /// Response header: whether the forwarded request carries a summary, new or reused.
 pub const HEADER_COMPACTED: &str = "x-compactor-compacted";
@@ -178,15 +178,18 @@ async fn forward(
     parts.headers.extend(chat_headers);
     let body = body.map_err(BoxError::from).boxed_unsync();
     // Chat responses are watched for the provider's `usage` as they stream by.
-    let body = match (estimate, Format::from_headers(&parts.headers)) {
-        (Some(estimate), Some(format)) if parts.status.is_success() => {
+    let scan = Format::from_headers(&parts.headers).zip(Encoding::from_headers(&parts.headers));
+    let body = match (estimate, scan) {
+        (Some(estimate), Some((format, encoding))) if parts.status.is_success() => {
             let record = usage::recorder(
                 app.metrics.clone(),
                 app.compactor.calibration().clone(),
                 estimate.model,
                 Some(estimate.tokens as u64),
             );
-            Observed::new(body, Some(format), record).boxed_unsync()
+            Observed::new(body, Some(format), record)
+                .encoded(encoding)
+                .boxed_unsync()
         }
         _ => body,
     };

@@ -25,8 +25,8 @@
 //!   `cache_read` and `cache_write` are the two cache counts.
 //!
 //! When the body ends, fails or is dropped (the client went away), the completion callback
-//! runs exactly once with what was found (`None` when no usage was seen, e.g. compressed or
-//! non-JSON bodies). [`recorder`] builds the callback that feeds the metrics and the
+//! runs exactly once with what was found (`None` when no usage was seen, e.g. non-JSON bodies
+//! or an encoding other than gzip and deflate, whose decompressed copy the scanner reads). [`recorder`] builds the callback that feeds the metrics and the
 //! per-model [`Calibration`].
 
 use std::pin::Pin;
@@ -74,18 +74,43 @@ pub enum Format {
     Sse,
 }
 
-impl Format {
-    /// The format of a response from its headers; `None` when the body cannot be scanned
-    /// (another content type, or a `Content-Encoding` such as gzip).
-    pub fn from_headers(headers: &HeaderMap) -> Option<Format> {
-        if let Some(encoding) = headers.get(CONTENT_ENCODING) {
-            let identity = encoding
-                .to_str()
-                .is_ok_and(|e| e.trim().eq_ignore_ascii_case("identity"));
-            if !identity {
-                return None;
-            }
+/// How a response body is compressed (`Content-Encoding`). SDKs ask for gzip, so providers
+/// often compress JSON bodies; the scanner reads a decompressed copy while the compressed
+/// frames pass through untouched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Encoding {
+    /// Not compressed.
+    Identity,
+    /// `gzip`.
+    Gzip,
+    /// `deflate` (zlib-wrapped, as HTTP means it).
+    Deflate,
+}
+
+impl Encoding {
+    /// The body's encoding; `None` when it cannot be decoded here (`br`, `zstd`, stacked
+    /// encodings).
+    pub fn from_headers(headers: &HeaderMap) -> Option<Encoding> {
+        let mut values = headers.get_all(CONTENT_ENCODING).iter();
+        let Some(value) = values.next() else {
+            return Some(Encoding::Identity);
+        };
+        if values.next().is_some() {
+            return None;
         }
+        match value.to_str().ok()?.trim().to_ascii_lowercase().as_str() {
+            "identity" | "" => Some(Encoding::Identity),
+            "gzip" | "x-gzip" => Some(Encoding::Gzip),
+            "deflate" => Some(Encoding::Deflate),
+            _ => None,
+        }
+    }
+}
+
+impl Format {
+    /// The format of a response from its `Content-Type`; `None` when the body is neither JSON
+    /// nor SSE. (Whether it can be decoded is [`Encoding::from_headers`]'s question.)
+    pub fn from_headers(headers: &HeaderMap) -> Option<Format> {
         let content_type = headers.get(CONTENT_TYPE)?.to_str().ok()?;
         let essence = content_type
             .split(';')
@@ -109,7 +134,7 @@ pub type OnUsage = Box<dyn FnOnce(Option<Usage>) + Send>;
 /// A response body passed through frame by frame while its `usage` is observed.
 pub struct Observed<B> {
     inner: B,
-    scanner: Option<Scanner>,
+    scanner: Option<Feed>,
     on_done: Option<OnUsage>,
 }
 
@@ -119,16 +144,84 @@ impl<B> Observed<B> {
     pub fn new(inner: B, format: Option<Format>, on_done: OnUsage) -> Observed<B> {
         Observed {
             inner,
-            scanner: format.map(Scanner::new),
+            scanner: format.map(|f| Feed::Plain(Scanner::new(f))),
             on_done: Some(on_done),
         }
     }
 
+    /// Scans a decompressed copy of a body sent with this `Content-Encoding`.
+    pub fn encoded(mut self, encoding: Encoding) -> Observed<B> {
+        self.scanner = match (self.scanner.take(), encoding) {
+            (Some(Feed::Plain(s)), Encoding::Gzip) => Some(Feed::Gzip(Box::new(
+                flate2::write::GzDecoder::new(Sink(Some(s))),
+            ))),
+            (Some(Feed::Plain(s)), Encoding::Deflate) => Some(Feed::Deflate(Box::new(
+                flate2::write::ZlibDecoder::new(Sink(Some(s))),
+            ))),
+            (other, _) => other,
+        };
+        self
+    }
+
     fn complete(&mut self) {
         if let Some(on_done) = self.on_done.take() {
-            let usage = self.scanner.take().and_then(Scanner::finish);
+            let usage = self.scanner.take().and_then(Feed::finish);
             on_done(usage);
         }
+    }
+}
+
+/// The scanner, fed directly or through a decompressor.
+enum Feed {
+    Plain(Scanner),
+    Gzip(Box<flate2::write::GzDecoder<Sink>>),
+    Deflate(Box<flate2::write::ZlibDecoder<Sink>>),
+}
+
+impl Feed {
+    /// Feeds a chunk; `false` when the compressed stream is corrupt (scanning stops).
+    fn feed(&mut self, chunk: &[u8]) -> bool {
+        use std::io::Write;
+        match self {
+            Feed::Plain(s) => {
+                s.feed(chunk);
+                true
+            }
+            Feed::Gzip(d) => d.write_all(chunk).is_ok(),
+            Feed::Deflate(d) => d.write_all(chunk).is_ok(),
+        }
+    }
+
+    fn finish(self) -> Option<Usage> {
+        let scanner = match self {
+            Feed::Plain(s) => Some(s),
+            Feed::Gzip(mut d) => {
+                let _ = d.try_finish();
+                d.get_mut().0.take()
+            }
+            Feed::Deflate(mut d) => {
+                let _ = d.try_finish();
+                d.get_mut().0.take()
+            }
+        };
+        scanner.and_then(Scanner::finish)
+    }
+}
+
+/// Where a decompressor writes: straight into the scanner (memory stays bounded by the
+/// scanner's own limits and the decompressor's window).
+struct Sink(Option<Scanner>);
+
+impl std::io::Write for Sink {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if let Some(s) = self.0.as_mut() {
+            s.feed(buf);
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -145,7 +238,9 @@ impl<B: Body<Data = Bytes> + Unpin> Body for Observed<B> {
         match &polled {
             Poll::Ready(Some(Ok(frame))) => {
                 if let (Some(data), Some(scanner)) = (frame.data_ref(), this.scanner.as_mut()) {
-                    scanner.feed(data);
+                    if !scanner.feed(data) {
+                        this.scanner = None;
+                    }
                 }
             }
             Poll::Ready(Some(Err(_))) | Poll::Ready(None) => this.complete(),

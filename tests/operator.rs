@@ -167,3 +167,49 @@ async fn calibration_moves_the_token_trigger() {
         }
     }
 }
+
+/// SDKs ask for gzip, so providers compress JSON: the compressed bytes reach the client
+/// unchanged and the usage inside is still counted.
+#[tokio::test]
+async fn usage_is_read_from_gzip_compressed_responses() {
+    use std::io::Write;
+    let completion = json!({
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}}],
+        "usage": {"prompt_tokens": 321, "completion_tokens": 9, "total_tokens": 330}
+    });
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    encoder
+        .write_all(completion.to_string().as_bytes())
+        .expect("compress");
+    let gzipped = encoder.finish().expect("compress");
+    let mock = MockUpstream::start().await;
+    let reply = gzipped.clone();
+    mock.set_handler(move |_| {
+        Reply::bytes(200, "application/json", reply.clone()).with_header("content-encoding", "gzip")
+    });
+    let proxy = TestProxy::start(&proxy_config(&mock, true)).await;
+    let response = TestClient::http1()
+        .post_json(&proxy.url(CHAT), &conversation("gzip", 3, 100))
+        .await;
+    assert_eq!(response.headers()["content-encoding"], "gzip");
+    assert_eq!(
+        support::body_bytes(response).await.as_ref(),
+        gzipped.as_slice()
+    );
+    proxy
+        .wait_metric(
+            "compactor_upstream_usage_tokens_total",
+            &[("kind", "input")],
+            321.0,
+        )
+        .await;
+    assert_eq!(
+        proxy
+            .metric(
+                "compactor_upstream_usage_tokens_total",
+                &[("kind", "output")]
+            )
+            .await,
+        Some(9.0)
+    );
+}

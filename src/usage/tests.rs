@@ -164,6 +164,48 @@ fn every_format_split_at_every_byte_boundary() {
     }
 }
 
+/// Compresses `body` as a provider would for `Accept-Encoding: gzip` / `deflate`.
+fn compress(body: &[u8], encoding: Encoding) -> Vec<u8> {
+    use std::io::Write;
+    let level = flate2::Compression::default();
+    match encoding {
+        Encoding::Gzip => {
+            let mut e = flate2::write::GzEncoder::new(Vec::new(), level);
+            e.write_all(body).expect("compress");
+            e.finish().expect("compress")
+        }
+        Encoding::Deflate => {
+            let mut e = flate2::write::ZlibEncoder::new(Vec::new(), level);
+            e.write_all(body).expect("compress");
+            e.finish().expect("compress")
+        }
+        Encoding::Identity => body.to_vec(),
+    }
+}
+
+#[tokio::test]
+async fn compressed_bodies_pass_unchanged_and_their_usage_is_read() {
+    for encoding in [Encoding::Gzip, Encoding::Deflate] {
+        for (name, format, body, expected) in samples() {
+            let wire = compress(body.as_bytes(), encoding);
+            let chunks: VecDeque<Bytes> = wire.chunks(7).map(Bytes::copy_from_slice).collect();
+            let (calls, on_done) = callback();
+            let observed = Observed::new(Frames(chunks), Some(format), on_done).encoded(encoding);
+            let out = observed.collect().await.expect("body").to_bytes();
+            assert_eq!(
+                out.as_ref(),
+                wire.as_slice(),
+                "{name}: bytes pass unchanged"
+            );
+            assert_eq!(
+                calls_of(&calls),
+                vec![Some(expected)],
+                "{name} {encoding:?}"
+            );
+        }
+    }
+}
+
 #[test]
 fn sse_without_a_final_blank_line_still_counts() {
     let body = ANTHROPIC_SSE.trim_end();
@@ -298,8 +340,16 @@ fn format_from_headers() {
             (ct, "application/json"),
             ("content-encoding", "gzip")
         ])),
-        None
+        Some(Format::Json)
     );
+    let enc = |v: &'static str| Encoding::from_headers(&headers(&[("content-encoding", v)]));
+    assert_eq!(
+        Encoding::from_headers(&headers(&[])),
+        Some(Encoding::Identity)
+    );
+    assert_eq!(enc("gzip"), Some(Encoding::Gzip));
+    assert_eq!(enc("deflate"), Some(Encoding::Deflate));
+    assert_eq!(enc("br"), None);
     assert_eq!(Format::from_headers(&headers(&[(ct, "text/plain")])), None);
     assert_eq!(Format::from_headers(&headers(&[])), None);
 }
