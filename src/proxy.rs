@@ -213,10 +213,18 @@ fn annotate(headers: &mut HeaderMap, processed: Processed, original: Bytes) -> B
     };
     let compacted = HeaderValue::from_static(if result.is_some() { "true" } else { "false" });
     headers.insert(HEADER_COMPACTED, compacted);
-    if let Some(r) = result {
-        headers.insert(HEADER_TOKENS_BEFORE, HeaderValue::from(r.pre_tokens));
-        headers.insert(HEADER_TOKENS_AFTER, HeaderValue::from(r.post_tokens));
-        headers.insert(HEADER_COMPACTION_NUM, HeaderValue::from(r.compaction_num));
+    match (result, processed.estimate) {
+        (Some(r), _) => {
+            headers.insert(HEADER_TOKENS_BEFORE, HeaderValue::from(r.pre_tokens));
+            headers.insert(HEADER_TOKENS_AFTER, HeaderValue::from(r.post_tokens));
+            headers.insert(HEADER_COMPACTION_NUM, HeaderValue::from(r.compaction_num));
+        }
+        // Forwarded as received: both estimates are the same.
+        (None, Some(estimate)) => {
+            headers.insert(HEADER_TOKENS_BEFORE, HeaderValue::from(estimate.tokens));
+            headers.insert(HEADER_TOKENS_AFTER, HeaderValue::from(estimate.tokens));
+        }
+        (None, None) => {}
     }
     body
 }

@@ -130,6 +130,19 @@ async fn calibration_moves_the_token_trigger() {
             .post_json(&proxy.url(CHAT), &conversation("first", 6, 4000))
             .await;
         assert_eq!(first.headers()["x-compactor-compacted"], "false");
+        // Not compacted: both estimates are the raw estimate of the request, no number.
+        let h = first.headers();
+        assert_eq!(
+            h["x-compactor-tokens-before"],
+            h["x-compactor-tokens-after"]
+        );
+        let raw: usize = h["x-compactor-tokens-before"]
+            .to_str()
+            .expect("ascii")
+            .parse()
+            .expect("number");
+        assert!((5_000..7_000).contains(&raw), "{raw}");
+        assert!(!h.contains_key("x-compactor-compaction-num"));
         support::body_bytes(first).await;
         proxy
             .wait_metric("compactor_estimate_error_ratio_count", &[], 1.0)
