@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::Value;
 
+use super::json::{leaf_chars, OrderedObject, StrChars, StrCharsVisitor};
 use crate::compaction::estimate::{count_chars, Counts, LazyEstimator};
 use crate::compaction::transcript::{Message, Part, Role, ToolCall, Transcript};
 
@@ -450,16 +451,6 @@ fn part_from_value(part: &Value) -> Part {
     }
 }
 
-/// Characters of every string leaf (not keys) of a value.
-fn leaf_chars(v: &Value) -> usize {
-    match v {
-        Value::String(s) => count_chars(s),
-        Value::Array(items) => items.iter().map(leaf_chars).sum(),
-        Value::Object(map) => map.values().map(leaf_chars).sum(),
-        _ => 0,
-    }
-}
-
 // ---------------------------------------------------------------------------------------------
 // Order-preserving top level.
 
@@ -469,29 +460,6 @@ fn leaf_chars(v: &Value) -> usize {
 pub(crate) fn top_level_fields(body: &[u8]) -> Result<Vec<(String, &RawValue)>, ChatError> {
     let OrderedObject(fields) = serde_json::from_slice(body)?;
     Ok(fields)
-}
-
-struct OrderedObject<'a>(Vec<(String, &'a RawValue)>);
-
-impl<'de: 'a, 'a> Deserialize<'de> for OrderedObject<'a> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V<'a>(std::marker::PhantomData<&'a ()>);
-        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
-            type Value = OrderedObject<'a>;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a JSON object")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-                let mut fields = Vec::new();
-                while let Some(key) = map.next_key::<String>()? {
-                    let value: &'a RawValue = map.next_value()?;
-                    fields.push((key, value));
-                }
-                Ok(OrderedObject(fields))
-            }
-        }
-        d.deserialize_map(V(std::marker::PhantomData))
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -578,62 +546,6 @@ impl<'de> Deserialize<'de> for MessageStats {
             }
         }
         d.deserialize_map(V)
-    }
-}
-
-/// Characters of all string leaves of any value (object keys excluded).
-struct StrChars(usize);
-
-impl<'de> Deserialize<'de> for StrChars {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(StrCharsVisitor).map(StrChars)
-    }
-}
-
-struct StrCharsVisitor;
-
-impl<'de> Visitor<'de> for StrCharsVisitor {
-    type Value = usize;
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("any JSON value")
-    }
-    fn visit_str<E: de::Error>(self, v: &str) -> Result<usize, E> {
-        Ok(count_chars(v))
-    }
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<usize, E> {
-        Ok(0)
-    }
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<usize, E> {
-        Ok(0)
-    }
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<usize, E> {
-        Ok(0)
-    }
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<usize, E> {
-        Ok(0)
-    }
-    fn visit_unit<E: de::Error>(self) -> Result<usize, E> {
-        Ok(0)
-    }
-    fn visit_none<E: de::Error>(self) -> Result<usize, E> {
-        Ok(0)
-    }
-    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<usize, D::Error> {
-        d.deserialize_any(StrCharsVisitor)
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<usize, A::Error> {
-        let mut n = 0usize;
-        while let Some(StrChars(c)) = seq.next_element()? {
-            n = n.saturating_add(c);
-        }
-        Ok(n)
-    }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<usize, A::Error> {
-        let mut n = 0usize;
-        while map.next_key::<IgnoredAny>()?.is_some() {
-            n = n.saturating_add(map.next_value::<StrChars>()?.0);
-        }
-        Ok(n)
     }
 }
 

@@ -1,4 +1,5 @@
-//! JSON plumbing shared by the Anthropic Messages and OpenAI Responses dialects: the
+//! JSON plumbing shared by the dialects (Chat Completions uses the top level and string
+//! counting; Anthropic Messages and OpenAI Responses everything): the
 //! order-preserving top level, zero-copy token counting driven by per-dialect [`Rules`], and
 //! the small writers the rewrites use.
 //!
@@ -265,7 +266,7 @@ impl<'de> Deserialize<'de> for StrChars {
     }
 }
 
-struct StrCharsVisitor;
+pub(crate) struct StrCharsVisitor;
 
 impl<'de> Visitor<'de> for StrCharsVisitor {
     type Value = usize;
