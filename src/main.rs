@@ -226,10 +226,10 @@ async fn compact(config: &Config, body: &[u8]) -> anyhow::Result<ExitCode> {
     };
     let compacted = engine
         .compact(CompactionInput {
-            transcript: &request.transcript,
-            model: request.model.as_deref(),
+            transcript: &request.conversation.transcript,
+            model: request.conversation.model.as_deref(),
             limits,
-            fixed_tokens: request.fixed_tokens,
+            fixed_tokens: request.conversation.fixed_tokens,
             prior: None,
             instructions: None,
             caller: &caller,
@@ -260,7 +260,7 @@ async fn compact(config: &Config, body: &[u8]) -> anyhow::Result<ExitCode> {
         )
         .context("rewriting the request")?;
     let result = &compaction.result;
-    let n = request.transcript.len();
+    let n = request.conversation.transcript.len();
     writeln!(
         err,
         "tokens: {} -> {} estimated (threshold {})",

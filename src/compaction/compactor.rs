@@ -407,12 +407,12 @@ impl Compactor {
             }
         };
         let request = request.as_ref();
-        let limits = self
-            .engine
-            .limits(request.model(), request.requested_output());
-        let splice = checkpoint.and_then(|c| self.splice(request.transcript(), c));
+        let conversation = request.conversation();
+        let model = conversation.model.as_deref();
+        let limits = self.engine.limits(model, conversation.requested_output);
+        let splice = checkpoint.and_then(|c| self.splice(&conversation.transcript, c));
         let (count, tokens) = self.view_size(request, splice.as_ref(), peek.tokens);
-        let calibrated = self.trigger_tokens(request.model(), tokens);
+        let calibrated = self.trigger_tokens(model, tokens);
 
         let Some(trigger) = limits.check(count, calibrated) else {
             return self.reuse(request, splice.as_ref(), peek.tokens, tokens);
@@ -439,7 +439,9 @@ impl Compactor {
                 // A flight that ended between this request's lookup and now left a newer
                 // checkpoint: compacting again would call the summarizer a second time.
                 let covered = splice.as_ref().map_or(0, |s| s.covered);
-                let newer = self.find_checkpoint(tenant, request.raw_messages()).await;
+                let newer = self
+                    .find_checkpoint(tenant, &conversation.raw_messages)
+                    .await;
                 if newer.is_some_and(|c| c.covered > covered) {
                     return Arc::new(None);
                 }
@@ -487,7 +489,7 @@ impl Compactor {
                     session,
                     trigger,
                     "compacted",
-                    request.transcript().len(),
+                    conversation.transcript.len(),
                     compaction,
                     started,
                 );
@@ -551,13 +553,14 @@ impl Compactor {
         splice: Option<&Splice>,
         received: usize,
     ) -> (usize, usize) {
-        let t = request.transcript();
+        let conversation = request.conversation();
+        let t = &conversation.transcript;
         match splice {
             None => (t.len(), received),
             Some(s) => {
                 let head = t.head_len();
-                let tokens = request
-                    .fixed_tokens()
+                let tokens = conversation
+                    .fixed_tokens
                     .saturating_add(t.tokens(0..head))
                     .saturating_add(self.engine.estimator().text(&s.message))
                     .saturating_add(t.tokens(s.covered..t.len()));
@@ -577,7 +580,7 @@ impl Compactor {
         let Some(s) = splice else {
             return Outcome::Unchanged;
         };
-        let head = request.transcript().head_len();
+        let head = request.conversation().transcript.head_len();
         match request.rewrite(head, s.covered, &s.message) {
             Ok(body) => Outcome::Reused {
                 body: Bytes::from(body),
@@ -604,8 +607,9 @@ impl Compactor {
         tenant: TenantId,
         received: usize,
     ) -> Outcome {
-        let checkpoint = self.lookup(tenant, request.raw_messages()).await;
-        let splice = checkpoint.and_then(|c| self.splice(request.transcript(), c));
+        let conversation = request.conversation();
+        let checkpoint = self.lookup(tenant, &conversation.raw_messages).await;
+        let splice = checkpoint.and_then(|c| self.splice(&conversation.transcript, c));
         let (_, tokens) = self.view_size(request, splice.as_ref(), received);
         self.reuse(request, splice.as_ref(), received, tokens)
     }
@@ -622,7 +626,8 @@ impl Compactor {
         session: &str,
         instructions: Option<&str>,
     ) -> Result<(Vec<u8>, Compaction), CompactError> {
-        let t = request.transcript();
+        let conversation = request.conversation();
+        let t = &conversation.transcript;
         let head = t.head_len();
         // The engine sees the conversation without the covered prefix; the prior summary
         // travels in `<prior-summary>` and is refined, not repeated.
@@ -641,9 +646,9 @@ impl Compactor {
             .engine
             .compact(CompactionInput {
                 transcript: view.as_ref().unwrap_or(t),
-                model: request.model(),
+                model: conversation.model.as_deref(),
                 limits,
-                fixed_tokens: request.fixed_tokens(),
+                fixed_tokens: conversation.fixed_tokens,
                 prior: splice.map(|s| &s.prior),
                 instructions,
                 caller,
@@ -652,7 +657,7 @@ impl Compactor {
         compaction.boundary += offset;
         let body = request.rewrite(head, compaction.boundary, &compaction.summary_message)?;
 
-        let prefix = &request.raw_messages()[..compaction.boundary];
+        let prefix = &conversation.raw_messages[..compaction.boundary];
         match chain(&tenant, prefix).map(|h| h.last().copied()) {
             Ok(Some(hash)) => {
                 let r = &compaction.result;
@@ -704,11 +709,12 @@ impl Compactor {
         };
         let request = request.as_ref();
         let tenant = TenantId::from_caller(&latest.caller);
-        let checkpoint = self.lookup(tenant, request.raw_messages()).await;
-        let splice = checkpoint.and_then(|c| self.splice(request.transcript(), c));
+        let conversation = request.conversation();
+        let checkpoint = self.lookup(tenant, &conversation.raw_messages).await;
+        let splice = checkpoint.and_then(|c| self.splice(&conversation.transcript, c));
         let limits = self
             .engine
-            .limits(request.model(), request.requested_output());
+            .limits(conversation.model.as_deref(), conversation.requested_output);
         let started = Instant::now();
         let result = self
             .compact_and_store(
@@ -731,7 +737,7 @@ impl Compactor {
                     id,
                     Trigger::Manual,
                     "compacted",
-                    request.transcript().len(),
+                    conversation.transcript.len(),
                     &compaction,
                     started,
                 );

@@ -806,7 +806,7 @@ mod tests {
         let fixture: Fixture = serde_json::from_str(json).expect("fixture parses");
         let body = serde_json::json!({"model": "gpt-4o", "messages": fixture.messages}).to_string();
         let request = crate::dialect::chat::parse(body.as_bytes()).expect("chat parses");
-        let transcript: &Transcript = &request.transcript;
+        let transcript: &Transcript = &request.conversation.transcript;
         let mut t = FileTracker::new();
         for m in &transcript.messages {
             t.observe_message(m);

@@ -290,10 +290,10 @@ fn rewritten_requests_stay_valid_verbatim_and_smaller() {
         // The hot path's estimate is the full parse's estimate, which is the parts' estimate.
         let parsed = chat::parse(&body).map_err(|e| TestCaseError::fail(e.to_string()))?;
         ensure(
-            parsed.tokens() == before.tokens,
+            parsed.conversation.tokens() == before.tokens,
             "peek and parse estimates agree",
         )?;
-        for m in &parsed.transcript.messages {
+        for m in &parsed.conversation.transcript.messages {
             ensure(
                 est.message(m) == m.tokens,
                 format!("parts estimate of {m:?}"),

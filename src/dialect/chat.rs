@@ -23,8 +23,9 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 
 use super::json::{leaf_chars, OrderedObject, StrChars, StrCharsVisitor};
+use super::Conversation;
 use crate::compaction::estimate::{count_chars, Counts, LazyEstimator};
-use crate::compaction::transcript::{Message, Part, Role, ToolCall, Transcript};
+use crate::compaction::transcript::{Message, Part, Role, ToolCall};
 
 /// Why a body could not be read or written as a Chat Completions request.
 #[derive(Debug, thiserror::Error)]
@@ -142,16 +143,9 @@ pub struct ChatRequest<'a> {
     fields: Vec<(String, &'a RawValue)>,
     /// Index of `messages` in `fields`.
     messages_at: usize,
-    /// The messages as raw JSON, in order.
-    pub raw_messages: Vec<&'a RawValue>,
-    /// The `model` field.
-    pub model: Option<String>,
-    /// `max_completion_tokens`, else `max_tokens`.
-    pub requested_output: Option<usize>,
-    /// Estimated tokens of the tool definitions.
-    pub fixed_tokens: usize,
-    /// The neutral transcript, message for message.
-    pub transcript: Transcript,
+    /// The messages; `requested_output` is `max_completion_tokens`, else `max_tokens`;
+    /// `fixed_tokens` are the tool definitions'.
+    pub conversation: Conversation<'a>,
 }
 
 /// Parses a request with the default estimator.
@@ -192,16 +186,16 @@ pub fn parse_with<'a>(
         message.tokens = estimator.counts(counts.map(|s| s.0).unwrap_or_default());
         messages.push(message);
     }
-    let mut transcript = Transcript::new(messages);
-    transcript.resolve_tool_names();
     Ok(ChatRequest {
         fields,
         messages_at,
-        raw_messages,
-        model,
-        requested_output,
-        fixed_tokens,
-        transcript,
+        conversation: Conversation::new(
+            raw_messages,
+            messages,
+            model,
+            requested_output,
+            fixed_tokens,
+        ),
     })
 }
 
@@ -217,24 +211,8 @@ pub fn raw_messages(body: &[u8]) -> Result<Vec<&RawValue>, ChatError> {
 }
 
 impl super::ParsedRequest for ChatRequest<'_> {
-    fn transcript(&self) -> &Transcript {
-        &self.transcript
-    }
-
-    fn raw_messages(&self) -> &[&RawValue] {
-        &self.raw_messages
-    }
-
-    fn model(&self) -> Option<&str> {
-        self.model.as_deref()
-    }
-
-    fn requested_output(&self) -> Option<usize> {
-        self.requested_output
-    }
-
-    fn fixed_tokens(&self) -> usize {
-        self.fixed_tokens
+    fn conversation(&self) -> &Conversation<'_> {
+        &self.conversation
     }
 
     fn rewrite(
@@ -254,12 +232,6 @@ struct SummaryWire<'a> {
 }
 
 impl ChatRequest<'_> {
-    /// Estimated tokens of the whole request as received.
-    pub fn tokens(&self) -> usize {
-        self.fixed_tokens
-            .saturating_add(self.transcript.tokens(0..self.transcript.len()))
-    }
-
     /// The request with `messages[head..boundary]` replaced by one user message holding
     /// `summary_message`; every other byte of the request (other fields, their order, the
     /// kept messages) as received, except insignificant whitespace between top-level fields.
@@ -269,10 +241,10 @@ impl ChatRequest<'_> {
         boundary: usize,
         summary_message: &str,
     ) -> Result<Vec<u8>, ChatError> {
-        let len = self.raw_messages.len();
+        let len = self.conversation.raw_messages.len();
         let (Some(kept_head), Some(tail)) = (
-            self.raw_messages.get(..head),
-            self.raw_messages.get(boundary..),
+            self.conversation.raw_messages.get(..head),
+            self.conversation.raw_messages.get(boundary..),
         ) else {
             return Err(ChatError::BadPlan {
                 head,
@@ -867,8 +839,8 @@ mod tests {
         .to_string();
         let p = peek(body.as_bytes(), &est()).expect("peeks");
         let r = parse(body.as_bytes()).expect("parses");
-        assert_eq!(p.tokens, r.tokens(), "peek and parse agree");
-        let m = &r.transcript.messages;
+        assert_eq!(p.tokens, r.conversation.tokens(), "peek and parse agree");
+        let m = &r.conversation.transcript.messages;
         assert!(matches!(&m[0].parts[0], Part::Opaque { kind, chars: 7 } if kind == "input_audio"));
         assert!(matches!(&m[1].parts[0], Part::Opaque { kind, chars: 4 } if kind == "reasoning"));
         assert!(
@@ -883,7 +855,7 @@ mod tests {
         );
         assert_eq!(m[4].role, Role::Tool);
         assert_eq!(m[4].tool_name.as_deref(), Some("get"));
-        assert_eq!(r.transcript.pairs()[4], Some(3));
+        assert_eq!(r.conversation.transcript.pairs()[4], Some(3));
     }
 
     #[test]
@@ -897,11 +869,11 @@ mod tests {
         ]})
         .to_string();
         let r = parse(body.as_bytes()).expect("parses");
-        let m = &r.transcript.messages;
-        assert_eq!(r.model.as_deref(), Some("m"));
+        let m = &r.conversation.transcript.messages;
+        assert_eq!(r.conversation.model.as_deref(), Some("m"));
         assert_eq!(m.len(), 4);
         assert_eq!(m[0].role, Role::System);
-        assert_eq!(r.transcript.head_len(), 1);
+        assert_eq!(r.conversation.transcript.head_len(), 1);
         assert_eq!(
             m[2].parts,
             vec![
@@ -922,7 +894,7 @@ mod tests {
         );
         assert_eq!(m[3].text(), "data");
         let p = peek(body.as_bytes(), &est()).expect("peeks");
-        assert_eq!(p.tokens, r.tokens());
+        assert_eq!(p.tokens, r.conversation.tokens());
     }
 
     #[test]

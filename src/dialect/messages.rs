@@ -31,9 +31,9 @@ use super::json::{
     as_tokens, content_counts, leaf_chars, node_counts, write_array, ContentSeed, OneOf,
     OrderedObject, Rules,
 };
-use super::Peek;
+use super::{Conversation, Peek};
 use crate::compaction::estimate::{Counts, LazyEstimator};
-use crate::compaction::transcript::{Message, Part, Role, ToolCall, ToolResult, Transcript};
+use crate::compaction::transcript::{Message, Part, Role, ToolCall, ToolResult};
 
 /// How Anthropic content is counted.
 pub(crate) static RULES: Rules = Rules {
@@ -211,16 +211,9 @@ impl<'de> Deserialize<'de> for MessageStats {
 pub struct MessagesRequest<'a> {
     fields: OrderedObject<'a>,
     messages_at: usize,
-    /// The messages as raw JSON, in order.
-    pub raw_messages: Vec<&'a RawValue>,
-    /// The `model` field.
-    pub model: Option<String>,
-    /// `max_tokens`.
-    pub requested_output: Option<usize>,
-    /// Estimated tokens of `system` and the tool definitions.
-    pub fixed_tokens: usize,
-    /// The neutral transcript, message for message.
-    pub transcript: Transcript,
+    /// The messages; `requested_output` is `max_tokens`; `fixed_tokens` are `system`'s and
+    /// the tool definitions'.
+    pub conversation: Conversation<'a>,
 }
 
 /// Parses a request with the default estimator.
@@ -259,16 +252,16 @@ pub fn parse_with<'a>(
         message.tokens = estimator.counts(counts);
         messages.push(message);
     }
-    let mut transcript = Transcript::new(messages);
-    transcript.resolve_tool_names();
     Ok(MessagesRequest {
         fields,
         messages_at,
-        raw_messages,
-        model,
-        requested_output,
-        fixed_tokens,
-        transcript,
+        conversation: Conversation::new(
+            raw_messages,
+            messages,
+            model,
+            requested_output,
+            fixed_tokens,
+        ),
     })
 }
 
@@ -416,24 +409,8 @@ fn block_parts(raw: &RawValue, parts: &mut Vec<Part>) -> Result<(), MessagesErro
 // Rewrite.
 
 impl super::ParsedRequest for MessagesRequest<'_> {
-    fn transcript(&self) -> &Transcript {
-        &self.transcript
-    }
-
-    fn raw_messages(&self) -> &[&RawValue] {
-        &self.raw_messages
-    }
-
-    fn model(&self) -> Option<&str> {
-        self.model.as_deref()
-    }
-
-    fn requested_output(&self) -> Option<usize> {
-        self.requested_output
-    }
-
-    fn fixed_tokens(&self) -> usize {
-        self.fixed_tokens
+    fn conversation(&self) -> &Conversation<'_> {
+        &self.conversation
     }
 
     fn rewrite(
@@ -469,12 +446,6 @@ fn text_block(text: &str) -> TextBlock<'_> {
 }
 
 impl MessagesRequest<'_> {
-    /// Estimated tokens of the whole request as received.
-    pub fn tokens(&self) -> usize {
-        self.fixed_tokens
-            .saturating_add(self.transcript.tokens(0..self.transcript.len()))
-    }
-
     /// The request with `messages[head..boundary]` replaced by one user message holding
     /// `summary_message`, merged into the first kept message when that is a user message;
     /// every other byte as received, except insignificant whitespace between top-level fields
@@ -485,7 +456,7 @@ impl MessagesRequest<'_> {
         boundary: usize,
         summary_message: &str,
     ) -> Result<Vec<u8>, MessagesError> {
-        let len = self.raw_messages.len();
+        let len = self.conversation.raw_messages.len();
         let bad_plan = MessagesError::BadPlan {
             head,
             boundary,
@@ -494,9 +465,12 @@ impl MessagesRequest<'_> {
         if head > boundary || boundary > len {
             return Err(bad_plan);
         }
-        let kept_head = &self.raw_messages[..head];
-        let tail = &self.raw_messages[boundary..];
-        let merge_into = match (tail.first(), self.transcript.messages.get(boundary)) {
+        let kept_head = &self.conversation.raw_messages[..head];
+        let tail = &self.conversation.raw_messages[boundary..];
+        let merge_into = match (
+            tail.first(),
+            self.conversation.transcript.messages.get(boundary),
+        ) {
             (Some(first), Some(m)) if m.role == Role::User => {
                 if m.is_tool_answer() {
                     return Err(MessagesError::TailStartsWithToolResult);
@@ -646,12 +620,18 @@ mod tests {
             + est().chars(8 + 10 + r#"{"query":"q"}"#.len() + 3)
             + est().chars("text".len() + "text/plain".len() + 4); // document source leaves
         let r = parse(body.as_bytes()).expect("parses");
-        let per: Vec<usize> = r.transcript.messages.iter().map(|m| m.tokens).collect();
+        let per: Vec<usize> = r
+            .conversation
+            .transcript
+            .messages
+            .iter()
+            .map(|m| m.tokens)
+            .collect();
         assert_eq!(p.tokens, expected, "{per:?}");
 
-        assert_eq!(r.tokens(), p.tokens, "peek and parse agree");
-        assert_eq!(r.fixed_tokens, p.fixed_tokens);
-        for m in &r.transcript.messages {
+        assert_eq!(r.conversation.tokens(), p.tokens, "peek and parse agree");
+        assert_eq!(r.conversation.fixed_tokens, p.fixed_tokens);
+        for m in &r.conversation.transcript.messages {
             assert_eq!(est().message(m), m.tokens, "parts estimate of {m:?}");
         }
     }
@@ -698,7 +678,7 @@ mod tests {
         ]})
         .to_string();
         let r = parse(body.as_bytes()).expect("parses");
-        let t = &r.transcript;
+        let t = &r.conversation.transcript;
         assert_eq!(t.len(), 4);
         assert_eq!(t.head_len(), 0, "no system role in messages");
         assert_eq!(t.last_user(), Some(0), "tool results are not a user turn");

@@ -24,7 +24,7 @@ pub mod responses;
 use serde_json::value::RawValue;
 
 use crate::compaction::estimate::LazyEstimator;
-use crate::compaction::transcript::Transcript;
+use crate::compaction::transcript::{Message, Transcript};
 
 pub use chat::Peek;
 
@@ -55,22 +55,56 @@ impl From<responses::ResponsesError> for DialectError {
     }
 }
 
-/// A request parsed for rewriting: what the engine reads and how the plan is written back.
+/// What the engine reads from a request, whatever its dialect.
 ///
-/// `transcript().messages[i]` and `raw_messages()[i]` describe the same wire message, so
-/// indices chosen by the engine (head, boundary) and by the session layer (covered prefix)
-/// mean the same thing to the dialect.
-pub trait ParsedRequest: Send + Sync {
-    /// The neutral transcript, message for message.
-    fn transcript(&self) -> &Transcript;
-    /// The wire messages as raw JSON, in order.
-    fn raw_messages(&self) -> &[&RawValue];
+/// `transcript.messages[i]` and `raw_messages[i]` describe the same wire message, so indices
+/// chosen by the engine (head, boundary) and by the session layer (covered prefix) mean the
+/// same thing to the dialect.
+#[derive(Debug)]
+pub struct Conversation<'a> {
+    /// The wire messages (Responses: input items) as raw JSON, in order.
+    pub raw_messages: Vec<&'a RawValue>,
     /// The `model` field.
-    fn model(&self) -> Option<&str>;
+    pub model: Option<String>,
     /// Output tokens the request reserves (`max_tokens` and friends).
-    fn requested_output(&self) -> Option<usize>;
+    pub requested_output: Option<usize>,
     /// Estimated tokens outside the messages (tool definitions, top-level system prompts).
-    fn fixed_tokens(&self) -> usize;
+    pub fixed_tokens: usize,
+    /// The neutral transcript, message for message.
+    pub transcript: Transcript,
+}
+
+impl<'a> Conversation<'a> {
+    /// Pairs the raw messages with their neutral form, resolving tool names across them.
+    fn new(
+        raw_messages: Vec<&'a RawValue>,
+        messages: Vec<Message>,
+        model: Option<String>,
+        requested_output: Option<usize>,
+        fixed_tokens: usize,
+    ) -> Conversation<'a> {
+        let mut transcript = Transcript::new(messages);
+        transcript.resolve_tool_names();
+        Conversation {
+            raw_messages,
+            model,
+            requested_output,
+            fixed_tokens,
+            transcript,
+        }
+    }
+
+    /// Estimated tokens of the whole request as received.
+    pub fn tokens(&self) -> usize {
+        self.fixed_tokens
+            .saturating_add(self.transcript.tokens(0..self.transcript.len()))
+    }
+}
+
+/// A request parsed for rewriting: what the engine reads and how the plan is written back.
+pub trait ParsedRequest: Send + Sync {
+    /// The conversation the engine works on.
+    fn conversation(&self) -> &Conversation<'_>;
     /// The request with messages `[head..boundary]` replaced by one user message holding
     /// `summary_message`; everything else as received.
     fn rewrite(

@@ -526,8 +526,11 @@ fn anthropic_rewrites_stay_valid_verbatim_and_smaller() {
         let est = LazyEstimator::default();
         let before = messages::peek(&body, &est).map_err(fail)?;
         let parsed = messages::parse(&body).map_err(fail)?;
-        ensure(parsed.tokens() == before.tokens, "peek and parse agree")?;
-        for m in &parsed.transcript.messages {
+        ensure(
+            parsed.conversation.tokens() == before.tokens,
+            "peek and parse agree",
+        )?;
+        for m in &parsed.conversation.transcript.messages {
             ensure(
                 est.message(m) == m.tokens,
                 format!("parts estimate of {m:?}"),
@@ -877,7 +880,10 @@ fn responses_rewrites_stay_valid_verbatim_and_smaller() {
         let est = LazyEstimator::default();
         let before = responses::peek(&body, &est).map_err(fail)?;
         let parsed = responses::parse(&body).map_err(fail)?;
-        ensure(parsed.tokens() == before.tokens, "peek and parse agree")?;
+        ensure(
+            parsed.conversation.tokens() == before.tokens,
+            "peek and parse agree",
+        )?;
         let due = c
             .engine()
             .limits(before.model.as_deref(), before.requested_output)

@@ -27,9 +27,9 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 
 use super::json::{as_tokens, leaf_chars, node_counts, NodeSeed, OrderedObject, Rules, StrChars};
-use super::Peek;
+use super::{Conversation, Peek};
 use crate::compaction::estimate::{count_chars, Counts, LazyEstimator};
-use crate::compaction::transcript::{Message, Part, Role, ToolCall, Transcript};
+use crate::compaction::transcript::{Message, Part, Role, ToolCall};
 
 /// How Responses input is counted.
 pub(crate) static RULES: Rules = Rules {
@@ -179,16 +179,9 @@ pub struct ResponsesRequest<'a> {
     input_at: usize,
     /// `input` is a string: its one item is written back as a user message item.
     input_is_string: bool,
-    /// The input items as raw JSON, in order (a string `input` is its one item).
-    pub raw_items: Vec<&'a RawValue>,
-    /// The `model` field.
-    pub model: Option<String>,
-    /// `max_output_tokens`.
-    pub requested_output: Option<usize>,
-    /// Estimated tokens of `instructions` and the tool definitions.
-    pub fixed_tokens: usize,
-    /// The neutral transcript, item for item.
-    pub transcript: Transcript,
+    /// The input items (a string `input` is its one item); `requested_output` is
+    /// `max_output_tokens`; `fixed_tokens` are `instructions`' and the tool definitions'.
+    pub conversation: Conversation<'a>,
 }
 
 /// Parses a request with the default estimator.
@@ -243,18 +236,12 @@ pub fn parse_with<'a>(
         }
         _ => return Err(ResponsesError::NoInput),
     };
-    let mut transcript = Transcript::new(messages);
-    transcript.resolve_tool_names();
     let input_is_string = !input.get().trim_start().starts_with('[');
     Ok(ResponsesRequest {
         fields,
         input_at,
         input_is_string,
-        raw_items,
-        model,
-        requested_output,
-        fixed_tokens,
-        transcript,
+        conversation: Conversation::new(raw_items, messages, model, requested_output, fixed_tokens),
     })
 }
 
@@ -417,24 +404,8 @@ fn part_from_value(part: &Value) -> Part {
 // Rewrite.
 
 impl super::ParsedRequest for ResponsesRequest<'_> {
-    fn transcript(&self) -> &Transcript {
-        &self.transcript
-    }
-
-    fn raw_messages(&self) -> &[&RawValue] {
-        &self.raw_items
-    }
-
-    fn model(&self) -> Option<&str> {
-        self.model.as_deref()
-    }
-
-    fn requested_output(&self) -> Option<usize> {
-        self.requested_output
-    }
-
-    fn fixed_tokens(&self) -> usize {
-        self.fixed_tokens
+    fn conversation(&self) -> &Conversation<'_> {
+        &self.conversation
     }
 
     fn rewrite(
@@ -468,12 +439,6 @@ struct InputText<'a> {
 }
 
 impl ResponsesRequest<'_> {
-    /// Estimated tokens of the whole request as received.
-    pub fn tokens(&self) -> usize {
-        self.fixed_tokens
-            .saturating_add(self.transcript.tokens(0..self.transcript.len()))
-    }
-
     /// The request with `input[head..boundary]` replaced by one user message item holding
     /// `summary_message`; every other byte as received, except insignificant whitespace
     /// between top-level fields and between input items.
@@ -483,7 +448,7 @@ impl ResponsesRequest<'_> {
         boundary: usize,
         summary_message: &str,
     ) -> Result<Vec<u8>, ResponsesError> {
-        let len = self.raw_items.len();
+        let len = self.conversation.raw_messages.len();
         if head > boundary || boundary > len {
             return Err(ResponsesError::BadPlan {
                 head,
@@ -503,12 +468,12 @@ impl ResponsesRequest<'_> {
         self.fields
             .write_replacing(&mut out, self.input_at, |out| {
                 out.push(b'[');
-                for item in &self.raw_items[..head] {
+                for item in &self.conversation.raw_messages[..head] {
                     out.extend_from_slice(item.get().as_bytes());
                     out.push(b',');
                 }
                 serde_json::to_writer(&mut *out, &summary)?;
-                for item in &self.raw_items[boundary..] {
+                for item in &self.conversation.raw_messages[boundary..] {
                     out.push(b',');
                     if self.input_is_string {
                         out.extend_from_slice(br#"{"type":"message","role":"user","content":"#);
@@ -582,8 +547,14 @@ mod tests {
         let tools = r#"[{"name":"shell","type":"function"}]"#;
         assert_eq!(p.fixed_tokens, 1 + est().text(tools));
         let r = parse(body.as_bytes()).expect("parses");
-        assert_eq!(r.tokens(), p.tokens);
-        let per: Vec<usize> = r.transcript.messages.iter().map(|m| m.tokens).collect();
+        assert_eq!(r.conversation.tokens(), p.tokens);
+        let per: Vec<usize> = r
+            .conversation
+            .transcript
+            .messages
+            .iter()
+            .map(|m| m.tokens)
+            .collect();
         assert_eq!(
             per,
             vec![
@@ -634,7 +605,7 @@ mod tests {
     fn parse_maps_items_to_messages() {
         let body = json!({"model": "gpt-5", "input": items()}).to_string();
         let r = parse(body.as_bytes()).expect("parses");
-        let t = &r.transcript;
+        let t = &r.conversation.transcript;
         let m = &t.messages;
         assert_eq!(t.head_len(), 1, "the developer message leads");
         let roles: Vec<Role> = m.iter().map(|m| m.role).collect();
@@ -696,7 +667,7 @@ mod tests {
         let p = peek(body, &est()).expect("peeks");
         assert_eq!((p.message_count, p.tokens), (1, 3 + 2));
         let r = parse(body).expect("parses");
-        assert_eq!(r.transcript.messages[0].role, Role::User);
+        assert_eq!(r.conversation.transcript.messages[0].role, Role::User);
         assert_eq!(raw_messages(body).expect("raw").len(), 1);
         // Nothing before it to compact; written back, it becomes a message item.
         let out = input_of(&r.rewrite(0, 0, "S").expect("rewrites"));
