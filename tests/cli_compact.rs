@@ -26,12 +26,7 @@ const FIXTURES: [&str; 4] = [
 
 /// `{"model": "gpt-4o", "messages": <the fixture's messages>}`.
 fn fixture_request(name: &str) -> Value {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/transcripts")
-        .join(name);
-    let text = std::fs::read_to_string(&path).expect("read fixture");
-    let v: Value = serde_json::from_str(&text).expect("fixture is JSON");
-    json!({"model": "gpt-4o", "messages": v["messages"].clone()})
+    json!({"model": "gpt-4o", "messages": support::transcript(name)})
 }
 
 /// Runs `compactor <args>` in `dir` (no `COMPACTOR_*` variables) with `stdin` piped in.

@@ -13,7 +13,7 @@ use serde::de::{IgnoredAny, MapAccess, Visitor};
 use serde::Deserializer as _;
 use serde_json::{json, Value};
 
-use support::{body_bytes, upstream_toml, MockUpstream, Recorded, Reply, TestClient, TestProxy};
+use support::{upstream_toml, Exchange, MockUpstream, Recorded, Reply, TestClient, TestProxy};
 
 const COMPACTIONS: &str = "compactor_compactions_total";
 
@@ -83,36 +83,19 @@ async fn mock_with(summary: impl Fn() -> Reply + Send + Sync + 'static) -> MockU
     mock
 }
 
-struct Sent {
-    status: u16,
-    headers: http::HeaderMap,
-    body: Bytes,
-}
-
-async fn send(proxy: &TestProxy, body: &[u8]) -> Sent {
-    let client = TestClient::http1();
-    let response = client
-        .request(
+async fn send(proxy: &TestProxy, body: &[u8]) -> Exchange {
+    let headers = [
+        ("content-type", "application/json"),
+        ("authorization", AUTH),
+    ];
+    TestClient::http1()
+        .exchange(
             "POST",
             &proxy.url("/v1/chat/completions"),
-            &[
-                ("content-type", "application/json"),
-                ("authorization", AUTH),
-            ],
+            &headers,
             Bytes::copy_from_slice(body),
         )
-        .await;
-    let status = response.status().as_u16();
-    let headers = response.headers().clone();
-    Sent {
-        status,
-        headers,
-        body: body_bytes(response).await,
-    }
-}
-
-fn header<'a>(sent: &'a Sent, name: &str) -> Option<&'a str> {
-    sent.headers.get(name).and_then(|v| v.to_str().ok())
+        .await
 }
 
 /// The chat requests the upstream received (summary requests left out).
@@ -147,13 +130,13 @@ async fn assert_fails_open(
     let sent = send(&proxy, &body).await;
     assert_eq!(sent.status, 200, "{}", String::from_utf8_lossy(&sent.body));
     assert_eq!(
-        header(&sent, "x-upstream"),
+        sent.header("x-upstream"),
         Some("yes"),
         "the upstream's response"
     );
     let v: Value = serde_json::from_slice(&sent.body).expect("JSON");
     assert_eq!(v["id"], "chatcmpl-upstream-7");
-    assert_eq!(header(&sent, "x-compactor-compacted"), Some("false"));
+    assert_eq!(sent.header("x-compactor-compacted"), Some("false"));
 
     let chats = forwarded(&mock);
     assert_eq!(chats.len(), 1, "forwarded once");
@@ -253,7 +236,7 @@ async fn a_request_below_the_triggers_arrives_byte_identical() {
                  \"model\":\"gpt-4o\", \"max_tokens\": 1e2, \"x_vendor\": {\"z\":1,\"a\":[]}}";
     let sent = send(&proxy, body).await;
     assert_eq!(sent.status, 200);
-    assert_eq!(header(&sent, "x-compactor-compacted"), Some("false"));
+    assert_eq!(sent.header("x-compactor-compacted"), Some("false"));
     assert_eq!(mock.request_count(), 1);
     assert_eq!(mock.last_request().body, body.to_vec());
     for outcome in ["compacted", "failed", "blank"] {
@@ -353,7 +336,7 @@ async fn unknown_fields_survive_a_real_rewrite() {
 
     let sent = send(&proxy, &body).await;
     assert_eq!(sent.status, 200);
-    assert_eq!(header(&sent, "x-compactor-compacted"), Some("true"));
+    assert_eq!(sent.header("x-compactor-compacted"), Some("true"));
     assert_eq!(compactions(&proxy, "messages", "compacted").await, 1.0);
     let chats = forwarded(&mock);
     assert_eq!(chats.len(), 1);

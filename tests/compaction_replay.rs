@@ -9,16 +9,18 @@
 
 mod support;
 
-use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use compactor::compaction::prompt::SUMMARY_INTRO;
 use serde_json::{json, Value};
 
-use support::provider_rules::{check_chat, rejection_body, Rejection};
-use support::{body_bytes, upstream_toml, MockUpstream, Recorded, Reply, TestClient, TestProxy};
+use support::provider_rules::{check_chat, rejection_body, Refusals};
+use support::{
+    transcript, upstream_toml, Exchange, MockUpstream, Recorded, Reply, TestClient, TestProxy,
+    TRANSCRIPTS,
+};
 
 /// The mock provider's context window, in its own tokens (4 characters each). Three of the four
 /// replays outgrow it; the longest ends near 10,750 tokens.
@@ -28,27 +30,11 @@ const WINDOW: usize = 4_000;
 /// 4,000-token window needs a smaller tail, as an operator serving such a model would set.
 const SMALL_TAIL: &str = "[compaction]\nmin_preserve_tokens = 500\nmax_preserve_tokens = 1500\n";
 
-const FIXTURES: [&str; 4] = [
-    "swe-agent-function-calling-simple.json",
-    "swe-agent-marshmallow-function-calling.json",
-    "swe-agent-ctf-katy.json",
-    "swe-agent-ctf-web.json",
-];
-
 /// What the `openai` summarizer's mock provider answers.
 const MOCK_SUMMARY: &str = "MOCK-SUMMARY-4471: the agent is working through the task; \
 keep going from the latest messages.";
 
 const COMPACTIONS: &str = "compactor_compactions_total";
-
-fn fixture(name: &str) -> Vec<Value> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/transcripts")
-        .join(name);
-    let v: Value = serde_json::from_str(&std::fs::read_to_string(path).expect("read fixture"))
-        .expect("fixture is JSON");
-    v["messages"].as_array().expect("messages").clone()
-}
 
 /// The requests an agent sends while producing `messages`: before each assistant message, a
 /// request carrying everything before it.
@@ -90,86 +76,46 @@ fn is_summary_request(v: &Value) -> bool {
     })
 }
 
-/// What the mock provider refused, by kind.
+/// What the mock provider refused.
 #[derive(Default)]
-struct Refusals {
-    invalid: AtomicUsize,
-    context_length: AtomicUsize,
-    /// Rejections of the summarizer's own requests (counted in the two above as well).
+struct Refused {
+    /// Every refusal, by kind.
+    rules: Refusals,
+    /// Refusals of the summarizer's own requests (counted in `rules` as well).
     summary_requests: AtomicUsize,
-    messages: Mutex<Vec<String>>,
-}
-
-impl Refusals {
-    fn invalid(&self) -> usize {
-        self.invalid.load(Ordering::SeqCst)
-    }
-    fn context_length(&self) -> usize {
-        self.context_length.load(Ordering::SeqCst)
-    }
 }
 
 /// Makes `mock` a strict provider with `window` tokens: summary requests get `summary`, valid
 /// chat requests that fit get a completion, anything else the provider's 400.
-fn strict_provider(mock: &MockUpstream, window: usize, summary: &'static str) -> Arc<Refusals> {
-    let refusals = Arc::new(Refusals::default());
-    let r = refusals.clone();
+fn strict_provider(mock: &MockUpstream, window: usize, summary: &'static str) -> Arc<Refused> {
+    let refused = Arc::new(Refused::default());
+    let r = refused.clone();
     mock.set_handler(move |req: &Recorded| {
-        let Ok(v) = serde_json::from_slice::<Value>(&req.body) else {
-            r.invalid.fetch_add(1, Ordering::SeqCst);
-            return Reply::json(400, &json!({"error": {"message": "invalid JSON"}}));
-        };
+        let v = serde_json::from_slice::<Value>(&req.body).unwrap_or(Value::Null);
         let summarizing = is_summary_request(&v);
         match check_chat(&v, window) {
             Ok(()) if summarizing => Reply::json(200, &completion(summary)),
             Ok(()) => Reply::json(200, &completion("Next step.")),
             Err(rejection) => {
-                match &rejection {
-                    Rejection::Invalid(_) => r.invalid.fetch_add(1, Ordering::SeqCst),
-                    Rejection::ContextLength { .. } => {
-                        r.context_length.fetch_add(1, Ordering::SeqCst)
-                    }
-                };
+                r.rules.record(&rejection);
                 if summarizing {
                     r.summary_requests.fetch_add(1, Ordering::SeqCst);
                 }
-                r.messages
-                    .lock()
-                    .expect("lock")
-                    .push(format!("{rejection:?}"));
                 Reply::json(400, &rejection_body(&rejection))
             }
         }
     });
-    refusals
-}
-
-/// One exchange as the client saw it.
-struct Exchange {
-    status: u16,
-    headers: http::HeaderMap,
-    body: Bytes,
+    refused
 }
 
 async fn post(client: &TestClient, url: &str, auth: &str, body: &[u8]) -> Exchange {
-    let response = client
-        .request(
-            "POST",
-            url,
-            &[
-                ("content-type", "application/json"),
-                ("authorization", auth),
-            ],
-            Bytes::copy_from_slice(body),
-        )
-        .await;
-    let status = response.status().as_u16();
-    let headers = response.headers().clone();
-    Exchange {
-        status,
-        headers,
-        body: body_bytes(response).await,
-    }
+    let headers = [
+        ("content-type", "application/json"),
+        ("authorization", auth),
+    ];
+    client
+        .exchange("POST", url, &headers, Bytes::copy_from_slice(body))
+        .await
 }
 
 fn messages_of(body: &[u8]) -> Vec<Value> {
@@ -182,9 +128,9 @@ async fn replay_direct(mock: &MockUpstream, refusals: &Refusals) -> Vec<(String,
     let client = TestClient::http1();
     let url = format!("{}/v1/chat/completions", mock.url());
     let mut per_fixture = Vec::new();
-    for name in FIXTURES {
+    for name in TRANSCRIPTS {
         let before = refusals.context_length();
-        for body in steps(&fixture(name)) {
+        for body in steps(&transcript(name)) {
             let ex = post(&client, &url, "Bearer sk-direct", &body).await;
             assert!(
                 ex.status == 200 || ex.status == 400,
@@ -216,9 +162,9 @@ async fn replay_through(proxy: &TestProxy, mock: &MockUpstream, summary_marker: 
     let client = TestClient::http1();
     let url = proxy.url("/v1/chat/completions");
     let mut through = Through::default();
-    for name in FIXTURES {
+    for name in TRANSCRIPTS {
         let auth = format!("Bearer sk-replay-{name}");
-        for (step, body) in steps(&fixture(name)).into_iter().enumerate() {
+        for (step, body) in steps(&transcript(name)).into_iter().enumerate() {
             let seen = mock.requests().len();
             let ex = post(&client, &url, &auth, &body).await;
             let what = format!("{name} step {step}");
@@ -264,10 +210,7 @@ async fn replay_through(proxy: &TestProxy, mock: &MockUpstream, summary_marker: 
                 .summary_requests
                 .extend(summaries.into_iter().map(|r| (auth.clone(), r)));
 
-            let compacted = ex
-                .headers
-                .get("x-compactor-compacted")
-                .and_then(|v| v.to_str().ok());
+            let compacted = ex.header("x-compactor-compacted");
             if forwarded.body == body {
                 assert_eq!(compacted, Some("false"), "{what}");
                 continue;
@@ -319,16 +262,17 @@ fn proxy_toml(mock: &MockUpstream, summarizer: &str) -> String {
 /// The direct replay hits the window; the replay through compactor never does.
 async fn direct_fails_proxied_fits(summarizer: &str, marker: &str) -> Through {
     let mock = MockUpstream::start().await;
-    let refusals = strict_provider(&mock, WINDOW, MOCK_SUMMARY);
+    let refused = strict_provider(&mock, WINDOW, MOCK_SUMMARY);
+    let refusals = &refused.rules;
 
-    let direct = replay_direct(&mock, &refusals).await;
+    let direct = replay_direct(&mock, &refused.rules).await;
     let total: usize = direct.iter().map(|(_, n)| n).sum();
     assert!(
         total > 0,
         "the window must bite without compactor: {direct:?}"
     );
     for (name, n) in &direct {
-        if name != FIXTURES[0] {
+        if name != TRANSCRIPTS[0] {
             assert!(*n > 0, "{name} outgrows the window directly: {direct:?}");
         }
     }
@@ -336,14 +280,14 @@ async fn direct_fails_proxied_fits(summarizer: &str, marker: &str) -> Through {
     let (invalid, context) = (refusals.invalid(), refusals.context_length());
     let proxy = TestProxy::start(&proxy_toml(&mock, summarizer)).await;
     let mut through = replay_through(&proxy, &mock, marker).await;
-    let refused = refusals.messages.lock().expect("lock")[total..].to_vec();
-    assert_eq!(refusals.invalid() - invalid, 0, "rejected: {refused:?}");
+    let reasons = refusals.reasons()[total..].to_vec();
+    assert_eq!(refusals.invalid() - invalid, 0, "rejected: {reasons:?}");
     assert_eq!(
         refusals.context_length() - context,
         0,
-        "context-length errors: {refused:?}"
+        "context-length errors: {reasons:?}"
     );
-    assert_eq!(refusals.summary_requests.load(Ordering::SeqCst), 0);
+    assert_eq!(refused.summary_requests.load(Ordering::SeqCst), 0);
 
     assert!(through.compacted > 0, "at least one request was compacted");
     let counted = compactions(&proxy, "compacted").await;
@@ -427,7 +371,7 @@ async fn a_refinement_that_shrinks_the_spliced_request_is_used() {
             .into_boxed_str(),
     );
     let mock = MockUpstream::start().await;
-    let refusals = strict_provider(&mock, SMALL_WINDOW, summary);
+    let refused = strict_provider(&mock, SMALL_WINDOW, summary);
     let proxy = TestProxy::start(&format!(
         "{}[models.\"gpt-4o\"]\ncontext_window = {SMALL_WINDOW}\n\
          [compaction]\nmin_preserve_tokens = 200\nmax_preserve_tokens = 200\n\
@@ -443,12 +387,7 @@ async fn a_refinement_that_shrinks_the_spliced_request_is_used() {
     let first = serde_json::to_vec(&json!({"model": "gpt-4o", "messages": all[..27]})).unwrap();
     let ex = post(&client, &url, "Bearer sk-refine", &first).await;
     assert_eq!(ex.status, 200);
-    assert_eq!(
-        ex.headers
-            .get("x-compactor-compacted")
-            .map(|v| v.to_str().unwrap_or("")),
-        Some("true")
-    );
+    assert_eq!(ex.header("x-compactor-compacted"), Some("true"));
     assert_eq!(compactions(&proxy, "compacted").await, 1.0);
 
     // Twelve turns later the spliced request (summary + tail + new turns) trips the trigger
@@ -471,6 +410,6 @@ async fn a_refinement_that_shrinks_the_spliced_request_is_used() {
     );
     assert_eq!(compactions(&proxy, "compacted").await, 2.0);
     assert!(tokens < 2_550, "back under the trigger: {tokens}");
-    assert_eq!(refusals.context_length() + refusals.invalid(), 0);
+    assert_eq!(refused.rules.context_length() + refused.rules.invalid(), 0);
     proxy.shutdown().await;
 }

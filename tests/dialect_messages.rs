@@ -10,9 +10,7 @@
 
 mod support;
 
-use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use compactor::compaction::prompt::SUMMARY_INTRO;
@@ -21,9 +19,9 @@ use serde_json::{json, Value};
 use support::anthropic_rules::{
     check_messages, from_chat, raw_elements, rejection_body, top_level_fields,
 };
-use support::provider_rules::Rejection;
+use support::provider_rules::{self, Provider, Refusals, Rejection};
 use support::{
-    body_bytes, metric_value, upstream_toml, MockUpstream, Recorded, Reply, SseReader, TestClient,
+    metric_value, transcript, upstream_toml, Exchange, MockUpstream, Reply, SseReader, TestClient,
     TestProxy,
 };
 
@@ -53,15 +51,6 @@ fn window_of(model: &str) -> usize {
         .iter()
         .find(|(_, m, _)| *m == model)
         .map_or(0, |(_, _, w)| *w)
-}
-
-fn fixture(name: &str) -> Vec<Value> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/transcripts")
-        .join(name);
-    let v: Value = serde_json::from_str(&std::fs::read_to_string(path).expect("read fixture"))
-        .expect("fixture is JSON");
-    v["messages"].as_array().expect("messages").clone()
 }
 
 /// A Claude Code–like request carrying `messages`: system blocks and tools with cache markers,
@@ -105,7 +94,7 @@ fn request(model: &str, system: Option<Value>, mut messages: Vec<Value>, stream:
 /// The requests an agent sends while producing the fixture: before each assistant message,
 /// everything before it.
 fn steps(name: &str, model: &str) -> Vec<Vec<u8>> {
-    let chat = fixture(name);
+    let chat = transcript(name);
     (1..chat.len())
         .filter(|&i| chat[i]["role"] == "assistant")
         .map(|i| {
@@ -123,78 +112,28 @@ fn reply(text: &str) -> Value {
     })
 }
 
-#[derive(Default)]
-struct Refusals {
-    invalid: AtomicUsize,
-    context_length: AtomicUsize,
-    messages: Mutex<Vec<String>>,
-}
-
 /// Makes `mock` a strict Anthropic provider with the fixtures' models and windows.
 fn strict_provider(mock: &MockUpstream) -> Arc<Refusals> {
-    let refusals = Arc::new(Refusals::default());
-    let r = refusals.clone();
-    mock.set_handler(move |req: &Recorded| {
-        let verdict = match serde_json::from_slice::<Value>(&req.body) {
-            Ok(v) if req.path() == "/v1/messages" => {
-                check_messages(&v, window_of(v["model"].as_str().unwrap_or("")))
-            }
-            Ok(_) => Err(Rejection::Invalid(format!(
-                "unexpected path {}",
-                req.path()
-            ))),
-            Err(e) => Err(Rejection::Invalid(format!("invalid JSON: {e}"))),
-        };
-        match verdict {
-            Ok(()) => Reply::json(200, &reply("Next step.")),
-            Err(rejection) => {
-                match &rejection {
-                    Rejection::Invalid(_) => r.invalid.fetch_add(1, Ordering::SeqCst),
-                    Rejection::ContextLength { .. } => {
-                        r.context_length.fetch_add(1, Ordering::SeqCst)
-                    }
-                };
-                r.messages
-                    .lock()
-                    .expect("lock")
-                    .push(format!("{rejection:?}"));
-                Reply::json(400, &rejection_body(&rejection))
-            }
-        }
-    });
-    refusals
-}
-
-struct Exchange {
-    status: u16,
-    headers: http::HeaderMap,
-    body: Bytes,
+    fn check(v: &Value) -> Result<(), Rejection> {
+        check_messages(v, window_of(v["model"].as_str().unwrap_or("")))
+    }
+    let anthropic = Provider {
+        path: "/v1/messages",
+        check,
+        rejection_body,
+    };
+    provider_rules::strict_provider(mock, anthropic, reply("Next step."))
 }
 
 async fn post(client: &TestClient, url: &str, key: &str, body: &[u8]) -> Exchange {
-    let response = client
-        .request(
-            "POST",
-            url,
-            &[
-                ("content-type", "application/json"),
-                ("x-api-key", key),
-                ("anthropic-version", "2023-06-01"),
-            ],
-            Bytes::copy_from_slice(body),
-        )
-        .await;
-    let status = response.status().as_u16();
-    let headers = response.headers().clone();
-    Exchange {
-        status,
-        headers,
-        body: body_bytes(response).await,
-    }
-}
-
-fn header<'a>(ex: &'a Exchange, name: &str) -> Option<&'a str> {
-    ex.headers.get(name).and_then(|v| v.to_str().ok())
+    let headers = [
+        ("content-type", "application/json"),
+        ("x-api-key", key),
+        ("anthropic-version", "2023-06-01"),
+    ];
+    client
+        .exchange("POST", url, &headers, Bytes::copy_from_slice(body))
+        .await
 }
 
 /// The proxy with the fixtures' models (or `MODEL` with `window`) and the local summarizer.
@@ -213,7 +152,7 @@ fn proxy_toml(mock: &MockUpstream, window: Option<usize>) -> String {
 }
 
 async fn metric(proxy: &TestProxy, name: &str, labels: &[(&str, &str)]) -> f64 {
-    metric_value(&proxy.metrics().await, name, labels).unwrap_or(0.0)
+    proxy.metric(name, labels).await.unwrap_or(0.0)
 }
 
 /// What one fixture's replay through the proxy showed.
@@ -242,10 +181,10 @@ async fn replay_through(proxy: &TestProxy, mock: &MockUpstream, name: &str, mode
             200,
             "{what}: {} (compacted: {:?}, tokens {:?} -> {:?}, #{:?})",
             String::from_utf8_lossy(&ex.body),
-            header(&ex, "x-compactor-compacted"),
-            header(&ex, "x-compactor-tokens-before"),
-            header(&ex, "x-compactor-tokens-after"),
-            header(&ex, "x-compactor-compaction-num"),
+            ex.header("x-compactor-compacted"),
+            ex.header("x-compactor-tokens-before"),
+            ex.header("x-compactor-tokens-after"),
+            ex.header("x-compactor-compaction-num"),
         );
         let answer: Value = serde_json::from_slice(&ex.body).expect("JSON answer");
         assert_eq!(answer["content"][0]["text"], "Next step.", "{what}");
@@ -258,14 +197,10 @@ async fn replay_through(proxy: &TestProxy, mock: &MockUpstream, name: &str, mode
         assert_eq!(forwarded.header("x-api-key"), Some(key.as_str()));
         assert_eq!(forwarded.header("anthropic-version"), Some("2023-06-01"));
         if forwarded.body == body {
-            assert_eq!(
-                header(&ex, "x-compactor-compacted"),
-                Some("false"),
-                "{what}"
-            );
+            assert_eq!(ex.header("x-compactor-compacted"), Some("false"), "{what}");
             continue;
         }
-        assert_eq!(header(&ex, "x-compactor-compacted"), Some("true"), "{what}");
+        assert_eq!(ex.header("x-compactor-compacted"), Some("true"), "{what}");
         replay.compacted += 1;
 
         // Every field but `messages` byte for byte, in order.
@@ -325,9 +260,7 @@ async fn replay_through(proxy: &TestProxy, mock: &MockUpstream, name: &str, mode
             Some(json!({"type": "ephemeral"})),
             "{what}: cache marker kept"
         );
-        let num: u32 = header(&ex, "x-compactor-compaction-num")
-            .and_then(|n| n.parse().ok())
-            .expect("compaction number");
+        let num = ex.compaction_num().expect("compaction number");
         replay.spliced.push((num, summary));
     }
     replay
@@ -355,13 +288,13 @@ async fn replays_fit_the_window_and_reuse_their_summaries() {
             );
         }
     }
-    let direct_errors = refusals.context_length.load(Ordering::SeqCst);
+    let direct_errors = refusals.context_length();
     assert!(direct_errors > 0, "the window must bite without compactor");
     assert_eq!(
-        refusals.invalid.load(Ordering::SeqCst),
+        refusals.invalid(),
         0,
         "the converted fixtures are valid: {:?}",
-        refusals.messages.lock().expect("lock")
+        refusals.reasons()
     );
 
     // Through compactor: never.
@@ -389,14 +322,10 @@ async fn replays_fit_the_window_and_reuse_their_summaries() {
         total.requests += replay.requests;
         total.compacted += replay.compacted;
     }
-    let refused = refusals.messages.lock().expect("lock")[direct_errors..].to_vec();
+    let refused = refusals.reasons()[direct_errors..].to_vec();
+    assert_eq!(refusals.invalid(), 0, "rejected: {refused:?}");
     assert_eq!(
-        refusals.invalid.load(Ordering::SeqCst),
-        0,
-        "rejected: {refused:?}"
-    );
-    assert_eq!(
-        refusals.context_length.load(Ordering::SeqCst),
+        refusals.context_length(),
         direct_errors,
         "context-length errors through compactor: {refused:?}"
     );
@@ -460,7 +389,7 @@ async fn a_compacted_stream_passes_through_event_by_event() {
     let mock = MockUpstream::start().await;
     // A window the marshmallow session outgrows at its last step.
     let proxy = TestProxy::start(&proxy_toml(&mock, Some(2_000))).await;
-    let chat = fixture(FIXTURES[1].0);
+    let chat = transcript(FIXTURES[1].0);
     let (system, messages) = from_chat(&chat[..chat.len() - 1], true);
     let body = request(MODEL, system, messages, true);
 
@@ -543,7 +472,7 @@ async fn requests_it_does_not_understand_pass_through_byte_identical() {
     mock.push(Reply::json(200, &reply("ok")));
     let ex = post(&client, &proxy.url("/v1/messages"), "sk-odd", &odd).await;
     assert_eq!(ex.status, 200);
-    assert_eq!(header(&ex, "x-compactor-compacted"), Some("false"));
+    assert_eq!(ex.header("x-compactor-compacted"), Some("false"));
     assert_eq!(mock.last_request().body, Bytes::from(odd));
     proxy.shutdown().await;
 }

@@ -11,19 +11,17 @@
 
 mod support;
 
-use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use compactor::compaction::prompt::SUMMARY_INTRO;
 use serde_json::{json, Value};
 
 use support::anthropic_rules::{raw_elements, top_level_fields};
-use support::provider_rules::Rejection;
+use support::provider_rules::{self, Provider, Refusals, Rejection};
 use support::responses_rules::{check_responses, from_chat, rejection_body};
 use support::{
-    body_bytes, metric_value, upstream_toml, MockUpstream, Recorded, Reply, SseReader, TestClient,
+    metric_value, transcript, upstream_toml, Exchange, MockUpstream, Reply, SseReader, TestClient,
     TestProxy,
 };
 
@@ -53,15 +51,6 @@ fn window_of(model: &str) -> usize {
         .map_or(0, |(_, _, w)| *w)
 }
 
-fn fixture(name: &str) -> Vec<Value> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/transcripts")
-        .join(name);
-    let v: Value = serde_json::from_str(&std::fs::read_to_string(path).expect("read fixture"))
-        .expect("fixture is JSON");
-    v["messages"].as_array().expect("messages").clone()
-}
-
 /// A Codex-like stateless request: instructions, tools, reasoning settings, encrypted
 /// reasoning carried in `input`, and fields compactor knows nothing about.
 fn request(model: &str, instructions: Option<Value>, input: Vec<Value>, stream: bool) -> Vec<u8> {
@@ -85,7 +74,7 @@ fn request(model: &str, instructions: Option<Value>, input: Vec<Value>, stream: 
 }
 
 fn steps(name: &str, model: &str) -> Vec<Vec<u8>> {
-    let chat = fixture(name);
+    let chat = transcript(name);
     (1..chat.len())
         .filter(|&i| chat[i]["role"] == "assistant")
         .map(|i| {
@@ -104,76 +93,27 @@ fn response(text: &str) -> Value {
     })
 }
 
-#[derive(Default)]
-struct Refusals {
-    invalid: AtomicUsize,
-    context_length: AtomicUsize,
-    messages: Mutex<Vec<String>>,
-}
-
+/// Makes `mock` a strict Responses provider with the fixtures' models and windows.
 fn strict_provider(mock: &MockUpstream) -> Arc<Refusals> {
-    let refusals = Arc::new(Refusals::default());
-    let r = refusals.clone();
-    mock.set_handler(move |req: &Recorded| {
-        let verdict = match serde_json::from_slice::<Value>(&req.body) {
-            Ok(v) if req.path() == "/v1/responses" => {
-                check_responses(&v, window_of(v["model"].as_str().unwrap_or("")))
-            }
-            Ok(_) => Err(Rejection::Invalid(format!(
-                "unexpected path {}",
-                req.path()
-            ))),
-            Err(e) => Err(Rejection::Invalid(format!("invalid JSON: {e}"))),
-        };
-        match verdict {
-            Ok(()) => Reply::json(200, &response("Next step.")),
-            Err(rejection) => {
-                match &rejection {
-                    Rejection::Invalid(_) => r.invalid.fetch_add(1, Ordering::SeqCst),
-                    Rejection::ContextLength { .. } => {
-                        r.context_length.fetch_add(1, Ordering::SeqCst)
-                    }
-                };
-                r.messages
-                    .lock()
-                    .expect("lock")
-                    .push(format!("{rejection:?}"));
-                Reply::json(400, &rejection_body(&rejection))
-            }
-        }
-    });
-    refusals
-}
-
-struct Exchange {
-    status: u16,
-    headers: http::HeaderMap,
-    body: Bytes,
+    fn check(v: &Value) -> Result<(), Rejection> {
+        check_responses(v, window_of(v["model"].as_str().unwrap_or("")))
+    }
+    let openai = Provider {
+        path: "/v1/responses",
+        check,
+        rejection_body,
+    };
+    provider_rules::strict_provider(mock, openai, response("Next step."))
 }
 
 async fn post(client: &TestClient, url: &str, auth: &str, body: &[u8]) -> Exchange {
-    let response = client
-        .request(
-            "POST",
-            url,
-            &[
-                ("content-type", "application/json"),
-                ("authorization", auth),
-            ],
-            Bytes::copy_from_slice(body),
-        )
-        .await;
-    let status = response.status().as_u16();
-    let headers = response.headers().clone();
-    Exchange {
-        status,
-        headers,
-        body: body_bytes(response).await,
-    }
-}
-
-fn header<'a>(ex: &'a Exchange, name: &str) -> Option<&'a str> {
-    ex.headers.get(name).and_then(|v| v.to_str().ok())
+    let headers = [
+        ("content-type", "application/json"),
+        ("authorization", auth),
+    ];
+    client
+        .exchange("POST", url, &headers, Bytes::copy_from_slice(body))
+        .await
 }
 
 fn proxy_toml(mock: &MockUpstream, window: Option<usize>) -> String {
@@ -191,7 +131,7 @@ fn proxy_toml(mock: &MockUpstream, window: Option<usize>) -> String {
 }
 
 async fn metric(proxy: &TestProxy, name: &str, labels: &[(&str, &str)]) -> f64 {
-    metric_value(&proxy.metrics().await, name, labels).unwrap_or(0.0)
+    proxy.metric(name, labels).await.unwrap_or(0.0)
 }
 
 #[derive(Default)]
@@ -215,9 +155,9 @@ async fn replay_through(proxy: &TestProxy, mock: &MockUpstream, name: &str, mode
             200,
             "{what}: {} (compacted: {:?}, tokens {:?} -> {:?})",
             String::from_utf8_lossy(&ex.body),
-            header(&ex, "x-compactor-compacted"),
-            header(&ex, "x-compactor-tokens-before"),
-            header(&ex, "x-compactor-tokens-after"),
+            ex.header("x-compactor-compacted"),
+            ex.header("x-compactor-tokens-before"),
+            ex.header("x-compactor-tokens-after"),
         );
         let answer: Value = serde_json::from_slice(&ex.body).expect("JSON answer");
         assert_eq!(
@@ -231,14 +171,10 @@ async fn replay_through(proxy: &TestProxy, mock: &MockUpstream, name: &str, mode
         assert_eq!(forwarded.path(), "/v1/responses");
         assert_eq!(forwarded.header("authorization"), Some(auth.as_str()));
         if forwarded.body == body {
-            assert_eq!(
-                header(&ex, "x-compactor-compacted"),
-                Some("false"),
-                "{what}"
-            );
+            assert_eq!(ex.header("x-compactor-compacted"), Some("false"), "{what}");
             continue;
         }
-        assert_eq!(header(&ex, "x-compactor-compacted"), Some("true"), "{what}");
+        assert_eq!(ex.header("x-compactor-compacted"), Some("true"), "{what}");
         replay.compacted += 1;
 
         let (sent_fields, out_fields) =
@@ -267,9 +203,7 @@ async fn replay_through(proxy: &TestProxy, mock: &MockUpstream, name: &str, mode
             &sent[sent.len() - tail.len()..],
             "{what}: verbatim tail"
         );
-        let num: u32 = header(&ex, "x-compactor-compaction-num")
-            .and_then(|n| n.parse().ok())
-            .expect("compaction number");
+        let num = ex.compaction_num().expect("compaction number");
         replay.spliced.push((num, out[0].clone()));
     }
     replay
@@ -292,13 +226,13 @@ async fn replays_fit_the_window_and_reuse_their_summaries() {
             );
         }
     }
-    let direct_errors = refusals.context_length.load(Ordering::SeqCst);
+    let direct_errors = refusals.context_length();
     assert!(direct_errors > 0, "the window must bite without compactor");
     assert_eq!(
-        refusals.invalid.load(Ordering::SeqCst),
+        refusals.invalid(),
         0,
         "the converted fixtures are valid: {:?}",
-        refusals.messages.lock().expect("lock")
+        refusals.reasons()
     );
 
     let proxy = TestProxy::start(&proxy_toml(&mock, None)).await;
@@ -318,14 +252,10 @@ async fn replays_fit_the_window_and_reuse_their_summaries() {
         max_num = max_num.max(replay.spliced.iter().map(|s| s.0).max().unwrap_or(0));
         compacted += replay.compacted;
     }
-    let refused = refusals.messages.lock().expect("lock")[direct_errors..].to_vec();
+    let refused = refusals.reasons()[direct_errors..].to_vec();
+    assert_eq!(refusals.invalid(), 0, "rejected: {refused:?}");
     assert_eq!(
-        refusals.invalid.load(Ordering::SeqCst),
-        0,
-        "rejected: {refused:?}"
-    );
-    assert_eq!(
-        refusals.context_length.load(Ordering::SeqCst),
+        refusals.context_length(),
         direct_errors,
         "context-length errors through compactor: {refused:?}"
     );
@@ -369,7 +299,7 @@ async fn server_held_conversations_pass_through_byte_identical() {
     let proxy = TestProxy::start(&proxy_toml(&mock, Some(1_000))).await;
     let client = TestClient::http1();
     // Far over the window, but the history is OpenAI's: nothing to compact here.
-    let chat = fixture(FIXTURES[3].0);
+    let chat = transcript(FIXTURES[3].0);
     let (instructions, input) = from_chat(&chat);
     let mut v: Value =
         serde_json::from_slice(&request(MODEL, instructions, input, false)).expect("JSON");
@@ -384,7 +314,7 @@ async fn server_held_conversations_pass_through_byte_identical() {
     )
     .await;
     assert_eq!(ex.status, 200);
-    assert_eq!(header(&ex, "x-compactor-compacted"), Some("false"));
+    assert_eq!(ex.header("x-compactor-compacted"), Some("false"));
     assert_eq!(mock.last_request().body, Bytes::from(body));
     assert_eq!(
         metric(
@@ -413,7 +343,7 @@ async fn server_held_conversations_pass_through_byte_identical() {
 async fn a_compacted_stream_passes_through_event_by_event() {
     let mock = MockUpstream::start().await;
     let proxy = TestProxy::start(&proxy_toml(&mock, Some(2_000))).await;
-    let chat = fixture(FIXTURES[1].0);
+    let chat = transcript(FIXTURES[1].0);
     let (instructions, input) = from_chat(&chat[..chat.len() - 1]);
     let body = request(MODEL, instructions, input, true);
 

@@ -435,108 +435,12 @@ fn missing_or_invalid_inputs_fail_with_a_clear_message() {
     assert!(!out.status.success(), "a transcript is required");
 }
 
-/// A small well-formedness check: one root element, every element closed in order, attribute
-/// values quoted, and every `&` in text or attributes starting an entity.
+/// The chart's element names in document order, when it parses as XML.
 fn check_well_formed(doc: &str) -> Result<Vec<String>, String> {
-    let mut rest = doc.trim_start();
-    if let Some(prolog) = rest.strip_prefix("<?xml") {
-        let end = prolog.find("?>").ok_or("unterminated prolog")?;
-        rest = &prolog[end + 2..];
-    }
-    let mut stack: Vec<&str> = Vec::new();
-    let mut elements = Vec::new();
-    let mut roots = 0;
-    while let Some(open) = rest.find('<') {
-        let text = &rest[..open];
-        check_text(text)?;
-        if stack.is_empty() && !text.trim().is_empty() {
-            return Err(format!("text outside the root: {text:?}"));
-        }
-        rest = &rest[open + 1..];
-        let close = rest.find('>').ok_or("unterminated tag")?;
-        let tag = &rest[..close];
-        rest = &rest[close + 1..];
-        if let Some(name) = tag.strip_prefix('/') {
-            let opened = stack.pop().ok_or(format!("</{name}> closes nothing"))?;
-            if opened != name.trim() {
-                return Err(format!("<{opened}> closed by </{name}>"));
-            }
-            continue;
-        }
-        let (body, self_closing) = match tag.strip_suffix('/') {
-            Some(body) => (body, true),
-            None => (tag, false),
-        };
-        let name_end = body.find(char::is_whitespace).unwrap_or(body.len());
-        let name = &body[..name_end];
-        if !is_name(name) {
-            return Err(format!("bad element name in <{tag}>"));
-        }
-        check_attributes(&body[name_end..]).map_err(|e| format!("<{name}>: {e}"))?;
-        if stack.is_empty() {
-            roots += 1;
-        }
-        elements.push(name.to_string());
-        if !self_closing {
-            stack.push(name);
-        }
-    }
-    check_text(rest)?;
-    if !rest.trim().is_empty() {
-        return Err("text after the root".into());
-    }
-    if let Some(open) = stack.last() {
-        return Err(format!("<{open}> never closed"));
-    }
-    if roots != 1 {
-        return Err(format!("{roots} root elements"));
-    }
-    Ok(elements)
-}
-
-fn is_name(name: &str) -> bool {
-    !name.is_empty()
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | ':' | '.'))
-}
-
-fn check_attributes(mut s: &str) -> Result<(), String> {
-    loop {
-        s = s.trim_start();
-        if s.is_empty() {
-            return Ok(());
-        }
-        let eq = s.find('=').ok_or(format!("attribute without value: {s}"))?;
-        if !is_name(&s[..eq]) {
-            return Err(format!("bad attribute name {:?}", &s[..eq]));
-        }
-        let value = s[eq + 1..]
-            .strip_prefix('"')
-            .ok_or(format!("unquoted attribute {:?}", &s[..eq]))?;
-        let end = value.find('"').ok_or("unterminated attribute value")?;
-        check_text(&value[..end])?;
-        s = &value[end + 1..];
-        if !(s.is_empty() || s.starts_with(char::is_whitespace)) {
-            return Err(format!("no space after attribute value: {s}"));
-        }
-    }
-}
-
-fn check_text(text: &str) -> Result<(), String> {
-    if text.contains(['<', '>']) {
-        return Err(format!("unescaped markup in {text:?}"));
-    }
-    let mut rest = text;
-    while let Some(amp) = rest.find('&') {
-        rest = &rest[amp..];
-        let ok = ["&amp;", "&lt;", "&gt;", "&quot;", "&apos;"]
-            .iter()
-            .any(|e| rest.starts_with(e));
-        if !ok {
-            return Err(format!("bare & in {text:?}"));
-        }
-        rest = &rest[1..];
-    }
-    Ok(())
+    let doc = roxmltree::Document::parse(doc).map_err(|e| e.to_string())?;
+    Ok(doc
+        .descendants()
+        .filter(|n| n.is_element())
+        .map(|n| n.tag_name().name().to_string())
+        .collect())
 }

@@ -12,7 +12,6 @@
 
 mod support;
 
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -23,8 +22,8 @@ use serde_json::{json, Value};
 
 use support::provider_rules::{check_chat, rejection_body};
 use support::{
-    body_bytes, eventually, upstream_toml, MockUpstream, Recorded, Reply, StreamSender, TestClient,
-    TestProxy,
+    eventually, transcript, upstream_toml, Exchange, MockUpstream, Recorded, Reply, StreamSender,
+    TestClient, TestProxy, TRANSCRIPTS,
 };
 
 /// The mock provider's context window (its own count, 4 characters a token): gpt-4o's.
@@ -34,22 +33,6 @@ const CHAT: &str = "/v1/chat/completions";
 const AUTH: &str = "Bearer sk-sessions";
 const COMPACTIONS: &str = "compactor_compactions_total";
 const LOOKUPS: &str = "compactor_checkpoint_lookups_total";
-
-const FIXTURES: [&str; 4] = [
-    "swe-agent-function-calling-simple.json",
-    "swe-agent-marshmallow-function-calling.json",
-    "swe-agent-ctf-katy.json",
-    "swe-agent-ctf-web.json",
-];
-
-fn fixture(name: &str) -> Vec<Value> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/transcripts")
-        .join(name);
-    let v: Value = serde_json::from_str(&std::fs::read_to_string(path).expect("read fixture"))
-        .expect("fixture is JSON");
-    v["messages"].as_array().expect("messages").clone()
-}
 
 /// The system message, then the fixture's other messages repeated until there are more than
 /// `min` messages. Tool call ids get a per-repetition suffix so every call stays paired with
@@ -199,24 +182,6 @@ impl Provider {
     }
 }
 
-/// One exchange as the client saw it.
-struct Exchange {
-    status: u16,
-    headers: http::HeaderMap,
-    body: Bytes,
-}
-
-impl Exchange {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).and_then(|v| v.to_str().ok())
-    }
-
-    fn compaction_num(&self) -> Option<u32> {
-        self.header("x-compactor-compaction-num")
-            .map(|v| v.parse().expect("numeric compaction number"))
-    }
-}
-
 /// POSTs a chat request with `Authorization: auth` and any extra headers.
 async fn chat(
     client: &TestClient,
@@ -230,16 +195,9 @@ async fn chat(
         ("authorization", auth),
     ];
     headers.extend_from_slice(extra);
-    let response = client
-        .request("POST", &proxy.url(CHAT), &headers, body.into())
-        .await;
-    let status = response.status().as_u16();
-    let headers = response.headers().clone();
-    Exchange {
-        status,
-        headers,
-        body: body_bytes(response).await,
-    }
+    client
+        .exchange("POST", &proxy.url(CHAT), &headers, body.into())
+        .await
 }
 
 /// What the provider received since `seen`: (summarizer calls, forwarded agent requests).
@@ -365,8 +323,8 @@ async fn long_sessions_reuse_one_summary_per_compaction_and_refine_it() {
     let mut calls = 0usize;
     let mut sessions: Vec<(String, Conversation)> = Vec::new();
 
-    for name in FIXTURES {
-        let messages = repeated(&fixture(name), 100);
+    for name in TRANSCRIPTS {
+        let messages = repeated(&transcript(name), 100);
         assert!(messages.len() > 100, "{name}: {}", messages.len());
         let mut c = Conversation::default();
         for (i, body) in steps(&messages) {
@@ -507,7 +465,11 @@ async fn long_sessions_reuse_one_summary_per_compaction_and_refine_it() {
         .collect();
     ids.sort();
     ids.dedup();
-    assert_eq!(ids.len(), FIXTURES.len(), "distinct session ids: {ids:?}");
+    assert_eq!(
+        ids.len(),
+        TRANSCRIPTS.len(),
+        "distinct session ids: {ids:?}"
+    );
     for (name, c) in &sessions {
         let info = admin_session(&proxy, c.session.as_deref().expect("id")).await;
         assert_eq!(info["compactions"], c.num, "{name}: {info}");
@@ -566,7 +528,7 @@ fn reserialise(v: &Value, indent: usize, out: &mut String) {
 /// The request before assistant message `i` of a fixture (more than 20 messages: compaction
 /// is due under `max_messages = 20`).
 fn due_request(name: &str, i: usize) -> Vec<Value> {
-    let messages = fixture(name);
+    let messages = transcript(name);
     assert_eq!(messages[i]["role"], "assistant", "{name}[{i}]");
     assert!(i > 20);
     messages[..i].to_vec()
@@ -578,7 +540,7 @@ async fn another_serialisation_of_the_same_history_hits_the_checkpoint() {
     let provider = Provider::install(&mock);
     let proxy = TestProxy::start(&proxy_toml(&mock, 20)).await;
     let client = TestClient::http1();
-    let messages = due_request(FIXTURES[1], 22);
+    let messages = due_request(TRANSCRIPTS[1], 22);
     let body = request_body(&messages);
 
     let seen = mock.requests().len();
@@ -636,7 +598,7 @@ async fn an_edited_history_misses_and_compacts_fresh() {
     let provider = Provider::install(&mock);
     let proxy = TestProxy::start(&proxy_toml(&mock, 20)).await;
     let client = TestClient::http1();
-    let messages = due_request(FIXTURES[2], 22);
+    let messages = due_request(TRANSCRIPTS[2], 22);
 
     let first = chat(&client, &proxy, AUTH, &[], request_body(&messages)).await;
     assert_eq!(first.status, 200);
@@ -706,7 +668,7 @@ async fn tenants_with_identical_conversations_never_share_a_checkpoint() {
     let provider = Provider::install(&mock);
     let proxy = TestProxy::start(&proxy_toml(&mock, 20)).await;
     let client = TestClient::http1();
-    let messages = due_request(FIXTURES[2], 22);
+    let messages = due_request(TRANSCRIPTS[2], 22);
     let body = request_body(&messages);
     let (alice, bob) = ("Bearer sk-tenant-alice", "Bearer sk-tenant-bob");
 
@@ -764,7 +726,7 @@ async fn concurrent_identical_requests_share_one_compaction() {
     provider.hold.store(true, Ordering::SeqCst);
     let proxy = Arc::new(TestProxy::start(&proxy_toml(&mock, 20)).await);
     let client = Arc::new(TestClient::http1());
-    let messages = due_request(FIXTURES[2], 22);
+    let messages = due_request(TRANSCRIPTS[2], 22);
     let body = Bytes::from(request_body(&messages));
 
     let tasks: Vec<_> = (0..N)

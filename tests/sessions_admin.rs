@@ -12,14 +12,13 @@ mod support;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use bytes::Bytes;
 use compactor::compaction::prompt::SUMMARY_INTRO;
 use compactor::session::store::SESSION_OVERHEAD_BYTES;
 use serde_json::{json, Value};
 
 use support::provider_rules::{check_chat, rejection_body};
 use support::{
-    body_bytes, eventually, upstream_toml, MockUpstream, Recorded, Reply, TestClient, TestProxy,
+    eventually, upstream_toml, Exchange, MockUpstream, Recorded, Reply, TestClient, TestProxy,
 };
 
 const CHAT: &str = "/v1/chat/completions";
@@ -98,40 +97,6 @@ impl Provider {
     }
 }
 
-struct Exchange {
-    status: u16,
-    headers: http::HeaderMap,
-    body: Bytes,
-}
-
-impl Exchange {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).and_then(|v| v.to_str().ok())
-    }
-
-    fn json(&self) -> Value {
-        serde_json::from_slice(&self.body)
-            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&self.body)))
-    }
-}
-
-async fn exchange(
-    client: &TestClient,
-    method: &str,
-    url: &str,
-    headers: &[(&str, &str)],
-    body: impl Into<Bytes>,
-) -> Exchange {
-    let response = client.request(method, url, headers, body.into()).await;
-    let status = response.status().as_u16();
-    let headers = response.headers().clone();
-    Exchange {
-        status,
-        headers,
-        body: body_bytes(response).await,
-    }
-}
-
 /// A chat request of `messages` in session `session` (the `x-session-id` header).
 async fn chat(
     client: &TestClient,
@@ -145,7 +110,9 @@ async fn chat(
         ("authorization", AUTH),
         ("x-session-id", session),
     ];
-    let ex = exchange(client, "POST", &proxy.url(CHAT), &headers, body).await;
+    let ex = client
+        .exchange("POST", &proxy.url(CHAT), &headers, body)
+        .await;
     assert_eq!(ex.status, 200, "{}", String::from_utf8_lossy(&ex.body));
     assert_eq!(ex.header("x-compactor-session"), Some(session));
     ex
@@ -164,14 +131,9 @@ async fn admin(
     if let Some(b) = &bearer {
         headers.push(("authorization", b.as_str()));
     }
-    exchange(
-        client,
-        method,
-        &proxy.admin_url(path),
-        &headers,
-        body.to_owned(),
-    )
-    .await
+    client
+        .exchange(method, &proxy.admin_url(path), &headers, body.to_owned())
+        .await
 }
 
 async fn session_ids(client: &TestClient, proxy: &TestProxy) -> Vec<String> {

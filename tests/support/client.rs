@@ -168,6 +168,24 @@ impl TestClient {
             .await
     }
 
+    /// Sends a request and reads the whole response: what most tests compare.
+    pub async fn exchange(
+        &self,
+        method: &str,
+        url: &str,
+        headers: &[(&str, &str)],
+        body: impl Into<Bytes>,
+    ) -> Exchange {
+        let response = self.request(method, url, headers, body).await;
+        let status = response.status().as_u16();
+        let headers = response.headers().clone();
+        Exchange {
+            status,
+            headers,
+            body: body_bytes(response).await,
+        }
+    }
+
     /// `GET url`.
     pub async fn get(&self, url: &str) -> Response<Incoming> {
         self.request("GET", url, &[], Bytes::new()).await
@@ -190,6 +208,32 @@ impl TestClient {
             body.to_string(),
         )
         .await
+    }
+}
+
+/// One request's response as the client saw it, body read whole.
+pub struct Exchange {
+    pub status: u16,
+    pub headers: http::HeaderMap,
+    pub body: Bytes,
+}
+
+impl Exchange {
+    /// A response header as text.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    /// The body as JSON; panics with the body text when it is not.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&self.body)))
+    }
+
+    /// `x-compactor-compaction-num`, when present.
+    pub fn compaction_num(&self) -> Option<u32> {
+        self.header("x-compactor-compaction-num")
+            .map(|v| v.parse().expect("numeric compaction number"))
     }
 }
 

@@ -8,6 +8,7 @@
 pub mod anthropic_rules;
 pub mod binary;
 pub mod client;
+pub mod fixtures;
 pub mod metrics;
 pub mod mock;
 pub mod provider_rules;
@@ -21,8 +22,9 @@ use std::time::Duration;
 pub use binary::Binary;
 pub use client::{
     body_bytes, channel_body, empty_body, full_body, raw_http1, ClientBody, ClientBodySender,
-    SseReader, TestClient,
+    Exchange, SseReader, TestClient,
 };
+pub use fixtures::{transcript, transcript_path, TRANSCRIPTS};
 pub use metrics::{metric_value, parse_sample_line};
 pub use mock::{MockUpstream, Recorded, Reply, StreamSender};
 pub use proxy::{upstream_toml, TestProxy};

@@ -3,7 +3,12 @@
 //! answered) and a context window, so a replay test can count rejected requests and
 //! context-length errors exactly as a real provider would report them.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
 use serde_json::Value;
+
+use super::mock::{MockUpstream, Recorded, Reply};
 
 /// Why a provider would refuse a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -12,6 +17,76 @@ pub enum Rejection {
     Invalid(String),
     /// HTTP 400 `context_length_exceeded`: the prompt does not fit the window.
     ContextLength { tokens: usize, window: usize },
+}
+
+/// What a strict mock provider refused, by kind, with the reasons for the failure message.
+#[derive(Default)]
+pub struct Refusals {
+    invalid: AtomicUsize,
+    context_length: AtomicUsize,
+    reasons: Mutex<Vec<String>>,
+}
+
+impl Refusals {
+    /// Counts one refusal.
+    pub fn record(&self, rejection: &Rejection) {
+        match rejection {
+            Rejection::Invalid(_) => self.invalid.fetch_add(1, Ordering::SeqCst),
+            Rejection::ContextLength { .. } => self.context_length.fetch_add(1, Ordering::SeqCst),
+        };
+        self.reasons
+            .lock()
+            .expect("lock")
+            .push(format!("{rejection:?}"));
+    }
+
+    /// Requests refused as malformed.
+    pub fn invalid(&self) -> usize {
+        self.invalid.load(Ordering::SeqCst)
+    }
+
+    /// Requests refused for not fitting the window.
+    pub fn context_length(&self) -> usize {
+        self.context_length.load(Ordering::SeqCst)
+    }
+
+    /// Every refusal so far, in order.
+    pub fn reasons(&self) -> Vec<String> {
+        self.reasons.lock().expect("lock").clone()
+    }
+}
+
+/// A provider's rules: its endpoint path, its validation (the request and the window of the
+/// model it names) and its error body.
+pub struct Provider {
+    pub path: &'static str,
+    pub check: fn(&Value) -> Result<(), Rejection>,
+    pub rejection_body: fn(&Rejection) -> Value,
+}
+
+/// Makes `mock` a strict provider: a valid request to `provider.path` gets `ok`; anything
+/// else gets the provider's 400 and is counted in the returned [`Refusals`].
+pub fn strict_provider(mock: &MockUpstream, provider: Provider, ok: Value) -> Arc<Refusals> {
+    let refusals = Arc::new(Refusals::default());
+    let r = refusals.clone();
+    mock.set_handler(move |req: &Recorded| {
+        let verdict = match serde_json::from_slice::<Value>(&req.body) {
+            Ok(v) if req.path() == provider.path => (provider.check)(&v),
+            Ok(_) => Err(Rejection::Invalid(format!(
+                "unexpected path {}",
+                req.path()
+            ))),
+            Err(e) => Err(Rejection::Invalid(format!("invalid JSON: {e}"))),
+        };
+        match verdict {
+            Ok(()) => Reply::json(200, &ok),
+            Err(rejection) => {
+                r.record(&rejection);
+                Reply::json(400, &(provider.rejection_body)(&rejection))
+            }
+        }
+    });
+    refusals
 }
 
 /// Characters the model reads in one Chat Completions message: text (string or parts), tool
