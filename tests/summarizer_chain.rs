@@ -12,6 +12,7 @@ use compactor::config::Config;
 use compactor::metrics::Metrics;
 use compactor::summarizer;
 use compactor_plugin_api::{Caller, Entry, Part, Role, SummarizeError, SummaryRequest};
+use compactor_plugin_testing::caller;
 use serde_json::json;
 
 use support::{metric_value, MockUpstream, Reply};
@@ -45,18 +46,6 @@ fn request(caller: Caller) -> SummaryRequest {
         max_output_tokens: 2000,
         timeout: Duration::from_secs(20),
         caller,
-    }
-}
-
-fn caller(base: &str, credentials: &[(&str, &str)]) -> Caller {
-    Caller {
-        upstream_base_url: base.into(),
-        api_prefix: "/v1".into(),
-        credentials: credentials
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-        ..Caller::default()
     }
 }
 

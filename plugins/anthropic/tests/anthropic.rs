@@ -1,104 +1,12 @@
 //! The `anthropic` backend against a mock Messages API server on a real socket.
 
-use std::convert::Infallible;
-use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
-use hyper::{Request, Response};
-use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
-use tokio::net::TcpListener;
 
 use compactor_plugin_anthropic::{AnthropicConfig, AnthropicSummarizer, SYSTEM_PROMPT};
 use compactor_plugin_api::{Caller, SummarizeError, Summarizer, SummaryRequest};
-
-/// What the mock received.
-#[derive(Debug, Clone)]
-struct Received {
-    path: String,
-    headers: http::HeaderMap,
-    body: Value,
-}
-
-/// How the mock answers.
-#[derive(Clone)]
-enum Reply {
-    Json(u16, Value),
-    Text(u16, &'static str),
-    Hang,
-}
-
-struct Mock {
-    addr: SocketAddr,
-    received: Arc<Mutex<Vec<Received>>>,
-}
-
-impl Mock {
-    /// Answers the n-th request with `replies[n]` (the last one repeats).
-    async fn start(replies: Vec<Reply>) -> Mock {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        let received = Arc::new(Mutex::new(Vec::new()));
-        let log = received.clone();
-        tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    return;
-                };
-                let log = log.clone();
-                let replies = replies.clone();
-                tokio::spawn(async move {
-                    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-                        let log = log.clone();
-                        let replies = replies.clone();
-                        async move {
-                            let (parts, body) = req.into_parts();
-                            let bytes = body.collect().await.expect("body").to_bytes();
-                            let n = {
-                                let mut log = log.lock().expect("lock");
-                                log.push(Received {
-                                    path: parts.uri.path().to_owned(),
-                                    headers: parts.headers,
-                                    body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-                                });
-                                log.len() - 1
-                            };
-                            let reply = replies[n.min(replies.len() - 1)].clone();
-                            let (status, body) = match reply {
-                                Reply::Json(s, v) => (s, v.to_string()),
-                                Reply::Text(s, t) => (s, t.to_owned()),
-                                Reply::Hang => std::future::pending().await,
-                            };
-                            Ok::<_, Infallible>(
-                                Response::builder()
-                                    .status(status)
-                                    .header("content-type", "application/json")
-                                    .body(Full::new(Bytes::from(body)))
-                                    .expect("response"),
-                            )
-                        }
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
-                });
-            }
-        });
-        Mock { addr, received }
-    }
-
-    fn url(&self) -> String {
-        format!("http://{}", self.addr)
-    }
-
-    fn received(&self) -> Vec<Received> {
-        self.received.lock().expect("lock").clone()
-    }
-}
+use compactor_plugin_testing::{caller, MockProvider, Reply};
 
 fn message(blocks: Value) -> Reply {
     Reply::Json(
@@ -128,22 +36,6 @@ fn request(caller: Caller) -> SummaryRequest {
     }
 }
 
-fn caller(base: &str, credentials: &[(&str, &str)]) -> Caller {
-    Caller {
-        upstream_base_url: base.into(),
-        api_prefix: "/v1".into(),
-        credentials: credentials
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-        ..Caller::default()
-    }
-}
-
-fn header<'a>(r: &'a Received, name: &str) -> Option<&'a str> {
-    r.headers.get(name).and_then(|v| v.to_str().ok())
-}
-
 fn config() -> AnthropicConfig {
     AnthropicConfig {
         anthropic_version: "2023-06-01".into(),
@@ -158,7 +50,7 @@ fn plugin(config: AnthropicConfig) -> AnthropicSummarizer {
 
 #[tokio::test]
 async fn configured_endpoint_model_and_key_are_used() {
-    let mock = Mock::start(vec![message(json!([
+    let mock = MockProvider::start(vec![message(json!([
         {"type": "text", "text": "1. Primary Request"},
         {"type": "text", "text": " and Intent: fix it\n"}
     ]))])
@@ -181,10 +73,10 @@ async fn configured_endpoint_model_and_key_are_used() {
     assert_eq!(got.len(), 1);
     let r = &got[0];
     assert_eq!(r.path, "/v1/messages");
-    assert_eq!(header(r, "x-api-key"), Some("sk-ant-configured"));
-    assert_eq!(header(r, "anthropic-version"), Some("2023-06-01"));
-    assert_eq!(header(r, "content-type"), Some("application/json"));
-    assert!(header(r, "authorization").is_none());
+    assert_eq!(r.header("x-api-key"), Some("sk-ant-configured"));
+    assert_eq!(r.header("anthropic-version"), Some("2023-06-01"));
+    assert_eq!(r.header("content-type"), Some("application/json"));
+    assert!(r.header("authorization").is_none());
     assert_eq!(r.body["model"], "claude-haiku");
     assert_eq!(
         r.body["max_tokens"], 1500,
@@ -198,20 +90,20 @@ async fn configured_endpoint_model_and_key_are_used() {
 
 #[tokio::test]
 async fn zero_configuration_uses_the_callers_upstream_model_and_key() {
-    let mock = Mock::start(vec![message(json!([{"type": "text", "text": "sum"}]))]).await;
+    let mock = MockProvider::start(vec![message(json!([{"type": "text", "text": "sum"}]))]).await;
     let p = plugin(config());
     let req = request(caller(&mock.url(), &[("x-api-key", "sk-ant-caller")]));
     assert_eq!(p.summarize(&req).await.expect("summary").text, "sum");
     let r = &mock.received()[0];
     assert_eq!(r.path, "/v1/messages");
-    assert_eq!(header(r, "x-api-key"), Some("sk-ant-caller"));
+    assert_eq!(r.header("x-api-key"), Some("sk-ant-caller"));
     assert_eq!(r.body["model"], "claude-sonnet-4-5");
     assert_eq!(r.body["max_tokens"], 2000);
 }
 
 #[tokio::test]
 async fn a_bearer_only_caller_is_passed_on_as_authorization() {
-    let mock = Mock::start(vec![message(json!([{"type": "text", "text": "sum"}]))]).await;
+    let mock = MockProvider::start(vec![message(json!([{"type": "text", "text": "sum"}]))]).await;
     let p = plugin(config());
     let req = request(caller(
         &mock.url(),
@@ -219,13 +111,13 @@ async fn a_bearer_only_caller_is_passed_on_as_authorization() {
     ));
     p.summarize(&req).await.expect("summary");
     let r = &mock.received()[0];
-    assert_eq!(header(r, "authorization"), Some("Bearer oauth-token"));
-    assert!(header(r, "x-api-key").is_none());
+    assert_eq!(r.header("authorization"), Some("Bearer oauth-token"));
+    assert!(r.header("x-api-key").is_none());
 }
 
 #[tokio::test]
 async fn provider_errors_become_status_errors() {
-    let mock = Mock::start(vec![Reply::Json(
+    let mock = MockProvider::start(vec![Reply::Json(
         529,
         json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}),
     )])
@@ -238,7 +130,7 @@ async fn provider_errors_become_status_errors() {
         }
         other => panic!("{other:?}"),
     }
-    let mock = Mock::start(vec![Reply::Json(
+    let mock = MockProvider::start(vec![Reply::Json(
         400,
         json!({"type": "error", "error": {"type": "invalid_request_error", "message": "max_tokens: too large"}}),
     )])
@@ -256,7 +148,7 @@ async fn provider_errors_become_status_errors() {
 
 #[tokio::test]
 async fn a_server_that_never_answers_times_out() {
-    let mock = Mock::start(vec![Reply::Hang]).await;
+    let mock = MockProvider::start(vec![Reply::Hang]).await;
     let p = plugin(config());
     let mut req = request(caller(&mock.url(), &[]));
     req.timeout = Duration::from_millis(300);
@@ -269,7 +161,7 @@ async fn a_server_that_never_answers_times_out() {
 #[tokio::test]
 async fn answers_without_text_are_invalid_or_blank() {
     let p = plugin(config());
-    let mock = Mock::start(vec![message(
+    let mock = MockProvider::start(vec![message(
         json!([{"type": "tool_use", "id": "x", "name": "n", "input": {}}]),
     )])
     .await;
@@ -278,13 +170,13 @@ async fn answers_without_text_are_invalid_or_blank() {
         .await
         .expect_err("no text");
     assert!(matches!(err, SummarizeError::InvalidOutput(_)), "{err:?}");
-    let mock = Mock::start(vec![message(json!([{"type": "text", "text": "  "}]))]).await;
+    let mock = MockProvider::start(vec![message(json!([{"type": "text", "text": "  "}]))]).await;
     let err = p
         .summarize(&request(caller(&mock.url(), &[])))
         .await
         .expect_err("blank");
     assert!(matches!(err, SummarizeError::Blank), "{err:?}");
-    let mock = Mock::start(vec![Reply::Text(200, "{}")]).await;
+    let mock = MockProvider::start(vec![Reply::Text(200, "{}")]).await;
     let err = p
         .summarize(&request(caller(&mock.url(), &[])))
         .await

@@ -1,104 +1,12 @@
 //! The `openai` backend against a mock Chat Completions server on a real socket.
 
-use std::convert::Infallible;
-use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
-use hyper::{Request, Response};
-use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
-use tokio::net::TcpListener;
 
 use compactor_plugin_api::{Caller, SummarizeError, Summarizer, SummaryRequest};
 use compactor_plugin_openai::{OpenAiConfig, OpenAiSummarizer, SYSTEM_PROMPT};
-
-/// What the mock received.
-#[derive(Debug, Clone)]
-struct Received {
-    path: String,
-    headers: http::HeaderMap,
-    body: Value,
-}
-
-/// How the mock answers.
-#[derive(Clone)]
-enum Reply {
-    Json(u16, Value),
-    Text(u16, &'static str),
-    Hang,
-}
-
-struct Mock {
-    addr: SocketAddr,
-    received: Arc<Mutex<Vec<Received>>>,
-}
-
-impl Mock {
-    /// Answers the n-th request with `replies[n]` (the last one repeats).
-    async fn start(replies: Vec<Reply>) -> Mock {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        let received = Arc::new(Mutex::new(Vec::new()));
-        let log = received.clone();
-        tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    return;
-                };
-                let log = log.clone();
-                let replies = replies.clone();
-                tokio::spawn(async move {
-                    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-                        let log = log.clone();
-                        let replies = replies.clone();
-                        async move {
-                            let (parts, body) = req.into_parts();
-                            let bytes = body.collect().await.expect("body").to_bytes();
-                            let n = {
-                                let mut log = log.lock().expect("lock");
-                                log.push(Received {
-                                    path: parts.uri.path().to_owned(),
-                                    headers: parts.headers,
-                                    body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-                                });
-                                log.len() - 1
-                            };
-                            let reply = replies[n.min(replies.len() - 1)].clone();
-                            let (status, body) = match reply {
-                                Reply::Json(s, v) => (s, v.to_string()),
-                                Reply::Text(s, t) => (s, t.to_owned()),
-                                Reply::Hang => std::future::pending().await,
-                            };
-                            Ok::<_, Infallible>(
-                                Response::builder()
-                                    .status(status)
-                                    .header("content-type", "application/json")
-                                    .body(Full::new(Bytes::from(body)))
-                                    .expect("response"),
-                            )
-                        }
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
-                });
-            }
-        });
-        Mock { addr, received }
-    }
-
-    fn url(&self) -> String {
-        format!("http://{}", self.addr)
-    }
-
-    fn received(&self) -> Vec<Received> {
-        self.received.lock().expect("lock").clone()
-    }
-}
+use compactor_plugin_testing::{caller, MockProvider, Reply};
 
 fn completion(content: Value) -> Reply {
     Reply::Json(
@@ -130,29 +38,13 @@ fn request(caller: Caller) -> SummaryRequest {
     }
 }
 
-fn caller(base: &str, credentials: &[(&str, &str)]) -> Caller {
-    Caller {
-        upstream_base_url: base.into(),
-        api_prefix: "/v1".into(),
-        credentials: credentials
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-        ..Caller::default()
-    }
-}
-
-fn header<'a>(r: &'a Received, name: &str) -> Option<&'a str> {
-    r.headers.get(name).and_then(|v| v.to_str().ok())
-}
-
 fn plugin(config: OpenAiConfig) -> OpenAiSummarizer {
     OpenAiSummarizer::new(config).expect("builds")
 }
 
 #[tokio::test]
 async fn configured_endpoint_model_and_key_are_used() {
-    let mock = Mock::start(vec![completion(json!("  1. Primary Request: fix it\n"))]).await;
+    let mock = MockProvider::start(vec![completion(json!("  1. Primary Request: fix it\n"))]).await;
     let p = plugin(OpenAiConfig {
         base_url: Some(format!("{}/v1/", mock.url())),
         model: Some("summary-model".into()),
@@ -172,8 +64,8 @@ async fn configured_endpoint_model_and_key_are_used() {
     assert_eq!(got.len(), 1);
     let r = &got[0];
     assert_eq!(r.path, "/v1/chat/completions");
-    assert_eq!(header(r, "authorization"), Some("Bearer sk-configured"));
-    assert_eq!(header(r, "content-type"), Some("application/json"));
+    assert_eq!(r.header("authorization"), Some("Bearer sk-configured"));
+    assert_eq!(r.header("content-type"), Some("application/json"));
     assert_eq!(r.body["model"], "summary-model");
     assert_eq!(r.body["max_tokens"], 1000, "capped by the request's budget");
     assert_eq!(r.body["temperature"], 0.2);
@@ -186,7 +78,7 @@ async fn configured_endpoint_model_and_key_are_used() {
 
 #[tokio::test]
 async fn zero_configuration_uses_the_callers_upstream_model_and_credentials() {
-    let mock = Mock::start(vec![completion(json!("the summary"))]).await;
+    let mock = MockProvider::start(vec![completion(json!("the summary"))]).await;
     let p = plugin(OpenAiConfig {
         max_tokens: 4096,
         ..Default::default()
@@ -202,15 +94,15 @@ async fn zero_configuration_uses_the_callers_upstream_model_and_credentials() {
     assert_eq!(summary.text, "the summary");
     let r = &mock.received()[0];
     assert_eq!(r.path, "/v1/chat/completions");
-    assert_eq!(header(r, "authorization"), Some("Bearer sk-caller-own"));
-    assert_eq!(header(r, "api-key"), Some("azure-key-1"));
+    assert_eq!(r.header("authorization"), Some("Bearer sk-caller-own"));
+    assert_eq!(r.header("api-key"), Some("azure-key-1"));
     assert_eq!(r.body["model"], "gpt-4o-mini");
     assert!(r.body.get("temperature").is_none());
 }
 
 #[tokio::test]
 async fn provider_errors_become_status_errors_with_a_redacted_bounded_message() {
-    let mock = Mock::start(vec![Reply::Json(
+    let mock = MockProvider::start(vec![Reply::Json(
         401,
         json!({"error": {"message": format!("Incorrect API key provided: sk-leaky-key. {}", "x".repeat(2000)),
                          "type": "invalid_request_error", "code": "invalid_api_key"}}),
@@ -237,7 +129,7 @@ async fn provider_errors_become_status_errors_with_a_redacted_bounded_message() 
         other => panic!("{other:?}"),
     }
 
-    let mock = Mock::start(vec![Reply::Text(503, "upstream overloaded")]).await;
+    let mock = MockProvider::start(vec![Reply::Text(503, "upstream overloaded")]).await;
     let req = request(caller(&mock.url(), &[]));
     match p.summarize(&req).await {
         Err(SummarizeError::Status { status, message }) => {
@@ -250,7 +142,7 @@ async fn provider_errors_become_status_errors_with_a_redacted_bounded_message() 
 
 #[tokio::test]
 async fn a_server_that_never_answers_times_out() {
-    let mock = Mock::start(vec![Reply::Hang]).await;
+    let mock = MockProvider::start(vec![Reply::Hang]).await;
     let p = plugin(OpenAiConfig {
         max_tokens: 4096,
         ..Default::default()
@@ -269,7 +161,9 @@ async fn a_server_that_never_answers_times_out() {
 
 #[tokio::test]
 async fn a_closed_port_is_a_transport_error() {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
     let addr = listener.local_addr().expect("addr");
     drop(listener);
     let p = plugin(OpenAiConfig {
@@ -289,21 +183,21 @@ async fn missing_or_blank_content_is_rejected() {
         max_tokens: 4096,
         ..Default::default()
     });
-    let mock = Mock::start(vec![Reply::Json(200, json!({"choices": []}))]).await;
+    let mock = MockProvider::start(vec![Reply::Json(200, json!({"choices": []}))]).await;
     let err = p
         .summarize(&request(caller(&mock.url(), &[])))
         .await
         .expect_err("no content");
     assert!(matches!(err, SummarizeError::InvalidOutput(_)), "{err:?}");
 
-    let mock = Mock::start(vec![completion(json!(" \n "))]).await;
+    let mock = MockProvider::start(vec![completion(json!(" \n "))]).await;
     let err = p
         .summarize(&request(caller(&mock.url(), &[])))
         .await
         .expect_err("blank");
     assert!(matches!(err, SummarizeError::Blank), "{err:?}");
 
-    let mock = Mock::start(vec![Reply::Text(200, "<html>not json</html>")]).await;
+    let mock = MockProvider::start(vec![Reply::Text(200, "<html>not json</html>")]).await;
     let err = p
         .summarize(&request(caller(&mock.url(), &[])))
         .await
@@ -313,7 +207,7 @@ async fn missing_or_blank_content_is_rejected() {
 
 #[tokio::test]
 async fn models_that_reject_max_tokens_get_max_completion_tokens() {
-    let mock = Mock::start(vec![
+    let mock = MockProvider::start(vec![
         Reply::Json(
             400,
             json!({"error": {"message": "Unsupported parameter: 'max_tokens' is not supported with this model. Use 'max_completion_tokens' instead.",
