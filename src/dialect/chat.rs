@@ -23,38 +23,9 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 
 use super::json::{leaf_chars, OrderedObject, StrChars, StrCharsVisitor};
-use super::Conversation;
+use super::{Conversation, DialectError};
 use crate::compaction::estimate::{count_chars, Counts, LazyEstimator};
 use crate::compaction::transcript::{Message, Part, Role, ToolCall};
-
-/// Why a body could not be read or written as a Chat Completions request.
-#[derive(Debug, thiserror::Error)]
-pub enum ChatError {
-    /// Not JSON, or JSON of an unexpected shape.
-    #[error("invalid chat request: {0}")]
-    Json(#[from] serde_json::Error),
-    /// The body has no `messages` array.
-    #[error("request has no `messages` array")]
-    NoMessages,
-    /// A message the dialect does not understand.
-    #[error("message {index}: {reason}")]
-    BadMessage {
-        /// Position in `messages`.
-        index: usize,
-        /// What is wrong.
-        reason: &'static str,
-    },
-    /// A rewrite plan that does not fit the request.
-    #[error("rewrite plan out of range: head {head}, boundary {boundary}, {len} messages")]
-    BadPlan {
-        /// Leading messages kept.
-        head: usize,
-        /// First message of the tail.
-        boundary: usize,
-        /// Messages in the request.
-        len: usize,
-    },
-}
 
 /// What the hot path needs to know about a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,9 +49,11 @@ pub struct Peek {
 pub const PEEK_FIRST_MESSAGES: usize = crate::session::hash::SESSION_ID_MESSAGES;
 
 /// Counts and estimates a request in one zero-copy pass.
-pub fn peek(body: &[u8], estimator: &LazyEstimator) -> Result<Peek, ChatError> {
+pub fn peek(body: &[u8], estimator: &LazyEstimator) -> Result<Peek, DialectError> {
     let wire: PeekWire<'_> = serde_json::from_slice(body)?;
-    let messages = wire.messages.ok_or(ChatError::NoMessages)?;
+    let messages = wire
+        .messages
+        .ok_or(DialectError::NoConversation("messages"))?;
     let fixed_tokens = tools_tokens(wire.tools, wire.functions, estimator);
     let tokens = messages.0.iter().fold(fixed_tokens, |acc, c| {
         acc.saturating_add(estimator.counts(*c))
@@ -149,7 +122,7 @@ pub struct ChatRequest<'a> {
 }
 
 /// Parses a request with the default estimator.
-pub fn parse(body: &[u8]) -> Result<ChatRequest<'_>, ChatError> {
+pub fn parse(body: &[u8]) -> Result<ChatRequest<'_>, DialectError> {
     parse_with(body, &LazyEstimator::default())
 }
 
@@ -157,19 +130,19 @@ pub fn parse(body: &[u8]) -> Result<ChatRequest<'_>, ChatError> {
 pub fn parse_with<'a>(
     body: &'a [u8],
     estimator: &LazyEstimator,
-) -> Result<ChatRequest<'a>, ChatError> {
+) -> Result<ChatRequest<'a>, DialectError> {
     let OrderedObject(fields) = serde_json::from_slice(body)?;
     let find = |name: &str| fields.iter().position(|(k, _)| k == name);
-    let messages_at = find("messages").ok_or(ChatError::NoMessages)?;
+    let messages_at = find("messages").ok_or(DialectError::NoConversation("messages"))?;
     if fields.iter().filter(|(k, _)| k == "messages").count() > 1 {
-        return Err(ChatError::NoMessages);
+        return Err(DialectError::NoConversation("messages"));
     }
     let raw = |name: &str| find(name).and_then(|i| fields.get(i)).map(|(_, v)| *v);
     let value = |name: &str| -> Option<Value> { serde_json::from_str(raw(name)?.get()).ok() };
 
     let raw_messages: Vec<&RawValue> = match raw("messages") {
         Some(m) => serde_json::from_str(m.get())?,
-        None => return Err(ChatError::NoMessages),
+        None => return Err(DialectError::NoConversation("messages")),
     };
     let model = value("model").and_then(|v| v.as_str().map(str::to_string));
     let requested_output = requested_output(
@@ -200,14 +173,15 @@ pub fn parse_with<'a>(
 }
 
 /// The `messages` of a request as raw JSON, borrowed from the body (no strings copied).
-pub fn raw_messages(body: &[u8]) -> Result<Vec<&RawValue>, ChatError> {
+pub fn raw_messages(body: &[u8]) -> Result<Vec<&RawValue>, DialectError> {
     #[derive(Deserialize)]
     struct Wire<'a> {
         #[serde(borrow)]
         messages: Option<Vec<&'a RawValue>>,
     }
     let wire: Wire<'_> = serde_json::from_slice(body)?;
-    wire.messages.ok_or(ChatError::NoMessages)
+    wire.messages
+        .ok_or(DialectError::NoConversation("messages"))
 }
 
 impl super::ParsedRequest for ChatRequest<'_> {
@@ -220,8 +194,8 @@ impl super::ParsedRequest for ChatRequest<'_> {
         head: usize,
         boundary: usize,
         summary_message: &str,
-    ) -> Result<Vec<u8>, super::DialectError> {
-        Ok(ChatRequest::rewrite(self, head, boundary, summary_message)?)
+    ) -> Result<Vec<u8>, DialectError> {
+        ChatRequest::rewrite(self, head, boundary, summary_message)
     }
 }
 
@@ -240,20 +214,20 @@ impl ChatRequest<'_> {
         head: usize,
         boundary: usize,
         summary_message: &str,
-    ) -> Result<Vec<u8>, ChatError> {
+    ) -> Result<Vec<u8>, DialectError> {
         let len = self.conversation.raw_messages.len();
         let (Some(kept_head), Some(tail)) = (
             self.conversation.raw_messages.get(..head),
             self.conversation.raw_messages.get(boundary..),
         ) else {
-            return Err(ChatError::BadPlan {
+            return Err(DialectError::BadPlan {
                 head,
                 boundary,
                 len,
             });
         };
         if head > boundary {
-            return Err(ChatError::BadPlan {
+            return Err(DialectError::BadPlan {
                 head,
                 boundary,
                 len,
@@ -302,8 +276,8 @@ impl ChatRequest<'_> {
 // ---------------------------------------------------------------------------------------------
 // Transcript building (compaction path).
 
-fn message_from_value(v: &Value, index: usize) -> Result<Message, ChatError> {
-    let bad = |reason| ChatError::BadMessage { index, reason };
+fn message_from_value(v: &Value, index: usize) -> Result<Message, DialectError> {
+    let bad = |reason| DialectError::BadMessage { index, reason };
     let obj = v.as_object().ok_or(bad("not an object"))?;
     let role = match obj.get("role").and_then(Value::as_str) {
         Some("system") | Some("developer") => Role::System,
@@ -429,7 +403,7 @@ fn part_from_value(part: &Value) -> Part {
 /// The top-level fields of a JSON object in order, values raw (for tests that compare
 /// requests field by field).
 #[cfg(test)]
-pub(crate) fn top_level_fields(body: &[u8]) -> Result<Vec<(String, &RawValue)>, ChatError> {
+pub(crate) fn top_level_fields(body: &[u8]) -> Result<Vec<(String, &RawValue)>, DialectError> {
     let OrderedObject(fields) = serde_json::from_slice(body)?;
     Ok(fields)
 }
@@ -819,7 +793,10 @@ mod tests {
 
     #[test]
     fn peek_rejects_what_is_not_a_chat_request() {
-        assert!(matches!(peek(b"{}", &est()), Err(ChatError::NoMessages)));
+        assert!(matches!(
+            peek(b"{}", &est()),
+            Err(DialectError::NoConversation("messages"))
+        ));
         assert!(peek(b"nope", &est()).is_err());
         assert!(peek(br#"{"messages": 5}"#, &est()).is_err());
         assert!(peek(br#"{"messages": [], "messages": []}"#, &est()).is_err());
@@ -902,16 +879,16 @@ mod tests {
         let body = br#"{"messages":[{"role":"narrator","content":"x"}]}"#;
         assert!(matches!(
             parse(body),
-            Err(ChatError::BadMessage { index: 0, .. })
+            Err(DialectError::BadMessage { index: 0, .. })
         ));
         assert!(matches!(
             parse(br#"{"messages":[{"content":"x"}]}"#),
-            Err(ChatError::BadMessage { .. })
+            Err(DialectError::BadMessage { .. })
         ));
         assert!(parse(br#"{"messages":[],"messages":[]}"#).is_err());
         assert!(matches!(
             parse(br#"{"model":"x"}"#),
-            Err(ChatError::NoMessages)
+            Err(DialectError::NoConversation("messages"))
         ));
     }
 
@@ -941,11 +918,11 @@ mod tests {
         let r = parse(br#"{"messages":[{"role":"user","content":"a"}]}"#).expect("parses");
         assert!(matches!(
             r.rewrite(0, 2, "s"),
-            Err(ChatError::BadPlan { .. })
+            Err(DialectError::BadPlan { .. })
         ));
         assert!(matches!(
             r.rewrite(1, 0, "s"),
-            Err(ChatError::BadPlan { .. })
+            Err(DialectError::BadPlan { .. })
         ));
         assert!(r.rewrite(0, 1, "s").is_ok());
     }

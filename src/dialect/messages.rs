@@ -31,7 +31,7 @@ use super::json::{
     as_tokens, content_counts, leaf_chars, node_counts, write_array, ContentSeed, OneOf,
     OrderedObject, Rules,
 };
-use super::{Conversation, Peek};
+use super::{Conversation, DialectError, Peek};
 use crate::compaction::estimate::{Counts, LazyEstimator};
 use crate::compaction::transcript::{Message, Part, Role, ToolCall, ToolResult};
 
@@ -53,45 +53,15 @@ pub(crate) static RULES: Rules = Rules {
 
 const ROLES: &[&str] = &["user", "assistant"];
 
-/// Why a body could not be read or written as a Messages request.
-#[derive(Debug, thiserror::Error)]
-pub enum MessagesError {
-    /// Not JSON, or JSON of an unexpected shape.
-    #[error("invalid messages request: {0}")]
-    Json(#[from] serde_json::Error),
-    /// The body has no single `messages` array.
-    #[error("request has no `messages` array")]
-    NoMessages,
-    /// A message the dialect does not understand.
-    #[error("message {index}: {reason}")]
-    BadMessage {
-        /// Position in `messages`.
-        index: usize,
-        /// What is wrong.
-        reason: &'static str,
-    },
-    /// A rewrite plan that does not fit the request.
-    #[error("rewrite plan out of range: head {head}, boundary {boundary}, {len} messages")]
-    BadPlan {
-        /// Leading messages kept.
-        head: usize,
-        /// First message of the tail.
-        boundary: usize,
-        /// Messages in the request.
-        len: usize,
-    },
-    /// The tail would start with `tool_result` blocks, which must answer the message before.
-    #[error("the preserved tail cannot start with tool results")]
-    TailStartsWithToolResult,
-}
-
 // ---------------------------------------------------------------------------------------------
 // Hot path.
 
 /// Counts and estimates a request in one zero-copy pass.
-pub fn peek(body: &[u8], estimator: &LazyEstimator) -> Result<Peek, MessagesError> {
+pub fn peek(body: &[u8], estimator: &LazyEstimator) -> Result<Peek, DialectError> {
     let wire: PeekWire<'_> = serde_json::from_slice(body)?;
-    let messages = wire.messages.ok_or(MessagesError::NoMessages)?;
+    let messages = wire
+        .messages
+        .ok_or(DialectError::NoConversation("messages"))?;
     let system = wire.system.map(|s| s.0).unwrap_or_default();
     let fixed_tokens = fixed_tokens(system, wire.tools, estimator);
     let tokens = messages.0.iter().fold(fixed_tokens, |acc, c| {
@@ -217,7 +187,7 @@ pub struct MessagesRequest<'a> {
 }
 
 /// Parses a request with the default estimator.
-pub fn parse(body: &[u8]) -> Result<MessagesRequest<'_>, MessagesError> {
+pub fn parse(body: &[u8]) -> Result<MessagesRequest<'_>, DialectError> {
     parse_with(body, &LazyEstimator::default())
 }
 
@@ -225,15 +195,17 @@ pub fn parse(body: &[u8]) -> Result<MessagesRequest<'_>, MessagesError> {
 pub fn parse_with<'a>(
     body: &'a [u8],
     estimator: &LazyEstimator,
-) -> Result<MessagesRequest<'a>, MessagesError> {
+) -> Result<MessagesRequest<'a>, DialectError> {
     let fields: OrderedObject<'a> = serde_json::from_slice(body)?;
     if fields.duplicated("messages") {
-        return Err(MessagesError::NoMessages);
+        return Err(DialectError::NoConversation("messages"));
     }
     let messages_at = fields
         .position("messages")
-        .ok_or(MessagesError::NoMessages)?;
-    let raw_list = fields.raw("messages").ok_or(MessagesError::NoMessages)?;
+        .ok_or(DialectError::NoConversation("messages"))?;
+    let raw_list = fields
+        .raw("messages")
+        .ok_or(DialectError::NoConversation("messages"))?;
     let raw_messages: Vec<&'a RawValue> = serde_json::from_str(raw_list.get())?;
     let system = match fields.raw("system") {
         Some(raw) => content_counts(raw.get(), &RULES)?,
@@ -266,14 +238,15 @@ pub fn parse_with<'a>(
 }
 
 /// The `messages` of a request as raw JSON, borrowed from the body.
-pub fn raw_messages(body: &[u8]) -> Result<Vec<&RawValue>, MessagesError> {
+pub fn raw_messages(body: &[u8]) -> Result<Vec<&RawValue>, DialectError> {
     #[derive(Deserialize)]
     struct Wire<'a> {
         #[serde(borrow)]
         messages: Option<Vec<&'a RawValue>>,
     }
     let wire: Wire<'_> = serde_json::from_slice(body)?;
-    wire.messages.ok_or(MessagesError::NoMessages)
+    wire.messages
+        .ok_or(DialectError::NoConversation("messages"))
 }
 
 #[derive(Deserialize)]
@@ -283,8 +256,8 @@ struct WireMessage<'a> {
     content: Option<&'a RawValue>,
 }
 
-fn message_from_raw(raw: &RawValue, index: usize) -> Result<Message, MessagesError> {
-    let bad = |reason| MessagesError::BadMessage { index, reason };
+fn message_from_raw(raw: &RawValue, index: usize) -> Result<Message, DialectError> {
+    let bad = |reason| DialectError::BadMessage { index, reason };
     let wire: WireMessage<'_> =
         serde_json::from_str(raw.get()).map_err(|_| bad("not a message object"))?;
     let role = match wire.role.as_str() {
@@ -300,7 +273,7 @@ fn message_from_raw(raw: &RawValue, index: usize) -> Result<Message, MessagesErr
 }
 
 /// Content (string, blocks, or anything else as one opaque part) as neutral parts.
-fn content_parts(raw: &RawValue) -> Result<Vec<Part>, MessagesError> {
+fn content_parts(raw: &RawValue) -> Result<Vec<Part>, DialectError> {
     let text = raw.get().trim_start();
     if text.starts_with('[') {
         let blocks: Vec<&RawValue> = serde_json::from_str(raw.get())?;
@@ -352,7 +325,7 @@ fn string(v: Option<Value>) -> Option<String> {
 }
 
 /// One content block as neutral parts (an opaque block holding images adds them as images).
-fn block_parts(raw: &RawValue, parts: &mut Vec<Part>) -> Result<(), MessagesError> {
+fn block_parts(raw: &RawValue, parts: &mut Vec<Part>) -> Result<(), DialectError> {
     let Ok(block) = serde_json::from_str::<WireBlock<'_>>(raw.get()) else {
         // A bare string or another odd shape: count it, keep it opaque.
         let value: Value = serde_json::from_str(raw.get())?;
@@ -418,13 +391,8 @@ impl super::ParsedRequest for MessagesRequest<'_> {
         head: usize,
         boundary: usize,
         summary_message: &str,
-    ) -> Result<Vec<u8>, super::DialectError> {
-        Ok(MessagesRequest::rewrite(
-            self,
-            head,
-            boundary,
-            summary_message,
-        )?)
+    ) -> Result<Vec<u8>, DialectError> {
+        MessagesRequest::rewrite(self, head, boundary, summary_message)
     }
 }
 
@@ -455,9 +423,9 @@ impl MessagesRequest<'_> {
         head: usize,
         boundary: usize,
         summary_message: &str,
-    ) -> Result<Vec<u8>, MessagesError> {
+    ) -> Result<Vec<u8>, DialectError> {
         let len = self.conversation.raw_messages.len();
-        let bad_plan = MessagesError::BadPlan {
+        let bad_plan = DialectError::BadPlan {
             head,
             boundary,
             len,
@@ -473,7 +441,7 @@ impl MessagesRequest<'_> {
         ) {
             (Some(first), Some(m)) if m.role == Role::User => {
                 if m.is_tool_answer() {
-                    return Err(MessagesError::TailStartsWithToolResult);
+                    return Err(DialectError::TailStartsWithToolResult);
                 }
                 Some(*first)
             }
@@ -702,7 +670,7 @@ mod tests {
         assert_eq!(m[3].parts, vec![Part::Text("done".into())]);
         assert!(matches!(
             parse(br#"{"messages":[{"role":"tool","content":"x"}]}"#),
-            Err(MessagesError::Json(_) | MessagesError::BadMessage { .. })
+            Err(DialectError::Json(_) | DialectError::BadMessage { .. })
         ));
     }
 
@@ -791,15 +759,15 @@ mod tests {
         let r = parse(BODY.as_bytes()).expect("parses");
         assert!(matches!(
             r.rewrite(0, 2, "S"),
-            Err(MessagesError::TailStartsWithToolResult)
+            Err(DialectError::TailStartsWithToolResult)
         ));
         assert!(matches!(
             r.rewrite(0, 8, "S"),
-            Err(MessagesError::BadPlan { .. })
+            Err(DialectError::BadPlan { .. })
         ));
         assert!(matches!(
             r.rewrite(2, 1, "S"),
-            Err(MessagesError::BadPlan { .. })
+            Err(DialectError::BadPlan { .. })
         ));
         let all = messages_of(&r.rewrite(0, 7, "S").expect("empty tail"));
         assert_eq!(all, vec![json!({"role": "user", "content": "S"})]);

@@ -28,31 +28,42 @@ use crate::compaction::transcript::{Message, Transcript};
 
 pub use chat::Peek;
 
-/// Why a body could not be read or rewritten in its dialect.
+/// Why a body could not be read or rewritten in its dialect. Every one of these sends the
+/// request upstream unchanged.
 #[derive(Debug, thiserror::Error)]
 pub enum DialectError {
-    /// Chat Completions.
-    #[error(transparent)]
-    Chat(#[from] chat::ChatError),
-    /// Anthropic Messages.
-    #[error(transparent)]
-    Messages(#[from] messages::MessagesError),
-    /// OpenAI Responses.
-    #[error(transparent)]
-    Responses(responses::ResponsesError),
+    /// Not JSON, or JSON of an unexpected shape.
+    #[error("invalid request body: {0}")]
+    Json(#[from] serde_json::Error),
+    /// The body has no single conversation field: `messages`, or `input` for Responses.
+    #[error("request has no single `{0}`")]
+    NoConversation(&'static str),
+    /// A message (Responses: an input item) the dialect does not understand.
+    #[error("message {index}: {reason}")]
+    BadMessage {
+        /// Position in the conversation.
+        index: usize,
+        /// What is wrong.
+        reason: &'static str,
+    },
+    /// A rewrite plan that does not fit the request.
+    #[error("rewrite plan out of range: head {head}, boundary {boundary}, {len} messages")]
+    BadPlan {
+        /// Leading messages kept.
+        head: usize,
+        /// First message of the tail.
+        boundary: usize,
+        /// Messages in the request.
+        len: usize,
+    },
+    /// Anthropic: the tail would start with `tool_result` blocks, which must answer the
+    /// message before them.
+    #[error("the preserved tail cannot start with tool results")]
+    TailStartsWithToolResult,
     /// The conversation lives on the provider (`previous_response_id`, `conversation`): there
     /// is no history to compact, so the request passes through (counted as `server_state`).
     #[error("history held by the provider; passed through")]
     ServerState,
-}
-
-impl From<responses::ResponsesError> for DialectError {
-    fn from(e: responses::ResponsesError) -> DialectError {
-        match e {
-            responses::ResponsesError::ServerState => DialectError::ServerState,
-            other => DialectError::Responses(other),
-        }
-    }
 }
 
 /// What the engine reads from a request, whatever its dialect.
@@ -147,18 +158,18 @@ impl DialectKind {
     /// Counts and estimates a request without building it (the hot path).
     pub fn peek(self, body: &[u8], estimator: &LazyEstimator) -> Result<Peek, DialectError> {
         match self {
-            DialectKind::ChatCompletions => Ok(chat::peek(body, estimator)?),
-            DialectKind::Messages => Ok(messages::peek(body, estimator)?),
-            DialectKind::Responses => Ok(responses::peek(body, estimator)?),
+            DialectKind::ChatCompletions => chat::peek(body, estimator),
+            DialectKind::Messages => messages::peek(body, estimator),
+            DialectKind::Responses => responses::peek(body, estimator),
         }
     }
 
     /// The request's messages as raw JSON slices of `body`.
     pub fn raw_messages(self, body: &[u8]) -> Result<Vec<&RawValue>, DialectError> {
         match self {
-            DialectKind::ChatCompletions => Ok(chat::raw_messages(body)?),
-            DialectKind::Messages => Ok(messages::raw_messages(body)?),
-            DialectKind::Responses => Ok(responses::raw_messages(body)?),
+            DialectKind::ChatCompletions => chat::raw_messages(body),
+            DialectKind::Messages => messages::raw_messages(body),
+            DialectKind::Responses => responses::raw_messages(body),
         }
     }
 

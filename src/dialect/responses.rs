@@ -27,7 +27,7 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 
 use super::json::{as_tokens, leaf_chars, node_counts, NodeSeed, OrderedObject, Rules, StrChars};
-use super::{Conversation, Peek};
+use super::{Conversation, DialectError, Peek};
 use crate::compaction::estimate::{count_chars, Counts, LazyEstimator};
 use crate::compaction::transcript::{Message, Part, Role, ToolCall};
 
@@ -50,51 +50,19 @@ pub(crate) static RULES: Rules = Rules {
     image_types: &["input_image", "image", "image_url", "computer_screenshot"],
 };
 
-/// Why a body could not be read or written as a Responses request.
-#[derive(Debug, thiserror::Error)]
-pub enum ResponsesError {
-    /// Not JSON, or JSON of an unexpected shape.
-    #[error("invalid responses request: {0}")]
-    Json(#[from] serde_json::Error),
-    /// The body has no single `input` (a string or an array of items).
-    #[error("request has no `input`")]
-    NoInput,
-    /// The history lives on the provider (`previous_response_id`, `conversation`).
-    #[error("history held by the provider")]
-    ServerState,
-    /// An item the dialect does not understand.
-    #[error("input item {index}: {reason}")]
-    BadItem {
-        /// Position in `input`.
-        index: usize,
-        /// What is wrong.
-        reason: &'static str,
-    },
-    /// A rewrite plan that does not fit the request.
-    #[error("rewrite plan out of range: head {head}, boundary {boundary}, {len} items")]
-    BadPlan {
-        /// Leading items kept.
-        head: usize,
-        /// First item of the tail.
-        boundary: usize,
-        /// Items in the request.
-        len: usize,
-    },
-}
-
 // ---------------------------------------------------------------------------------------------
 // Hot path.
 
 /// Counts and estimates a request in one zero-copy pass.
-pub fn peek(body: &[u8], estimator: &LazyEstimator) -> Result<Peek, ResponsesError> {
+pub fn peek(body: &[u8], estimator: &LazyEstimator) -> Result<Peek, DialectError> {
     let wire: PeekWire<'_> = serde_json::from_slice(body)?;
     if server_state(
         wire.previous_response_id.as_ref(),
         wire.conversation.as_ref(),
     ) {
-        return Err(ResponsesError::ServerState);
+        return Err(DialectError::ServerState);
     }
-    let input = wire.input.ok_or(ResponsesError::NoInput)?;
+    let input = wire.input.ok_or(DialectError::NoConversation("input"))?;
     let fixed_tokens = fixed_tokens(wire.instructions.map_or(0, |s| s.0), wire.tools, estimator);
     let tokens = input.0.iter().fold(fixed_tokens, |acc, c| {
         acc.saturating_add(estimator.counts(*c))
@@ -185,7 +153,7 @@ pub struct ResponsesRequest<'a> {
 }
 
 /// Parses a request with the default estimator.
-pub fn parse(body: &[u8]) -> Result<ResponsesRequest<'_>, ResponsesError> {
+pub fn parse(body: &[u8]) -> Result<ResponsesRequest<'_>, DialectError> {
     parse_with(body, &LazyEstimator::default())
 }
 
@@ -193,19 +161,23 @@ pub fn parse(body: &[u8]) -> Result<ResponsesRequest<'_>, ResponsesError> {
 pub fn parse_with<'a>(
     body: &'a [u8],
     estimator: &LazyEstimator,
-) -> Result<ResponsesRequest<'a>, ResponsesError> {
+) -> Result<ResponsesRequest<'a>, DialectError> {
     let fields: OrderedObject<'a> = serde_json::from_slice(body)?;
     if server_state(
         fields.value("previous_response_id").as_ref(),
         fields.value("conversation").as_ref(),
     ) {
-        return Err(ResponsesError::ServerState);
+        return Err(DialectError::ServerState);
     }
     if fields.duplicated("input") {
-        return Err(ResponsesError::NoInput);
+        return Err(DialectError::NoConversation("input"));
     }
-    let input_at = fields.position("input").ok_or(ResponsesError::NoInput)?;
-    let input = fields.raw("input").ok_or(ResponsesError::NoInput)?;
+    let input_at = fields
+        .position("input")
+        .ok_or(DialectError::NoConversation("input"))?;
+    let input = fields
+        .raw("input")
+        .ok_or(DialectError::NoConversation("input"))?;
     let instructions = match fields.raw("instructions") {
         Some(raw) => serde_json::from_str::<StrChars>(raw.get())?.0,
         None => 0,
@@ -234,7 +206,7 @@ pub fn parse_with<'a>(
             }
             (raw_items, messages)
         }
-        _ => return Err(ResponsesError::NoInput),
+        _ => return Err(DialectError::NoConversation("input")),
     };
     let input_is_string = !input.get().trim_start().starts_with('[');
     Ok(ResponsesRequest {
@@ -247,14 +219,14 @@ pub fn parse_with<'a>(
 
 /// The input items of a request as raw JSON, borrowed from the body (a string `input` is one
 /// item).
-pub fn raw_messages(body: &[u8]) -> Result<Vec<&RawValue>, ResponsesError> {
+pub fn raw_messages(body: &[u8]) -> Result<Vec<&RawValue>, DialectError> {
     #[derive(Deserialize)]
     struct Wire<'a> {
         #[serde(borrow)]
         input: Option<&'a RawValue>,
     }
     let wire: Wire<'_> = serde_json::from_slice(body)?;
-    let input = wire.input.ok_or(ResponsesError::NoInput)?;
+    let input = wire.input.ok_or(DialectError::NoConversation("input"))?;
     if input.get().trim_start().starts_with('[') {
         Ok(serde_json::from_str(input.get())?)
     } else {
@@ -271,8 +243,8 @@ fn text_of(v: Option<&Value>) -> Option<String> {
 }
 
 /// One input item as a neutral message.
-fn item_message(raw: &RawValue, index: usize) -> Result<Message, ResponsesError> {
-    let bad = |reason| ResponsesError::BadItem { index, reason };
+fn item_message(raw: &RawValue, index: usize) -> Result<Message, DialectError> {
+    let bad = |reason| DialectError::BadMessage { index, reason };
     let v: Value = serde_json::from_str(raw.get())?;
     let obj = v.as_object().ok_or(bad("not an object"))?;
     let str_field = |k: &str| obj.get(k).and_then(Value::as_str);
@@ -282,7 +254,7 @@ fn item_message(raw: &RawValue, index: usize) -> Result<Message, ResponsesError>
         None => return Err(bad("no type")),
     };
     let call_id = str_field("call_id").map(str::to_string);
-    let opaque = || -> Result<Vec<Part>, ResponsesError> {
+    let opaque = || -> Result<Vec<Part>, DialectError> {
         let counts = node_counts(raw.get(), &RULES)?;
         let mut parts = vec![Part::Opaque {
             kind: kind.to_string(),
@@ -353,7 +325,7 @@ fn item_message(raw: &RawValue, index: usize) -> Result<Message, ResponsesError>
 }
 
 /// A message's `content` or a tool's `output`: a string, one part, or parts.
-fn content_parts(content: Option<&Value>) -> Result<Vec<Part>, ResponsesError> {
+fn content_parts(content: Option<&Value>) -> Result<Vec<Part>, DialectError> {
     Ok(match content {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::String(s)) => vec![Part::Text(s.clone())],
@@ -413,13 +385,8 @@ impl super::ParsedRequest for ResponsesRequest<'_> {
         head: usize,
         boundary: usize,
         summary_message: &str,
-    ) -> Result<Vec<u8>, super::DialectError> {
-        Ok(ResponsesRequest::rewrite(
-            self,
-            head,
-            boundary,
-            summary_message,
-        )?)
+    ) -> Result<Vec<u8>, DialectError> {
+        ResponsesRequest::rewrite(self, head, boundary, summary_message)
     }
 }
 
@@ -447,10 +414,10 @@ impl ResponsesRequest<'_> {
         head: usize,
         boundary: usize,
         summary_message: &str,
-    ) -> Result<Vec<u8>, ResponsesError> {
+    ) -> Result<Vec<u8>, DialectError> {
         let len = self.conversation.raw_messages.len();
         if head > boundary || boundary > len {
-            return Err(ResponsesError::BadPlan {
+            return Err(DialectError::BadPlan {
                 head,
                 boundary,
                 len,
@@ -584,18 +551,18 @@ mod tests {
             let b = body.to_string();
             assert!(matches!(
                 peek(b.as_bytes(), &est()),
-                Err(ResponsesError::ServerState)
+                Err(DialectError::ServerState)
             ));
             assert!(matches!(
                 parse(b.as_bytes()),
-                Err(ResponsesError::ServerState)
+                Err(DialectError::ServerState)
             ));
         }
         let null = json!({"previous_response_id": null, "conversation": null, "input": "x"});
         assert!(peek(null.to_string().as_bytes(), &est()).is_ok());
         assert!(matches!(
             peek(br#"{"model":"gpt-5"}"#, &est()),
-            Err(ResponsesError::NoInput)
+            Err(DialectError::NoConversation("input"))
         ));
         assert!(peek(br#"{"input": 5}"#, &est()).is_err());
         assert!(peek(b"[]", &est()).is_err());
@@ -657,7 +624,7 @@ mod tests {
         );
         assert!(matches!(
             parse(br#"{"input":[{"type":"message","role":"narrator","content":"x"}]}"#),
-            Err(ResponsesError::BadItem { index: 0, .. })
+            Err(DialectError::BadMessage { index: 0, .. })
         ));
     }
 
@@ -698,7 +665,7 @@ mod tests {
         assert_eq!(&items_out[2..], &items_in[10..]);
         assert!(matches!(
             r.rewrite(0, 13, "S"),
-            Err(ResponsesError::BadPlan { .. })
+            Err(DialectError::BadPlan { .. })
         ));
     }
 }
