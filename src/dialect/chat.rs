@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use super::json::{leaf_chars, OrderedObject, StrChars, StrCharsVisitor};
+use super::json::{leaf_chars, skip_scalars, OneOf, OrderedObject, StrChars, StrCharsVisitor};
 use super::{Conversation, DialectError};
 use crate::compaction::estimate::{count_chars, Counts, LazyEstimator};
 use crate::compaction::transcript::{Message, Part, Role, ToolCall};
@@ -361,8 +361,11 @@ fn json_text(v: &Value) -> String {
     }
 }
 
+/// Part `type`s that carry an image.
+const IMAGE_TYPES: &[&str] = &["image_url", "image", "input_image"];
+
 fn is_image_type(kind: &str) -> bool {
-    matches!(kind, "image_url" | "image" | "input_image")
+    IMAGE_TYPES.contains(&kind)
 }
 
 fn part_from_value(part: &Value) -> Part {
@@ -577,9 +580,7 @@ impl<'de> Deserialize<'de> for ContentCounts {
                     images: 0,
                 })
             }
-            fn visit_unit<E: de::Error>(self) -> Result<Counts, E> {
-                Ok(Counts::default())
-            }
+            skip_scalars!(Counts, Counts::default());
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Counts, A::Error> {
                 let mut counts = Counts::default();
                 while let Some(PartCounts(c)) = seq.next_element()? {
@@ -590,18 +591,6 @@ impl<'de> Deserialize<'de> for ContentCounts {
             fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Counts, A::Error> {
                 let chars = StrCharsVisitor.visit_map(map)?;
                 Ok(Counts { chars, images: 0 })
-            }
-            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Counts, E> {
-                Ok(Counts::default())
-            }
-            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Counts, E> {
-                Ok(Counts::default())
-            }
-            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Counts, E> {
-                Ok(Counts::default())
-            }
-            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Counts, E> {
-                Ok(Counts::default())
             }
         }
         d.deserialize_any(V).map(ContentCounts)
@@ -620,48 +609,6 @@ enum PartField {
     CacheControl,
     #[serde(other)]
     Other,
-}
-
-/// Whether a `type` value names an image part.
-struct ImageType(bool);
-
-impl<'de> Deserialize<'de> for ImageType {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = bool;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a part type")
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<bool, E> {
-                Ok(is_image_type(v))
-            }
-            fn visit_bool<E: de::Error>(self, _: bool) -> Result<bool, E> {
-                Ok(false)
-            }
-            fn visit_i64<E: de::Error>(self, _: i64) -> Result<bool, E> {
-                Ok(false)
-            }
-            fn visit_u64<E: de::Error>(self, _: u64) -> Result<bool, E> {
-                Ok(false)
-            }
-            fn visit_f64<E: de::Error>(self, _: f64) -> Result<bool, E> {
-                Ok(false)
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<bool, E> {
-                Ok(false)
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<bool, A::Error> {
-                while seq.next_element::<IgnoredAny>()?.is_some() {}
-                Ok(false)
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<bool, A::Error> {
-                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-                Ok(false)
-            }
-        }
-        d.deserialize_any(V).map(ImageType)
-    }
 }
 
 impl<'de> Deserialize<'de> for PartCounts {
@@ -684,7 +631,7 @@ impl<'de> Deserialize<'de> for PartCounts {
                 let mut chars = 0usize;
                 while let Some(key) = map.next_key::<PartField>()? {
                     match key {
-                        PartField::Type => typed = Some(map.next_value::<ImageType>()?.0),
+                        PartField::Type => typed = Some(map.next_value_seed(OneOf(IMAGE_TYPES))?),
                         PartField::ImageUrl => {
                             has_image_url = true;
                             map.next_value::<IgnoredAny>()?;
@@ -711,21 +658,7 @@ impl<'de> Deserialize<'de> for PartCounts {
                 let chars = StrCharsVisitor.visit_seq(seq)?;
                 Ok(Counts { chars, images: 0 })
             }
-            fn visit_unit<E: de::Error>(self) -> Result<Counts, E> {
-                Ok(Counts::default())
-            }
-            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Counts, E> {
-                Ok(Counts::default())
-            }
-            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Counts, E> {
-                Ok(Counts::default())
-            }
-            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Counts, E> {
-                Ok(Counts::default())
-            }
-            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Counts, E> {
-                Ok(Counts::default())
-            }
+            skip_scalars!(Counts, Counts::default());
         }
         d.deserialize_any(V).map(PartCounts)
     }

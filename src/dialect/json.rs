@@ -21,6 +21,29 @@ use serde_json::Value;
 
 use crate::compaction::estimate::{count_chars, Counts};
 
+/// The [`Visitor`] methods for the JSON scalars the model does not read (booleans, numbers,
+/// `null`): each answers `$value`. Strings, arrays and objects stay with each visitor.
+macro_rules! skip_scalars {
+    ($ty:ty, $value:expr) => {
+        fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<$ty, E> {
+            Ok($value)
+        }
+        fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<$ty, E> {
+            Ok($value)
+        }
+        fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<$ty, E> {
+            Ok($value)
+        }
+        fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<$ty, E> {
+            Ok($value)
+        }
+        fn visit_unit<E: serde::de::Error>(self) -> Result<$ty, E> {
+            Ok($value)
+        }
+    };
+}
+pub(crate) use skip_scalars;
+
 /// How a dialect's content nodes are counted.
 #[derive(Debug)]
 pub(crate) struct Rules {
@@ -232,21 +255,7 @@ impl<'de> Visitor<'de> for OneOf {
     fn visit_str<E: de::Error>(self, v: &str) -> Result<bool, E> {
         Ok(self.0.contains(&v))
     }
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<bool, E> {
-        Ok(false)
-    }
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<bool, E> {
-        Ok(false)
-    }
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<bool, E> {
-        Ok(false)
-    }
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<bool, E> {
-        Ok(false)
-    }
-    fn visit_unit<E: de::Error>(self) -> Result<bool, E> {
-        Ok(false)
-    }
+    skip_scalars!(bool, false);
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<bool, A::Error> {
         while seq.next_element::<IgnoredAny>()?.is_some() {}
         Ok(false)
@@ -276,21 +285,7 @@ impl<'de> Visitor<'de> for StrCharsVisitor {
     fn visit_str<E: de::Error>(self, v: &str) -> Result<usize, E> {
         Ok(count_chars(v))
     }
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<usize, E> {
-        Ok(0)
-    }
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<usize, E> {
-        Ok(0)
-    }
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<usize, E> {
-        Ok(0)
-    }
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<usize, E> {
-        Ok(0)
-    }
-    fn visit_unit<E: de::Error>(self) -> Result<usize, E> {
-        Ok(0)
-    }
+    skip_scalars!(usize, 0);
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<usize, A::Error> {
         let mut n = 0usize;
         while let Some(StrChars(c)) = seq.next_element()? {
@@ -326,21 +321,7 @@ impl<'de> Visitor<'de> for ContentSeed {
     fn visit_str<E: de::Error>(self, v: &str) -> Result<Counts, E> {
         Ok(chars(count_chars(v)))
     }
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Counts, E> {
-        Ok(Counts::default())
-    }
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Counts, E> {
-        Ok(Counts::default())
-    }
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Counts, E> {
-        Ok(Counts::default())
-    }
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Counts, E> {
-        Ok(Counts::default())
-    }
-    fn visit_unit<E: de::Error>(self) -> Result<Counts, E> {
-        Ok(Counts::default())
-    }
+    skip_scalars!(Counts, Counts::default());
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Counts, A::Error> {
         let mut counts = Counts::default();
         while let Some(c) = seq.next_element_seed(NodeSeed(self.0))? {
@@ -372,21 +353,7 @@ impl<'de> Visitor<'de> for NodeSeed {
     fn visit_str<E: de::Error>(self, v: &str) -> Result<Counts, E> {
         Ok(chars(count_chars(v)))
     }
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Counts, E> {
-        Ok(Counts::default())
-    }
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Counts, E> {
-        Ok(Counts::default())
-    }
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Counts, E> {
-        Ok(Counts::default())
-    }
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Counts, E> {
-        Ok(Counts::default())
-    }
-    fn visit_unit<E: de::Error>(self) -> Result<Counts, E> {
-        Ok(Counts::default())
-    }
+    skip_scalars!(Counts, Counts::default());
     fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Counts, A::Error> {
         StrCharsVisitor.visit_seq(seq).map(chars)
     }
