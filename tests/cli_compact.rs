@@ -233,7 +233,7 @@ fn invalid_input_exits_non_zero_with_a_clear_message() {
     let config = write(dir.path(), "compactor.toml", CONFIG.as_bytes());
     for (body, expected) in [
         (&b"this is not json"[..], "not a Chat Completions request"),
-        (b"{\"model\":\"gpt-4o\"}", "no `messages` array"),
+        (b"{\"model\":\"gpt-4o\"}", "no single `messages`"),
         (b"[1, 2]", "not a Chat Completions request"),
         (
             b"{\"model\":\"gpt-4o\",\"messages\":[{\"role\":\"narrator\",\"content\":\"x\"}]}",
