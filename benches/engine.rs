@@ -1,7 +1,7 @@
 //! Engine benchmarks: parse + trigger check + rewrite of 100, 1,000 and 10,000-message
 //! conversations (with a summarizer that answers instantly, each on a fresh compactor so every
 //! iteration really compacts); the same conversations once a checkpoint exists (hash the
-//! history, splice the stored summary); and the no-compaction hot path for a ~500 KB request
+//! history, splice the stored summary), with the hashing alone beside it; and the no-compaction hot path for a ~500 KB request
 //! side by side with a bare `serde_json::Value` parse + serialise of the same bytes.
 //!
 //! Run: `cargo bench --bench engine -- --warm-up-time 1 --measurement-time 3`
@@ -15,6 +15,7 @@ use compactor::compaction::{Compactor, Outcome, RequestContext};
 use compactor::config::Config;
 use compactor::dialect::{chat, DialectKind};
 use compactor::metrics::Metrics;
+use compactor::session::hash::{chain, TenantId};
 use compactor_plugin_api::{
     BoxFuture, Caller, SummarizeError, Summarizer, Summary, SummaryRequest,
 };
@@ -154,6 +155,11 @@ fn compaction(c: &mut Criterion) {
                     &context,
                 )))
             })
+        });
+        // The share of that spent on canonical hashing of the history alone.
+        let raw = chat::raw_messages(&body).expect("messages");
+        group.bench_with_input(BenchmarkId::new("chain_hash_only", n), &raw, |b, raw| {
+            b.iter(|| black_box(chain(&TenantId::ANONYMOUS, black_box(raw)).expect("chain")))
         });
     }
     group.finish();
