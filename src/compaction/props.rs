@@ -11,7 +11,9 @@ use serde_json::{json, Value};
 
 use super::estimate::LazyEstimator;
 use super::prompt::SUMMARY_INTRO;
-use super::testing::{caller, check_openai_pairing, compactor, config, FakeSummarizer};
+use super::testing::{
+    caller, check_estimates, check_openai_pairing, compactor, config, ensure, FakeSummarizer,
+};
 use super::Outcome;
 use crate::dialect::chat::{self, top_level_fields};
 use crate::dialect::DialectKind;
@@ -254,14 +256,6 @@ fn raw_messages(body: &[u8]) -> Vec<String> {
     list.iter().map(|r| r.get().to_string()).collect()
 }
 
-fn ensure(cond: bool, what: impl Into<String>) -> Result<(), TestCaseError> {
-    if cond {
-        Ok(())
-    } else {
-        Err(TestCaseError::fail(what.into()))
-    }
-}
-
 #[test]
 fn rewritten_requests_stay_valid_verbatim_and_smaller() {
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -289,16 +283,7 @@ fn rewritten_requests_stay_valid_verbatim_and_smaller() {
 
         // The hot path's estimate is the full parse's estimate, which is the parts' estimate.
         let parsed = chat::parse(&body).map_err(|e| TestCaseError::fail(e.to_string()))?;
-        ensure(
-            parsed.conversation.tokens() == before.tokens,
-            "peek and parse estimates agree",
-        )?;
-        for m in &parsed.conversation.transcript.messages {
-            ensure(
-                est.message(m) == m.tokens,
-                format!("parts estimate of {m:?}"),
-            )?;
-        }
+        check_estimates(before.tokens, &parsed.conversation, &est)?;
 
         let due = c
             .engine()

@@ -6,10 +6,13 @@ use std::sync::{Arc, Mutex};
 use compactor_plugin_api::{
     BoxFuture, Caller, SummarizeError, Summarizer, Summary, SummaryRequest,
 };
+use proptest::test_runner::TestCaseError;
 use serde_json::{json, Value};
 
+use super::estimate::LazyEstimator;
 use super::Compactor;
 use crate::config::Config;
+use crate::dialect::Conversation;
 use crate::metrics::Metrics;
 
 /// What the fake answers.
@@ -154,6 +157,35 @@ pub(crate) fn check_openai_pairing(messages: &[Value]) -> Result<(), String> {
                 "call {missing:?} of message before {i} is unanswered"
             ));
         }
+    }
+    Ok(())
+}
+
+/// A property-test assertion: fails the case with `what` unless `cond` holds.
+pub(crate) fn ensure(cond: bool, what: impl Into<String>) -> Result<(), TestCaseError> {
+    if cond {
+        Ok(())
+    } else {
+        Err(TestCaseError::fail(what.into()))
+    }
+}
+
+/// The hot path's estimate (`peek_tokens`) is the full parse's, and each message's estimate is
+/// the sum of its parts'.
+pub(crate) fn check_estimates(
+    peek_tokens: usize,
+    conversation: &Conversation<'_>,
+    est: &LazyEstimator,
+) -> Result<(), TestCaseError> {
+    ensure(
+        conversation.tokens() == peek_tokens,
+        "peek and parse estimates agree",
+    )?;
+    for m in &conversation.transcript.messages {
+        ensure(
+            est.message(m) == m.tokens,
+            format!("parts estimate of {m:?}"),
+        )?;
     }
     Ok(())
 }

@@ -173,6 +173,7 @@ pub fn parse_with<'a>(
 }
 
 /// The `messages` of a request as raw JSON, borrowed from the body (no strings copied).
+/// Anthropic Messages keeps its conversation in the same field, so it reads it here too.
 pub fn raw_messages(body: &[u8]) -> Result<Vec<&RawValue>, DialectError> {
     #[derive(Deserialize)]
     struct Wire<'a> {

@@ -237,18 +237,6 @@ pub fn parse_with<'a>(
     })
 }
 
-/// The `messages` of a request as raw JSON, borrowed from the body.
-pub fn raw_messages(body: &[u8]) -> Result<Vec<&RawValue>, DialectError> {
-    #[derive(Deserialize)]
-    struct Wire<'a> {
-        #[serde(borrow)]
-        messages: Option<Vec<&'a RawValue>>,
-    }
-    let wire: Wire<'_> = serde_json::from_slice(body)?;
-    wire.messages
-        .ok_or(DialectError::NoConversation("messages"))
-}
-
 #[derive(Deserialize)]
 struct WireMessage<'a> {
     role: String,

@@ -167,8 +167,7 @@ impl DialectKind {
     /// The request's messages as raw JSON slices of `body`.
     pub fn raw_messages(self, body: &[u8]) -> Result<Vec<&RawValue>, DialectError> {
         match self {
-            DialectKind::ChatCompletions => chat::raw_messages(body),
-            DialectKind::Messages => messages::raw_messages(body),
+            DialectKind::ChatCompletions | DialectKind::Messages => chat::raw_messages(body),
             DialectKind::Responses => responses::raw_messages(body),
         }
     }

@@ -17,20 +17,14 @@ use super::json::OrderedObject;
 use super::{messages, responses, DialectKind};
 use crate::compaction::estimate::LazyEstimator;
 use crate::compaction::prompt::SUMMARY_INTRO;
-use crate::compaction::testing::{caller, compactor, config, FakeSummarizer};
+use crate::compaction::testing::{
+    caller, check_estimates, compactor, config, ensure, FakeSummarizer,
+};
 use crate::compaction::Outcome;
 
 fn text(min: usize, max: usize) -> impl Strategy<Value = String> {
     proptest::string::string_regex(&format!("[a-z0-9 é日🦀\"\\\\\n]{{{min},{max}}}"))
         .unwrap_or_else(|e| panic!("regex: {e}"))
-}
-
-fn ensure(cond: bool, what: impl Into<String>) -> Result<(), TestCaseError> {
-    if cond {
-        Ok(())
-    } else {
-        Err(TestCaseError::fail(what.into()))
-    }
 }
 
 fn fail(e: impl std::fmt::Display) -> TestCaseError {
@@ -526,16 +520,7 @@ fn anthropic_rewrites_stay_valid_verbatim_and_smaller() {
         let est = LazyEstimator::default();
         let before = messages::peek(&body, &est).map_err(fail)?;
         let parsed = messages::parse(&body).map_err(fail)?;
-        ensure(
-            parsed.conversation.tokens() == before.tokens,
-            "peek and parse agree",
-        )?;
-        for m in &parsed.conversation.transcript.messages {
-            ensure(
-                est.message(m) == m.tokens,
-                format!("parts estimate of {m:?}"),
-            )?;
-        }
+        check_estimates(before.tokens, &parsed.conversation, &est)?;
         let due = c
             .engine()
             .limits(before.model.as_deref(), before.requested_output)
