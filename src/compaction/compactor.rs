@@ -235,16 +235,14 @@ impl Compactor {
         } else {
             None
         };
-        let kept: Vec<Box<RawValue>> = match (&raw, &peek.first_messages) {
-            (None, Some(first)) => first
+        let first: Vec<&str> = match (&raw, &peek.first_messages) {
+            (Some(raw), _) => raw
                 .iter()
-                .filter_map(|m| RawValue::from_string(m.clone()).ok())
+                .take(SESSION_ID_MESSAGES)
+                .map(|m| m.get())
                 .collect(),
-            _ => Vec::new(),
-        };
-        let first: Vec<&RawValue> = match &raw {
-            Some(raw) => raw.iter().take(SESSION_ID_MESSAGES).copied().collect(),
-            None => kept.iter().map(|m| m.as_ref()).collect(),
+            (None, Some(first)) => first.iter().map(String::as_str).collect(),
+            (None, None) => Vec::new(),
         };
         let session = session_id(&tenant, context.session_header, &first);
         let latest = LatestRequest {

@@ -233,11 +233,12 @@ pub fn chain(tenant: &TenantId, messages: &[&RawValue]) -> Result<Vec<ChainHash>
 /// - otherwise 16 hex digits derived from `tenant` and the canonical form of the first
 ///   [`SESSION_ID_MESSAGES`] of `first_messages`, so every request of one conversation gets
 ///   the same id. Pass the system prompt first when the dialect keeps it outside the message
-///   array, or two conversations opening with the same user message share an id.
+///   array, or two conversations opening with the same user message share an id. Each message
+///   is its JSON text (a [`RawValue`]'s `get()`).
 pub fn session_id(
     tenant: &TenantId,
     header_value: Option<&str>,
-    first_messages: &[&RawValue],
+    first_messages: &[&str],
 ) -> String {
     if let Some(value) = header_value.map(str::trim).filter(|v| !v.is_empty()) {
         if value.len() <= SESSION_ID_MAX_LEN && value.bytes().all(session_id_byte) {
@@ -254,7 +255,7 @@ pub fn session_id(
         .chain_update(tenant.0);
     let mut buf = Vec::new();
     for message in first_messages.iter().take(SESSION_ID_MESSAGES) {
-        let raw = message.get().as_bytes();
+        let raw = message.as_bytes();
         // A message that is not JSON still gets a stable id from its raw bytes.
         let bytes = match canonical_json_into(raw, &mut buf) {
             Ok(()) => buf.as_slice(),
@@ -463,20 +464,17 @@ mod tests {
     #[test]
     fn session_id_derived_from_first_messages() {
         let t = tenant();
-        let sys = raw(r#"{"role":"system","content":"s"}"#);
-        let sys_spaced = raw(r#"{ "content": "s", "role": "system" }"#);
-        let user = raw(r#"{"role":"user","content":"task"}"#);
-        let later = raw(r#"{"role":"assistant","content":"done"}"#);
-        let other = raw(r#"{"role":"user","content":"other task"}"#);
-        let short = session_id(&t, None, &[&sys, &user]);
+        let sys = r#"{"role":"system","content":"s"}"#;
+        let sys_spaced = r#"{ "content": "s", "role": "system" }"#;
+        let user = r#"{"role":"user","content":"task"}"#;
+        let later = r#"{"role":"assistant","content":"done"}"#;
+        let other = r#"{"role":"user","content":"other task"}"#;
+        let short = session_id(&t, None, &[sys, user]);
         assert_eq!(short.len(), 16);
         // Later messages do not change the id; formatting does not either.
-        assert_eq!(short, session_id(&t, None, &[&sys_spaced, &user, &later]));
-        assert_eq!(short, session_id(&t, Some("  "), &[&sys, &user]));
-        assert_ne!(short, session_id(&t, None, &[&sys, &other]));
-        assert_ne!(
-            short,
-            session_id(&TenantId::ANONYMOUS, None, &[&sys, &user])
-        );
+        assert_eq!(short, session_id(&t, None, &[sys_spaced, user, later]));
+        assert_eq!(short, session_id(&t, Some("  "), &[sys, user]));
+        assert_ne!(short, session_id(&t, None, &[sys, other]));
+        assert_ne!(short, session_id(&TenantId::ANONYMOUS, None, &[sys, user]));
     }
 }
