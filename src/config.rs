@@ -42,9 +42,53 @@ pub enum ConfigError {
 }
 
 impl From<figment::Error> for ConfigError {
+    /// figment's messages quote the offending value; for a secret key that would print the
+    /// secret (to stderr, or to the log on a reload), so those errors name the key only.
     fn from(e: figment::Error) -> Self {
-        ConfigError::Load(Box::new(e))
+        let secret = e
+            .clone()
+            .into_iter()
+            .map(|e| e.path.join("."))
+            .find(|k| is_secret_key(k));
+        match secret {
+            Some(key) => invalid(key, "must be a string (value not shown: it is a secret)"),
+            None => ConfigError::Load(Box::new(e)),
+        }
     }
+}
+
+/// Keys whose values are secrets: never printed, and read from the environment verbatim.
+fn is_secret_key(key: &str) -> bool {
+    let key = key.to_ascii_lowercase();
+    key == "admin.token" || key.starts_with("summarizer.exec.env.")
+}
+
+/// `COMPACTOR_<SECTION>__<KEY>` variables. figment reads values as typed data (`12345` is a
+/// number), so secrets are merged as the exact strings they are: a numeric admin token works
+/// and keeps its leading zeros. Keys are lowercased, except the variable names under
+/// `summarizer.exec.env`, which the program sees as written.
+fn merge_env(figment: Figment) -> Figment {
+    let env = Env::prefixed("COMPACTOR_").split("__");
+    let secrets: Vec<(String, String)> = env
+        .clone()
+        .lowercase(false)
+        .iter()
+        .filter(|(key, _)| is_secret_key(key.as_str()))
+        .map(|(key, value)| {
+            let mut segments = key.as_str().splitn(4, '.');
+            let mut path: Vec<String> = segments
+                .by_ref()
+                .take(3)
+                .map(str::to_ascii_lowercase)
+                .collect();
+            path.extend(segments.map(str::to_owned));
+            (path.join("."), value)
+        })
+        .collect();
+    let figment = figment.merge(env.filter(|key| !is_secret_key(key.as_str())));
+    secrets
+        .into_iter()
+        .fold(figment, |figment, secret| figment.merge(secret))
 }
 
 fn invalid(key: impl Into<String>, reason: impl Into<String>) -> ConfigError {
@@ -376,9 +420,7 @@ impl Config {
             }
             None => {}
         }
-        let config: Config = figment
-            .merge(Env::prefixed("COMPACTOR_").split("__"))
-            .extract()?;
+        let config: Config = merge_env(figment).extract()?;
         config.validate()?;
         Ok(config)
     }

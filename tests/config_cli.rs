@@ -188,3 +188,17 @@ fn check_config_redacts_the_admin_token() {
     assert!(!stdout(&out).contains("s3cret-admin-token"));
     assert!(stdout(&out).contains("[redacted]"));
 }
+
+#[test]
+fn a_badly_typed_secret_is_named_but_never_printed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = write_config(dir.path(), "[admin]\ntoken = 918273645\n");
+    let out = compactor(dir.path(), &["check-config", "--config", &path], &[]);
+    assert!(
+        !out.status.success(),
+        "a numeric token in TOML is a type error"
+    );
+    assert!(stderr(&out).contains("admin.token"), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("918273645"), "{}", stderr(&out));
+    assert!(!stdout(&out).contains("918273645"));
+}

@@ -150,3 +150,38 @@ async fn binary_exits_zero_on_sigterm_after_draining() {
         rest.join("\n")
     );
 }
+
+/// Secrets from the environment are taken as the exact strings they are: a numeric admin token
+/// (figment would read `007` as the number 7) guards the admin port verbatim.
+#[tokio::test]
+async fn a_numeric_admin_token_from_the_environment_is_used_verbatim() {
+    let mock = MockUpstream::start().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("compactor.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n\n{}",
+            upstream_toml(&mock.url())
+        ),
+    )
+    .expect("write config");
+    let binary = Binary::serve_with_env(
+        &config,
+        dir.path(),
+        "info",
+        &[("COMPACTOR_ADMIN__TOKEN", "007")],
+    )
+    .await;
+    let client = TestClient::http1();
+    let metrics = format!("http://{}/metrics", binary.admin);
+    for (bearer, expected) in [
+        (None, StatusCode::UNAUTHORIZED),
+        (Some("Bearer 7"), StatusCode::UNAUTHORIZED),
+        (Some("Bearer 007"), StatusCode::OK),
+    ] {
+        let headers: Vec<(&str, &str)> = bearer.map(|b| ("authorization", b)).into_iter().collect();
+        let response = client.request("GET", &metrics, &headers, "").await;
+        assert_eq!(response.status(), expected, "{bearer:?}");
+    }
+}

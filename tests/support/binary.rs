@@ -36,6 +36,16 @@ impl Binary {
 
     /// [`Binary::serve`] with another `RUST_LOG` filter.
     pub async fn serve_with_log(config: &Path, dir: &Path, filter: &str) -> Binary {
+        Binary::serve_with_env(config, dir, filter, &[]).await
+    }
+
+    /// [`Binary::serve_with_log`] with these `COMPACTOR_*` variables set.
+    pub async fn serve_with_env(
+        config: &Path,
+        dir: &Path,
+        filter: &str,
+        env: &[(&str, &str)],
+    ) -> Binary {
         let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_compactor"));
         command
             .arg("serve")
@@ -52,6 +62,7 @@ impl Binary {
                 command.env_remove(key);
             }
         }
+        command.envs(env.iter().copied());
         let mut child = command.spawn().expect("spawn compactor");
         let pid = child.id().expect("pid");
         let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
