@@ -80,9 +80,7 @@ async fn metrics(app: &App) -> Response<Full<Bytes>> {
         let m = &app.metrics;
         m.sessions
             .set(i64::try_from(stats.sessions).unwrap_or(i64::MAX));
-        let evicted = stats.evictions.saturating_add(stats.expirations);
-        m.store_evictions
-            .inc_by(evicted.saturating_sub(m.store_evictions.get()));
+        m.observe_store_evictions(stats.evictions.saturating_add(stats.expirations));
     }
     text(
         StatusCode::OK,

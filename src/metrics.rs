@@ -4,6 +4,8 @@
 //! (each with its own app) never share counters. Labels are bounded enums or short static
 //! strings: never a path, a key or a session id.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
@@ -105,8 +107,10 @@ pub struct Metrics {
     pub checkpoint_lookups: IntCounterVec,
     /// `compactor_sessions`
     pub sessions: IntGauge,
-    /// `compactor_store_evictions_total`
+    /// `compactor_store_evictions_total`: raised through [`Metrics::observe_store_evictions`].
     pub store_evictions: IntCounter,
+    /// The store's eviction total already added to `store_evictions`.
+    store_evictions_counted: AtomicU64,
     /// `compactor_breaker_open_total`
     pub breaker_open: IntCounter,
     /// `compactor_overhead_seconds{route}`: time compactor itself adds before the response
@@ -322,6 +326,7 @@ impl Metrics {
                 "Configuration reloads by result (ok or error).",
                 &["result"],
             )?,
+            store_evictions_counted: AtomicU64::new(0),
             registry,
         };
         m.build_info
@@ -329,6 +334,16 @@ impl Metrics {
             .set(1);
         m.initialise_labels();
         Ok(m)
+    }
+
+    /// Brings `compactor_store_evictions_total` up to the store's own running `total` (the
+    /// store counts; the registry mirrors it at scrape time). Concurrent scrapes add each
+    /// eviction once.
+    pub fn observe_store_evictions(&self, total: u64) {
+        let counted = self
+            .store_evictions_counted
+            .fetch_max(total, Ordering::AcqRel);
+        self.store_evictions.inc_by(total.saturating_sub(counted));
     }
 
     /// Creates the children of every bounded label combination of the newer vectors, so they
@@ -420,6 +435,24 @@ mod tests {
         assert!(a.render().contains("compactor_tokens_saved_total 7"));
         assert!(b.render().contains("compactor_tokens_saved_total 0"));
         assert!(a.render().contains("# HELP compactor_build_info"));
+    }
+
+    #[test]
+    fn concurrent_scrapes_count_each_store_eviction_once() {
+        let m = Metrics::new().expect("metrics");
+        std::thread::scope(|scope| {
+            for _ in 0..8 {
+                scope.spawn(|| {
+                    for total in [3, 5, 5, 4, 9] {
+                        m.observe_store_evictions(total);
+                    }
+                });
+            }
+        });
+        assert_eq!(m.store_evictions.get(), 9);
+        m.observe_store_evictions(9);
+        m.observe_store_evictions(12);
+        assert_eq!(m.store_evictions.get(), 12);
     }
 
     #[test]
