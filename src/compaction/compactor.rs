@@ -95,7 +95,15 @@ struct FlightKey {
 
 /// What the leader of a single flight produced: `None` when a compaction that finished while
 /// this request was on its way already covers more of the conversation (use that instead).
-type FlightValue = Arc<Option<Result<(Vec<u8>, Compaction), CompactError>>>;
+type FlightValue = Arc<Option<Result<Compacted, CompactError>>>;
+
+/// A compaction done: the rewritten request, the engine's result, and the checkpoint stored
+/// for it (`None` when it could not be stored: the next request compacts again).
+struct Compacted {
+    body: Vec<u8>,
+    compaction: Compaction,
+    stored: Option<Arc<Checkpoint>>,
+}
 
 /// A stored checkpoint applied to a request: messages `[head..covered)` become `message`.
 struct Splice {
@@ -479,7 +487,9 @@ impl Compactor {
             tracing::warn!(session, "session breaker open: automatic compaction paused");
         }
         match flight {
-            Ok((body, compaction)) => {
+            Ok(Compacted {
+                body, compaction, ..
+            }) => {
                 self.record(trigger, CompactionOutcome::Compacted);
                 let mut result = compaction.result.clone();
                 result.pre_tokens = peek.tokens;
@@ -623,7 +633,7 @@ impl Compactor {
         tenant: TenantId,
         session: &str,
         instructions: Option<&str>,
-    ) -> Result<(Vec<u8>, Compaction), CompactError> {
+    ) -> Result<Compacted, CompactError> {
         let conversation = request.conversation();
         let t = &conversation.transcript;
         let head = t.head_len();
@@ -656,7 +666,7 @@ impl Compactor {
         let body = request.rewrite(head, compaction.boundary, &compaction.summary_message)?;
 
         let prefix = &conversation.raw_messages[..compaction.boundary];
-        match chain(&tenant, prefix).map(|h| h.last().copied()) {
+        let stored = match chain(&tenant, prefix).map(|h| h.last().copied()) {
             Ok(Some(hash)) => {
                 let r = &compaction.result;
                 let checkpoint = Checkpoint {
@@ -670,18 +680,30 @@ impl Compactor {
                     compaction_num: r.compaction_num,
                     created_unix: crate::session::store::unix_now(),
                 };
-                if let Err(e) = self
+                let checkpoint = Arc::new(checkpoint);
+                match self
                     .store
-                    .put_checkpoint(tenant, hash, Arc::new(checkpoint))
+                    .put_checkpoint(tenant, hash, checkpoint.clone())
                     .await
                 {
-                    tracing::warn!(error = %e, "storing the checkpoint failed; the next request compacts again");
+                    Ok(()) => Some(checkpoint),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "storing the checkpoint failed; the next request compacts again");
+                        None
+                    }
                 }
             }
-            Ok(None) => {}
-            Err(e) => tracing::warn!(error = %e, "checkpoint not stored: messages not hashable"),
-        }
-        Ok((body, compaction))
+            Ok(None) => None,
+            Err(e) => {
+                tracing::warn!(error = %e, "checkpoint not stored: messages not hashable");
+                None
+            }
+        };
+        Ok(Compacted {
+            body,
+            compaction,
+            stored,
+        })
     }
 
     /// Compacts the latest request of a session now (`/compact`, admin API), with optional
@@ -729,7 +751,9 @@ impl Compactor {
             .compaction_duration
             .observe(started.elapsed().as_secs_f64());
         match result {
-            Ok((_, compaction)) => {
+            Ok(Compacted {
+                compaction, stored, ..
+            }) => {
                 self.record(Trigger::Manual, CompactionOutcome::Compacted);
                 self.log_compaction(
                     id,
@@ -739,14 +763,9 @@ impl Compactor {
                     &compaction,
                     started,
                 );
-                match self.store.session(id).await {
-                    Ok(Some(info)) => match info.latest {
-                        Some(c) => ManualOutcome::Compacted(c),
-                        None => ManualOutcome::NotCompacted {
-                            reason: "checkpoint_not_stored",
-                        },
-                    },
-                    _ => ManualOutcome::NotCompacted {
+                match stored {
+                    Some(checkpoint) => ManualOutcome::Compacted(checkpoint),
+                    None => ManualOutcome::NotCompacted {
                         reason: "checkpoint_not_stored",
                     },
                 }
