@@ -29,10 +29,10 @@ const TUNED: &str =
     "[compaction]\nmax_messages = 20\nmin_preserve_tokens = 50\nmax_preserve_tokens = 400\n";
 
 /// Too aggressive for the `extractive` summarizer: after the first compaction each new one
-/// covers two or three short messages and the refined summary outgrows them, so compactions
+/// covers one or two short messages and the refined summary outgrows them, so compactions
 /// fail and the session's breaker opens. The replay must show that, not hide it.
 const AGGRESSIVE: &str =
-    "[compaction]\nmax_messages = 10\nmin_preserve_tokens = 50\nmax_preserve_tokens = 400\n";
+    "[compaction]\nmax_messages = 4\nmin_preserve_tokens = 10\nmax_preserve_tokens = 50\n";
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -293,6 +293,7 @@ fn every_transcript_replays_with_one_summary_per_compaction_and_a_chart() {
 fn aggressive_thresholds_show_failed_compactions_without_extra_summaries() {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = write(dir.path(), "replay.toml", AGGRESSIVE);
+    let mut total_failed = 0;
     for name in FIXTURES {
         let path = fixture(name).display().to_string();
         let (sections, stdout) = run_ok(dir.path(), &["replay", "--config", &config, &path]);
@@ -316,7 +317,12 @@ fn aggressive_thresholds_show_failed_compactions_without_extra_summaries() {
             failed,
             "{stdout}"
         );
+        total_failed += failed;
     }
+    assert!(
+        total_failed > 0,
+        "these thresholds make compactions fail; the replay must show it"
+    );
 }
 
 #[test]
