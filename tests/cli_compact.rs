@@ -17,13 +17,6 @@ use support::provider_rules::check_chat;
 const CONFIG: &str = "[compaction]\nmax_messages = 10\nmin_preserve_tokens = 50\n\
                       max_preserve_tokens = 400\n[summarizer]\nbackend = \"extractive\"\n";
 
-const FIXTURES: [&str; 4] = [
-    "swe-agent-function-calling-simple.json",
-    "swe-agent-marshmallow-function-calling.json",
-    "swe-agent-ctf-katy.json",
-    "swe-agent-ctf-web.json",
-];
-
 /// `{"model": "gpt-4o", "messages": <the fixture's messages>}`.
 fn fixture_request(name: &str) -> Value {
     json!({"model": "gpt-4o", "messages": support::transcript(name)})
@@ -87,7 +80,7 @@ const TASK_DOMINATED: &str = "swe-agent-function-calling-simple.json";
 fn every_fixture_is_compacted_into_a_smaller_valid_request_with_a_verbatim_tail() {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = write(dir.path(), "compactor.toml", CONFIG.as_bytes());
-    for name in FIXTURES {
+    for name in support::TRANSCRIPTS {
         let request = fixture_request(name);
         let original = request["messages"].as_array().expect("messages").clone();
         let bytes = serde_json::to_vec_pretty(&request).expect("serialise");

@@ -100,6 +100,9 @@ fn without_a_file_defaults_and_environment_apply() {
         config["upstream"]["base_url"].as_str(),
         Some("http://only-env.example")
     );
+    // No file: everything else is the built-in default.
+    assert_eq!(config["server"]["listen"].as_str(), Some("127.0.0.1:8787"));
+    assert_eq!(config["compaction"]["max_messages"].as_integer(), Some(80));
 }
 
 #[test]

@@ -300,7 +300,10 @@ async fn upstream_dying_mid_stream_ends_the_client_stream() {
         }
     })
     .await;
-    assert!(failed, "a cut-off upstream body must reach the client as an error");
+    assert!(
+        failed,
+        "a cut-off upstream body must reach the client as an error"
+    );
     proxy
         .wait_metric("compactor_in_flight_requests", &[], 0.0)
         .await;

@@ -4,17 +4,14 @@
 //! transcripts, a summarizer call only where a compaction ran (session memory reuses the stored
 //! summary in between), a well-formed chart, JSONL recordings, and clear errors.
 
-use std::path::{Path, PathBuf};
+mod support;
+
+use std::path::Path;
 use std::process::{Command, Output};
 
 use serde_json::{json, Value};
 
-const FIXTURES: [&str; 4] = [
-    "swe-agent-function-calling-simple.json",
-    "swe-agent-marshmallow-function-calling.json",
-    "swe-agent-ctf-katy.json",
-    "swe-agent-ctf-web.json",
-];
+use support::{transcript, transcript_path, TRANSCRIPTS};
 
 /// The fixtures long enough to compact under [`TUNED`].
 const LONGER: [&str; 3] = [
@@ -33,18 +30,6 @@ const TUNED: &str =
 /// fail and the session's breaker opens. The replay must show that, not hide it.
 const AGGRESSIVE: &str =
     "[compaction]\nmax_messages = 4\nmin_preserve_tokens = 10\nmax_preserve_tokens = 50\n";
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/transcripts")
-        .join(name)
-}
-
-fn messages(name: &str) -> Vec<Value> {
-    let text = std::fs::read_to_string(fixture(name)).expect("read fixture");
-    let v: Value = serde_json::from_str(&text).expect("fixture is JSON");
-    v["messages"].as_array().expect("messages").clone()
-}
 
 /// The requests an agent sends while producing `messages`, counted independently of the
 /// code under test: one before each assistant message, one more when the history does not
@@ -173,7 +158,7 @@ fn run_ok(dir: &Path, args: &[&str]) -> (Vec<Section>, String) {
 
 /// Invariants of every replay, whatever the configuration.
 fn check_section(name: &str, section: &Section, stdout: &str) {
-    let expected = expected_steps(&messages(name));
+    let expected = expected_steps(&transcript(name));
     assert!(section.heading.contains(name), "{}", section.heading);
     assert!(
         section
@@ -239,18 +224,18 @@ fn every_transcript_replays_with_one_summary_per_compaction_and_a_chart() {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = write(dir.path(), "replay.toml", TUNED);
     let svg = dir.path().join("replay.svg");
-    let paths: Vec<String> = FIXTURES
+    let paths: Vec<String> = TRANSCRIPTS
         .iter()
-        .map(|f| fixture(f).display().to_string())
+        .map(|f| transcript_path(f).display().to_string())
         .collect();
     let mut args = vec!["replay", "--config", config.as_str()];
     args.extend(paths.iter().map(String::as_str));
     args.extend(["--svg", svg.to_str().expect("utf-8 path")]);
     let (sections, stdout) = run_ok(dir.path(), &args);
 
-    assert_eq!(sections.len(), FIXTURES.len(), "{stdout}");
+    assert_eq!(sections.len(), TRANSCRIPTS.len(), "{stdout}");
     let mut total = 0;
-    for (name, section) in FIXTURES.iter().zip(&sections) {
+    for (name, section) in TRANSCRIPTS.iter().zip(&sections) {
         check_section(name, section, &stdout);
         let last = section.rows.last().expect("rows");
         assert!(section.summary.contains("max_messages 20"), "{stdout}");
@@ -273,18 +258,18 @@ fn every_transcript_replays_with_one_summary_per_compaction_and_a_chart() {
     let chart = std::fs::read_to_string(&svg).expect("the chart is written");
     let elements = check_well_formed(&chart).unwrap_or_else(|e| panic!("{e}\n{chart}"));
     assert_eq!(elements.first().map(String::as_str), Some("svg"));
-    assert_eq!(chart.matches(r#"class="panel""#).count(), FIXTURES.len());
+    assert_eq!(chart.matches(r#"class="panel""#).count(), TRANSCRIPTS.len());
     assert_eq!(chart.matches(r#"class="compaction""#).count(), total);
     assert_eq!(
         chart.matches(r#"class="threshold""#).count(),
-        FIXTURES.len()
+        TRANSCRIPTS.len()
     );
     assert_eq!(
         chart.matches("<polyline").count(),
-        2 * FIXTURES.len(),
+        2 * TRANSCRIPTS.len(),
         "received and forwarded per panel"
     );
-    for name in FIXTURES {
+    for name in TRANSCRIPTS {
         assert!(chart.contains(name), "{name} is titled");
     }
 }
@@ -294,8 +279,8 @@ fn aggressive_thresholds_show_failed_compactions_without_extra_summaries() {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = write(dir.path(), "replay.toml", AGGRESSIVE);
     let mut total_failed = 0;
-    for name in FIXTURES {
-        let path = fixture(name).display().to_string();
+    for name in TRANSCRIPTS {
+        let path = transcript_path(name).display().to_string();
         let (sections, stdout) = run_ok(dir.path(), &["replay", "--config", &config, &path]);
         assert_eq!(sections.len(), 1, "{stdout}");
         let section = &sections[0];
@@ -330,7 +315,7 @@ fn a_jsonl_of_requests_replays_line_by_line() {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = write(dir.path(), "replay.toml", TUNED);
     let name = "swe-agent-marshmallow-function-calling.json";
-    let all = messages(name);
+    let all = transcript(name);
     let ends = expected_steps(&all);
     let lines: String = ends
         .iter()
@@ -340,7 +325,7 @@ fn a_jsonl_of_requests_replays_line_by_line() {
         })
         .collect();
     let jsonl = write(dir.path(), "requests.jsonl", &lines);
-    let transcript = fixture(name).display().to_string();
+    let transcript = transcript_path(name).display().to_string();
     let (sections, stdout) = run_ok(
         dir.path(),
         &["replay", "--config", &config, &jsonl, &transcript],
@@ -410,7 +395,7 @@ fn check_section_rows_match(a: &Section, b: &Section, stdout: &str) {
 #[test]
 fn missing_or_invalid_inputs_fail_with_a_clear_message() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let present = fixture(FIXTURES[0]).display().to_string();
+    let present = transcript_path(TRANSCRIPTS[0]).display().to_string();
     let out = compactor(dir.path(), &["replay", &present, "no-such-transcript.json"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());

@@ -455,7 +455,16 @@ async fn the_least_recently_used_sessions_are_evicted_under_max_bytes() {
     .await;
     let client = TestClient::http1();
 
+    // s0, the oldest, is used again before each new session: least recently used is then s1.
     for i in 0..SESSIONS {
+        if i > 0 {
+            let ex = chat(&client, &proxy, "s0", &session_conversation(0)).await;
+            assert_eq!(
+                ex.header("x-compactor-compaction-num"),
+                Some("1"),
+                "s0 reused"
+            );
+        }
         let ex = chat(&client, &proxy, &format!("s{i}"), &session_conversation(i)).await;
         assert_eq!(ex.header("x-compactor-compacted"), Some("true"), "s{i}");
         assert_eq!(ex.header("x-compactor-compaction-num"), Some("1"), "s{i}");
@@ -466,8 +475,16 @@ async fn the_least_recently_used_sessions_are_evicted_under_max_bytes() {
         "each session compacted once"
     );
 
+    let ex = admin(&client, &proxy, "GET", "/session/s1", None, "").await;
+    assert_eq!(
+        ex.status, 404,
+        "the least recently used session was evicted"
+    );
     let ex = admin(&client, &proxy, "GET", "/session/s0", None, "").await;
-    assert_eq!(ex.status, 404, "the oldest session was evicted");
+    assert_eq!(
+        ex.status, 200,
+        "the oldest but recently used session is kept"
+    );
     let newest = admin(
         &client,
         &proxy,
@@ -507,7 +524,7 @@ async fn the_least_recently_used_sessions_are_evicted_under_max_bytes() {
     assert_eq!(listed[0], format!("s{}", SESSIONS - 1), "{listed:?}");
 
     // The evicted session's checkpoint went with it: its conversation compacts again.
-    let ex = chat(&client, &proxy, "s0", &session_conversation(0)).await;
+    let ex = chat(&client, &proxy, "s1", &session_conversation(1)).await;
     assert_eq!(ex.header("x-compactor-compaction-num"), Some("1"));
     assert_eq!(provider.summaries(), SESSIONS + 1);
     assert_eq!(provider.rejected(), 0);

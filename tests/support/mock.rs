@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
@@ -221,11 +221,6 @@ impl StreamSender {
         self.tx.closed().await
     }
 
-    /// Whether the response body has been dropped.
-    pub fn is_closed(&self) -> bool {
-        self.tx.is_closed()
-    }
-
     /// Ends the body cleanly.
     pub fn finish(self) {}
 }
@@ -236,7 +231,6 @@ struct State {
     handler: Mutex<Option<Handler>>,
     record: AtomicBool,
     seen: watch::Sender<usize>,
-    connections: AtomicUsize,
 }
 
 /// The mock upstream. Dropping it stops accepting; open connections live on until the runtime
@@ -279,7 +273,6 @@ impl MockUpstream {
             handler: Mutex::new(None),
             record: AtomicBool::new(true),
             seen: watch::channel(0).0,
-            connections: AtomicUsize::new(0),
         });
         let is_tls = tls.is_some();
         let accept_state = state.clone();
@@ -289,7 +282,6 @@ impl MockUpstream {
                     continue;
                 };
                 let _ = stream.set_nodelay(true);
-                accept_state.connections.fetch_add(1, Ordering::SeqCst);
                 let state = accept_state.clone();
                 let tls = tls.clone();
                 tokio::spawn(async move {
@@ -377,11 +369,6 @@ impl MockUpstream {
         .await
         .expect("mock state alive");
         self.requests()
-    }
-
-    /// How many TCP connections the mock accepted.
-    pub fn connections(&self) -> usize {
-        self.state.connections.load(Ordering::SeqCst)
     }
 }
 

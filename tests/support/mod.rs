@@ -25,7 +25,7 @@ pub use client::{
     Exchange, SseReader, TestClient,
 };
 pub use fixtures::{transcript, transcript_path, TRANSCRIPTS};
-pub use metrics::{metric_value, parse_sample_line};
+pub use metrics::metric_value;
 pub use mock::{MockUpstream, Recorded, Reply, StreamSender};
 pub use proxy::{upstream_toml, TestProxy};
 pub use tls::TestPki;

@@ -83,18 +83,19 @@ impl TestProxy {
         metric_value(&self.metrics().await, name, labels)
     }
 
-    /// Polls `/metrics` until the sample equals `expected` (a missing sample counts as 0);
-    /// panics with the last value seen after the test timeout.
+    /// Polls `/metrics` until the sample is exported and equals `expected` (a missing sample
+    /// never matches, so a renamed metric cannot pass as 0); panics with the last value seen
+    /// after the test timeout.
     pub async fn wait_metric(&self, name: &str, labels: &[(&str, &str)], expected: f64) {
         let deadline = tokio::time::Instant::now() + super::TIMEOUT;
         loop {
-            let v = self.metric(name, labels).await.unwrap_or(0.0);
-            if v == expected {
+            let v = self.metric(name, labels).await;
+            if v == Some(expected) {
                 return;
             }
             assert!(
                 tokio::time::Instant::now() < deadline,
-                "{name}{labels:?}: expected {expected}, still {v} after {:?}",
+                "{name}{labels:?}: expected {expected}, still {v:?} after {:?}",
                 super::TIMEOUT
             );
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;

@@ -32,7 +32,21 @@ fn fixtures() -> Vec<PathBuf> {
         .filter(|p| p.extension().is_some_and(|x| x == "json"))
         .collect();
     files.sort();
-    assert!(!files.is_empty(), "no transcripts in {}", dir.display());
+    let names: Vec<_> = files
+        .iter()
+        .filter_map(|p| p.file_name()?.to_str())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "swe-agent-ctf-katy.json",
+            "swe-agent-ctf-web.json",
+            "swe-agent-function-calling-simple.json",
+            "swe-agent-marshmallow-function-calling.json",
+        ],
+        "the transcripts in {}",
+        dir.display()
+    );
     files
 }
 
