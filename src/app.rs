@@ -26,7 +26,8 @@ pub struct App {
 
 impl App {
     /// Builds an app for `config` that keeps this one's metrics registry and session store,
-    /// so a reload changes behaviour without losing counters, sessions, summaries or calibration.
+    /// so a reload changes behaviour without losing counters, sessions, summaries or calibration,
+    /// and this one's connection pool while `[upstream]` is unchanged.
     /// (Store limits and listener addresses are fixed at start-up.)
     pub fn reconfigure(&self, config: Config) -> Result<App, Error> {
         config.validate()?;
@@ -38,7 +39,11 @@ impl App {
             self.compactor.store().clone(),
         )
         .with_calibration(self.compactor.calibration().clone());
-        let upstream = Upstream::new(&config)?;
+        let upstream = if config.upstream == self.config.upstream {
+            self.upstream.with_routes(&config)?
+        } else {
+            Upstream::new(&config)?
+        };
         Ok(App {
             config,
             metrics: self.metrics.clone(),

@@ -19,6 +19,7 @@ use crate::error::Error;
 pub const POLL_INTERVAL: Duration = Duration::from_secs(2);
 
 /// Re-reads one config file (or the defaults) into one app handle.
+#[derive(Clone)]
 pub struct Reloader {
     handle: Arc<AppHandle>,
     path: Option<PathBuf>,
@@ -96,7 +97,10 @@ impl Reloader {
                 continue;
             }
             self.stamp = now;
-            let _ = self.reload();
+            // Reading the file, loading certificates and building summarizers block: keep
+            // them off the runtime's worker threads.
+            let reloader = self.clone();
+            let _ = tokio::task::spawn_blocking(move || reloader.reload()).await;
         }
     }
 }

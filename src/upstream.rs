@@ -111,19 +111,6 @@ pub struct Upstream {
 impl Upstream {
     /// Builds the client and routing table from the configuration.
     pub fn new(config: &Config) -> Result<Upstream, Error> {
-        let default = Target::parse(&config.upstream.base_url)?;
-        let routes = config
-            .routes
-            .iter()
-            .map(|r| {
-                Ok(Route {
-                    prefix: r.prefix.trim_end_matches('/').to_string(),
-                    strip_prefix: r.strip_prefix,
-                    target: Target::parse(&r.base_url)?,
-                })
-            })
-            .collect::<Result<Vec<_>, Error>>()?;
-
         let mut http = HttpConnector::new();
         http.enforce_http(false);
         http.set_nodelay(true);
@@ -139,6 +126,31 @@ impl Upstream {
             .pool_timer(TokioTimer::new())
             .timer(TokioTimer::new())
             .build(connector);
+        Upstream::with_client(config, client)
+    }
+
+    /// The routing table of `config` over this upstream's pooled client, for a reload that
+    /// leaves `[upstream]` as it was: warm connections and TLS sessions are kept.
+    pub fn with_routes(&self, config: &Config) -> Result<Upstream, Error> {
+        Upstream::with_client(config, self.client.clone())
+    }
+
+    fn with_client(
+        config: &Config,
+        client: Client<HttpsConnector<HttpConnector>, ProxyBody>,
+    ) -> Result<Upstream, Error> {
+        let default = Target::parse(&config.upstream.base_url)?;
+        let routes = config
+            .routes
+            .iter()
+            .map(|r| {
+                Ok(Route {
+                    prefix: r.prefix.trim_end_matches('/').to_string(),
+                    strip_prefix: r.strip_prefix,
+                    target: Target::parse(&r.base_url)?,
+                })
+            })
+            .collect::<Result<Vec<_>, Error>>()?;
         Ok(Upstream {
             client,
             default,
