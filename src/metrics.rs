@@ -56,16 +56,12 @@ const ESTIMATE_ERROR_BUCKETS: &[f64] = &[
     -1.0, -0.75, -0.5, -0.25, -0.1, -0.05, 0.0, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.0, 4.0,
 ];
 
-/// Values of the `route` label (see [`RouteLabel`]), pre-initialised so dashboards show 0.
-const ROUTE_VALUES: [RouteLabel; 4] = [
-    RouteLabel::ChatCompletions,
-    RouteLabel::Messages,
-    RouteLabel::Responses,
-    RouteLabel::Other,
-];
-
 /// Values of the `dialect` label (`DialectKind::label`).
 const DIALECT_VALUES: [&str; 3] = ["chat_completions", "messages", "responses"];
+
+/// The `route` label of a request that is not a chat call; chat calls are labelled with their
+/// dialect. A closed set, never a raw path.
+pub const OTHER_ROUTE: &str = "other";
 
 /// Values of the `stage` label of `compactor_request_tokens`.
 pub const TOKEN_STAGES: [&str; 2] = ["received", "forwarded"];
@@ -132,31 +128,6 @@ pub struct Metrics {
     pub estimate_error: Histogram,
     /// `compactor_config_reloads_total{result}` (`result` ∈ [`RELOAD_RESULTS`]).
     pub config_reloads: IntCounterVec,
-}
-
-/// The route label: which kind of endpoint a request hit. A closed set, never a raw path.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RouteLabel {
-    /// `POST …/chat/completions`
-    ChatCompletions,
-    /// `POST …/messages`
-    Messages,
-    /// `POST …/responses`
-    Responses,
-    /// Anything else, passed through untouched.
-    Other,
-}
-
-impl RouteLabel {
-    /// The label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RouteLabel::ChatCompletions => "chat_completions",
-            RouteLabel::Messages => "messages",
-            RouteLabel::Responses => "responses",
-            RouteLabel::Other => "other",
-        }
-    }
 }
 
 /// `1xx` … `5xx` for a status code.
@@ -350,8 +321,8 @@ impl Metrics {
     /// are exported (as 0) before their first observation: `rate()` and dashboards then see
     /// a series from the start instead of "no data".
     fn initialise_labels(&self) {
-        for route in ROUTE_VALUES {
-            self.overhead.with_label_values(&[route.as_str()]);
+        for route in DIALECT_VALUES.iter().chain([&OTHER_ROUTE]) {
+            self.overhead.with_label_values(&[route]);
         }
         for dialect in DIALECT_VALUES {
             self.context_utilization.with_label_values(&[dialect]);
@@ -495,7 +466,7 @@ mod tests {
     fn overhead_buckets_resolve_sub_millisecond_times() {
         let m = Metrics::new().expect("metrics");
         m.overhead
-            .with_label_values(&[RouteLabel::ChatCompletions.as_str()])
+            .with_label_values(&["chat_completions"])
             .observe(0.000_2);
         let text = m.render();
         assert!(text.contains(

@@ -30,7 +30,7 @@ use crate::app::App;
 use crate::compaction::{Outcome, Processed, RequestContext};
 use crate::dialect::DialectKind;
 use crate::error::Error;
-use crate::metrics::{status_class, Metrics, RouteLabel};
+use crate::metrics::{status_class, Metrics, OTHER_ROUTE};
 use crate::timing::Overhead;
 use crate::upstream::{prepare_headers, strip_hop_by_hop, BoxError, ProxyBody, Resolved};
 use crate::usage::{self, Encoding, Format, Observed};
@@ -66,19 +66,14 @@ pub async fn handle(
         (Ok(r), &Method::POST) => DialectKind::from_path(&r.api_path),
         _ => None,
     };
-    let route = match dialect {
-        Some(DialectKind::ChatCompletions) => RouteLabel::ChatCompletions,
-        Some(DialectKind::Messages) => RouteLabel::Messages,
-        Some(DialectKind::Responses) => RouteLabel::Responses,
-        None => RouteLabel::Other,
-    };
+    let route = dialect.map_or(OTHER_ROUTE, DialectKind::label);
 
     let result = match resolved {
         Ok(resolved) => forward(&app, request, resolved, dialect, peer, &mut overhead).await,
         Err(e) => Err(e),
     };
     let response = result.unwrap_or_else(|e| {
-        tracing::warn!(route = route.as_str(), status = e.status().as_u16(), error = %e, "request failed");
+        tracing::warn!(route, status = e.status().as_u16(), error = %e, "request failed");
         e.to_response::<Full<Bytes>>()
             .map(|b| b.map_err(|never| match never {}).boxed_unsync())
     });
@@ -86,18 +81,18 @@ pub async fn handle(
     let status = response.status().as_u16();
     app.metrics
         .requests
-        .with_label_values(&[route.as_str(), method, status_class(status)])
+        .with_label_values(&[route, method, status_class(status)])
         .inc();
     app.metrics
         .request_duration
-        .with_label_values(&[route.as_str()])
+        .with_label_values(&[route])
         .observe(started.elapsed().as_secs_f64());
     app.metrics
         .overhead
-        .with_label_values(&[route.as_str()])
+        .with_label_values(&[route])
         .observe(overhead.finish().as_secs_f64());
     tracing::debug!(
-        route = route.as_str(),
+        route,
         method,
         status,
         elapsed_ms = started.elapsed().as_millis() as u64,
