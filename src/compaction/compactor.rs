@@ -32,7 +32,6 @@ use crate::calibration::Calibration;
 use crate::config::Config;
 use crate::dialect::{DialectError, DialectKind, ParsedRequest, Peek};
 use crate::metrics::Metrics;
-use crate::session::hash::SESSION_ID_MESSAGES;
 use crate::session::{
     chain, session_id, Checkpoint, LatestRequest, MemoryStore, SessionStore, SingleFlight,
     StoreLimits, TenantId,
@@ -228,11 +227,11 @@ impl Compactor {
             .observe(peek.tokens as f64);
 
         // The messages as raw JSON are needed only to hash a history that may match a
-        // checkpoint, or when the peek did not keep the first ones for the session id: most
-        // requests are served by the single pass of the peek.
+        // checkpoint: most requests are served by the single pass of the peek, which also kept
+        // the first messages the session id is made of.
         let tenant = TenantId::from_caller(context.caller);
         let reach = self.store.max_covered(tenant).await.unwrap_or(0);
-        let raw = if reach > 0 || peek.first_messages.is_none() {
+        let raw = if reach > 0 {
             match dialect.raw_messages(body) {
                 Ok(raw) => Some(raw),
                 Err(e) => {
@@ -243,15 +242,7 @@ impl Compactor {
         } else {
             None
         };
-        let first: Vec<&str> = match (&raw, &peek.first_messages) {
-            (Some(raw), _) => raw
-                .iter()
-                .take(SESSION_ID_MESSAGES)
-                .map(|m| m.get())
-                .collect(),
-            (None, Some(first)) => first.iter().map(String::as_str).collect(),
-            (None, None) => Vec::new(),
-        };
+        let first: Vec<&str> = peek.first_messages.iter().map(String::as_str).collect();
         let session = session_id(&tenant, context.session_header, &first);
         let latest = LatestRequest {
             dialect,

@@ -22,7 +22,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use super::json::{leaf_chars, skip_scalars, OneOf, OrderedObject, StrChars, StrCharsVisitor};
+use super::json::{
+    count_messages, leaf_chars, skip_scalars, CountsOf, OneOf, OrderedObject, StrChars,
+    StrCharsVisitor,
+};
 use super::{Conversation, DialectError};
 use crate::compaction::estimate::{count_chars, Counts, LazyEstimator};
 use crate::compaction::transcript::{Message, Part, Role, ToolCall};
@@ -40,13 +43,10 @@ pub struct Peek {
     pub tokens: usize,
     /// Of which tool definitions (`tools`, legacy `functions`).
     pub fixed_tokens: usize,
-    /// The raw JSON of the first [`PEEK_FIRST_MESSAGES`] messages, when the dialect's peek
-    /// keeps them: enough to name the session without a second pass over the body.
-    pub first_messages: Option<Vec<String>>,
+    /// The raw JSON of the first messages (those the session id is made of): enough to name
+    /// the session without a second pass over the body.
+    pub first_messages: Vec<String>,
 }
-
-/// How many leading messages [`peek`] keeps as raw JSON: those the session id is made of.
-pub const PEEK_FIRST_MESSAGES: usize = crate::session::hash::SESSION_ID_MESSAGES;
 
 /// Counts and estimates a request in one zero-copy pass.
 pub fn peek(body: &[u8], estimator: &LazyEstimator) -> Result<Peek, DialectError> {
@@ -67,7 +67,7 @@ pub fn peek(body: &[u8], estimator: &LazyEstimator) -> Result<Peek, DialectError
         message_count: messages.0.len(),
         tokens,
         fixed_tokens,
-        first_messages: Some(messages.1),
+        first_messages: messages.1,
     })
 }
 
@@ -427,24 +427,9 @@ impl<'de> Deserialize<'de> for MessageCounts {
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
                 f.write_str("an array of messages")
             }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(64));
-                let mut first = Vec::with_capacity(PEEK_FIRST_MESSAGES);
-                // The first messages are kept raw (and counted from that copy); the rest are
-                // counted straight off the body.
-                while first.len() < PEEK_FIRST_MESSAGES {
-                    let Some(raw) = seq.next_element::<&'de RawValue>()? else {
-                        return Ok(MessageCounts(out, first));
-                    };
-                    let stats: MessageStats =
-                        serde_json::from_str(raw.get()).map_err(de::Error::custom)?;
-                    out.push(stats.0);
-                    first.push(raw.get().to_string());
-                }
-                while let Some(stats) = seq.next_element::<MessageStats>()? {
-                    out.push(stats.0);
-                }
-                Ok(MessageCounts(out, first))
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+                let (counts, first) = count_messages(seq, CountsOf::<MessageStats>::new())?;
+                Ok(MessageCounts(counts, first))
             }
         }
         d.deserialize_seq(V)
@@ -453,6 +438,12 @@ impl<'de> Deserialize<'de> for MessageCounts {
 
 /// What the model reads of one message.
 struct MessageStats(Counts);
+
+impl From<MessageStats> for Counts {
+    fn from(stats: MessageStats) -> Counts {
+        stats.0
+    }
+}
 
 #[derive(Deserialize)]
 #[serde(field_identifier, rename_all = "snake_case")]

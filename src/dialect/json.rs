@@ -302,6 +302,60 @@ impl<'de> Visitor<'de> for StrCharsVisitor {
     }
 }
 
+/// How many leading messages a peek keeps as raw JSON: those the session id is made of.
+pub(crate) const PEEK_FIRST_MESSAGES: usize = crate::session::hash::SESSION_ID_MESSAGES;
+
+/// Per-message counts of a conversation array and the raw JSON of its first
+/// [`PEEK_FIRST_MESSAGES`] messages, in one pass: the first ones are kept raw and counted from
+/// that copy, the rest are counted straight off the body by `seed`.
+pub(crate) fn count_messages<'de, A, S>(
+    mut seq: A,
+    seed: S,
+) -> Result<(Vec<Counts>, Vec<String>), A::Error>
+where
+    A: SeqAccess<'de>,
+    S: DeserializeSeed<'de, Value = Counts> + Copy,
+{
+    let mut counts = Vec::with_capacity(seq.size_hint().unwrap_or(64));
+    let mut first = Vec::with_capacity(PEEK_FIRST_MESSAGES);
+    while first.len() < PEEK_FIRST_MESSAGES {
+        let Some(raw) = seq.next_element::<&'de RawValue>()? else {
+            return Ok((counts, first));
+        };
+        let mut one = serde_json::Deserializer::from_str(raw.get());
+        counts.push(seed.deserialize(&mut one).map_err(de::Error::custom)?);
+        first.push(raw.get().to_string());
+    }
+    while let Some(c) = seq.next_element_seed(seed)? {
+        counts.push(c);
+    }
+    Ok((counts, first))
+}
+
+/// The seed of a `Deserialize` type that reads as counts (a dialect's per-message stats).
+pub(crate) struct CountsOf<T>(std::marker::PhantomData<T>);
+
+impl<T> CountsOf<T> {
+    pub(crate) fn new() -> CountsOf<T> {
+        CountsOf(std::marker::PhantomData)
+    }
+}
+
+impl<T> Clone for CountsOf<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for CountsOf<T> {}
+
+impl<'de, T: Deserialize<'de> + Into<Counts>> DeserializeSeed<'de> for CountsOf<T> {
+    type Value = Counts;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Counts, D::Error> {
+        T::deserialize(d).map(Into::into)
+    }
+}
+
 /// Content: a string, `null`, one node or an array of nodes (anything else counts its leaves).
 #[derive(Clone, Copy)]
 pub(crate) struct ContentSeed(pub &'static Rules);

@@ -28,8 +28,8 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 
 use super::json::{
-    as_tokens, content_counts, leaf_chars, node_counts, write_array, ContentSeed, OneOf,
-    OrderedObject, Rules,
+    as_tokens, content_counts, count_messages, leaf_chars, node_counts, write_array, ContentSeed,
+    CountsOf, OneOf, OrderedObject, Rules,
 };
 use super::{Conversation, DialectError, Peek};
 use crate::compaction::estimate::{Counts, LazyEstimator};
@@ -73,7 +73,7 @@ pub fn peek(body: &[u8], estimator: &LazyEstimator) -> Result<Peek, DialectError
         message_count: messages.0.len(),
         tokens,
         fixed_tokens,
-        first_messages: None,
+        first_messages: messages.1,
     })
 }
 
@@ -106,8 +106,8 @@ impl<'de> Deserialize<'de> for SystemCounts {
     }
 }
 
-/// Per-message counts of a `messages` array.
-struct MessageCounts(Vec<Counts>);
+/// Per-message counts of a `messages` array, and the raw JSON of its first messages.
+struct MessageCounts(Vec<Counts>, Vec<String>);
 
 impl<'de> Deserialize<'de> for MessageCounts {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -117,12 +117,9 @@ impl<'de> Deserialize<'de> for MessageCounts {
             fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
                 f.write_str("an array of messages")
             }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(64));
-                while let Some(MessageStats(c)) = seq.next_element()? {
-                    out.push(c);
-                }
-                Ok(MessageCounts(out))
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+                let (counts, first) = count_messages(seq, CountsOf::<MessageStats>::new())?;
+                Ok(MessageCounts(counts, first))
             }
         }
         d.deserialize_seq(V)
@@ -131,6 +128,12 @@ impl<'de> Deserialize<'de> for MessageCounts {
 
 /// What the model reads of one message; the role must be `user` or `assistant`.
 struct MessageStats(Counts);
+
+impl From<MessageStats> for Counts {
+    fn from(stats: MessageStats) -> Counts {
+        stats.0
+    }
+}
 
 #[derive(Deserialize)]
 #[serde(field_identifier, rename_all = "snake_case")]

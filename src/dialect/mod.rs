@@ -240,4 +240,43 @@ mod tests {
         assert_eq!(ChatCompletions.api_prefix("/v1/chat/completions"), "/v1");
         assert_eq!(ChatCompletions.api_prefix("/chat/completions"), "");
     }
+
+    /// The session id comes from the peek's copy of the first messages; it must name the same
+    /// session as the messages themselves (whitespace aside), in every dialect.
+    #[test]
+    fn peek_keeps_the_first_messages_the_session_id_is_made_of() {
+        use crate::session::hash::{session_id, TenantId};
+        let bodies = [
+            (
+                DialectKind::ChatCompletions,
+                r#"{"model":"m","messages":[{"role":"system","content":"s"}, {"role":"user","content":"a"},{"role":"user","content":"b"}]}"#,
+            ),
+            (
+                DialectKind::Messages,
+                r#"{"model":"m","messages":[{"role":"user","content":"a"},  {"role":"assistant","content":[{"type":"text","text":"b"}]},{"role":"user","content":"c"}]}"#,
+            ),
+            (
+                DialectKind::Responses,
+                r#"{"model":"m","input":[{"role":"user","content":"a"}, {"type":"function_call","call_id":"c","name":"f","arguments":"{}"}]}"#,
+            ),
+            (
+                DialectKind::Responses,
+                r#"{"model":"m","input":"caf\u00e9 \"quoted\""}"#,
+            ),
+        ];
+        let est = LazyEstimator::default();
+        let tenant = TenantId::from_credential("k");
+        for (dialect, body) in bodies {
+            let peek = dialect.peek(body.as_bytes(), &est).expect("peek");
+            let raw = dialect.raw_messages(body.as_bytes()).expect("raw");
+            let from_raw: Vec<&str> = raw.iter().take(2).map(|m| m.get()).collect();
+            let from_peek: Vec<&str> = peek.first_messages.iter().map(String::as_str).collect();
+            assert_eq!(from_peek.len(), from_raw.len().min(2), "{body}");
+            assert_eq!(
+                session_id(&tenant, None, &from_peek),
+                session_id(&tenant, None, &from_raw),
+                "{body}"
+            );
+        }
+    }
 }

@@ -26,7 +26,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use super::json::{as_tokens, leaf_chars, node_counts, NodeSeed, OrderedObject, Rules, StrChars};
+use super::json::{
+    as_tokens, count_messages, leaf_chars, node_counts, NodeSeed, OrderedObject, Rules, StrChars,
+};
 use super::{Conversation, DialectError, Peek};
 use crate::compaction::estimate::{count_chars, Counts, LazyEstimator};
 use crate::compaction::transcript::{Message, Part, Role, ToolCall};
@@ -73,7 +75,7 @@ pub fn peek(body: &[u8], estimator: &LazyEstimator) -> Result<Peek, DialectError
         message_count: input.0.len(),
         tokens,
         fixed_tokens,
-        first_messages: None,
+        first_messages: input.1,
     })
 }
 
@@ -108,8 +110,8 @@ fn fixed_tokens(instructions: usize, tools: Option<&RawValue>, estimator: &LazyE
         .saturating_add(tools.map_or(0, |t| estimator.text(t.get())))
 }
 
-/// Per-item counts of `input`: a string is one message.
-struct InputCounts(Vec<Counts>);
+/// Per-item counts of `input` (a string is one message), and the raw JSON of its first items.
+struct InputCounts(Vec<Counts>, Vec<String>);
 
 impl<'de> Deserialize<'de> for InputCounts {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -120,17 +122,17 @@ impl<'de> Deserialize<'de> for InputCounts {
                 f.write_str("a string or an array of input items")
             }
             fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<InputCounts, E> {
-                Ok(InputCounts(vec![Counts {
+                let counts = Counts {
                     chars: count_chars(v),
                     images: 0,
-                }]))
+                };
+                // The one item as JSON, in the canonical form the session id is made of.
+                let item = serde_json::to_string(v).map_err(E::custom)?;
+                Ok(InputCounts(vec![counts], vec![item]))
             }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<InputCounts, A::Error> {
-                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(64));
-                while let Some(c) = seq.next_element_seed(NodeSeed(&RULES))? {
-                    out.push(c);
-                }
-                Ok(InputCounts(out))
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<InputCounts, A::Error> {
+                let (counts, first) = count_messages(seq, NodeSeed(&RULES))?;
+                Ok(InputCounts(counts, first))
             }
         }
         d.deserialize_any(V)
