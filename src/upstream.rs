@@ -12,6 +12,7 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use bytes::Bytes;
+use compactor_plugin_openai::transport::{error_chain, tls_config};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Request, Response, Uri, Version};
@@ -21,8 +22,6 @@ use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::CertificateDer;
 
 use crate::config::Config;
 use crate::error::Error;
@@ -249,17 +248,6 @@ impl From<SendError> for Error {
     }
 }
 
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
-}
-
 /// Cleans request or response headers for the other side of the proxy: removes the fixed
 /// hop-by-hop set and every header the `Connection` header names.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
@@ -297,31 +285,8 @@ pub fn prepare_headers(headers: &mut HeaderMap, host: &HeaderValue, client_ip: I
 }
 
 fn tls_client_config(config: &Config) -> Result<rustls::ClientConfig, Error> {
-    let mut roots = rustls::RootCertStore::empty();
-    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
-    // Native roots are best effort: a machine without a system store still has webpki's.
-    let native = rustls_native_certs::load_native_certs();
-    for cert in native.certs {
-        let _ = roots.add(cert);
-    }
-    if let Some(path) = &config.upstream.ca_file {
-        let certs = CertificateDer::pem_file_iter(path)
-            .map_err(|e| Error::Tls(format!("upstream.ca_file {}: {e}", path.display())))?;
-        for cert in certs {
-            let cert =
-                cert.map_err(|e| Error::Tls(format!("upstream.ca_file {}: {e}", path.display())))?;
-            roots
-                .add(cert)
-                .map_err(|e| Error::Tls(format!("upstream.ca_file {}: {e}", path.display())))?;
-        }
-    }
-    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-    let tls = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| Error::Tls(e.to_string()))?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    Ok(tls)
+    tls_config(config.upstream.ca_file.as_deref())
+        .map_err(|e| Error::Tls(format!("upstream.ca_file: {e}")))
 }
 
 #[cfg(test)]

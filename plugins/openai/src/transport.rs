@@ -228,7 +228,8 @@ pub fn join_url(base: &str, path: &str) -> String {
     )
 }
 
-fn error_chain(e: &dyn StdError) -> String {
+/// An error and its sources, `: `-separated (hyper's top-level messages alone say little).
+pub fn error_chain(e: &dyn StdError) -> String {
     let mut out = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {
@@ -239,7 +240,9 @@ fn error_chain(e: &dyn StdError) -> String {
     out
 }
 
-fn tls_config(extra_ca_file: Option<&Path>) -> Result<rustls::ClientConfig, SummarizeError> {
+/// The client TLS settings compactor uses for every `https` endpoint: webpki's roots, the
+/// system's (best effort) and the PEM certificates of `extra_ca_file`.
+pub fn tls_config(extra_ca_file: Option<&Path>) -> Result<rustls::ClientConfig, SummarizeError> {
     let mut roots = rustls::RootCertStore::empty();
     roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
     // Native roots are best effort: a machine without a system store still has webpki's.
