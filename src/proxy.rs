@@ -172,10 +172,15 @@ async fn forward(
     strip_hop_by_hop(&mut parts.headers);
     parts.headers.extend(chat_headers);
     let body = body.map_err(BoxError::from).boxed_unsync();
-    // Chat responses are watched for the provider's `usage` as they stream by.
-    let scan = Format::from_headers(&parts.headers).zip(Encoding::from_headers(&parts.headers));
+    // Successful chat responses are watched for the provider's `usage` as they stream by.
+    let scan = match &estimate {
+        Some(_) if parts.status.is_success() => {
+            Format::from_headers(&parts.headers).zip(Encoding::from_headers(&parts.headers))
+        }
+        _ => None,
+    };
     let body = match (estimate, scan) {
-        (Some(estimate), Some((format, encoding))) if parts.status.is_success() => {
+        (Some(estimate), Some((format, encoding))) => {
             let record = usage::recorder(
                 app.metrics.clone(),
                 app.compactor.calibration().clone(),

@@ -98,11 +98,16 @@ impl Encoding {
         if values.next().is_some() {
             return None;
         }
-        match value.to_str().ok()?.trim().to_ascii_lowercase().as_str() {
-            "identity" | "" => Some(Encoding::Identity),
-            "gzip" | "x-gzip" => Some(Encoding::Gzip),
-            "deflate" => Some(Encoding::Deflate),
-            _ => None,
+        let value = value.to_str().ok()?.trim();
+        let is = |name: &str| value.eq_ignore_ascii_case(name);
+        if value.is_empty() || is("identity") {
+            Some(Encoding::Identity)
+        } else if is("gzip") || is("x-gzip") {
+            Some(Encoding::Gzip)
+        } else if is("deflate") {
+            Some(Encoding::Deflate)
+        } else {
+            None
         }
     }
 }
@@ -112,15 +117,15 @@ impl Format {
     /// nor SSE. (Whether it can be decoded is [`Encoding::from_headers`]'s question.)
     pub fn from_headers(headers: &HeaderMap) -> Option<Format> {
         let content_type = headers.get(CONTENT_TYPE)?.to_str().ok()?;
-        let essence = content_type
-            .split(';')
-            .next()
-            .unwrap_or_default()
-            .trim()
-            .to_ascii_lowercase();
-        if essence == "text/event-stream" {
+        let essence = content_type.split(';').next().unwrap_or_default().trim();
+        let json_suffix = essence
+            .len()
+            .checked_sub(5)
+            .and_then(|at| essence.get(at..))
+            .is_some_and(|suffix| suffix.eq_ignore_ascii_case("+json"));
+        if essence.eq_ignore_ascii_case("text/event-stream") {
             Some(Format::Sse)
-        } else if essence == "application/json" || essence.ends_with("+json") {
+        } else if essence.eq_ignore_ascii_case("application/json") || json_suffix {
             Some(Format::Json)
         } else {
             None
