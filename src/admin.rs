@@ -172,8 +172,7 @@ fn ok_json(value: serde_json::Value) -> Response<Full<Bytes>> {
 }
 
 fn error(status: StatusCode, message: &str, code: &str) -> Response<Full<Bytes>> {
-    let body = json!({"error": {"message": message, "type": "admin_error", "code": code}});
-    text(status, body.to_string(), "application/json")
+    crate::error::error_response(status, message, "admin_error", code)
 }
 
 #[cfg(test)]

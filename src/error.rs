@@ -96,17 +96,28 @@ impl Error {
     /// The full client response for this error.
     pub fn to_response<B: From<Bytes>>(&self) -> Response<B> {
         let (message, kind, code) = self.public_parts();
-        let body = serde_json::json!({
-            "error": { "message": message, "type": kind, "code": code }
-        });
-        let mut response = Response::new(B::from(Bytes::from(body.to_string())));
-        *response.status_mut() = self.status();
-        response.headers_mut().insert(
-            header::CONTENT_TYPE,
-            header::HeaderValue::from_static("application/json"),
-        );
-        response
+        error_response(self.status(), &message, kind, code)
     }
+}
+
+/// An OpenAI-shaped error response (`{"error":{"message","type","code"}}`), which every SDK
+/// knows how to show.
+pub fn error_response<B: From<Bytes>>(
+    status: StatusCode,
+    message: &str,
+    kind: &str,
+    code: &str,
+) -> Response<B> {
+    let body = serde_json::json!({
+        "error": { "message": message, "type": kind, "code": code }
+    });
+    let mut response = Response::new(B::from(Bytes::from(body.to_string())));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    response
 }
 
 #[cfg(test)]
