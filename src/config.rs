@@ -410,29 +410,34 @@ impl Config {
     /// Loads defaults < `path` (or [`DEFAULT_CONFIG_PATH`] when it exists) < environment, and
     /// validates the result.
     pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
-        let mut figment = Figment::from(Serialized::defaults(Config::default()))
-            .merge(Toml::string(SHIPPED_MODELS));
-        match path {
-            // An explicitly named file must exist.
-            Some(p) => figment = figment.merge(Toml::file_exact(p)),
-            None if Path::new(DEFAULT_CONFIG_PATH).exists() => {
-                figment = figment.merge(Toml::file_exact(DEFAULT_CONFIG_PATH))
-            }
-            None => {}
+        let mut figment = Config::base();
+        // An explicitly named file must exist (`file_exact` fails when it does not).
+        if let Some(file) = Config::file(path) {
+            figment = figment.merge(Toml::file_exact(file));
         }
         let config: Config = merge_env(figment).extract()?;
         config.validate()?;
         Ok(config)
     }
 
+    /// The file [`Config::load`] reads: `path`, else [`DEFAULT_CONFIG_PATH`] when it exists.
+    pub fn file(path: Option<&Path>) -> Option<PathBuf> {
+        path.map(Path::to_path_buf).or_else(|| {
+            let default = PathBuf::from(DEFAULT_CONFIG_PATH);
+            default.exists().then_some(default)
+        })
+    }
+
     /// Parses a TOML document over the defaults (no environment): for tests and tools.
     pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
-        let config: Config = Figment::from(Serialized::defaults(Config::default()))
-            .merge(Toml::string(SHIPPED_MODELS))
-            .merge(Toml::string(text))
-            .extract()?;
+        let config: Config = Config::base().merge(Toml::string(text)).extract()?;
         config.validate()?;
         Ok(config)
+    }
+
+    /// The built-in defaults with the shipped models table over them.
+    fn base() -> Figment {
+        Figment::from(Serialized::defaults(Config::default())).merge(Toml::string(SHIPPED_MODELS))
     }
 
     /// Checks what deserialisation cannot.

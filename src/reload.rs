@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use crate::app::AppHandle;
-use crate::config::{Config, DEFAULT_CONFIG_PATH};
+use crate::config::Config;
 use crate::error::Error;
 
 /// How often the config file's modification time and size are checked.
@@ -29,10 +29,7 @@ pub struct Reloader {
 impl Reloader {
     /// Watches `path` (or `config/compactor.toml` when it exists, as at start-up).
     pub fn new(handle: Arc<AppHandle>, path: Option<PathBuf>) -> Reloader {
-        let path = path.or_else(|| {
-            let default = PathBuf::from(DEFAULT_CONFIG_PATH);
-            default.exists().then_some(default)
-        });
+        let path = Config::file(path.as_deref());
         let stamp = path.as_deref().and_then(stamp);
         Reloader {
             handle,
