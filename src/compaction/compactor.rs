@@ -230,7 +230,7 @@ impl Compactor {
         // checkpoint: most requests are served by the single pass of the peek, which also kept
         // the first messages the session id is made of.
         let tenant = TenantId::from_caller(context.caller);
-        let reach = self.store.max_covered(tenant).await.unwrap_or(0);
+        let reach = self.reach(tenant).await;
         let raw = if reach > 0 {
             match dialect.raw_messages(body) {
                 Ok(raw) => Some(raw),
@@ -258,12 +258,10 @@ impl Compactor {
         }
 
         let checkpoint = match &raw {
-            Some(raw) if reach > 0 => self.lookup(tenant, raw).await,
-            _ => {
-                self.count_lookup(false);
-                None
-            }
+            Some(raw) => self.find_within(tenant, raw, reach).await,
+            None => None,
         };
+        self.count_lookup(checkpoint.is_some());
         let model = peek.model.as_deref();
         let limits = self.engine.limits(model, peek.requested_output);
         let trigger = limits.check(peek.message_count, self.trigger_tokens(model, peek.tokens));
@@ -346,15 +344,29 @@ impl Compactor {
         tenant: TenantId,
         raw: &[&RawValue],
     ) -> Option<Arc<Checkpoint>> {
-        let reach = match self.store.max_covered(tenant).await {
-            Ok(0) => return None,
-            Ok(n) => n.min(raw.len()),
-            Err(e) => {
-                tracing::warn!(error = %e, "checkpoint lookup failed; treating as a miss");
-                return None;
-            }
-        };
-        match chain(&tenant, &raw[..reach]) {
+        let reach = self.reach(tenant).await;
+        self.find_within(tenant, raw, reach).await
+    }
+
+    /// How many messages the tenant's longest checkpoint covers (0 when the store fails).
+    async fn reach(&self, tenant: TenantId) -> usize {
+        self.store.max_covered(tenant).await.unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "checkpoint lookup failed; treating as a miss");
+            0
+        })
+    }
+
+    /// [`Compactor::find_checkpoint`] hashing at most the first `reach` messages.
+    async fn find_within(
+        &self,
+        tenant: TenantId,
+        raw: &[&RawValue],
+        reach: usize,
+    ) -> Option<Arc<Checkpoint>> {
+        if reach == 0 {
+            return None;
+        }
+        match chain(&tenant, &raw[..reach.min(raw.len())]) {
             Ok(hashes) => self
                 .store
                 .longest_checkpoint(tenant, &hashes)
