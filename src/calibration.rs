@@ -128,12 +128,8 @@ impl Calibration {
 
     /// `estimate` times the model's factor, rounded up (saturating).
     pub fn apply(&self, model: &str, estimate: usize) -> usize {
-        let scaled = (estimate as f64 * self.factor(model)).ceil();
-        if scaled >= usize::MAX as f64 {
-            usize::MAX
-        } else {
-            scaled as usize
-        }
+        // `as` saturates at `usize::MAX`.
+        (estimate as f64 * self.factor(model)).ceil() as usize
     }
 
     /// Observations recorded for `model` (0 when unknown).

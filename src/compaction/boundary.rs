@@ -48,12 +48,8 @@ pub const MAX_PRESERVE_RECENT_TOKENS: usize = 15_000;
 
 /// `preserve_ratio × usable_window`, clamped to the configured min and max preserve tokens.
 pub fn preserve_budget(config: &CompactionConfig, usable_window: usize) -> usize {
-    let scaled = (config.preserve_ratio * usable_window as f64).floor();
-    let scaled = if scaled.is_finite() && scaled > 0.0 {
-        scaled.min(usize::MAX as f64) as usize
-    } else {
-        0
-    };
+    // `as` saturates: NaN and negatives become 0, overflow `usize::MAX`.
+    let scaled = (config.preserve_ratio * usable_window as f64).floor() as usize;
     // Not `clamp`: it panics when min > max, which validation forbids but this must not trust.
     scaled
         .max(config.min_preserve_tokens)

@@ -70,12 +70,8 @@ impl LazyEstimator {
 
     /// Tokens of `chars` characters, rounded up.
     pub fn chars(&self, chars: usize) -> usize {
-        let tokens = (chars as f64 * self.tokens_per_char).ceil();
-        if tokens >= usize::MAX as f64 {
-            usize::MAX
-        } else {
-            tokens as usize
-        }
+        // `as` saturates at `usize::MAX`.
+        (chars as f64 * self.tokens_per_char).ceil() as usize
     }
 
     /// Tokens of a piece of text.
@@ -97,12 +93,7 @@ impl LazyEstimator {
     /// The characters a model that could fit `tokens` tokens would read (inverse of
     /// [`LazyEstimator::chars`], rounded down).
     pub fn chars_for_tokens(&self, tokens: usize) -> usize {
-        let chars = (tokens as f64 / self.tokens_per_char).floor();
-        if chars >= usize::MAX as f64 {
-            usize::MAX
-        } else {
-            chars as usize
-        }
+        (tokens as f64 / self.tokens_per_char).floor() as usize
     }
 }
 

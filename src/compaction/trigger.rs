@@ -83,12 +83,9 @@ impl Limits {
         requested_output: Option<usize>,
     ) -> Limits {
         let reserved_output = requested_output.unwrap_or(0).min(context_window / 2);
-        let scaled = (config.trigger_ratio * context_window as f64).floor();
-        let scaled = if scaled.is_finite() && scaled > 0.0 {
-            scaled.min(context_window as f64) as usize
-        } else {
-            0
-        };
+        // `as` saturates: NaN and negatives become 0.
+        let scaled =
+            ((config.trigger_ratio * context_window as f64).floor() as usize).min(context_window);
         Limits {
             context_window,
             reserved_output,
