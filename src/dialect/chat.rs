@@ -23,7 +23,7 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 
 use super::json::{
-    count_messages, leaf_chars, skip_scalars, CountsOf, OneOf, OrderedObject, StrChars,
+    as_tokens, count_messages, leaf_chars, skip_scalars, CountsOf, OneOf, OrderedObject, StrChars,
     StrCharsVisitor,
 };
 use super::{Conversation, DialectError};
@@ -100,20 +100,14 @@ fn tools_tokens(
 }
 
 fn requested_output(max_completion: Option<&Value>, max_tokens: Option<&Value>) -> Option<usize> {
-    let as_tokens = |v: &Value| -> Option<usize> {
-        let n = v.as_f64()?;
-        (n.is_finite() && n >= 0.0).then(|| n.min(usize::MAX as f64) as usize)
-    };
-    max_completion
-        .and_then(as_tokens)
-        .or_else(|| max_tokens.and_then(as_tokens))
+    as_tokens(max_completion).or_else(|| as_tokens(max_tokens))
 }
 
 /// A parsed request, borrowing the original body.
 #[derive(Debug)]
 pub struct ChatRequest<'a> {
     /// Top-level fields in their original order, values as raw JSON.
-    fields: Vec<(String, &'a RawValue)>,
+    fields: OrderedObject<'a>,
     /// Index of `messages` in `fields`.
     messages_at: usize,
     /// The messages; `requested_output` is `max_completion_tokens`, else `max_tokens`;
@@ -131,25 +125,24 @@ pub fn parse_with<'a>(
     body: &'a [u8],
     estimator: &LazyEstimator,
 ) -> Result<ChatRequest<'a>, DialectError> {
-    let OrderedObject(fields) = serde_json::from_slice(body)?;
-    let find = |name: &str| fields.iter().position(|(k, _)| k == name);
-    let messages_at = find("messages").ok_or(DialectError::NoConversation("messages"))?;
-    if fields.iter().filter(|(k, _)| k == "messages").count() > 1 {
-        return Err(DialectError::NoConversation("messages"));
+    let fields: OrderedObject<'a> = serde_json::from_slice(body)?;
+    let no_messages = DialectError::NoConversation("messages");
+    if fields.duplicated("messages") {
+        return Err(no_messages);
     }
-    let raw = |name: &str| find(name).and_then(|i| fields.get(i)).map(|(_, v)| *v);
-    let value = |name: &str| -> Option<Value> { serde_json::from_str(raw(name)?.get()).ok() };
-
-    let raw_messages: Vec<&RawValue> = match raw("messages") {
+    let messages_at = fields.position("messages").ok_or(no_messages)?;
+    let raw_messages: Vec<&RawValue> = match fields.raw("messages") {
         Some(m) => serde_json::from_str(m.get())?,
         None => return Err(DialectError::NoConversation("messages")),
     };
-    let model = value("model").and_then(|v| v.as_str().map(str::to_string));
+    let model = fields
+        .value("model")
+        .and_then(|v| v.as_str().map(str::to_string));
     let requested_output = requested_output(
-        value("max_completion_tokens").as_ref(),
-        value("max_tokens").as_ref(),
+        fields.value("max_completion_tokens").as_ref(),
+        fields.value("max_tokens").as_ref(),
     );
-    let fixed_tokens = tools_tokens(raw("tools"), raw("functions"), estimator);
+    let fixed_tokens = tools_tokens(fields.raw("tools"), fields.raw("functions"), estimator);
 
     let mut messages = Vec::with_capacity(raw_messages.len());
     for (index, raw) in raw_messages.iter().enumerate() {
@@ -216,60 +209,29 @@ impl ChatRequest<'_> {
         boundary: usize,
         summary_message: &str,
     ) -> Result<Vec<u8>, DialectError> {
-        let len = self.conversation.raw_messages.len();
-        let (Some(kept_head), Some(tail)) = (
-            self.conversation.raw_messages.get(..head),
-            self.conversation.raw_messages.get(boundary..),
-        ) else {
-            return Err(DialectError::BadPlan {
-                head,
-                boundary,
-                len,
-            });
-        };
-        if head > boundary {
-            return Err(DialectError::BadPlan {
-                head,
-                boundary,
-                len,
-            });
-        }
-        let size: usize = self
-            .fields
-            .iter()
-            .map(|(k, v)| k.len() + v.get().len() + 4)
-            .sum();
-        let mut out = Vec::with_capacity(size + summary_message.len() + 64);
-        out.push(b'{');
-        for (i, (key, value)) in self.fields.iter().enumerate() {
-            if i > 0 {
-                out.push(b',');
-            }
-            serde_json::to_writer(&mut out, key)?;
-            out.push(b':');
-            if i != self.messages_at {
-                out.extend_from_slice(value.get().as_bytes());
-                continue;
-            }
-            out.push(b'[');
-            for m in kept_head {
-                out.extend_from_slice(m.get().as_bytes());
-                out.push(b',');
-            }
-            serde_json::to_writer(
-                &mut out,
-                &SummaryWire {
-                    role: "user",
-                    content: summary_message,
-                },
-            )?;
-            for m in tail {
-                out.push(b',');
-                out.extend_from_slice(m.get().as_bytes());
-            }
-            out.push(b']');
-        }
-        out.push(b'}');
+        let (kept_head, tail) = self.conversation.kept(head, boundary)?;
+        let mut out = Vec::with_capacity(self.fields.size() + summary_message.len() + 64);
+        self.fields
+            .write_replacing(&mut out, self.messages_at, |out| {
+                out.push(b'[');
+                for m in kept_head {
+                    out.extend_from_slice(m.get().as_bytes());
+                    out.push(b',');
+                }
+                serde_json::to_writer(
+                    &mut *out,
+                    &SummaryWire {
+                        role: "user",
+                        content: summary_message,
+                    },
+                )?;
+                for m in tail {
+                    out.push(b',');
+                    out.extend_from_slice(m.get().as_bytes());
+                }
+                out.push(b']');
+                Ok(())
+            })?;
         Ok(out)
     }
 }

@@ -415,17 +415,7 @@ impl MessagesRequest<'_> {
         boundary: usize,
         summary_message: &str,
     ) -> Result<Vec<u8>, DialectError> {
-        let len = self.conversation.raw_messages.len();
-        let bad_plan = DialectError::BadPlan {
-            head,
-            boundary,
-            len,
-        };
-        if head > boundary || boundary > len {
-            return Err(bad_plan);
-        }
-        let kept_head = &self.conversation.raw_messages[..head];
-        let tail = &self.conversation.raw_messages[boundary..];
+        let (kept_head, tail) = self.conversation.kept(head, boundary)?;
         let merge_into = match (
             tail.first(),
             self.conversation.transcript.messages.get(boundary),

@@ -105,6 +105,24 @@ impl<'a> Conversation<'a> {
         }
     }
 
+    /// The messages a rewrite keeps around the summary: `[..head]` and `[boundary..]`, or
+    /// [`DialectError::BadPlan`] when the plan does not fit the request.
+    pub fn kept(
+        &self,
+        head: usize,
+        boundary: usize,
+    ) -> Result<(&[&'a RawValue], &[&'a RawValue]), DialectError> {
+        let len = self.raw_messages.len();
+        if head > boundary || boundary > len {
+            return Err(DialectError::BadPlan {
+                head,
+                boundary,
+                len,
+            });
+        }
+        Ok((&self.raw_messages[..head], &self.raw_messages[boundary..]))
+    }
+
     /// Estimated tokens of the whole request as received.
     pub fn tokens(&self) -> usize {
         self.fixed_tokens

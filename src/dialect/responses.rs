@@ -417,14 +417,7 @@ impl ResponsesRequest<'_> {
         boundary: usize,
         summary_message: &str,
     ) -> Result<Vec<u8>, DialectError> {
-        let len = self.conversation.raw_messages.len();
-        if head > boundary || boundary > len {
-            return Err(DialectError::BadPlan {
-                head,
-                boundary,
-                len,
-            });
-        }
+        let (kept_head, tail) = self.conversation.kept(head, boundary)?;
         let summary = SummaryItem {
             kind: "message",
             role: "user",
@@ -437,12 +430,12 @@ impl ResponsesRequest<'_> {
         self.fields
             .write_replacing(&mut out, self.input_at, |out| {
                 out.push(b'[');
-                for item in &self.conversation.raw_messages[..head] {
+                for item in kept_head {
                     out.extend_from_slice(item.get().as_bytes());
                     out.push(b',');
                 }
                 serde_json::to_writer(&mut *out, &summary)?;
-                for item in &self.conversation.raw_messages[boundary..] {
+                for item in tail {
                     out.push(b',');
                     if self.input_is_string {
                         out.extend_from_slice(br#"{"type":"message","role":"user","content":"#);
