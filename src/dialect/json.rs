@@ -182,18 +182,6 @@ impl<'a> OrderedObject<'a> {
     }
 }
 
-/// Writes `items` raw as a JSON array.
-pub(crate) fn write_array(out: &mut Vec<u8>, items: &[&RawValue]) {
-    out.push(b'[');
-    for (i, item) in items.iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
-        out.extend_from_slice(item.get().as_bytes());
-    }
-    out.push(b']');
-}
-
 // ---------------------------------------------------------------------------------------------
 // Zero-copy counting.
 

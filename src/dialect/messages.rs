@@ -28,8 +28,8 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 
 use super::json::{
-    as_tokens, content_counts, count_messages, leaf_chars, node_counts, write_array, ContentSeed,
-    CountsOf, OneOf, OrderedObject, Rules,
+    as_tokens, content_counts, count_messages, leaf_chars, node_counts, ContentSeed, CountsOf,
+    OneOf, OrderedObject, Rules,
 };
 use super::{Conversation, DialectError, Peek};
 use crate::compaction::estimate::{Counts, LazyEstimator};
@@ -481,12 +481,10 @@ fn merged_user_message(
             let blocks: Vec<&RawValue> = serde_json::from_str(content.get())?;
             out.push(b'[');
             serde_json::to_writer(&mut *out, &text_block(summary))?;
-            if !blocks.is_empty() {
+            // The original blocks after it, byte for byte.
+            for block in blocks {
                 out.push(b',');
-                let mut rest = Vec::new();
-                write_array(&mut rest, &blocks);
-                // Without the brackets: the original blocks, byte for byte.
-                out.extend_from_slice(&rest[1..rest.len() - 1]);
+                out.extend_from_slice(block.get().as_bytes());
             }
             out.push(b']');
             return Ok(());
