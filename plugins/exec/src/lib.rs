@@ -120,22 +120,16 @@ impl ExecSummarizer {
             ),
         )
         .await;
-        let result = match outcome {
-            Ok(Ok((status, stdout))) => {
-                group.kill();
-                interpret(status, &stdout, &stderr)
-            }
-            Ok(Err(e)) => {
-                group.kill();
+        // Whatever happened, nothing the program started outlives the request.
+        group.kill();
+        let exchanged = outcome.unwrap_or(Err(SummarizeError::Timeout(request.timeout)));
+        let result = match exchanged {
+            Ok((status, stdout)) => interpret(status, &stdout, &stderr),
+            Err(e) => {
+                // Reap the program itself (the group kill above reached it too).
                 let _ = child.start_kill();
                 let _ = child.wait().await;
                 Err(e)
-            }
-            Err(_) => {
-                group.kill();
-                let _ = child.start_kill();
-                let _ = child.wait().await;
-                Err(SummarizeError::Timeout(request.timeout))
             }
         };
         if !stderr.is_empty() {
