@@ -23,8 +23,6 @@ pub mod svg;
 
 pub use load::{detect, load, step_ends, Format, Recording, Step};
 
-use load::item_count;
-
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -33,7 +31,6 @@ use std::sync::Arc;
 use compactor_plugin_api::{
     BoxFuture, Caller, SummarizeError, Summarizer, Summary, SummaryRequest,
 };
-use serde_json::Value;
 
 use crate::compaction::{CompactionOutcome, Compactor, Limits, Outcome, RequestContext, Trigger};
 use crate::config::{Config, ConfigError};
@@ -438,12 +435,12 @@ impl Replayer {
                     Event::Compacted {
                         num: result.compaction_num,
                         trigger: *trigger,
-                        forwarded_messages: forwarded_items(body),
+                        forwarded_messages: step.dialect.raw_messages(body).map_or(0, |m| m.len()),
                     }
                 }
                 Outcome::Reused { body, result } => Event::Reused {
                     num: result.compaction_num,
-                    forwarded_messages: forwarded_items(body),
+                    forwarded_messages: step.dialect.raw_messages(body).map_or(0, |m| m.len()),
                 },
             };
             rows.push(StepRow {
@@ -499,18 +496,10 @@ fn missed_counts(metrics: &Metrics) -> (u64, u64) {
     )
 }
 
-/// Messages (or input items) of a rewritten body.
-fn forwarded_items(body: &[u8]) -> usize {
-    match serde_json::from_slice::<Value>(body) {
-        Ok(Value::Object(request)) => item_count(&request),
-        _ => 0,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use serde_json::{json, Value};
 
     fn temp_file(name: &str, contents: &str) -> (tempfile::TempDir, PathBuf) {
         let dir = tempfile::tempdir().expect("tempdir");

@@ -184,7 +184,7 @@ fn model_and_output(request: &Map<String, Value>) -> (Option<String>, Option<usi
 }
 
 /// Messages (or Responses input items) a request carries.
-pub(super) fn item_count(request: &Map<String, Value>) -> usize {
+fn item_count(request: &Map<String, Value>) -> usize {
     match (request.get("messages"), request.get("input")) {
         (Some(Value::Array(m)), _) => m.len(),
         (_, Some(Value::Array(items))) => items.len(),
