@@ -13,6 +13,7 @@ use serde::de::{IgnoredAny, MapAccess, Visitor};
 use serde::Deserializer as _;
 use serde_json::{json, Value};
 
+use support::summary_calls::{self, is_summary_request};
 use support::{upstream_toml, Exchange, MockUpstream, Recorded, Reply, TestClient, TestProxy};
 
 const COMPACTIONS: &str = "compactor_compactions_total";
@@ -40,18 +41,6 @@ fn triggering_body() -> Vec<u8> {
         .into_bytes()
 }
 
-fn is_summary_request(r: &Recorded) -> bool {
-    serde_json::from_slice::<Value>(&r.body).is_ok_and(|v| {
-        v["messages"].as_array().is_some_and(|m| {
-            m.iter().any(|m| {
-                m["content"]
-                    .as_str()
-                    .is_some_and(|c| c.starts_with("<task>"))
-            })
-        })
-    })
-}
-
 /// The upstream's answer to chat requests (distinct bytes, so the test sees it is passed on).
 fn upstream_answer() -> Reply {
     Reply::json(
@@ -64,10 +53,7 @@ fn upstream_answer() -> Reply {
 }
 
 fn completion(content: &str) -> Reply {
-    Reply::json(
-        200,
-        &json!({"choices": [{"index": 0, "message": {"role": "assistant", "content": content}}]}),
-    )
+    Reply::json(200, &summary_calls::completion(content))
 }
 
 /// Mock whose summary requests get `summary` and whose other requests get [`upstream_answer`].

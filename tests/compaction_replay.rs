@@ -17,6 +17,7 @@ use compactor::compaction::prompt::SUMMARY_INTRO;
 use serde_json::{json, Value};
 
 use support::provider_rules::{check_chat, rejection_body, Refusals};
+use support::summary_calls::{completion, is_summary_request, received_since, summary_prompt};
 use support::{
     transcript, upstream_toml, Exchange, MockUpstream, Recorded, Reply, TestClient, TestProxy,
     TRANSCRIPTS,
@@ -50,32 +51,6 @@ fn steps(messages: &[Value]) -> Vec<Vec<u8>> {
         .collect()
 }
 
-fn completion(content: &str) -> Value {
-    json!({
-        "id": "chatcmpl-mock",
-        "object": "chat.completion",
-        "created": 0,
-        "model": "gpt-4o",
-        "choices": [{
-            "index": 0,
-            "message": {"role": "assistant", "content": content},
-            "finish_reason": "stop"
-        }]
-    })
-}
-
-/// Whether a request the provider received is compactor's summarizer asking for a summary.
-fn is_summary_request(v: &Value) -> bool {
-    v["messages"].as_array().is_some_and(|m| {
-        m.iter().any(|m| {
-            m["role"] == "user"
-                && m["content"]
-                    .as_str()
-                    .is_some_and(|c| c.starts_with("<task>"))
-        })
-    })
-}
-
 /// What the mock provider refused.
 #[derive(Default)]
 struct Refused {
@@ -92,7 +67,7 @@ fn strict_provider(mock: &MockUpstream, window: usize, summary: &'static str) ->
     let r = refused.clone();
     mock.set_handler(move |req: &Recorded| {
         let v = serde_json::from_slice::<Value>(&req.body).unwrap_or(Value::Null);
-        let summarizing = is_summary_request(&v);
+        let summarizing = summary_prompt(&v).is_some();
         match check_chat(&v, window) {
             Ok(()) if summarizing => Reply::json(200, &completion(summary)),
             Ok(()) => Reply::json(200, &completion("Next step.")),
@@ -197,11 +172,7 @@ async fn replay_through(proxy: &TestProxy, mock: &MockUpstream, summary_marker: 
 
             // Everything the provider received for this step: summary requests, then the one
             // forwarded request.
-            let received = mock.requests();
-            let (summaries, forwarded): (Vec<Recorded>, Vec<Recorded>) =
-                received[seen..].iter().cloned().partition(|r| {
-                    is_summary_request(&serde_json::from_slice(&r.body).unwrap_or(Value::Null))
-                });
+            let (summaries, forwarded) = received_since(mock, seen);
             assert_eq!(forwarded.len(), 1, "{what}: one forwarded request");
             let forwarded = &forwarded[0];
             assert_eq!(forwarded.path(), "/v1/chat/completions", "{what}");
@@ -398,7 +369,7 @@ async fn a_refinement_that_shrinks_the_spliced_request_is_used() {
     let forwarded = mock
         .requests()
         .into_iter()
-        .filter(|r| !is_summary_request(&serde_json::from_slice(&r.body).unwrap_or(Value::Null)))
+        .filter(|r| !is_summary_request(r))
         .last()
         .expect("forwarded");
     let v: Value = serde_json::from_slice(&forwarded.body).expect("JSON");

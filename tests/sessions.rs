@@ -21,6 +21,7 @@ use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use support::provider_rules::{check_chat, rejection_body};
+use support::summary_calls::{self, prompt_of, received_since, summary_prompt};
 use support::{
     eventually, transcript, upstream_toml, Exchange, MockUpstream, Recorded, Reply, StreamSender,
     TestClient, TestProxy, TRANSCRIPTS,
@@ -74,35 +75,11 @@ fn request_body(messages: &[Value]) -> Vec<u8> {
     serde_json::to_vec(&json!({"model": "gpt-4o", "messages": messages})).expect("serialise")
 }
 
+/// A completion that also reports `usage`, as providers do.
 fn completion(content: &str) -> Value {
-    json!({
-        "id": "chatcmpl-mock",
-        "object": "chat.completion",
-        "created": 0,
-        "model": "gpt-4o",
-        "choices": [{
-            "index": 0,
-            "message": {"role": "assistant", "content": content},
-            "finish_reason": "stop"
-        }],
-        "usage": {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12}
-    })
-}
-
-/// The compaction prompt when `v` is a summarizer call: its last user message, starting `<task>`.
-fn task_prompt(v: &Value) -> Option<&str> {
-    v["messages"]
-        .as_array()?
-        .iter()
-        .rev()
-        .find(|m| m["role"] == "user")?["content"]
-        .as_str()
-        .filter(|c| c.starts_with("<task>"))
-}
-
-fn prompt_of(r: &Recorded) -> Option<String> {
-    let v: Value = serde_json::from_slice(&r.body).ok()?;
-    task_prompt(&v).map(str::to_owned)
+    let mut c = summary_calls::completion(content);
+    c["usage"] = json!({"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12});
+    c
 }
 
 /// The mock provider's state.
@@ -140,7 +117,7 @@ impl Provider {
             self.reject(format!("{rejection:?}"));
             return Reply::json(400, &rejection_body(&rejection));
         }
-        if task_prompt(&v).is_none() {
+        if summary_prompt(&v).is_none() {
             return Reply::json(200, &completion("Next step."));
         }
         let n = self.summaries.fetch_add(1, Ordering::SeqCst) + 1;
@@ -198,14 +175,6 @@ async fn chat(
     client
         .exchange("POST", &proxy.url(CHAT), &headers, body.into())
         .await
-}
-
-/// What the provider received since `seen`: (summarizer calls, forwarded agent requests).
-fn received_since(mock: &MockUpstream, seen: usize) -> (Vec<Recorded>, Vec<Recorded>) {
-    mock.requests()[seen..]
-        .iter()
-        .cloned()
-        .partition(|r| prompt_of(r).is_some())
 }
 
 /// The messages of a body, each exactly as its bytes appear in it.

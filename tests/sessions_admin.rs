@@ -17,6 +17,7 @@ use compactor::session::store::SESSION_OVERHEAD_BYTES;
 use serde_json::{json, Value};
 
 use support::provider_rules::{check_chat, rejection_body};
+use support::summary_calls::{completion, prompt_of, received_since};
 use support::{
     eventually, upstream_toml, Exchange, MockUpstream, Recorded, Reply, TestClient, TestProxy,
 };
@@ -25,33 +26,6 @@ const CHAT: &str = "/v1/chat/completions";
 const AUTH: &str = "Bearer sk-sessions-admin";
 const WINDOW: usize = 128_000;
 const COMPACTIONS: &str = "compactor_compactions_total";
-
-fn completion(content: &str) -> Value {
-    json!({
-        "id": "chatcmpl-mock",
-        "object": "chat.completion",
-        "created": 0,
-        "model": "gpt-4o",
-        "choices": [{
-            "index": 0,
-            "message": {"role": "assistant", "content": content},
-            "finish_reason": "stop"
-        }]
-    })
-}
-
-/// The compaction prompt of a summarizer call: its last user message, starting `<task>`.
-fn prompt_of(r: &Recorded) -> Option<String> {
-    let v: Value = serde_json::from_slice(&r.body).ok()?;
-    v["messages"]
-        .as_array()?
-        .iter()
-        .rev()
-        .find(|m| m["role"] == "user")?["content"]
-        .as_str()
-        .filter(|c| c.starts_with("<task>"))
-        .map(str::to_owned)
-}
 
 /// The mock provider.
 #[derive(Default)]
@@ -166,14 +140,6 @@ fn long(text: &str, len: usize) -> String {
         s.push_str(" The billing service keeps invoices, payments and refunds.");
     }
     s
-}
-
-/// The summarizer calls the provider received since `seen`, and the agent requests.
-fn received_since(mock: &MockUpstream, seen: usize) -> (Vec<Recorded>, Vec<Recorded>) {
-    mock.requests()[seen..]
-        .iter()
-        .cloned()
-        .partition(|r| prompt_of(r).is_some())
 }
 
 #[tokio::test]

@@ -66,10 +66,7 @@ fn count(metrics: &Metrics, backend: &str, outcome: &str) -> f64 {
 }
 
 fn completion(text: &str) -> Reply {
-    Reply::json(
-        200,
-        &json!({"choices": [{"index": 0, "message": {"role": "assistant", "content": text}}]}),
-    )
+    Reply::json(200, &support::summary_calls::completion(text))
 }
 
 #[tokio::test]

@@ -14,6 +14,7 @@ pub mod mock;
 pub mod provider_rules;
 pub mod proxy;
 pub mod responses_rules;
+pub mod summary_calls;
 pub mod tls;
 
 use std::future::Future;
