@@ -23,7 +23,7 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 
 use super::json::{
-    as_tokens, count_messages, leaf_chars, skip_scalars, CountsOf, OneOf, OrderedObject, StrChars,
+    as_tokens, leaf_chars, skip_scalars, MessageCounts, OneOf, OrderedObject, StrChars,
     StrCharsVisitor,
 };
 use super::{Conversation, DialectError};
@@ -80,7 +80,7 @@ struct PeekWire<'a> {
     #[serde(default)]
     max_completion_tokens: Option<Value>,
     #[serde(default)]
-    messages: Option<MessageCounts>,
+    messages: Option<MessageCounts<MessageStats>>,
     #[serde(borrow, default)]
     tools: Option<&'a RawValue>,
     #[serde(borrow, default)]
@@ -377,26 +377,6 @@ pub(crate) fn top_level_fields(body: &[u8]) -> Result<Vec<(String, &RawValue)>, 
 // ---------------------------------------------------------------------------------------------
 // Zero-copy counting (hot path). Every visitor counts characters of strings as serde_json
 // hands them over (borrowed, or from its scratch buffer when unescaping) and allocates nothing.
-
-/// Per-message counts of a `messages` array, and the raw JSON of its first messages.
-struct MessageCounts(Vec<Counts>, Vec<String>);
-
-impl<'de> Deserialize<'de> for MessageCounts {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = MessageCounts;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("an array of messages")
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
-                let (counts, first) = count_messages(seq, CountsOf::<MessageStats>::new())?;
-                Ok(MessageCounts(counts, first))
-            }
-        }
-        d.deserialize_seq(V)
-    }
-}
 
 /// What the model reads of one message.
 struct MessageStats(Counts);

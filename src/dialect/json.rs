@@ -13,6 +13,7 @@
 //! allocated or copied.
 
 use std::fmt;
+use std::marker::PhantomData;
 
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
@@ -320,14 +321,29 @@ where
     Ok((counts, first))
 }
 
-/// The seed of a `Deserialize` type that reads as counts (a dialect's per-message stats).
-pub(crate) struct CountsOf<T>(std::marker::PhantomData<T>);
+/// A conversation array read by [`count_messages`], each message by `T` (a dialect's
+/// per-message stats): `.0` the counts, `.1` the first messages' raw JSON.
+pub(crate) struct MessageCounts<T>(pub Vec<Counts>, pub Vec<String>, PhantomData<T>);
 
-impl<T> CountsOf<T> {
-    pub(crate) fn new() -> CountsOf<T> {
-        CountsOf(std::marker::PhantomData)
+impl<'de, T: Deserialize<'de> + Into<Counts>> Deserialize<'de> for MessageCounts<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<T>(PhantomData<T>);
+        impl<'de, T: Deserialize<'de> + Into<Counts>> Visitor<'de> for V<T> {
+            type Value = MessageCounts<T>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an array of messages")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+                let (counts, first) = count_messages(seq, CountsOf::<T>(PhantomData))?;
+                Ok(MessageCounts(counts, first, PhantomData))
+            }
+        }
+        d.deserialize_seq(V(PhantomData))
     }
 }
+
+/// The seed of a `Deserialize` type that reads as counts.
+struct CountsOf<T>(PhantomData<T>);
 
 impl<T> Clone for CountsOf<T> {
     fn clone(&self) -> Self {

@@ -22,14 +22,14 @@
 //!   `tool_result` blocks is refused (they must answer the message right before them, which
 //!   the boundary rules never cut away).
 
-use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::Value;
 
 use super::json::{
-    as_tokens, content_counts, count_messages, leaf_chars, node_counts, ContentSeed, CountsOf,
-    OneOf, OrderedObject, Rules,
+    as_tokens, content_counts, leaf_chars, node_counts, ContentSeed, MessageCounts, OneOf,
+    OrderedObject, Rules,
 };
 use super::{Conversation, DialectError, Peek};
 use crate::compaction::estimate::{Counts, LazyEstimator};
@@ -84,7 +84,7 @@ struct PeekWire<'a> {
     #[serde(default)]
     max_tokens: Option<Value>,
     #[serde(default)]
-    messages: Option<MessageCounts>,
+    messages: Option<MessageCounts<MessageStats>>,
     #[serde(default)]
     system: Option<SystemCounts>,
     #[serde(borrow, default)]
@@ -103,26 +103,6 @@ struct SystemCounts(Counts);
 impl<'de> Deserialize<'de> for SystemCounts {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         de::DeserializeSeed::deserialize(ContentSeed(&RULES), d).map(SystemCounts)
-    }
-}
-
-/// Per-message counts of a `messages` array, and the raw JSON of its first messages.
-struct MessageCounts(Vec<Counts>, Vec<String>);
-
-impl<'de> Deserialize<'de> for MessageCounts {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = MessageCounts;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("an array of messages")
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
-                let (counts, first) = count_messages(seq, CountsOf::<MessageStats>::new())?;
-                Ok(MessageCounts(counts, first))
-            }
-        }
-        d.deserialize_seq(V)
     }
 }
 
