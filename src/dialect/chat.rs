@@ -126,18 +126,9 @@ pub fn parse_with<'a>(
     estimator: &LazyEstimator,
 ) -> Result<ChatRequest<'a>, DialectError> {
     let fields: OrderedObject<'a> = serde_json::from_slice(body)?;
-    let no_messages = DialectError::NoConversation("messages");
-    if fields.duplicated("messages") {
-        return Err(no_messages);
-    }
-    let messages_at = fields.position("messages").ok_or(no_messages)?;
-    let raw_messages: Vec<&RawValue> = match fields.raw("messages") {
-        Some(m) => serde_json::from_str(m.get())?,
-        None => return Err(DialectError::NoConversation("messages")),
-    };
-    let model = fields
-        .value("model")
-        .and_then(|v| v.as_str().map(str::to_string));
+    let (messages_at, raw_list) = fields.conversation("messages")?;
+    let raw_messages: Vec<&RawValue> = serde_json::from_str(raw_list.get())?;
+    let model = fields.string("model");
     let requested_output = requested_output(
         fields.value("max_completion_tokens").as_ref(),
         fields.value("max_tokens").as_ref(),

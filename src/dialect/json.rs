@@ -20,6 +20,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
+use super::DialectError;
 use crate::compaction::estimate::{count_chars, Counts};
 
 /// The [`Visitor`] methods for the JSON scalars the model does not read (booleans, numbers,
@@ -134,9 +135,22 @@ impl<'a> OrderedObject<'a> {
         self.0.iter().position(|(k, _)| k == name)
     }
 
-    /// Whether a field name appears more than once (ambiguous: never rewritten).
-    pub fn duplicated(&self, name: &str) -> bool {
-        self.0.iter().filter(|(k, _)| k == name).count() > 1
+    /// The conversation field `name`: its index and raw value. A missing or repeated field
+    /// (ambiguous: never rewritten) is [`DialectError::NoConversation`].
+    pub fn conversation(&self, name: &'static str) -> Result<(usize, &'a RawValue), DialectError> {
+        let mut found = self.0.iter().enumerate().filter(|(_, (k, _))| k == name);
+        match (found.next(), found.next()) {
+            (Some((at, (_, raw))), None) => Ok((at, *raw)),
+            _ => Err(DialectError::NoConversation(name)),
+        }
+    }
+
+    /// The string field `name` (the `model`), when present and a string.
+    pub fn string(&self, name: &str) -> Option<String> {
+        self.value(name).and_then(|v| match v {
+            Value::String(s) => Some(s),
+            _ => None,
+        })
     }
 
     /// The raw value of the field named `name`.
@@ -492,7 +506,18 @@ mod tests {
         .expect("writes");
         assert_eq!(String::from_utf8_lossy(&out), r#"{"b":1,"a":[3],"c":"x"}"#);
         let dup: OrderedObject<'_> = serde_json::from_str(r#"{"a":1,"a":2}"#).expect("object");
-        assert!(dup.duplicated("a") && !o.duplicated("a"));
+        assert!(matches!(
+            dup.conversation("a"),
+            Err(DialectError::NoConversation("a"))
+        ));
+        assert!(matches!(
+            o.conversation("z"),
+            Err(DialectError::NoConversation("z"))
+        ));
+        let (at, raw) = o.conversation("a").expect("one `a`");
+        assert_eq!((at, raw.get()), (1, "[ 2 ]"));
+        assert_eq!(o.string("c").as_deref(), Some("x"));
+        assert_eq!(o.string("b"), None);
         assert_eq!(as_tokens(Some(&serde_json::json!(12))), Some(12));
         assert_eq!(as_tokens(Some(&serde_json::json!(-1))), None);
     }

@@ -180,24 +180,14 @@ pub fn parse_with<'a>(
     estimator: &LazyEstimator,
 ) -> Result<MessagesRequest<'a>, DialectError> {
     let fields: OrderedObject<'a> = serde_json::from_slice(body)?;
-    if fields.duplicated("messages") {
-        return Err(DialectError::NoConversation("messages"));
-    }
-    let messages_at = fields
-        .position("messages")
-        .ok_or(DialectError::NoConversation("messages"))?;
-    let raw_list = fields
-        .raw("messages")
-        .ok_or(DialectError::NoConversation("messages"))?;
+    let (messages_at, raw_list) = fields.conversation("messages")?;
     let raw_messages: Vec<&'a RawValue> = serde_json::from_str(raw_list.get())?;
     let system = match fields.raw("system") {
         Some(raw) => content_counts(raw.get(), &RULES)?,
         None => Counts::default(),
     };
     let fixed_tokens = fixed_tokens(system, fields.raw("tools"), estimator);
-    let model = fields
-        .value("model")
-        .and_then(|v| v.as_str().map(str::to_string));
+    let model = fields.string("model");
     let requested_output = as_tokens(fields.value("max_tokens").as_ref());
 
     let mut messages = Vec::with_capacity(raw_messages.len());

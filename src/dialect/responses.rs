@@ -171,23 +171,13 @@ pub fn parse_with<'a>(
     ) {
         return Err(DialectError::ServerState);
     }
-    if fields.duplicated("input") {
-        return Err(DialectError::NoConversation("input"));
-    }
-    let input_at = fields
-        .position("input")
-        .ok_or(DialectError::NoConversation("input"))?;
-    let input = fields
-        .raw("input")
-        .ok_or(DialectError::NoConversation("input"))?;
+    let (input_at, input) = fields.conversation("input")?;
     let instructions = match fields.raw("instructions") {
         Some(raw) => serde_json::from_str::<StrChars>(raw.get())?.0,
         None => 0,
     };
     let fixed_tokens = fixed_tokens(instructions, fields.raw("tools"), estimator);
-    let model = fields
-        .value("model")
-        .and_then(|v| v.as_str().map(str::to_string));
+    let model = fields.string("model");
     let requested_output = as_tokens(fields.value("max_output_tokens").as_ref());
 
     let (raw_items, messages) = match serde_json::from_str::<Value>(input.get())? {
