@@ -108,7 +108,6 @@ struct Compacted {
 struct Splice {
     covered: usize,
     message: String,
-    prior: Prior,
     checkpoint: Arc<Checkpoint>,
 }
 
@@ -547,12 +546,6 @@ impl Compactor {
                 &checkpoint.read_files,
                 &checkpoint.modified_files,
             ),
-            prior: Prior {
-                summary: checkpoint.summary.clone(),
-                read_files: checkpoint.read_files.clone(),
-                modified_files: checkpoint.modified_files.clone(),
-                compaction_num: checkpoint.compaction_num,
-            },
             checkpoint,
         })
     }
@@ -653,6 +646,13 @@ impl Compactor {
                 (Some(Transcript::new(messages)), s.covered - head)
             }
         };
+        // The stored summary is refined, its file lists carried forward.
+        let prior = splice.map(|s| Prior {
+            summary: s.checkpoint.summary.clone(),
+            read_files: s.checkpoint.read_files.clone(),
+            modified_files: s.checkpoint.modified_files.clone(),
+            compaction_num: s.checkpoint.compaction_num,
+        });
         let mut compaction = self
             .engine
             .compact(CompactionInput {
@@ -660,7 +660,7 @@ impl Compactor {
                 model: conversation.model.as_deref(),
                 limits,
                 fixed_tokens: conversation.fixed_tokens,
-                prior: splice.map(|s| &s.prior),
+                prior: prior.as_ref(),
                 instructions,
                 caller,
             })
