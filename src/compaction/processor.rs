@@ -304,26 +304,24 @@ impl Engine {
             // shrinking the request come first.
             let to_beat = best.as_ref().map_or(pre, |c| c.result.post_tokens);
             let plain = strip_pinned(&summary);
-            let (summary, message, post) = {
-                let pinned = price(pin_latest_user_turn(
-                    summary,
-                    t,
-                    head,
-                    boundary,
-                    input.prior,
-                ));
-                let fits = pinned.2 < to_beat && limits.check(kept, pinned.2).is_none();
-                if pinned.0 != plain && !fits {
-                    let unpinned = price(plain);
-                    if unpinned.2 < pinned.2 {
-                        unpinned
-                    } else {
-                        pinned
+            let (summary, message, post) =
+                match pin_latest_user_turn(&plain, t, head, boundary, input.prior) {
+                    None => price(plain),
+                    Some(pinned) => {
+                        let pinned = price(pinned);
+                        let fits = pinned.2 < to_beat && limits.check(kept, pinned.2).is_none();
+                        if fits {
+                            pinned
+                        } else {
+                            let unpinned = price(plain);
+                            if unpinned.2 < pinned.2 {
+                                unpinned
+                            } else {
+                                pinned
+                            }
+                        }
                     }
-                } else {
-                    pinned
-                }
-            };
+                };
             if post >= to_beat {
                 if best.is_some() {
                     break; // no better than the previous attempt: keep that one
@@ -431,34 +429,29 @@ pub const LATEST_USER_OPEN: &str = "<latest-user-message>";
 pub const LATEST_USER_CLOSE: &str = "</latest-user-message>";
 
 /// Keeps at least the latest user turn: when it falls among the compacted messages (agents
-/// that send one task and then hundreds of tool calls), its text is appended verbatim to the
-/// summary; when the conversation being compacted has no user turn left (it was compacted
-/// earlier), the copy in the prior summary is carried over. Any copy the summarizer itself
-/// echoed is replaced, so there is exactly one.
+/// that send one task and then hundreds of tool calls), `plain` (a summary without a pinned
+/// turn, see [`strip_pinned`]) with that turn's text appended verbatim; when the conversation
+/// being compacted has no user turn left (it was compacted earlier), with the copy in the
+/// prior summary carried over. `None` when there is nothing to pin.
 fn pin_latest_user_turn(
-    summary: String,
+    plain: &str,
     t: &Transcript,
     head: usize,
     boundary: usize,
     prior: Option<&Prior>,
-) -> String {
-    let pinned = match t.last_user() {
+) -> Option<String> {
+    let text = match t.last_user() {
         Some(u) if u >= boundary => None, // kept verbatim in the tail
         Some(u) if u >= head => t.messages.get(u).map(|m| m.text()),
         _ => prior
             .and_then(|p| pinned_text(&p.summary))
             .map(str::to_string),
-    };
-    let mut out = strip_pinned(&summary);
-    if let Some(text) = pinned.filter(|t| !t.trim().is_empty()) {
-        out.push_str("\n\n");
-        out.push_str(LATEST_USER_OPEN);
-        out.push('\n');
-        out.push_str(text.trim());
-        out.push('\n');
-        out.push_str(LATEST_USER_CLOSE);
     }
-    out
+    .filter(|text| !text.trim().is_empty())?;
+    Some(format!(
+        "{plain}\n\n{LATEST_USER_OPEN}\n{}\n{LATEST_USER_CLOSE}",
+        text.trim()
+    ))
 }
 
 /// The pinned user turn inside a summary, if any.
