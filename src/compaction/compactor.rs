@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use compactor_plugin_api::{Caller, Summarizer};
+use compactor_plugin_api::{Caller, SummarizeError, Summarizer};
 use serde_json::value::RawValue;
 
 use super::processor::{CompactError, Compaction, CompactionInput, Engine, Prior};
@@ -780,17 +780,13 @@ impl Compactor {
                 ManualOutcome::NotCompacted {
                     reason: match e {
                         CompactError::NothingToCompact => "nothing_to_compact",
-                        CompactError::Blank | CompactError::Summarizer(_)
-                            if outcome == CompactionOutcome::Blank =>
-                        {
-                            "blank_summary"
-                        }
+                        CompactError::Summarizer(SummarizeError::Blank) => "blank_summary",
                         CompactError::Summarizer(_) | CompactError::Timeout(_) => {
                             "summarizer_failed"
                         }
                         CompactError::NotSmaller { .. } => "not_smaller",
                         CompactError::Prompt(_) => "prompt_too_large",
-                        CompactError::Dialect(_) | CompactError::Blank => "rewrite_failed",
+                        CompactError::Dialect(_) => "rewrite_failed",
                     },
                 }
             }

@@ -109,9 +109,6 @@ pub enum CompactError {
     /// The summarizer did not answer in time (compactor's own safety net).
     #[error("summarizer did not answer within {0:?}")]
     Timeout(Duration),
-    /// The summary was empty or whitespace.
-    #[error("summarizer returned a blank summary")]
-    Blank,
     /// The rewrite would not be smaller than the original.
     #[error("compacted request ({post} tokens) would not be smaller than the original ({pre})")]
     NotSmaller {
@@ -126,9 +123,7 @@ impl CompactError {
     /// The `outcome` label this failure is counted under.
     pub fn outcome(&self) -> CompactionOutcome {
         match self {
-            CompactError::Blank | CompactError::Summarizer(SummarizeError::Blank) => {
-                CompactionOutcome::Blank
-            }
+            CompactError::Summarizer(SummarizeError::Blank) => CompactionOutcome::Blank,
             _ => CompactionOutcome::Failed,
         }
     }
@@ -414,7 +409,8 @@ impl Engine {
             Ok(Ok(summary)) => {
                 let text = summary.text.trim();
                 if text.is_empty() {
-                    Err(CompactError::Blank)
+                    // A backend that bypassed `Summary::new`: blank all the same.
+                    Err(CompactError::Summarizer(SummarizeError::Blank))
                 } else {
                     Ok(text.to_string())
                 }
