@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use compactor_plugin_api::{
     BoxFuture, Caller, SummarizeError, Summarizer, Summary, SummaryRequest,
 };
-use compactor_plugin_openai::transport::{join_url, output_budget, Auth, HttpClient};
+use compactor_plugin_openai::transport::{self, join_url, output_budget, Auth, HttpClient};
 
 /// The system prompt sent with every summary request.
 pub const SYSTEM_PROMPT: &str = compactor_plugin_openai::SYSTEM_PROMPT;
@@ -73,34 +73,14 @@ impl AnthropicSummarizer {
     pub fn endpoint(&self, caller: &Caller) -> Result<String, SummarizeError> {
         match &self.config.base_url {
             Some(base) => Ok(join_url(base, "v1/messages")),
-            None if caller.upstream_base_url.is_empty() => Err(SummarizeError::Config(
-                "no base_url configured and the request has no upstream".into(),
-            )),
-            None => {
-                let prefix = if caller.api_prefix.is_empty() {
-                    "/v1"
-                } else {
-                    caller.api_prefix.as_str()
-                };
-                Ok(join_url(
-                    &join_url(&caller.upstream_base_url, prefix),
-                    "messages",
-                ))
-            }
+            None => transport::endpoint(None, caller, "/v1", "messages"),
         }
     }
 
     async fn run(&self, request: &SummaryRequest) -> Result<Summary, SummarizeError> {
         let deadline = Instant::now() + request.timeout;
         let url = self.endpoint(&request.caller)?;
-        let model = self
-            .config
-            .model
-            .as_deref()
-            .or(request.model.as_deref())
-            .ok_or_else(|| {
-                SummarizeError::Config("no model configured and the request names none".into())
-            })?;
+        let model = transport::model(self.config.model.as_deref(), request)?;
         let mut auth = self.auth(&request.caller)?;
         let version = HeaderValue::from_str(&self.config.anthropic_version)
             .map_err(|_| SummarizeError::Config("invalid anthropic_version".into()))?;

@@ -26,7 +26,7 @@ use compactor_plugin_api::{
     BoxFuture, Caller, SummarizeError, Summarizer, Summary, SummaryRequest,
 };
 
-use crate::transport::{join_url, output_budget, Auth, HttpClient};
+use crate::transport::{output_budget, Auth, HttpClient};
 
 /// The system message sent with every summary request.
 pub const SYSTEM_PROMPT: &str = "You write compaction summaries of coding-agent conversations. \
@@ -79,29 +79,18 @@ impl OpenAiSummarizer {
 
     /// The endpoint a request goes to.
     pub fn endpoint(&self, caller: &Caller) -> Result<String, SummarizeError> {
-        match &self.config.base_url {
-            Some(base) => Ok(join_url(base, "chat/completions")),
-            None if caller.upstream_base_url.is_empty() => Err(SummarizeError::Config(
-                "no base_url configured and the request has no upstream".into(),
-            )),
-            None => Ok(join_url(
-                &join_url(&caller.upstream_base_url, &caller.api_prefix),
-                "chat/completions",
-            )),
-        }
+        transport::endpoint(
+            self.config.base_url.as_deref(),
+            caller,
+            "",
+            "chat/completions",
+        )
     }
 
     async fn run(&self, request: &SummaryRequest) -> Result<Summary, SummarizeError> {
         let deadline = Instant::now() + request.timeout;
         let url = self.endpoint(&request.caller)?;
-        let model = self
-            .config
-            .model
-            .as_deref()
-            .or(request.model.as_deref())
-            .ok_or_else(|| {
-                SummarizeError::Config("no model configured and the request names none".into())
-            })?;
+        let model = transport::model(self.config.model.as_deref(), request)?;
         let auth = self.auth(&request.caller)?;
         let secrets = auth.secret_refs();
 

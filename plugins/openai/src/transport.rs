@@ -24,7 +24,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
 use tokio::time::Instant;
 
-use compactor_plugin_api::SummarizeError;
+use compactor_plugin_api::{Caller, SummarizeError, SummaryRequest};
 
 /// Largest response body read from a provider.
 pub const MAX_RESPONSE_BYTES: usize = 16 * 1024 * 1024;
@@ -226,6 +226,39 @@ pub fn join_url(base: &str, path: &str) -> String {
         base.trim_end_matches('/'),
         path.trim_start_matches('/')
     )
+}
+
+/// `path` on the endpoint a summary request goes to: `base_url` when configured, else the
+/// caller's own upstream and API prefix (`default_prefix` when the caller has none).
+pub fn endpoint(
+    base_url: Option<&str>,
+    caller: &Caller,
+    default_prefix: &str,
+    path: &str,
+) -> Result<String, SummarizeError> {
+    if let Some(base) = base_url {
+        return Ok(join_url(base, path));
+    }
+    if caller.upstream_base_url.is_empty() {
+        return Err(SummarizeError::Config(
+            "no base_url configured and the request has no upstream".into(),
+        ));
+    }
+    let prefix = match caller.api_prefix.as_str() {
+        "" => default_prefix,
+        prefix => prefix,
+    };
+    Ok(join_url(&join_url(&caller.upstream_base_url, prefix), path))
+}
+
+/// The model of a summary request: the configured one, else the request's own.
+pub fn model<'a>(
+    configured: Option<&'a str>,
+    request: &'a SummaryRequest,
+) -> Result<&'a str, SummarizeError> {
+    configured.or(request.model.as_deref()).ok_or_else(|| {
+        SummarizeError::Config("no model configured and the request names none".into())
+    })
 }
 
 /// An error and its sources, `: `-separated (hyper's top-level messages alone say little).
