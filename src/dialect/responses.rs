@@ -180,27 +180,25 @@ pub fn parse_with<'a>(
     let model = fields.string("model");
     let requested_output = as_tokens(fields.value("max_output_tokens").as_ref());
 
-    let (raw_items, messages) = match serde_json::from_str::<Value>(input.get())? {
-        Value::String(s) => {
-            let tokens = estimator.text(&s);
-            let mut m = Message::new(Role::User, vec![Part::Text(s)]);
-            m.tokens = tokens;
-            (vec![input], vec![m])
-        }
-        Value::Array(_) => {
-            let raw_items: Vec<&'a RawValue> = serde_json::from_str(input.get())?;
-            let mut messages = Vec::with_capacity(raw_items.len());
-            for (index, raw) in raw_items.iter().enumerate() {
-                let counts = node_counts(raw.get(), &RULES)?;
-                let mut m = item_message(raw, index)?;
-                m.tokens = estimator.counts(counts);
-                messages.push(m);
-            }
-            (raw_items, messages)
-        }
-        _ => return Err(DialectError::NoConversation("input")),
-    };
     let input_is_string = !input.get().trim_start().starts_with('[');
+    let (raw_items, messages) = if input_is_string {
+        let text: String =
+            serde_json::from_str(input.get()).map_err(|_| DialectError::NoConversation("input"))?;
+        let tokens = estimator.text(&text);
+        let mut m = Message::new(Role::User, vec![Part::Text(text)]);
+        m.tokens = tokens;
+        (vec![input], vec![m])
+    } else {
+        let raw_items: Vec<&'a RawValue> = serde_json::from_str(input.get())?;
+        let mut messages = Vec::with_capacity(raw_items.len());
+        for (index, raw) in raw_items.iter().enumerate() {
+            let counts = node_counts(raw.get(), &RULES)?;
+            let mut m = item_message(raw, index)?;
+            m.tokens = estimator.counts(counts);
+            messages.push(m);
+        }
+        (raw_items, messages)
+    };
     Ok(ResponsesRequest {
         fields,
         input_at,
@@ -354,10 +352,9 @@ fn part_from_value(part: &Value) -> Part {
         }
         _ => {}
     }
-    let chars = serde_json::to_string(part)
-        .ok()
-        .and_then(|s| node_counts(&s, &RULES).ok())
-        .map_or(0, |c| c.chars);
+    // Counted off the parsed part: these rules read no raw JSON text.
+    let chars =
+        serde::de::DeserializeSeed::deserialize(NodeSeed(&RULES), part).map_or(0, |c| c.chars);
     Part::Opaque {
         kind: kind.to_string(),
         chars,
