@@ -211,6 +211,9 @@ pub struct CompactionConfig {
     /// Scale token estimates per model by the observed ratio of the provider's reported input
     /// tokens to compactor's estimate, so the token trigger fires at the right point.
     pub calibration: bool,
+    /// Most files kept in each of the summary's "read" and "modified" lists (most recent
+    /// first).
+    pub max_tracked_files: usize,
 }
 
 /// `[summarizer]`
@@ -361,6 +364,7 @@ impl Default for CompactionConfig {
             default_context_window: 128_000,
             breaker_cooldown_secs: 300.0,
             calibration: true,
+            max_tracked_files: crate::compaction::files::DEFAULT_MAX_TRACKED_FILES,
         }
     }
 }

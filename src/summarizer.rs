@@ -13,7 +13,14 @@
 //! summary request to the one speaking the wire API of the request being compacted
 //! ([`Caller::api`]): Anthropic Messages requests to `anthropic`, everything else (Chat
 //! Completions, Responses) to `openai`. With no further configuration both use the caller's own
-//! upstream, model and credentials, so `auto` works unconfigured behind any upstream.
+//! upstream, model and credentials, so `auto` works unconfigured behind any upstream. A
+//! Responses request is summarised through the Responses API (`openai` picks the wire API from
+//! [`Caller::api`] itself).
+//!
+//! [`Summarizer::max_output_tokens`] follows the same routing: `auto` answers with the budget
+//! of the backend it would pick for that API, and a [`Chain`] with its primary backend's (the
+//! first backend that has one), so the engine leaves room for the summary that will be asked
+//! for.
 //!
 //! Adding a backend: write a crate implementing [`Summarizer`] and add one arm to
 //! [`backend`]'s match (see `plugins/README.md`).
@@ -223,6 +230,16 @@ struct Auto {
     anthropic: Arc<dyn Summarizer>,
 }
 
+impl Auto {
+    /// The backend that answers for a request that used `api`.
+    fn pick(&self, api: Api) -> &Arc<dyn Summarizer> {
+        match api {
+            Api::Messages => &self.anthropic,
+            Api::ChatCompletions | Api::Responses => &self.openai,
+        }
+    }
+}
+
 impl Summarizer for Auto {
     fn name(&self) -> &str {
         "auto"
@@ -232,10 +249,11 @@ impl Summarizer for Auto {
         &'a self,
         request: &'a SummaryRequest,
     ) -> BoxFuture<'a, Result<Summary, SummarizeError>> {
-        match request.caller.api {
-            Api::Messages => self.anthropic.summarize(request),
-            Api::ChatCompletions | Api::Responses => self.openai.summarize(request),
-        }
+        self.pick(request.caller.api).summarize(request)
+    }
+
+    fn max_output_tokens(&self, api: Api) -> Option<u32> {
+        self.pick(api).max_output_tokens(api)
     }
 }
 
@@ -333,6 +351,12 @@ impl Summarizer for Chain {
     ) -> BoxFuture<'a, Result<Summary, SummarizeError>> {
         Box::pin(self.run(request))
     }
+
+    /// The primary backend's budget: the first backend in the chain that has one (a local
+    /// primary such as `extractive` has none, so its LLM fallback's counts).
+    fn max_output_tokens(&self, api: Api) -> Option<u32> {
+        self.backends.iter().find_map(|b| b.max_output_tokens(api))
+    }
 }
 
 #[cfg(test)]
@@ -381,6 +405,56 @@ mod tests {
         let e =
             build_err("[summarizer]\nbackend = \"auto\"\n[summarizer.anthropic]\nmax_tokens = 0\n");
         assert_eq!(e.key, "summarizer.anthropic.max_tokens");
+    }
+
+    /// openai asks for 1111 tokens, anthropic for 2222.
+    const DISTINCT_BUDGETS: &str = "[summarizer.openai]\nmax_tokens = 1111\n\
+        [summarizer.anthropic]\nmax_tokens = 2222\nanthropic_version = \"2023-06-01\"\n";
+
+    #[test]
+    fn auto_reports_the_budget_of_the_backend_it_picks() {
+        let config = Config::from_toml(DISTINCT_BUDGETS).expect("config");
+        let auto = Auto {
+            openai: backend(&config, "openai", "summarizer.backend").expect("openai"),
+            anthropic: backend(&config, "anthropic", "summarizer.backend").expect("anthropic"),
+        };
+        assert_eq!(auto.max_output_tokens(Api::Messages), Some(2222));
+        assert_eq!(auto.max_output_tokens(Api::ChatCompletions), Some(1111));
+        assert_eq!(auto.max_output_tokens(Api::Responses), Some(1111));
+
+        // The default chain is `auto` alone, and answers the same through it.
+        let chain = build(&config, metrics()).expect("builds");
+        assert_eq!(chain.name(), "auto");
+        assert_eq!(chain.max_output_tokens(Api::Messages), Some(2222));
+        assert_eq!(chain.max_output_tokens(Api::Responses), Some(1111));
+    }
+
+    #[test]
+    fn a_chain_reports_its_first_backend_with_a_budget() {
+        let config = Config::from_toml(&format!(
+            "[summarizer]\nbackend = \"anthropic\"\nfallback = [\"openai\"]\n{DISTINCT_BUDGETS}"
+        ))
+        .expect("config");
+        let chain = build(&config, metrics()).expect("builds");
+        for api in [Api::Messages, Api::ChatCompletions, Api::Responses] {
+            assert_eq!(
+                chain.max_output_tokens(api),
+                Some(2222),
+                "{api:?}: the primary's"
+            );
+        }
+
+        let config = Config::from_toml(&format!(
+            "[summarizer]\nbackend = \"extractive\"\nfallback = [\"auto\"]\n{DISTINCT_BUDGETS}"
+        ))
+        .expect("config");
+        let chain = build(&config, metrics()).expect("builds");
+        assert_eq!(chain.max_output_tokens(Api::Messages), Some(2222));
+        assert_eq!(chain.max_output_tokens(Api::ChatCompletions), Some(1111));
+
+        let config = Config::from_toml("[summarizer]\nbackend = \"extractive\"\n").expect("config");
+        let chain = build(&config, metrics()).expect("builds");
+        assert_eq!(chain.max_output_tokens(Api::ChatCompletions), None);
     }
 
     #[test]

@@ -16,10 +16,12 @@
 //! provider's prompt cache keeps hitting. Nothing here fails a request: every problem forwards
 //! the original bytes (or the still-valid spliced request) and is counted.
 
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use futures_util::FutureExt as _;
 use compactor_plugin_api::{Caller, SummarizeError, Summarizer};
 use serde_json::value::RawValue;
 
@@ -104,6 +106,14 @@ struct Compacted {
     stored: Option<Arc<Checkpoint>>,
 }
 
+impl Compacted {
+    /// Whether the rewrite would still trip the trigger.
+    fn still_over(&self, limits: &Limits) -> bool {
+        let c = &self.compaction;
+        limits.check(c.messages, c.result.post_tokens).is_some()
+    }
+}
+
 /// A stored checkpoint applied to a request: messages `[head..covered)` become `message`.
 struct Splice {
     covered: usize,
@@ -170,11 +180,15 @@ impl Compactor {
         &self.calibration
     }
 
-    /// The estimate the token trigger compares: calibrated for the model when enabled.
-    fn trigger_tokens(&self, model: Option<&str>, tokens: usize) -> usize {
+    /// The limits of a request, with the token threshold in raw estimate units: divided by
+    /// the model's calibration factor when calibration is on. The trigger and the engine both
+    /// compare raw estimates with these limits, so a rewrite the engine sizes to fit does not
+    /// trip the trigger again on the next request.
+    fn limits(&self, model: Option<&str>, requested_output: Option<usize>) -> Limits {
+        let limits = self.engine.limits(model, requested_output);
         match model {
-            Some(model) if self.calibrate => self.calibration.apply(model, tokens),
-            _ => tokens,
+            Some(model) if self.calibrate => limits.calibrated(self.calibration.factor(model)),
+            _ => limits,
         }
     }
 
@@ -199,8 +213,28 @@ impl Compactor {
             .outcome
     }
 
-    /// Decides what to forward for one chat request. Never fails.
+    /// Decides what to forward for one chat request. Never fails, and never takes the request
+    /// down with it: a panic anywhere in compaction (a bug) is caught here, counted as
+    /// `{trigger="none",outcome="panic"}`, and the original bytes are forwarded.
     pub async fn handle(
+        &self,
+        dialect: DialectKind,
+        body: &Bytes,
+        context: &RequestContext<'_>,
+    ) -> Processed {
+        // Unwind safety: after a panic nothing of this request's state is used again, and the
+        // shared state (store, flights, calibration) recovers its locks from poisoning.
+        let handled = AssertUnwindSafe(self.handle_unguarded(dialect, body, context))
+            .catch_unwind()
+            .await;
+        handled.unwrap_or_else(|_| {
+            self.record_label("none", CompactionOutcome::Panic.label());
+            tracing::error!("compaction panicked; forwarding the original request unchanged");
+            Processed::default()
+        })
+    }
+
+    async fn handle_unguarded(
         &self,
         dialect: DialectKind,
         body: &Bytes,
@@ -261,9 +295,8 @@ impl Compactor {
             None => None,
         };
         self.count_lookup(checkpoint.is_some());
-        let model = peek.model.as_deref();
-        let limits = self.engine.limits(model, peek.requested_output);
-        let trigger = limits.check(peek.message_count, self.trigger_tokens(model, peek.tokens));
+        let limits = self.limits(peek.model.as_deref(), peek.requested_output);
+        let trigger = limits.check(peek.message_count, peek.tokens);
         let mut summarizer_time = Duration::ZERO;
         let outcome = if checkpoint.is_some() || trigger.is_some() {
             self.rewrite_path(
@@ -356,16 +389,21 @@ impl Compactor {
     }
 
     /// [`Compactor::find_checkpoint`] hashing at most the first `reach` messages.
+    ///
+    /// Only prefixes that leave at least one message after them are considered: a checkpoint
+    /// covering the whole request cannot be spliced (a tail must remain), and taking it for a
+    /// match would make a request that needs compaction look already served.
     async fn find_within(
         &self,
         tenant: TenantId,
         raw: &[&RawValue],
         reach: usize,
     ) -> Option<Arc<Checkpoint>> {
-        if reach == 0 {
+        let hashed = reach.min(raw.len().saturating_sub(1));
+        if hashed == 0 {
             return None;
         }
-        match chain(&tenant, &raw[..reach.min(raw.len())]) {
+        match chain(&tenant, &raw[..hashed]) {
             Ok(hashes) => self
                 .store
                 .longest_checkpoint(tenant, &hashes)
@@ -416,13 +454,11 @@ impl Compactor {
         };
         let request = request.as_ref();
         let conversation = request.conversation();
-        let model = conversation.model.as_deref();
-        let limits = self.engine.limits(model, conversation.requested_output);
+        let limits = self.limits(conversation.model.as_deref(), conversation.requested_output);
         let splice = checkpoint.and_then(|c| self.splice(&conversation.transcript, c));
         let (count, tokens) = self.view_size(request, splice.as_ref(), peek.tokens);
-        let calibrated = self.trigger_tokens(model, tokens);
 
-        let Some(trigger) = limits.check(count, calibrated) else {
+        let Some(trigger) = limits.check(count, tokens) else {
             return self.reuse(request, splice.as_ref(), peek.tokens, tokens);
         };
         let allowed = self
@@ -471,15 +507,27 @@ impl Compactor {
         // A request that waited, or found a newer checkpoint, uses what the other one stored.
         let flight = match flight {
             Ok(f) if f.led => f.value,
-            Ok(_) | Err(_) => return self.after_wait(request, tenant, peek.tokens).await,
+            Ok(_) | Err(_) => {
+                return self
+                    .after_wait(request, tenant, peek.tokens, limits, trigger, session)
+                    .await
+            }
         };
         let Some(flight) = flight.as_ref() else {
-            return self.after_wait(request, tenant, peek.tokens).await;
+            return self
+                .after_wait(request, tenant, peek.tokens, limits, trigger, session)
+                .await;
         };
         self.metrics
             .compaction_duration
             .observe(started.elapsed().as_secs_f64());
-        let succeeded = flight.is_ok();
+        // A rewrite still over the trigger makes the next request compact again: it is
+        // forwarded (it is smaller and valid) but counts as a failure toward the breaker, so a
+        // conversation that cannot be brought under its limits stops calling the summarizer.
+        let succeeded = match flight {
+            Ok(c) => !c.still_over(&limits),
+            Err(_) => false,
+        };
         if let Ok(true) = self
             .store
             .record_compaction(tenant, session, succeeded)
@@ -493,6 +541,13 @@ impl Compactor {
                 body, compaction, ..
             }) => {
                 self.record(trigger, CompactionOutcome::Compacted);
+                if !succeeded {
+                    tracing::warn!(
+                        session,
+                        tokens_after = compaction.result.post_tokens,
+                        "compacted request is still over the trigger; counted toward the session breaker"
+                    );
+                }
                 let mut result = compaction.result.clone();
                 result.pre_tokens = peek.tokens;
                 self.log_compaction(
@@ -604,18 +659,39 @@ impl Compactor {
         }
     }
 
-    /// After waiting on another request's compaction: splice whatever it stored.
+    /// After waiting on another request's compaction: splice whatever it stored. A request
+    /// that needed compaction and is still over its limits afterwards (the other compaction
+    /// failed, stored nothing, or covers too little) is counted and logged as failed, never
+    /// forwarded silently.
     async fn after_wait(
         &self,
         request: &dyn ParsedRequest,
         tenant: TenantId,
         received: usize,
+        limits: Limits,
+        trigger: Trigger,
+        session: &str,
     ) -> Outcome {
         let conversation = request.conversation();
         let checkpoint = self.lookup(tenant, &conversation.raw_messages).await;
         let splice = checkpoint.and_then(|c| self.splice(&conversation.transcript, c));
-        let (_, tokens) = self.view_size(request, splice.as_ref(), received);
-        self.reuse(request, splice.as_ref(), received, tokens)
+        let (count, tokens) = self.view_size(request, splice.as_ref(), received);
+        let outcome = self.reuse(request, splice.as_ref(), received, tokens);
+        if limits.check(count, tokens).is_none() {
+            return outcome;
+        }
+        self.record(trigger, CompactionOutcome::Failed);
+        tracing::warn!(
+            session,
+            trigger = trigger.label(),
+            messages = count,
+            tokens,
+            "compaction due but the concurrent compaction this request waited for did not bring it under the limits"
+        );
+        match outcome {
+            Outcome::Unchanged => Outcome::Failed,
+            reused => reused,
+        }
     }
 
     /// Compacts (beyond any spliced prefix), rewrites, and stores the new checkpoint.
@@ -637,14 +713,7 @@ impl Compactor {
         // travels in `<prior-summary>` and is refined, not repeated.
         let (view, offset) = match splice {
             None => (None, 0),
-            Some(s) => {
-                let messages = t.messages[..head]
-                    .iter()
-                    .chain(&t.messages[s.covered..])
-                    .cloned()
-                    .collect();
-                (Some(Transcript::new(messages)), s.covered - head)
-            }
+            Some(s) => (Some(t.without(head..s.covered)), s.covered - head),
         };
         // The stored summary is refined, its file lists carried forward.
         let prior = splice.map(|s| Prior {
@@ -709,9 +778,25 @@ impl Compactor {
         })
     }
 
-    /// Compacts the latest request of a session now (`/compact`, admin API), with optional
-    /// focus instructions, whatever the triggers say.
+    /// Compacts the latest request of a session now (admin API), with optional focus
+    /// instructions, whatever the triggers say. A panic (a bug) is caught and counted like in
+    /// [`Compactor::handle`].
     pub async fn compact_session(&self, id: &str, instructions: Option<&str>) -> ManualOutcome {
+        let compacted = AssertUnwindSafe(self.compact_session_unguarded(id, instructions))
+            .catch_unwind()
+            .await;
+        compacted.unwrap_or_else(|_| {
+            self.record(Trigger::Manual, CompactionOutcome::Panic);
+            tracing::error!(session = id, "manual compaction panicked");
+            ManualOutcome::NotCompacted { reason: "panic" }
+        })
+    }
+
+    async fn compact_session_unguarded(
+        &self,
+        id: &str,
+        instructions: Option<&str>,
+    ) -> ManualOutcome {
         let latest = match self.store.latest_request(id).await {
             Ok(Some(l)) => l,
             Ok(None) => return ManualOutcome::UnknownSession,
@@ -735,9 +820,7 @@ impl Compactor {
         let conversation = request.conversation();
         let checkpoint = self.lookup(tenant, &conversation.raw_messages).await;
         let splice = checkpoint.and_then(|c| self.splice(&conversation.transcript, c));
-        let limits = self
-            .engine
-            .limits(conversation.model.as_deref(), conversation.requested_output);
+        let limits = self.limits(conversation.model.as_deref(), conversation.requested_output);
         let started = Instant::now();
         let result = self
             .compact_and_store(
@@ -808,7 +891,7 @@ impl Compactor {
             trigger = trigger.label(),
             outcome,
             messages_before = messages,
-            messages_after = compaction.head + 1 + messages.saturating_sub(compaction.boundary),
+            messages_after = compaction.messages,
             tokens_before = r.pre_tokens,
             tokens_after = r.post_tokens,
             compaction_num = r.compaction_num,

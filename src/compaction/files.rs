@@ -20,10 +20,11 @@
 //!   fenced block of the assistant's text: `open x`, `create x`, `edit 1:5` … `end_of_edit`)
 //!   is tracked the same way.
 //!
-//! Lists are deduplicated in order of first appearance and start from the lists of the
-//! previous compaction, so they accumulate over a session.
+//! Lists start from the lists of the previous compaction, so they accumulate over a session,
+//! and are bounded: each holds the `compaction.max_tracked_files` most recently touched files,
+//! most recent first (a file seen again moves to the front; the least recent falls off), so a
+//! session that reads thousands of files does not carry them all in every summary.
 
-use std::collections::HashSet;
 use std::sync::LazyLock;
 
 use regex::Regex;
@@ -122,41 +123,60 @@ fn classify(name: &str) -> Option<ToolKind> {
     })
 }
 
+/// Default of `compaction.max_tracked_files`: files kept in each list.
+pub const DEFAULT_MAX_TRACKED_FILES: usize = 50;
+
 /// Accumulates the files read and modified.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct FileTracker {
+    /// Most recent first, at most `limit`.
     read: Vec<String>,
+    /// Most recent first, at most `limit`.
     modified: Vec<String>,
-    read_seen: HashSet<String>,
-    modified_seen: HashSet<String>,
+    limit: usize,
     /// SWE-agent's open file, which `edit` applies to.
     current: Option<String>,
 }
 
+impl Default for FileTracker {
+    fn default() -> Self {
+        FileTracker::with_limit(DEFAULT_MAX_TRACKED_FILES)
+    }
+}
+
 impl FileTracker {
-    /// An empty tracker.
+    /// An empty tracker keeping [`DEFAULT_MAX_TRACKED_FILES`] per list.
     pub fn new() -> FileTracker {
         FileTracker::default()
     }
 
-    /// A tracker continuing from the lists of a previous compaction.
-    pub fn with_prior(read: &[String], modified: &[String]) -> FileTracker {
-        let mut t = FileTracker::new();
-        for f in read {
-            t.add_read(f);
+    /// An empty tracker keeping at most `limit` files per list.
+    pub fn with_limit(limit: usize) -> FileTracker {
+        FileTracker {
+            read: Vec::new(),
+            modified: Vec::new(),
+            limit,
+            current: None,
         }
-        for f in modified {
-            t.add_modified(f);
-        }
-        t
     }
 
-    /// Files read, in order of first appearance.
+    /// This tracker continuing from the lists of a previous compaction (most recent first).
+    pub fn with_prior(mut self, read: &[String], modified: &[String]) -> FileTracker {
+        for f in read.iter().rev() {
+            self.add_read(f);
+        }
+        for f in modified.iter().rev() {
+            self.add_modified(f);
+        }
+        self
+    }
+
+    /// Files read, most recent first.
     pub fn read_files(&self) -> &[String] {
         &self.read
     }
 
-    /// Files modified, in order of first appearance.
+    /// Files modified, most recent first.
     pub fn modified_files(&self) -> &[String] {
         &self.modified
     }
@@ -420,16 +440,27 @@ impl FileTracker {
     }
 
     fn add_read(&mut self, path: &str) {
-        let path = clean(path);
-        if looks_like_path(path) && self.read_seen.insert(path.to_string()) {
-            self.read.push(path.to_string());
-        }
+        touch(&mut self.read, path, self.limit);
     }
 
     fn add_modified(&mut self, path: &str) {
-        let path = clean(path);
-        if looks_like_path(path) && self.modified_seen.insert(path.to_string()) {
-            self.modified.push(path.to_string());
+        touch(&mut self.modified, path, self.limit);
+    }
+}
+
+/// Moves `path` to the front of `list` (most recent first), keeping at most `limit` entries.
+/// Lists are short (bounded by `limit`), so a linear search beats keeping a set beside them.
+fn touch(list: &mut Vec<String>, path: &str, limit: usize) {
+    let path = clean(path);
+    if !looks_like_path(path) {
+        return;
+    }
+    match list.iter().position(|f| f == path) {
+        Some(0) => {}
+        Some(i) => list[..=i].rotate_right(1),
+        None => {
+            list.insert(0, path.to_string());
+            list.truncate(limit);
         }
     }
 }
@@ -565,7 +596,7 @@ mod tests {
             ),
         ]);
         assert_eq!(read, s(&["/a.go"]));
-        assert_eq!(modified, s(&["/b.go", "/c.go", "/d.go", "/e.go", "f.go"]));
+        assert_eq!(modified, s(&["f.go", "/e.go", "/d.go", "/c.go", "/b.go"]));
     }
 
     #[test]
@@ -583,8 +614,8 @@ mod tests {
             ("create", r#"{"path":"m6"}"#),
             ("unknown_tool", r#"{"path":"nope"}"#),
         ]);
-        assert_eq!(read, s(&["r1", "r2", "r3", "r4"]));
-        assert_eq!(modified, s(&["m1", "m2", "m3", "m4", "m5", "m6"]));
+        assert_eq!(read, s(&["r4", "r3", "r2", "r1"]));
+        assert_eq!(modified, s(&["m6", "m5", "m4", "m3", "m2", "m1"]));
     }
 
     #[test]
@@ -608,7 +639,7 @@ mod tests {
             ),
         ]);
         assert_eq!(read, s(&["/repo/a.py"]));
-        assert_eq!(modified, s(&["/repo/b.py", "/repo/a.py", "/repo/c.py"]));
+        assert_eq!(modified, s(&["/repo/c.py", "/repo/a.py", "/repo/b.py"]));
     }
 
     #[test]
@@ -638,18 +669,18 @@ mod tests {
         assert_eq!(
             read,
             s(&[
-                "src/main.rs",
-                "README.md",
-                "src/lib.rs",
-                "log.txt",
-                "in.txt",
+                "cfg.toml",
                 "c.txt",
-                "cfg.toml"
+                "in.txt",
+                "log.txt",
+                "src/lib.rs",
+                "README.md",
+                "src/main.rs",
             ])
         );
         assert_eq!(
             modified,
-            s(&["x.py", "out.txt", "t.log", "new.rs", "build", "b.txt", "d.txt", "app.log"])
+            s(&["app.log", "d.txt", "b.txt", "build", "new.rs", "t.log", "out.txt", "x.py"])
         );
     }
 
@@ -712,16 +743,16 @@ mod tests {
         ]);
         assert_eq!(
             read,
-            s(&["/repo/src/a.rs", "Cargo.toml", "/repo/src/main.rs"])
+            s(&["/repo/src/main.rs", "Cargo.toml", "/repo/src/a.rs"])
         );
         assert_eq!(
             modified,
             s(&[
-                "/repo/new.rs",
-                "/repo/src/a.rs",
-                "/repo/src/b.rs",
+                "old.log",
                 "/repo/nb.ipynb",
-                "old.log"
+                "/repo/src/b.rs",
+                "/repo/src/a.rs",
+                "/repo/new.rs",
             ])
         );
     }
@@ -756,15 +787,15 @@ mod tests {
 *** End Patch",
             ),
         ]);
-        assert_eq!(read, s(&["foo.txt", "src/main.rs"]));
+        assert_eq!(read, s(&["src/main.rs", "foo.txt"]));
         assert_eq!(
             modified,
             s(&[
-                "src/lib.rs",
-                "docs/new.md",
-                "old.txt",
+                "src/free.rs",
                 "out.txt",
-                "src/free.rs"
+                "old.txt",
+                "docs/new.md",
+                "src/lib.rs",
             ])
         );
     }
@@ -786,14 +817,31 @@ mod tests {
     }
 
     #[test]
-    fn lists_dedupe_in_first_appearance_order_and_carry_forward() {
-        let mut t = FileTracker::with_prior(&s(&["old.rs"]), &s(&["gone.rs"]));
+    fn lists_keep_the_most_recent_first_and_carry_forward() {
+        let mut t = FileTracker::new().with_prior(&s(&["old.rs", "older.rs"]), &s(&["gone.rs"]));
+        assert_eq!(t.read_files(), s(&["old.rs", "older.rs"]), "prior order kept");
         t.observe_tool_call("read", r#"{"path":"new.rs"}"#);
-        t.observe_tool_call("read", r#"{"path":"old.rs"}"#);
+        t.observe_tool_call("read", r#"{"path":"older.rs"}"#);
         t.observe_tool_call("write", r#"{"path":"gone.rs"}"#);
         t.observe_tool_call("write", r#"{"path":"new.rs"}"#);
-        assert_eq!(t.read_files(), s(&["old.rs", "new.rs"]));
-        assert_eq!(t.modified_files(), s(&["gone.rs", "new.rs"]));
+        assert_eq!(t.read_files(), s(&["older.rs", "new.rs", "old.rs"]));
+        assert_eq!(t.modified_files(), s(&["new.rs", "gone.rs"]));
+    }
+
+    #[test]
+    fn lists_are_bounded_dropping_the_least_recent() {
+        assert_eq!(DEFAULT_MAX_TRACKED_FILES, 50);
+        assert_eq!(FileTracker::new().limit, DEFAULT_MAX_TRACKED_FILES);
+        let mut t = FileTracker::with_limit(3);
+        for i in 0..10 {
+            t.observe_tool_call("read", &format!(r#"{{"path":"src/f{i}.rs"}}"#));
+        }
+        t.observe_tool_call("read", r#"{"path":"src/f8.rs"}"#);
+        assert_eq!(t.read_files(), s(&["src/f8.rs", "src/f9.rs", "src/f7.rs"]));
+        // A prior list longer than the limit is cut to its most recent entries.
+        let prior: Vec<String> = (0..10).map(|i| format!("p{i}.rs")).collect();
+        let t = FileTracker::with_limit(4).with_prior(&prior, &[]);
+        assert_eq!(t.read_files(), s(&["p0.rs", "p1.rs", "p2.rs", "p3.rs"]));
     }
 
     #[derive(Deserialize)]
@@ -842,9 +890,9 @@ mod tests {
         assert_eq!(
             modified,
             s(&[
-                "retrieve_random_numbers.py",
+                "recover_flag.py",
                 "get_seed.py",
-                "recover_flag.py"
+                "retrieve_random_numbers.py",
             ])
         );
         let (_, modified) = track_fixture(include_str!(

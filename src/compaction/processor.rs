@@ -24,7 +24,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use compactor_plugin_api::{Caller, SummarizeError, Summarizer, SummaryRequest};
+use compactor_plugin_api::{
+    is_blank, split_user_text, Api, Caller, SummarizeError, Summarizer, SummaryRequest,
+};
 
 use super::boundary::{find_preserve_boundary, preserve_budget, TailLimits};
 use super::estimate::LazyEstimator;
@@ -35,7 +37,7 @@ use super::prompt::{
     build_prompt, summary_message, to_entries, truncate_entries, PromptError, PromptInput,
     SUMMARY_INTRO,
 };
-use super::transcript::{Message, Transcript};
+use super::transcript::{Message, Part, Role, Transcript};
 use super::trigger::{CompactionOutcome, Limits};
 use super::CompactionResult;
 use crate::config::{CompactionConfig, Config};
@@ -83,6 +85,8 @@ pub struct Compaction {
     pub head: usize,
     /// First message of the preserved tail.
     pub boundary: usize,
+    /// Messages of the rewritten request: head, summary message, tail.
+    pub messages: usize,
     /// The text of the user message that replaces the compacted turns.
     pub summary_message: String,
     /// What the compaction produced.
@@ -139,8 +143,11 @@ pub struct Engine {
     attempt_timeout: Duration,
     /// compactor's own bound on one summary (all backends of the fallback chain).
     total_timeout: Duration,
-    summary_max_tokens: u32,
 }
+
+/// The output budget assumed for a backend that has none of its own (`extractive`, `exec`):
+/// the default `max_tokens` of the LLM backends.
+pub const DEFAULT_SUMMARY_TOKENS: u32 = 4_096;
 
 impl Engine {
     /// Builds the engine from the configuration.
@@ -159,7 +166,6 @@ impl Engine {
             summarizer,
             attempt_timeout,
             total_timeout: attempt_timeout.saturating_mul(backends),
-            summary_max_tokens: config.summarizer.openai.max_tokens,
         }
     }
 
@@ -192,15 +198,20 @@ impl Engine {
         )
     }
 
-    /// The summarizer's budget for a request to `model`: (most prompt tokens, most output
-    /// tokens). The summarizer is assumed to have the request model's window (it uses the
-    /// request's model unless configured otherwise); the output budget is
-    /// `summarizer.openai.max_tokens`, capped at half that window so a small model still has
-    /// room for a prompt.
-    pub fn summarizer_budget(&self, model: Option<&str>) -> (usize, u32) {
+    /// The summarizer's budget for a request to `model` in `api`: (most prompt tokens, most
+    /// output tokens). The summarizer is assumed to have the request model's window (it uses
+    /// the request's model unless configured otherwise); the output budget is the one of the
+    /// backend that will answer for `api` (`auto` picks by API, so an Anthropic request gets
+    /// `summarizer.anthropic.max_tokens`), [`DEFAULT_SUMMARY_TOKENS`] for backends without
+    /// one, capped at half that window so a small model still has room for a prompt.
+    pub fn summarizer_budget(&self, model: Option<&str>, api: Api) -> (usize, u32) {
         let window = self.models.context_window(model);
         let cap = u32::try_from(window / 2).unwrap_or(u32::MAX);
-        let max_output = self.summary_max_tokens.min(cap);
+        let own = self
+            .summarizer
+            .max_output_tokens(api)
+            .unwrap_or(DEFAULT_SUMMARY_TOKENS);
+        let max_output = own.min(cap);
         (window.saturating_sub(max_output as usize), max_output)
     }
 
@@ -229,7 +240,7 @@ impl Engine {
         let limits = input.limits;
         let base_budget = preserve_budget(&self.config, limits.usable_window());
         // Room the summary message may take: the summary's output budget plus its framing.
-        let (_, max_output) = self.summarizer_budget(input.model);
+        let (_, max_output) = self.summarizer_budget(input.model, input.caller.api);
         let summary_reserve = (max_output as usize)
             .saturating_add(self.estimator.text(SUMMARY_INTRO))
             .saturating_add(64);
@@ -244,12 +255,15 @@ impl Engine {
         let turn_max_messages = (limits.max_messages / 2).saturating_sub(head + 1);
         let tail_cap = (limits.max_messages / 2).max(1);
 
-        let mut tracker = match input.prior {
-            Some(p) => FileTracker::with_prior(&p.read_files, &p.modified_files),
-            None => FileTracker::new(),
-        };
+        let mut tracker = FileTracker::with_limit(self.config.max_tracked_files);
+        if let Some(p) = input.prior {
+            tracker = tracker.with_prior(&p.read_files, &p.modified_files);
+        }
         let mut prior_summary: Option<String> = input.prior.map(|p| p.summary.clone());
         let mut done = head;
+        // The slice the previous attempt summarised: sending it again would get the same
+        // answer (or cost a second call for nothing).
+        let mut tried: Option<(usize, usize)> = None;
         let mut best: Option<Compaction> = None;
         let mut failure: Option<CompactError> = None;
 
@@ -266,6 +280,10 @@ impl Engine {
             let Some(slice) = t.messages.get(done..boundary).filter(|s| !s.is_empty()) else {
                 break; // no progress over the previous attempt
             };
+            if tried == Some((done, boundary)) {
+                break; // a smaller budget found the same boundary: the same slice again
+            }
+            tried = Some((done, boundary));
             slice.iter().for_each(|m| tracker.observe_message(m));
             let summary = match self
                 .summarize(
@@ -293,30 +311,19 @@ impl Engine {
                     .saturating_add(t.tokens(boundary..n));
                 (summary, message, post)
             };
-            // The latest user turn pinned verbatim, unless the pin keeps the rewrite over the
-            // limits or no smaller than what it replaces, and dropping it (its truncated copy
-            // stays in the summary's "All user messages") does better: fitting the window and
-            // shrinking the request come first.
+            // The person's latest words are pinned verbatim, always: a summary may paraphrase
+            // everything else, never what they last asked. Only their own words are pinned;
+            // the turn's injected context, tool outputs and images are what the summary
+            // condenses.
             let to_beat = best.as_ref().map_or(pre, |c| c.result.post_tokens);
             let plain = strip_pinned(&summary);
+            if is_blank(&plain) {
+                // Nothing but a pinned copy of a user turn (or invisible characters).
+                failure = Some(CompactError::Summarizer(SummarizeError::Blank));
+                break;
+            }
             let (summary, message, post) =
-                match pin_latest_user_turn(&plain, t, head, boundary, input.prior) {
-                    None => price(plain),
-                    Some(pinned) => {
-                        let pinned = price(pinned);
-                        let fits = pinned.2 < to_beat && limits.check(kept, pinned.2).is_none();
-                        if fits {
-                            pinned
-                        } else {
-                            let unpinned = price(plain);
-                            if unpinned.2 < pinned.2 {
-                                unpinned
-                            } else {
-                                pinned
-                            }
-                        }
-                    }
-                };
+                price(pin_latest_user_words(plain, t, head, boundary, input.prior));
             if post >= to_beat {
                 if best.is_some() {
                     break; // no better than the previous attempt: keep that one
@@ -330,6 +337,7 @@ impl Engine {
             best = Some(Compaction {
                 head,
                 boundary,
+                messages: kept,
                 summary_message: message,
                 result: CompactionResult {
                     summary: summary.clone(),
@@ -376,7 +384,7 @@ impl Engine {
             mask_observations(&mut entries, PRESERVE_RECENT_OUTPUTS);
         }
         truncate_entries(&mut entries);
-        let (max_prompt, max_output) = self.summarizer_budget(input.model);
+        let (max_prompt, max_output) = self.summarizer_budget(input.model, input.caller.api);
         let prompt_input = PromptInput {
             prior_summary,
             read_files: tracker.read_files(),
@@ -408,7 +416,7 @@ impl Engine {
             Ok(Err(e)) => Err(CompactError::Summarizer(e)),
             Ok(Ok(summary)) => {
                 let text = summary.text.trim();
-                if text.is_empty() {
+                if is_blank(text) {
                     // A backend that bypassed `Summary::new`: blank all the same.
                     Err(CompactError::Summarizer(SummarizeError::Blank))
                 } else {
@@ -424,30 +432,57 @@ pub const LATEST_USER_OPEN: &str = "<latest-user-message>";
 /// Closes it.
 pub const LATEST_USER_CLOSE: &str = "</latest-user-message>";
 
-/// Keeps at least the latest user turn: when it falls among the compacted messages (agents
-/// that send one task and then hundreds of tool calls), `plain` (a summary without a pinned
-/// turn, see [`strip_pinned`]) with that turn's text appended verbatim; when the conversation
-/// being compacted has no user turn left (it was compacted earlier), with the copy in the
-/// prior summary carried over. `None` when there is nothing to pin.
-fn pin_latest_user_turn(
-    plain: &str,
+/// `plain` (a summary without a pinned turn, see [`strip_pinned`]) with the person's latest
+/// own words (see [`own_words`]) appended verbatim inside [`LATEST_USER_OPEN`] …
+/// [`LATEST_USER_CLOSE`], when the user turn holding them falls among the compacted messages
+/// (agents send one task and then hundreds of tool calls); when the conversation being
+/// compacted has no such turn left (it was compacted earlier), with the copy in the prior
+/// summary carried over. `plain` unchanged when those words are kept verbatim in the tail or
+/// there are none.
+fn pin_latest_user_words(
+    plain: String,
     t: &Transcript,
     head: usize,
     boundary: usize,
     prior: Option<&Prior>,
-) -> Option<String> {
-    let text = match t.last_user() {
-        Some(u) if u >= boundary => None, // kept verbatim in the tail
-        Some(u) if u >= head => t.messages.get(u).map(|m| m.text()),
-        _ => prior
-            .and_then(|p| pinned_text(&p.summary))
-            .map(str::to_string),
-    }
-    .filter(|text| !text.trim().is_empty())?;
-    Some(format!(
+) -> String {
+    let latest = (head..t.len()).rev().find_map(|i| {
+        let m = &t.messages[i];
+        let words = (m.role == Role::User && !m.is_tool_answer())
+            .then(|| own_words(m))
+            .filter(|w| !w.is_empty())?;
+        Some((i, words))
+    });
+    let text = match latest {
+        Some((u, _)) if u >= boundary => return plain, // kept verbatim in the tail
+        Some((_, words)) => words,
+        None => match prior.and_then(|p| pinned_text(&p.summary)) {
+            Some(carried) => carried.to_string(),
+            None => return plain,
+        },
+    };
+    format!(
         "{plain}\n\n{LATEST_USER_OPEN}\n{}\n{LATEST_USER_CLOSE}",
         text.trim()
-    ))
+    )
+}
+
+/// What the person wrote in a user message: the own words of its text parts (see
+/// [`split_user_text`]), joined by blank lines; empty when it holds only injected context.
+pub fn own_words(message: &Message) -> String {
+    let mut out = String::new();
+    for part in &message.parts {
+        if let Part::Text(text) = part {
+            let words = split_user_text(text).own_words;
+            if !words.is_empty() {
+                if !out.is_empty() {
+                    out.push_str("\n\n");
+                }
+                out.push_str(&words);
+            }
+        }
+    }
+    out
 }
 
 /// The pinned user turn inside a summary, if any.
@@ -985,7 +1020,11 @@ mod tests {
             .await
             .expect("compacts");
         assert_eq!(c.result.compaction_num, 3);
-        assert_eq!(c.result.read_files[0], "old.rs");
+        assert_eq!(
+            c.result.read_files.last().map(String::as_str),
+            Some("old.rs"),
+            "the prior's files come after the ones read since"
+        );
         assert!(c.result.read_files.contains(&"f0.rs".to_string()));
         assert_eq!(c.result.modified_files, vec!["changed.rs".to_string()]);
         let r = &fake.requests()[0];
@@ -996,7 +1035,8 @@ mod tests {
             .prompt
             .contains("<prior-summary>\nearlier work\n</prior-summary>"));
         assert!(r.prompt.contains("focus on the parser"));
-        assert!(r.prompt.contains("<read-files>\nold.rs\nf0.rs\n"));
+        // Most recent first: the files read since, then the prior's.
+        assert!(r.prompt.contains("f0.rs\nold.rs\n</read-files>"), "{}", r.prompt);
         let masked = r.prompt.matches(MASKED_OUTPUT).count();
         let results = r.prompt.matches("[tool_result: bash = ").count();
         assert_eq!(
@@ -1035,9 +1075,9 @@ mod tests {
 
     #[tokio::test]
     async fn the_prompt_is_fitted_to_the_summarizers_window() {
-        let fake = FakeSummarizer::text("s");
-        let toml =
-            "[models.small]\ncontext_window = 3000\n[summarizer.openai]\nmax_tokens = 1000\n";
+        // The output budget is the answering backend's own (1,000 here).
+        let fake = FakeSummarizer::with_budget("s", 1_000);
+        let toml = "[models.small]\ncontext_window = 3000\n";
         let e = engine(toml, fake.clone());
         let t = agentic(40, 3_000);
         let limits = Limits {
@@ -1063,6 +1103,13 @@ mod tests {
             .prompt
             .contains("earlier turns omitted to fit the summarizer's context window"));
         assert_eq!(r.max_output_tokens, 1_000);
+        // A backend without a budget of its own gets the default, capped at half the window.
+        let e = engine(toml, FakeSummarizer::text("s"));
+        assert_eq!(e.summarizer_budget(Some("small"), Api::Messages), (1_500, 1_500));
+        assert_eq!(
+            e.summarizer_budget(None, Api::ChatCompletions).1,
+            DEFAULT_SUMMARY_TOKENS
+        );
     }
 
     #[tokio::test]

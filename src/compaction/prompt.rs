@@ -12,7 +12,7 @@
 
 use std::fmt::Write as _;
 
-use compactor_plugin_api::{Entry, Part as EntryPart, Role as EntryRole};
+use compactor_plugin_api::{split_user_text, Entry, Part as EntryPart, Role as EntryRole};
 
 use super::estimate::{count_chars, LazyEstimator};
 use super::transcript::{Message, Part, Role};
@@ -54,7 +54,9 @@ const TASK_INTRO: &str = "Summarize the conversation so far. The summary will re
 earlier messages, so the work must be able to continue from it alone: keep file paths, \
 function names, commands, error messages and the user's instructions exactly as written. If a \
 <prior-summary> is present, it covers the conversation before the messages shown: merge it \
-with them into one updated summary. Reply with the summary only, using these sections:";
+with them into one updated summary. The <read-files> and <modified-files> lists are appended \
+to your summary automatically: do not copy them, name only the files that matter and why. \
+Reply with the summary only, using these sections:";
 
 /// Opens the message that replaces the compacted turns.
 pub const SUMMARY_INTRO: &str = "This session is being continued from a previous conversation \
@@ -136,7 +138,7 @@ pub fn to_entries(messages: &[Message]) -> Vec<Entry> {
                 }
                 entries.push(Entry {
                     role: EntryRole::User,
-                    parts: rest.into_iter().map(entry_part).collect(),
+                    parts: user_parts(&rest),
                 });
             }
             Role::Assistant => {
@@ -149,6 +151,38 @@ pub fn to_entries(messages: &[Message]) -> Vec<Entry> {
         }
     }
     entries
+}
+
+/// A user turn's parts with the person's own words first: the own words of every text part
+/// (in order), then the injected context the agent put around them, then everything else
+/// (images, opaque parts). Agents such as Claude Code send their context blocks before the
+/// typed words; leading with the words means the summarizer reads them first and any
+/// truncation of the turn cuts context, not what the person asked.
+fn user_parts(parts: &[&Part]) -> Vec<EntryPart> {
+    let mut own = Vec::new();
+    let mut context = Vec::new();
+    let mut other = Vec::new();
+    for part in parts {
+        match part {
+            Part::Text(text) => {
+                let split = split_user_text(text);
+                if !split.own_words.is_empty() {
+                    own.push(EntryPart::Text {
+                        text: split.own_words,
+                    });
+                }
+                if !split.context.is_empty() {
+                    context.push(EntryPart::Text {
+                        text: split.context,
+                    });
+                }
+            }
+            other_part => other.push(entry_part(other_part)),
+        }
+    }
+    own.extend(context);
+    own.extend(other);
+    own
 }
 
 fn entry_part(part: &Part) -> EntryPart {

@@ -33,6 +33,8 @@ pub(crate) struct FakeSummarizer {
     replies: Mutex<VecDeque<Reply>>,
     last: Mutex<Reply>,
     pub(crate) requests: Mutex<Vec<SummaryRequest>>,
+    /// What [`Summarizer::max_output_tokens`] reports, for every API.
+    budget: Option<u32>,
 }
 
 impl FakeSummarizer {
@@ -42,6 +44,17 @@ impl FakeSummarizer {
             replies: Mutex::new(replies.into()),
             last: Mutex::new(last),
             requests: Mutex::new(Vec::new()),
+            budget: None,
+        })
+    }
+
+    /// A fake answering `summary` that reports an output budget of `budget` tokens.
+    pub(crate) fn with_budget(summary: &str, budget: u32) -> Arc<FakeSummarizer> {
+        Arc::new(FakeSummarizer {
+            replies: Mutex::new(VecDeque::new()),
+            last: Mutex::new(Reply::Text(summary.into())),
+            requests: Mutex::new(Vec::new()),
+            budget: Some(budget),
         })
     }
 
@@ -57,6 +70,10 @@ impl FakeSummarizer {
 impl Summarizer for FakeSummarizer {
     fn name(&self) -> &str {
         "fake"
+    }
+
+    fn max_output_tokens(&self, _api: compactor_plugin_api::Api) -> Option<u32> {
+        self.budget
     }
 
     fn summarize<'a>(

@@ -190,12 +190,36 @@ impl Message {
 pub struct Transcript {
     /// The messages, oldest first.
     pub messages: Vec<Message>,
+    /// How many leading messages are the kept head (see [`Transcript::head_len`]).
+    head: usize,
 }
 
 impl Transcript {
-    /// Wraps messages.
+    /// Wraps messages; the head is their leading system/developer messages.
     pub fn new(messages: Vec<Message>) -> Transcript {
-        Transcript { messages }
+        let head = messages
+            .iter()
+            .take_while(|m| m.role == Role::System)
+            .count();
+        Transcript { messages, head }
+    }
+
+    /// This conversation without `messages[range]` (a prefix a stored summary stands in for),
+    /// keeping this transcript's head. The head is not recomputed: a system message that
+    /// followed the removed range is a message of the conversation to compact like any other,
+    /// not part of the head, or it would be neither kept nor summarised.
+    pub fn without(&self, range: std::ops::Range<usize>) -> Transcript {
+        let n = self.messages.len();
+        let (start, end) = (range.start.min(n), range.end.min(n));
+        let messages = self.messages[..start]
+            .iter()
+            .chain(&self.messages[end.max(start)..])
+            .cloned()
+            .collect();
+        Transcript {
+            messages,
+            head: self.head.min(start),
+        }
     }
 
     /// Number of messages.
@@ -208,12 +232,10 @@ impl Transcript {
         self.messages.is_empty()
     }
 
-    /// How many leading system/developer messages there are: these are never compacted.
+    /// How many leading messages are the head that is never compacted: the leading
+    /// system/developer messages of the conversation as received.
     pub fn head_len(&self) -> usize {
-        self.messages
-            .iter()
-            .take_while(|m| m.role == Role::System)
-            .count()
+        self.head.min(self.messages.len())
     }
 
     /// Index of the latest user message, if any; user messages that only carry tool results

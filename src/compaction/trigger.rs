@@ -47,6 +47,8 @@ pub enum CompactionOutcome {
     Blank,
     /// A per-session circuit breaker skipped compaction (sessions issue).
     Breaker,
+    /// Compaction panicked (a bug); the original request was forwarded.
+    Panic,
 }
 
 impl CompactionOutcome {
@@ -57,6 +59,7 @@ impl CompactionOutcome {
             CompactionOutcome::Failed => "failed",
             CompactionOutcome::Blank => "blank",
             CompactionOutcome::Breaker => "breaker",
+            CompactionOutcome::Panic => "panic",
         }
     }
 }
@@ -91,6 +94,21 @@ impl Limits {
             reserved_output,
             token_threshold: scaled.saturating_sub(reserved_output),
             max_messages: config.max_messages,
+        }
+    }
+
+    /// These limits with the token threshold divided by `factor`, the model's observed
+    /// actual ÷ estimated token ratio: comparing a raw estimate with the result is comparing
+    /// the calibrated estimate with the original threshold. Factors that are not positive
+    /// and finite leave the limits unchanged.
+    pub fn calibrated(self, factor: f64) -> Limits {
+        if !(factor.is_finite() && factor > 0.0) {
+            return self;
+        }
+        Limits {
+            // `as` saturates.
+            token_threshold: (self.token_threshold as f64 / factor).floor() as usize,
+            ..self
         }
     }
 

@@ -602,7 +602,8 @@ mod tests {
         assert_eq!(files.read_files(), ["a.rs".to_string()]);
         assert_eq!(
             files.modified_files(),
-            ["b.rs".to_string(), "c.rs".to_string()]
+            ["c.rs".to_string(), "b.rs".to_string()],
+            "most recent first"
         );
         assert!(matches!(
             parse(br#"{"input":[{"type":"message","role":"narrator","content":"x"}]}"#),

@@ -432,6 +432,10 @@ impl Inner {
         tenant: TenantId,
         hashes: &[ChainHash],
     ) -> Option<(SessionKey, Arc<Checkpoint>)> {
+        // `range(1..=0)` would panic: an empty message list matches nothing.
+        if hashes.is_empty() {
+            return None;
+        }
         let lengths = self.covered.get(&tenant)?;
         lengths
             .range(1..=hashes.len())

@@ -6,6 +6,9 @@
 //! of `content`. Credentials: the configured key as `x-api-key`, else the caller's
 //! `x-api-key`, else the caller's `authorization` (OAuth-style callers).
 //!
+//! [`Summarizer::max_output_tokens`] answers the configured `max_tokens` (the most the request
+//! asks for; it is capped further by the request's own budget).
+//!
 //! HTTP, timeouts and error mapping are shared with the `openai` backend
 //! ([`compactor_plugin_openai::transport`]).
 #![deny(missing_docs)]
@@ -18,7 +21,7 @@ use serde_json::{json, Value};
 use tokio::time::Instant;
 
 use compactor_plugin_api::{
-    BoxFuture, Caller, SummarizeError, Summarizer, Summary, SummaryRequest,
+    Api, BoxFuture, Caller, SummarizeError, Summarizer, Summary, SummaryRequest,
 };
 use compactor_plugin_openai::transport::{self, join_url, output_budget, Auth, HttpClient};
 
@@ -137,6 +140,12 @@ impl Summarizer for AnthropicSummarizer {
     ) -> BoxFuture<'a, Result<Summary, SummarizeError>> {
         Box::pin(self.run(request))
     }
+
+    /// The configured `max_tokens`, whatever the API (this backend always speaks Messages).
+    fn max_output_tokens(&self, api: Api) -> Option<u32> {
+        let _ = api;
+        (self.config.max_tokens > 0).then_some(self.config.max_tokens)
+    }
 }
 
 /// The concatenated `text` blocks of `content`.
@@ -173,6 +182,25 @@ mod tests {
             text_content(&json!({"id":"x"})),
             Err(SummarizeError::InvalidOutput(_))
         ));
+    }
+
+    #[test]
+    fn max_output_tokens_is_the_configured_budget() {
+        let s = |max_tokens| {
+            AnthropicSummarizer::new(AnthropicConfig {
+                max_tokens,
+                ..Default::default()
+            })
+            .expect("build")
+        };
+        for api in [Api::Messages, Api::ChatCompletions, Api::Responses] {
+            assert_eq!(s(2048).max_output_tokens(api), Some(2048));
+            assert_eq!(
+                s(0).max_output_tokens(api),
+                None,
+                "0 means no budget of its own"
+            );
+        }
     }
 
     #[test]

@@ -1,18 +1,35 @@
 //! The `extractive` summarizer: local, deterministic, no network.
 //!
 //! It fills the same nine sections the compaction prompt asks an LLM for, straight from the
-//! structured [`SummaryRequest`]: every user message in order (each cut to
-//! `max_message_chars`), the tools used, the files read and modified, the last error lines
-//! seen in tool outputs, the steps taken, the latest assistant text as the current work, the
-//! focus instructions of a manual compaction, and the prior summary carried forward under its
-//! own heading. The same request always yields the same text, so it is the offline default and
-//! the safe last fallback.
+//! structured [`SummaryRequest`]:
+//!
+//! - **User messages are the person's own words.** Each text part of a user turn goes through
+//!   [`split_user_text`]: what agents inject around the typed words (`<system-reminder>`
+//!   blocks with CLAUDE.md, slash-command echoes, `<local-command-stdout>`, Codex's
+//!   `<environment_context>`, a carried-over summary, `[Request interrupted by user]`) is left
+//!   out. Section 6 lists every turn's own words verbatim, in order (line breaks kept,
+//!   continuation lines indented); a turn longer than `max_message_chars` keeps its head and
+//!   its tail around a `[… N characters cut …]` marker, so it is never dropped. Turns that hold
+//!   only injected context are not listed; one line says how many there were.
+//! - **Section 1** quotes the first turn with own words (pure-context turns and `[system] `
+//!   entries are never the primary request), then lists the mid-conversation system messages
+//!   (entries the engine renders as `[system] …`) verbatim under "System instructions", cut
+//!   the same way as user turns; **section 7** quotes the latest own words.
+//! - **Section 3** only counts the files read and modified: compactor appends both lists to
+//!   the summary message itself, so they are not repeated.
+//! - The tools used, the last error lines seen in tool outputs, the steps taken, the latest
+//!   assistant text as the current work, the focus instructions of a manual compaction, and
+//!   the prior summary carried forward under its own heading.
+//!
+//! The same request always yields the same text, so it is the offline default and the safe
+//! last fallback.
 #![deny(missing_docs)]
 
 use std::fmt::Write as _;
 
 use compactor_plugin_api::{
-    BoxFuture, Entry, Part, Role, SummarizeError, Summarizer, Summary, SummaryRequest,
+    is_blank, split_user_text, BoxFuture, Entry, Part, Role, SummarizeError, Summarizer, Summary,
+    SummaryRequest,
 };
 
 /// Most error lines kept in section 4 (the latest ones).
@@ -44,11 +61,15 @@ const MASKED_PREFIX: &str = "[output masked";
 const MIN_PRIOR_CHARS: usize = 2_000;
 /// Rough characters per token, to turn `max_output_tokens` into a character budget.
 const CHARS_PER_TOKEN: usize = 4;
+/// How the engine marks a mid-conversation system message it renders as a user entry.
+const SYSTEM_PREFIX: &str = "[system] ";
 
 /// Settings of the `extractive` backend.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExtractiveConfig {
-    /// Each quoted user message (and the current work) is cut to this many characters.
+    /// Each quoted user message and system instruction longer than this keeps this many
+    /// characters, its head and its tail, around a marker; the current work, the focus and
+    /// tool arguments are cut to it (or less) at the end.
     pub max_message_chars: usize,
 }
 
@@ -90,12 +111,30 @@ impl Summarizer for ExtractiveSummarizer {
 /// Writes the nine-section summary of `request`. Pure and deterministic.
 pub fn extract(request: &SummaryRequest, config: &ExtractiveConfig) -> String {
     let max = config.max_message_chars.max(1);
-    let user_messages: Vec<String> = request
+    let turns: Vec<UserTurn> = request
         .entries
         .iter()
         .filter(|e| e.role == Role::User)
-        .filter_map(entry_text)
+        .filter_map(user_turn)
         .collect();
+    let own_words: Vec<&str> = turns
+        .iter()
+        .filter_map(|t| match t {
+            UserTurn::OwnWords(w) => Some(w.as_str()),
+            _ => None,
+        })
+        .collect();
+    let system: Vec<&str> = turns
+        .iter()
+        .filter_map(|t| match t {
+            UserTurn::System(s) => Some(s.as_str()),
+            _ => None,
+        })
+        .collect();
+    let context_only = turns
+        .iter()
+        .filter(|t| matches!(t, UserTurn::ContextOnly))
+        .count();
     let tool_calls: Vec<(&str, &str)> = request
         .entries
         .iter()
@@ -121,7 +160,8 @@ pub fn extract(request: &SummaryRequest, config: &ExtractiveConfig) -> String {
     let _ = writeln!(
         out,
         "(Summary of compaction #{} extracted from the conversation without a language model; \
-         quotes are cut to {max} characters.)",
+         the user's own words are quoted verbatim, without the context their agent injected, \
+         and quotes longer than {max} characters are cut in the middle.)",
         request.compaction_num
     );
     if let Some(focus) = focus {
@@ -133,15 +173,27 @@ pub fn extract(request: &SummaryRequest, config: &ExtractiveConfig) -> String {
     }
 
     section(&mut out, 1, "Primary Request and Intent");
-    match user_messages.first() {
-        Some(first) => item(&mut out, &clip(first, max)),
-        None => item(&mut out, "No user message in the summarised turns."),
+    match own_words.first() {
+        Some(first) => quote(&mut out, "   - ", &cut_middle(first, max)),
+        None => item(
+            &mut out,
+            "No message of the user's own in the summarised turns.",
+        ),
     }
     if request.prior_summary.is_some() {
         item(
             &mut out,
             "Earlier requests are in the prior summary carried forward at the end.",
         );
+    }
+    if !system.is_empty() {
+        item(
+            &mut out,
+            "System instructions given during the conversation (verbatim, in order):",
+        );
+        for instruction in &system {
+            quote(&mut out, "     - ", &cut_middle(instruction, max));
+        }
     }
 
     section(&mut out, 2, "Key Technical Concepts");
@@ -157,8 +209,10 @@ pub fn extract(request: &SummaryRequest, config: &ExtractiveConfig) -> String {
     }
 
     section(&mut out, 3, "Files and Code Sections");
-    file_list(&mut out, "Read", &request.read_files);
-    file_list(&mut out, "Modified", &request.modified_files);
+    item(
+        &mut out,
+        &file_counts(request.read_files.len(), request.modified_files.len()),
+    );
 
     section(&mut out, 4, "Errors and fixes");
     let errors = error_lines(&request.entries);
@@ -189,24 +243,41 @@ pub fn extract(request: &SummaryRequest, config: &ExtractiveConfig) -> String {
     }
 
     section(&mut out, 6, "All user messages");
-    if user_messages.is_empty() {
+    if own_words.is_empty() {
         item(&mut out, "None in the summarised turns.");
     }
-    for (i, message) in user_messages.iter().enumerate() {
-        let _ = writeln!(out, "   {}. {}", i + 1, clip(message, max));
+    for (i, words) in own_words.iter().enumerate() {
+        quote(
+            &mut out,
+            &format!("   {}. ", i + 1),
+            &cut_middle(words, max),
+        );
+    }
+    if context_only > 0 {
+        item(
+            &mut out,
+            &format!(
+                "{context_only} more user turn{} held only context injected by the agent \
+                 (system reminders, command echoes and output, an earlier summary) and {} not \
+                 listed.",
+                if context_only == 1 { "" } else { "s" },
+                if context_only == 1 { "is" } else { "are" },
+            ),
+        );
     }
 
     section(&mut out, 7, "Pending Tasks");
     if let Some(focus) = focus {
         item(&mut out, &format!("Honour the focus: {}", clip(focus, max)));
     }
-    match user_messages.last() {
-        Some(last) => item(
+    match own_words.last() {
+        Some(last) => quote(
             &mut out,
+            "   - ",
             &format!(
                 "Whatever remains of the latest user message (6.{}): {}",
-                user_messages.len(),
-                clip(last, max)
+                own_words.len(),
+                cut_middle(last, max)
             ),
         ),
         None => item(&mut out, "None recorded."),
@@ -225,10 +296,12 @@ pub fn extract(request: &SummaryRequest, config: &ExtractiveConfig) -> String {
     }
 
     section(&mut out, 9, "Optional Next Step");
-    let last_role = request.entries.last().map(|e| e.role);
+    let last_is_own_words = request.entries.last().is_some_and(|e| {
+        e.role == Role::User && matches!(user_turn(e), Some(UserTurn::OwnWords(_)))
+    });
     item(
         &mut out,
-        if last_role == Some(Role::User) {
+        if last_is_own_words {
             "Answer the latest user message."
         } else {
             "Continue the current work in line with the latest user message."
@@ -256,6 +329,42 @@ pub fn extract(request: &SummaryRequest, config: &ExtractiveConfig) -> String {
     out
 }
 
+/// What a user entry contributes to the summary.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum UserTurn {
+    /// The person's own words: those of each text part, joined by a line break.
+    OwnWords(String),
+    /// A mid-conversation system message the engine rendered as `[system] …`, verbatim.
+    System(String),
+    /// Text that was all injected context.
+    ContextOnly,
+}
+
+/// The user entry as the summary sees it, or `None` when it holds no text at all.
+fn user_turn(entry: &Entry) -> Option<UserTurn> {
+    let joined = entry_text(entry)?;
+    if joined.starts_with(SYSTEM_PREFIX) {
+        return Some(UserTurn::System(joined));
+    }
+    let mut words = String::new();
+    for part in &entry.parts {
+        let Part::Text { text } = part else { continue };
+        let split = split_user_text(text);
+        if split.own_words.is_empty() {
+            continue;
+        }
+        if !words.is_empty() {
+            words.push('\n');
+        }
+        words.push_str(&split.own_words);
+    }
+    Some(if words.is_empty() {
+        UserTurn::ContextOnly
+    } else {
+        UserTurn::OwnWords(words)
+    })
+}
+
 fn section(out: &mut String, n: u32, title: &str) {
     let _ = writeln!(out, "\n{n}. {title}:");
 }
@@ -264,15 +373,38 @@ fn item(out: &mut String, text: &str) {
     let _ = writeln!(out, "   - {text}");
 }
 
-fn file_list(out: &mut String, label: &str, files: &[String]) {
-    if files.is_empty() {
-        item(out, &format!("{label}: none recorded."));
-    } else {
-        item(out, &format!("{label}:"));
-        for f in files {
-            let _ = writeln!(out, "     - {f}");
-        }
+/// The one line of section 3: compactor lists the files after the summary text itself.
+fn file_counts(read: usize, modified: usize) -> String {
+    if read == 0 && modified == 0 {
+        return "Read: none recorded, modified: none recorded.".to_owned();
     }
+    let count = |n: usize| match n {
+        0 => "none recorded".to_owned(),
+        1 => "1 file".to_owned(),
+        n => format!("{n} files"),
+    };
+    format!(
+        "Read: {}, modified: {} (listed after this summary).",
+        count(read),
+        count(modified)
+    )
+}
+
+/// Writes `text` after `lead`, line breaks kept: each further line is indented to the
+/// column where the text started, blank lines stay empty.
+fn quote(out: &mut String, lead: &str, text: &str) {
+    let indent = lead.chars().count();
+    out.push_str(lead);
+    for (i, line) in text.lines().enumerate() {
+        if i > 0 {
+            out.push('\n');
+            if !line.trim().is_empty() {
+                out.extend(std::iter::repeat_n(' ', indent));
+            }
+        }
+        out.push_str(if line.trim().is_empty() { "" } else { line });
+    }
+    out.push('\n');
 }
 
 /// The text parts of an entry joined, or `None` when it has no non-blank text.
@@ -284,7 +416,7 @@ fn entry_text(entry: &Entry) -> Option<String> {
             Part::Text { text } => Some(text.trim()),
             _ => None,
         })
-        .filter(|t| !t.is_empty())
+        .filter(|t| !is_blank(t))
         .collect();
     (!texts.is_empty()).then(|| texts.join("\n"))
 }
@@ -362,6 +494,24 @@ fn push_unique(lines: &mut Vec<String>, line: String) {
 pub fn clip(text: &str, max: usize) -> String {
     let one_line = text.split_whitespace().collect::<Vec<_>>().join(" ");
     cut(&one_line, max)
+}
+
+/// `text` unchanged when it has at most `max` characters; otherwise its first `⌈max/2⌉` and
+/// last `⌊max/2⌋` characters around a `[… N characters cut …]` marker.
+fn cut_middle(text: &str, max: usize) -> String {
+    let total = text.chars().count();
+    if total <= max {
+        return text.to_owned();
+    }
+    let head = max.div_ceil(2);
+    let tail = max / 2;
+    let boundary = |n: usize| text.char_indices().nth(n).map_or(text.len(), |(i, _)| i);
+    format!(
+        "{} [… {} characters cut …] {}",
+        &text[..boundary(head)],
+        total - head - tail,
+        &text[boundary(total - tail)..]
+    )
 }
 
 /// `text` cut to `max` characters with `…` when cut.

@@ -1,16 +1,31 @@
-//! The `openai` summarizer: any OpenAI-compatible Chat Completions endpoint.
+//! The `openai` summarizer: any OpenAI-compatible endpoint, through Chat Completions or the
+//! Responses API.
 //!
 //! With nothing configured it asks the caller's own upstream (`upstream_base_url` +
-//! `api_prefix` + `/chat/completions`) with the caller's own model and credentials, so it
-//! works with zero configuration. Each setting of [`OpenAiConfig`] overrides one of those.
-//! The rendered compaction prompt is sent as the user message behind a short system message;
-//! the summary is `choices[0].message.content`.
+//! `api_prefix`) with the caller's own model and credentials, so it works with zero
+//! configuration. Each setting of [`OpenAiConfig`] overrides one of those.
 //!
-//! Models that reject `max_tokens` (OpenAI's reasoning models want `max_completion_tokens`)
-//! or a non-default `temperature` answer 400 naming the parameter; the request is then re-sent
-//! once with the parameter adjusted, inside the same deadline.
+//! The wire API follows the request being compacted ([`Caller::api`]):
+//!
+//! - **Chat Completions** (and every other caller): `POST …/chat/completions` with the rendered
+//!   compaction prompt as the user message behind a short system message ([`SYSTEM_PROMPT`]);
+//!   the summary is `choices[0].message.content`.
+//! - **Responses** callers: `POST …/responses` with `{"model", "instructions": SYSTEM_PROMPT,
+//!   "input": [user message], "max_output_tokens", "store": false}`; the summary is the
+//!   concatenated `output_text` parts of the `message` items of `output` (`reasoning` items are
+//!   skipped). Some OpenAI-compatible endpoints serve only `/responses`. This holds with a
+//!   configured `base_url` too: a Responses caller's summary goes to `{base_url}/responses`.
+//!
+//! The request is right for the model on the first call: reasoning models (the o-series and
+//! `gpt-5`, see [`is_reasoning_model`]) get `max_completion_tokens` instead of `max_tokens` on
+//! Chat Completions, and never a `temperature`, which they reject unless it is the default.
+//! Any other model that still answers 400 naming `max_tokens` (wanting `max_completion_tokens`)
+//! or `temperature` gets the request re-sent once with the parameter adjusted, inside the same
+//! deadline, as a safety net for model names the rule does not know.
 //!
 //! [`transport`] holds the pooled JSON client shared with the `anthropic` backend.
+//!
+//! [`Caller::api`]: compactor_plugin_api::Caller::api
 #![deny(missing_docs)]
 
 pub mod transport;
@@ -23,7 +38,7 @@ use serde_json::{json, Value};
 use tokio::time::Instant;
 
 use compactor_plugin_api::{
-    BoxFuture, Caller, SummarizeError, Summarizer, Summary, SummaryRequest,
+    Api, BoxFuture, Caller, SummarizeError, Summarizer, Summary, SummaryRequest,
 };
 
 use crate::transport::{output_budget, Auth, HttpClient};
@@ -42,9 +57,13 @@ pub struct OpenAiConfig {
     pub model: Option<String>,
     /// API key sent as `Authorization: Bearer`; `None`: the caller's own credentials.
     pub api_key: Option<String>,
-    /// Output budget (capped further by [`SummaryRequest::max_output_tokens`]).
+    /// Output budget (capped further by [`SummaryRequest::max_output_tokens`]), sent as
+    /// `max_tokens`, `max_completion_tokens` (reasoning models) or `max_output_tokens`
+    /// (Responses API).
     pub max_tokens: u32,
-    /// Sampling temperature; `None`: the provider's default.
+    /// Sampling temperature; `None`: the provider's default. Never sent to reasoning models
+    /// ([`is_reasoning_model`]): they reject any temperature but the default, so a configured
+    /// one is left out for them.
     pub temperature: Option<f64>,
     /// Extra PEM roots trusted for `https` endpoints.
     pub ca_file: Option<PathBuf>,
@@ -77,36 +96,27 @@ impl OpenAiSummarizer {
         Ok(OpenAiSummarizer { config, http })
     }
 
-    /// The endpoint a request goes to.
+    /// The endpoint a request goes to: `…/responses` for a Responses caller, else
+    /// `…/chat/completions`, on the configured `base_url` or else the caller's upstream and
+    /// API prefix.
     pub fn endpoint(&self, caller: &Caller) -> Result<String, SummarizeError> {
         transport::endpoint(
             self.config.base_url.as_deref(),
             caller,
             "",
-            "chat/completions",
+            Wire::of(caller.api).path(),
         )
     }
 
     async fn run(&self, request: &SummaryRequest) -> Result<Summary, SummarizeError> {
         let deadline = Instant::now() + request.timeout;
+        let wire = Wire::of(request.caller.api);
         let url = self.endpoint(&request.caller)?;
         let model = transport::model(self.config.model.as_deref(), request)?;
         let auth = self.auth(&request.caller)?;
         let secrets = auth.secret_refs();
 
-        let mut body = json!({
-            "model": model,
-            "messages": [
-                {"role": "system", "content": SYSTEM_PROMPT},
-                {"role": "user", "content": request.prompt},
-            ],
-            "max_tokens": output_budget(self.config.max_tokens, request.max_output_tokens),
-            "stream": false,
-        });
-        if let Some(t) = self.config.temperature {
-            body["temperature"] = json!(t);
-        }
-
+        let mut body = self.body(wire, model, request);
         let mut adjusted = false;
         let answer = loop {
             match self
@@ -131,7 +141,52 @@ impl OpenAiSummarizer {
                 other => break other?,
             }
         };
-        Summary::new(message_content(&answer)?.trim())
+        let text = match wire {
+            Wire::ChatCompletions => message_content(&answer)?,
+            Wire::Responses => output_text(&answer)?,
+        };
+        Summary::new(text.trim())
+    }
+
+    /// The JSON body of one summary request to `model` over `wire`.
+    fn body(&self, wire: Wire, model: &str, request: &SummaryRequest) -> Value {
+        let budget = output_budget(self.config.max_tokens, request.max_output_tokens);
+        let reasoning = is_reasoning_model(model);
+        let mut body = match wire {
+            Wire::ChatCompletions => {
+                let budget_key = if reasoning {
+                    "max_completion_tokens"
+                } else {
+                    "max_tokens"
+                };
+                json!({
+                    "model": model,
+                    "messages": [
+                        {"role": "system", "content": SYSTEM_PROMPT},
+                        {"role": "user", "content": request.prompt},
+                    ],
+                    budget_key: budget,
+                    "stream": false,
+                })
+            }
+            Wire::Responses => json!({
+                "model": model,
+                "instructions": SYSTEM_PROMPT,
+                "input": [{"role": "user", "content": request.prompt}],
+                "max_output_tokens": budget,
+                "store": false,
+            }),
+        };
+        match self.config.temperature {
+            Some(t) if !reasoning => body["temperature"] = json!(t),
+            Some(_) => tracing::debug!(
+                backend = "openai",
+                model,
+                "temperature not sent: reasoning models accept only the default"
+            ),
+            None => {}
+        }
+        body
     }
 
     /// The credential headers: the configured key, else the caller's `authorization` (and
@@ -163,6 +218,66 @@ impl Summarizer for OpenAiSummarizer {
     ) -> BoxFuture<'a, Result<Summary, SummarizeError>> {
         Box::pin(self.run(request))
     }
+
+    /// The configured `max_tokens`, whatever the API (it is the budget of the Chat
+    /// Completions and the Responses request alike).
+    fn max_output_tokens(&self, api: Api) -> Option<u32> {
+        let _ = api;
+        (self.config.max_tokens > 0).then_some(self.config.max_tokens)
+    }
+}
+
+/// The wire API a summary request is sent with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wire {
+    /// `POST …/chat/completions`.
+    ChatCompletions,
+    /// `POST …/responses`.
+    Responses,
+}
+
+impl Wire {
+    /// Responses for Responses callers; Chat Completions for everyone else (including an
+    /// Anthropic Messages caller when `openai` is chosen explicitly).
+    fn of(api: Api) -> Wire {
+        match api {
+            Api::Responses => Wire::Responses,
+            Api::ChatCompletions | Api::Messages => Wire::ChatCompletions,
+        }
+    }
+
+    /// The path after the base URL and API prefix.
+    fn path(self) -> &'static str {
+        match self {
+            Wire::ChatCompletions => "chat/completions",
+            Wire::Responses => "responses",
+        }
+    }
+}
+
+/// Whether `model` is an OpenAI reasoning model: the o-series (`o1`, `o3-mini`, `o4-mini`,
+/// `o1-2024-12-17`, ...) or the `gpt-5` family (`gpt-5`, `gpt-5-mini`, `gpt-5.1`,
+/// `gpt-5-2025-08-07`, ...), case-insensitively, after any provider prefix (`openai/o3-mini`,
+/// `azure/openai/gpt-5`) and a fine-tune's `ft:`.
+///
+/// These models want `max_completion_tokens` instead of `max_tokens` on Chat Completions and
+/// reject a non-default `temperature`, so from the first call they get `max_completion_tokens`
+/// and no `temperature` (on the Responses API the budget is `max_output_tokens` for every
+/// model; only the temperature differs). Names this rule does not know (an Azure deployment name, say) still get the
+/// parameters adjusted after a 400 that names them.
+pub fn is_reasoning_model(model: &str) -> bool {
+    let name = model.rsplit('/').next().unwrap_or(model).trim();
+    let name = name.to_ascii_lowercase();
+    let name = name.strip_prefix("ft:").unwrap_or(&name);
+    // The family ends at the end of the name or at a separator (`-`, `.`, `:`, ...).
+    let family_ends = |rest: &str| !rest.starts_with(|c: char| c.is_ascii_alphanumeric());
+    if let Some(rest) = name.strip_prefix('o') {
+        let digits = rest.len() - rest.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+        if digits > 0 && family_ends(&rest[digits..]) {
+            return true;
+        }
+    }
+    name.strip_prefix("gpt-5").is_some_and(family_ends)
 }
 
 /// Rewrites `body` after a 400 naming a parameter the model does not support; `true` when
@@ -206,6 +321,58 @@ fn message_content(answer: &Value) -> Result<String, SummarizeError> {
     }
 }
 
+/// The summary of a Responses API answer: the `text` of every `output_text` part of every
+/// `message` item of `output`, concatenated (`reasoning` and other items skipped).
+fn output_text(answer: &Value) -> Result<String, SummarizeError> {
+    let Some(items) = answer["output"].as_array() else {
+        // Some compatible servers add the SDK's convenience field; accept it alone too.
+        if let Some(text) = answer["output_text"].as_str() {
+            return Ok(text.to_owned());
+        }
+        return Err(SummarizeError::InvalidOutput(
+            "response has no `output` array".into(),
+        ));
+    };
+    let parts: Vec<&Value> = items
+        .iter()
+        .filter(|item| item["type"] == "message")
+        .filter_map(|item| item["content"].as_array())
+        .flatten()
+        .collect();
+    let texts: Vec<&str> = parts
+        .iter()
+        .filter(|p| p["type"] == "output_text")
+        .filter_map(|p| p["text"].as_str())
+        .collect();
+    if !texts.is_empty() {
+        return Ok(texts.concat());
+    }
+    if let Some(refusal) = parts
+        .iter()
+        .filter(|p| p["type"] == "refusal")
+        .find_map(|p| p["refusal"].as_str())
+    {
+        return Err(SummarizeError::InvalidOutput(format!(
+            "the model refused: {}",
+            transport::bounded(refusal, transport::MAX_ERROR_MESSAGE_CHARS)
+        )));
+    }
+    let status = answer["status"].as_str().unwrap_or("unknown");
+    let reason = answer["incomplete_details"]["reason"]
+        .as_str()
+        .or_else(|| answer["error"]["message"].as_str())
+        .map(|r| {
+            format!(
+                " ({})",
+                transport::bounded(r, transport::MAX_ERROR_MESSAGE_CHARS)
+            )
+        })
+        .unwrap_or_default();
+    Err(SummarizeError::InvalidOutput(format!(
+        "response has no output_text (status {status}{reason})"
+    )))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -242,6 +409,152 @@ mod tests {
             message_content(&c),
             Err(SummarizeError::InvalidOutput(_))
         ));
+    }
+
+    #[test]
+    fn reasoning_models_are_recognised_by_family() {
+        for model in [
+            "o1",
+            "o1-mini",
+            "o1-2024-12-17",
+            "o3",
+            "o3-mini",
+            "o3-pro",
+            "o4-mini",
+            "o4-mini-2025-04-16",
+            "O3-Mini",
+            "openai/o3-mini",
+            "openai/o4-mini",
+            "azure/openai/o1",
+            "ft:o4-mini-2025-04-16:acme::abc123",
+            "gpt-5",
+            "gpt-5-mini",
+            "gpt-5-nano",
+            "gpt-5-2025-08-07",
+            "gpt-5.1",
+            "gpt-5.1-codex",
+            "openai/gpt-5-mini",
+            "gpt-5:online",
+        ] {
+            assert!(is_reasoning_model(model), "{model} is a reasoning model");
+        }
+        for model in [
+            "gpt-4o",
+            "gpt-4o-mini",
+            "gpt-4.1",
+            "gpt-4-turbo",
+            "gpt-3.5-turbo",
+            "openai/gpt-4o",
+            "omni-moderation-latest",
+            "o",
+            "oss-20b",
+            "o3x",
+            "gpt-50",
+            "gpt-5o",
+            "claude-sonnet-4-5",
+            "my-o3-deployment",
+            "",
+        ] {
+            assert!(
+                !is_reasoning_model(model),
+                "{model} is not a reasoning model"
+            );
+        }
+    }
+
+    #[test]
+    fn responses_output_text_skips_reasoning_and_concatenates() {
+        let a = json!({"output": [
+            {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "thinking"}]},
+            {"type": "message", "role": "assistant", "content": [
+                {"type": "output_text", "text": "a", "annotations": []},
+                {"type": "output_text", "text": "b", "annotations": []}
+            ]},
+            {"type": "message", "role": "assistant", "content": [
+                {"type": "output_text", "text": "c", "annotations": []}
+            ]}
+        ]});
+        assert_eq!(output_text(&a).ok().as_deref(), Some("abc"));
+        let refused = json!({"output": [{"type": "message", "content": [
+            {"type": "refusal", "refusal": "I can't help with that."}
+        ]}]});
+        assert!(matches!(
+            output_text(&refused),
+            Err(SummarizeError::InvalidOutput(m)) if m.contains("I can't help with that.")
+        ));
+        let incomplete = json!({"status": "incomplete",
+            "incomplete_details": {"reason": "max_output_tokens"},
+            "output": [{"type": "reasoning", "id": "rs_1", "summary": []}]});
+        assert!(matches!(
+            output_text(&incomplete),
+            Err(SummarizeError::InvalidOutput(m)) if m.contains("max_output_tokens")
+        ));
+        assert!(matches!(
+            output_text(&json!({"choices": []})),
+            Err(SummarizeError::InvalidOutput(_))
+        ));
+        assert_eq!(
+            output_text(&json!({"output_text": "x"})).ok().as_deref(),
+            Some("x")
+        );
+    }
+
+    #[test]
+    fn endpoints_follow_the_callers_api_and_the_config() {
+        let s = |base: Option<&str>| {
+            OpenAiSummarizer::new(OpenAiConfig {
+                base_url: base.map(str::to_owned),
+                ..Default::default()
+            })
+            .expect("build")
+        };
+        let caller = |api| Caller {
+            upstream_base_url: "https://gw.example".into(),
+            api_prefix: "/v1".into(),
+            api,
+            ..Caller::default()
+        };
+        let at = |base, api| s(base).endpoint(&caller(api)).ok();
+        assert_eq!(
+            at(None, Api::ChatCompletions).as_deref(),
+            Some("https://gw.example/v1/chat/completions")
+        );
+        assert_eq!(
+            at(None, Api::Responses).as_deref(),
+            Some("https://gw.example/v1/responses")
+        );
+        assert_eq!(
+            at(None, Api::Messages).as_deref(),
+            Some("https://gw.example/v1/chat/completions")
+        );
+        let base = Some("https://openrouter.ai/api/v1/");
+        assert_eq!(
+            at(base, Api::ChatCompletions).as_deref(),
+            Some("https://openrouter.ai/api/v1/chat/completions")
+        );
+        assert_eq!(
+            at(base, Api::Responses).as_deref(),
+            Some("https://openrouter.ai/api/v1/responses")
+        );
+    }
+
+    #[test]
+    fn max_output_tokens_is_the_configured_budget() {
+        let s = |max_tokens| {
+            OpenAiSummarizer::new(OpenAiConfig {
+                max_tokens,
+                ..Default::default()
+            })
+            .expect("build")
+        };
+        for api in [Api::ChatCompletions, Api::Responses, Api::Messages] {
+            assert_eq!(s(1234).max_output_tokens(api), Some(1234));
+            assert_eq!(
+                s(0).max_output_tokens(api),
+                None,
+                "0 means no budget of its own"
+            );
+        }
     }
 
     #[test]

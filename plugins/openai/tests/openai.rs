@@ -1,10 +1,10 @@
-//! The `openai` backend against a mock Chat Completions server on a real socket.
+//! The `openai` backend against a mock Chat Completions / Responses server on a real socket.
 
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use compactor_plugin_api::{Caller, SummarizeError, Summarizer, SummaryRequest};
+use compactor_plugin_api::{Api, Caller, SummarizeError, Summarizer, SummaryRequest};
 use compactor_plugin_openai::{OpenAiConfig, OpenAiSummarizer, SYSTEM_PROMPT};
 use compactor_plugin_testing::{caller, MockProvider, Reply};
 
@@ -242,4 +242,244 @@ async fn no_model_anywhere_is_a_config_error() {
     req.model = None;
     let err = p.summarize(&req).await.expect_err("no model");
     assert_eq!(err.kind(), "config");
+}
+
+#[tokio::test]
+async fn reasoning_models_get_max_completion_tokens_and_no_temperature_on_the_first_call() {
+    // (model configured, model of the request): the configured one wins when set.
+    for (configured, requested) in [
+        (None, "o3-mini"),
+        (None, "o1"),
+        (None, "gpt-5"),
+        (None, "gpt-5-mini"),
+        (Some("openai/o4-mini"), "gpt-4o-mini"),
+    ] {
+        let mock = MockProvider::start(vec![completion(json!("ok"))]).await;
+        let p = plugin(OpenAiConfig {
+            model: configured.map(str::to_owned),
+            max_tokens: 4096,
+            temperature: Some(0.2),
+            ..Default::default()
+        });
+        let mut req = request(caller(&mock.url(), &[]));
+        req.model = Some(requested.into());
+        let summary = p.summarize(&req).await.expect("summary");
+        assert_eq!(summary.text, "ok");
+
+        let got = mock.received();
+        let model = configured.unwrap_or(requested);
+        assert_eq!(got.len(), 1, "{model}: one request, no refusal round trip");
+        let r = &got[0];
+        assert_eq!(r.path, "/v1/chat/completions");
+        assert_eq!(r.body["model"], model);
+        assert_eq!(r.body["max_completion_tokens"], 1000, "{model}");
+        assert!(r.body.get("max_tokens").is_none(), "{model}: {}", r.body);
+        assert!(r.body.get("temperature").is_none(), "{model}: {}", r.body);
+    }
+}
+
+#[tokio::test]
+async fn other_models_keep_max_tokens_and_temperature() {
+    // The configured model wins over a reasoning model named by the request.
+    for (configured, requested) in [(None, "gpt-4o"), (Some("gpt-4o"), "o3-mini")] {
+        let mock = MockProvider::start(vec![completion(json!("ok"))]).await;
+        let p = plugin(OpenAiConfig {
+            model: configured.map(str::to_owned),
+            max_tokens: 4096,
+            temperature: Some(0.2),
+            ..Default::default()
+        });
+        let mut req = request(caller(&mock.url(), &[]));
+        req.model = Some(requested.into());
+        p.summarize(&req).await.expect("summary");
+
+        let got = mock.received();
+        assert_eq!(got.len(), 1);
+        let r = &got[0];
+        assert_eq!(r.body["model"], "gpt-4o");
+        assert_eq!(r.body["max_tokens"], 1000);
+        assert!(r.body.get("max_completion_tokens").is_none(), "{}", r.body);
+        assert_eq!(r.body["temperature"], 0.2);
+    }
+}
+
+/// A Responses API answer in the shape OpenAI sends for a reasoning model: a `reasoning` item
+/// before the `message` item.
+fn response(texts: &[&str]) -> Reply {
+    let content: Vec<Value> = texts
+        .iter()
+        .map(|t| json!({"type": "output_text", "text": t, "annotations": [], "logprobs": []}))
+        .collect();
+    Reply::Json(
+        200,
+        json!({
+            "id": "resp_67ccd2bed1ec8190b14f964abc0542670bb6a6b452d3795b",
+            "object": "response",
+            "created_at": 1741476542,
+            "status": "completed",
+            "error": null,
+            "incomplete_details": null,
+            "instructions": SYSTEM_PROMPT,
+            "max_output_tokens": 1000,
+            "model": "o4-mini-2025-04-16",
+            "output": [
+                {"id": "rs_67ccd2bf17f0819081ff3bb2cf6508e60bb6a6b452d3795b",
+                 "type": "reasoning",
+                 "summary": [{"type": "summary_text", "text": "**Summarizing the session** NOT THE SUMMARY"}]},
+                {"id": "msg_67ccd2bf17f0819081ff3bb2cf6508e60bb6a6b452d3795b",
+                 "type": "message",
+                 "status": "completed",
+                 "role": "assistant",
+                 "content": content}
+            ],
+            "parallel_tool_calls": true,
+            "reasoning": {"effort": "medium", "summary": null},
+            "store": false,
+            "text": {"format": {"type": "text"}},
+            "usage": {"input_tokens": 36, "input_tokens_details": {"cached_tokens": 0},
+                      "output_tokens": 87, "output_tokens_details": {"reasoning_tokens": 64},
+                      "total_tokens": 123}
+        }),
+    )
+}
+
+fn responses_caller(base: &str, credentials: &[(&str, &str)]) -> Caller {
+    Caller {
+        api: Api::Responses,
+        ..caller(base, credentials)
+    }
+}
+
+#[tokio::test]
+async fn responses_callers_are_summarised_through_the_responses_api() {
+    let mock = MockProvider::start(vec![response(&["  1. Primary Request:", " fix it\n"])]).await;
+    let p = plugin(OpenAiConfig {
+        max_tokens: 4096,
+        temperature: Some(0.2),
+        ..Default::default()
+    });
+    let mut req = request(responses_caller(
+        &mock.url(),
+        &[("authorization", "Bearer sk-caller-own")],
+    ));
+    req.model = Some("o4-mini".into());
+    let summary = p.summarize(&req).await.expect("summary");
+    assert_eq!(summary.text, "1. Primary Request: fix it");
+
+    let got = mock.received();
+    assert_eq!(got.len(), 1);
+    let r = &got[0];
+    assert_eq!(r.path, "/v1/responses");
+    assert_eq!(r.header("authorization"), Some("Bearer sk-caller-own"));
+    assert_eq!(r.body["model"], "o4-mini");
+    assert_eq!(
+        r.body["max_output_tokens"], 1000,
+        "capped by the request's budget"
+    );
+    assert_eq!(r.body["store"], false);
+    assert_eq!(r.body["instructions"], SYSTEM_PROMPT);
+    assert_eq!(r.body["input"][0]["role"], "user");
+    assert_eq!(r.body["input"][0]["content"], req.prompt.as_str());
+    for absent in [
+        "messages",
+        "max_tokens",
+        "max_completion_tokens",
+        "temperature",
+    ] {
+        assert!(r.body.get(absent).is_none(), "{absent}: {}", r.body);
+    }
+}
+
+#[tokio::test]
+async fn responses_callers_use_responses_on_a_configured_base_url_too() {
+    let mock = MockProvider::start(vec![response(&["the summary"])]).await;
+    let p = plugin(OpenAiConfig {
+        base_url: Some(format!("{}/api/v1", mock.url())),
+        model: Some("gpt-4.1-mini".into()),
+        api_key: Some("sk-configured".into()),
+        max_tokens: 500,
+        temperature: Some(0.3),
+        ca_file: None,
+    });
+    let req = request(responses_caller("http://unused.invalid", &[]));
+    let summary = p.summarize(&req).await.expect("summary");
+    assert_eq!(summary.text, "the summary");
+
+    let got = mock.received();
+    assert_eq!(got.len(), 1);
+    let r = &got[0];
+    assert_eq!(r.path, "/api/v1/responses");
+    assert_eq!(r.header("authorization"), Some("Bearer sk-configured"));
+    assert_eq!(r.body["model"], "gpt-4.1-mini");
+    assert_eq!(
+        r.body["max_output_tokens"], 500,
+        "the configured budget is smaller"
+    );
+    assert_eq!(r.body["temperature"], 0.3, "not a reasoning model");
+    assert_eq!(r.body["store"], false);
+}
+
+#[tokio::test]
+async fn responses_errors_become_status_errors() {
+    let mock = MockProvider::start(vec![Reply::Json(
+        400,
+        json!({"error": {"message": "The requested model 'o9-nope' does not exist.",
+                         "type": "invalid_request_error", "param": "model",
+                         "code": "model_not_found"}}),
+    )])
+    .await;
+    let p = plugin(OpenAiConfig {
+        max_tokens: 4096,
+        ..Default::default()
+    });
+    let mut req = request(responses_caller(&mock.url(), &[]));
+    req.model = Some("o9-nope".into());
+    match p.summarize(&req).await {
+        Err(SummarizeError::Status { status, message }) => {
+            assert_eq!(status, 400);
+            assert_eq!(message, "The requested model 'o9-nope' does not exist.");
+        }
+        other => panic!("{other:?}"),
+    }
+    let got = mock.received();
+    assert_eq!(got.len(), 1, "nothing to adjust, no second attempt");
+    assert_eq!(got[0].path, "/v1/responses");
+
+    let mock = MockProvider::start(vec![Reply::Text(502, "bad gateway")]).await;
+    let req = request(responses_caller(&mock.url(), &[]));
+    match p.summarize(&req).await {
+        Err(SummarizeError::Status { status, message }) => {
+            assert_eq!(status, 502);
+            assert_eq!(message, "bad gateway");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_responses_answer_without_output_text_is_invalid() {
+    // A reasoning model that spent the whole budget thinking.
+    let mock = MockProvider::start(vec![Reply::Json(
+        200,
+        json!({
+            "id": "resp_1", "object": "response", "status": "incomplete",
+            "incomplete_details": {"reason": "max_output_tokens"},
+            "output": [{"id": "rs_1", "type": "reasoning", "summary": []}],
+            "usage": {"input_tokens": 36, "output_tokens": 1000,
+                      "output_tokens_details": {"reasoning_tokens": 1000}, "total_tokens": 1036}
+        }),
+    )])
+    .await;
+    let p = plugin(OpenAiConfig {
+        max_tokens: 4096,
+        ..Default::default()
+    });
+    let err = p
+        .summarize(&request(responses_caller(&mock.url(), &[])))
+        .await
+        .expect_err("no text");
+    assert!(
+        matches!(&err, SummarizeError::InvalidOutput(m) if m.contains("max_output_tokens")),
+        "{err:?}"
+    );
 }
