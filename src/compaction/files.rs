@@ -819,7 +819,11 @@ mod tests {
     #[test]
     fn lists_keep_the_most_recent_first_and_carry_forward() {
         let mut t = FileTracker::new().with_prior(&s(&["old.rs", "older.rs"]), &s(&["gone.rs"]));
-        assert_eq!(t.read_files(), s(&["old.rs", "older.rs"]), "prior order kept");
+        assert_eq!(
+            t.read_files(),
+            s(&["old.rs", "older.rs"]),
+            "prior order kept"
+        );
         t.observe_tool_call("read", r#"{"path":"new.rs"}"#);
         t.observe_tool_call("read", r#"{"path":"older.rs"}"#);
         t.observe_tool_call("write", r#"{"path":"gone.rs"}"#);

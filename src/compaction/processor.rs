@@ -909,15 +909,17 @@ mod tests {
     async fn breaker_retries_with_a_smaller_tail_at_most_three_times() {
         // Each step ~250 tokens; the summary answer is long enough that the first rewrite
         // stays over the threshold.
-        let fake = FakeSummarizer::new(vec![
-            Reply::Text("a".repeat(1_200)),
-            Reply::Text("b".repeat(800)),
-            Reply::Text("c".repeat(400)),
-            Reply::Text("never asked".into()),
-        ]);
+        let fake = FakeSummarizer::scripted(
+            vec![
+                Reply::Text("a".repeat(1_200)),
+                Reply::Text("b".repeat(800)),
+                Reply::Text("c".repeat(400)),
+                Reply::Text("never asked".into()),
+            ],
+            Some(100),
+        );
         let toml = "[compaction]\nmin_preserve_tokens = 10\nmax_preserve_tokens = 2000\n\
-                    preserve_ratio = 1.0\n[models.tiny]\ncontext_window = 4000\n\
-                    [summarizer.openai]\nmax_tokens = 100\n";
+                    preserve_ratio = 1.0\n[models.tiny]\ncontext_window = 4000\n";
         let e = engine(toml, fake.clone());
         let t = agentic(20, 1_000);
         // Always over the threshold: every attempt that makes progress is followed by another.
@@ -964,10 +966,12 @@ mod tests {
 
     #[tokio::test]
     async fn breaker_forwards_the_best_rewrite_when_a_retry_fails() {
-        let fake = FakeSummarizer::new(vec![Reply::Text("a".repeat(2_000)), Reply::Error]);
+        let fake = FakeSummarizer::scripted(
+            vec![Reply::Text("a".repeat(2_000)), Reply::Error],
+            Some(100),
+        );
         let toml = "[compaction]\nmin_preserve_tokens = 10\nmax_preserve_tokens = 2000\n\
-                    preserve_ratio = 1.0\n[models.tiny]\ncontext_window = 4000\n\
-                    [summarizer.openai]\nmax_tokens = 100\n";
+                    preserve_ratio = 1.0\n[models.tiny]\ncontext_window = 4000\n";
         let e = engine(toml, fake.clone());
         let t = agentic(20, 1_000);
         let c = e
@@ -1036,7 +1040,11 @@ mod tests {
             .contains("<prior-summary>\nearlier work\n</prior-summary>"));
         assert!(r.prompt.contains("focus on the parser"));
         // Most recent first: the files read since, then the prior's.
-        assert!(r.prompt.contains("f0.rs\nold.rs\n</read-files>"), "{}", r.prompt);
+        assert!(
+            r.prompt.contains("f0.rs\nold.rs\n</read-files>"),
+            "{}",
+            r.prompt
+        );
         let masked = r.prompt.matches(MASKED_OUTPUT).count();
         let results = r.prompt.matches("[tool_result: bash = ").count();
         assert_eq!(
@@ -1076,7 +1084,7 @@ mod tests {
     #[tokio::test]
     async fn the_prompt_is_fitted_to_the_summarizers_window() {
         // The output budget is the answering backend's own (1,000 here).
-        let fake = FakeSummarizer::with_budget("s", 1_000);
+        let fake = FakeSummarizer::scripted(vec![Reply::Text("s".into())], Some(1_000));
         let toml = "[models.small]\ncontext_window = 3000\n";
         let e = engine(toml, fake.clone());
         let t = agentic(40, 3_000);
@@ -1105,7 +1113,10 @@ mod tests {
         assert_eq!(r.max_output_tokens, 1_000);
         // A backend without a budget of its own gets the default, capped at half the window.
         let e = engine(toml, FakeSummarizer::text("s"));
-        assert_eq!(e.summarizer_budget(Some("small"), Api::Messages), (1_500, 1_500));
+        assert_eq!(
+            e.summarizer_budget(Some("small"), Api::Messages),
+            (1_500, 1_500)
+        );
         assert_eq!(
             e.summarizer_budget(None, Api::ChatCompletions).1,
             DEFAULT_SUMMARY_TOKENS

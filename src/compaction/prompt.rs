@@ -271,8 +271,11 @@ pub struct BuiltPrompt {
     pub omitted: usize,
 }
 
-/// Renders the prompt for `entries` (already masked and truncated), dropping the oldest
-/// entries until its estimate is at most `max_tokens`.
+/// Renders the prompt for `entries` (already masked and truncated), leaving entries out until
+/// its estimate is at most `max_tokens`: the oldest assistant turns first (tool calls and
+/// outputs, the bulk of an agent's context), and only when none is left the oldest user turns,
+/// so what the person said (and mid-conversation system messages, which are user entries
+/// here) is the last thing a small summarizer window loses.
 pub fn build_prompt(
     input: &PromptInput<'_>,
     entries: Vec<Entry>,
@@ -287,15 +290,30 @@ pub fn build_prompt(
     let mut total = rendered
         .iter()
         .fold(fixed, |acc, r| acc.saturating_add(count_chars(r)));
+    let mut keep = vec![true; entries.len()];
     let mut omitted = 0;
-    while total > limit_chars && omitted < rendered.len() {
-        total = total.saturating_sub(count_chars(&rendered[omitted]));
+    let roles: Vec<EntryRole> = entries.iter().map(|e| e.role).collect();
+    let roles = &roles;
+    let by_age_assistants_first = [EntryRole::Assistant, EntryRole::User]
+        .into_iter()
+        .flat_map(|role| (0..roles.len()).filter(move |&i| roles[i] == role));
+    for i in by_age_assistants_first {
+        if total <= limit_chars {
+            break;
+        }
+        total = total.saturating_sub(count_chars(&rendered[i]));
         if omitted == 0 {
             total = total.saturating_add(notice_chars);
         }
+        keep[i] = false;
         omitted += 1;
     }
-    let prompt = render(input, &rendered[omitted..], omitted).text;
+    let shown: Vec<String> = rendered
+        .into_iter()
+        .zip(&keep)
+        .filter_map(|(r, &k)| k.then_some(r))
+        .collect();
+    let prompt = render(input, &shown, omitted).text;
     let needed = estimator.text(&prompt);
     if needed > max_tokens {
         return Err(PromptError::TooLarge {
@@ -303,7 +321,11 @@ pub fn build_prompt(
             limit: max_tokens,
         });
     }
-    let entries = entries.into_iter().skip(omitted).collect();
+    let entries = entries
+        .into_iter()
+        .zip(keep)
+        .filter_map(|(e, k)| k.then_some(e))
+        .collect();
     Ok(BuiltPrompt {
         prompt,
         entries,
@@ -322,7 +344,10 @@ impl Rendered {
 }
 
 fn omission_notice(omitted: usize) -> String {
-    format!("[{omitted} earlier turns omitted to fit the summarizer's context window]")
+    format!(
+        "[{omitted} earlier turns omitted to fit the summarizer's context window, \
+         the model's turns first]"
+    )
 }
 
 fn render(input: &PromptInput<'_>, entries: &[String], omitted: usize) -> Rendered {
@@ -671,14 +696,61 @@ mod tests {
         assert!(e.text(&built.prompt) <= limit);
         assert_eq!(built.entries.len(), 50 - built.omitted);
         assert_eq!(built.entries[..], entries[built.omitted..]);
-        assert!(built.prompt.contains(&format!(
-            "[{} earlier turns omitted to fit the summarizer's context window]",
-            built.omitted
-        )));
+        assert!(built.prompt.contains(&omission_notice(built.omitted)));
         assert!(built.prompt.contains("turn 49 "), "the newest turn is kept");
         assert!(!built.prompt.contains("turn 0 "));
         let err = build_prompt(&input, entries, 10, &e).expect_err("cannot fit");
         assert!(matches!(err, PromptError::TooLarge { limit: 10, .. }));
+    }
+
+    #[test]
+    fn the_models_turns_are_left_out_before_the_persons() {
+        let input = PromptInput {
+            prior_summary: None,
+            read_files: &[],
+            modified_files: &[],
+            instructions: None,
+        };
+        let e = LazyEstimator::default();
+        let turn = |role, i: usize| Entry {
+            role,
+            parts: vec![EntryPart::Text {
+                text: format!("{role:?} {i} {}", "x".repeat(400)),
+            }],
+        };
+        let entries: Vec<Entry> = (0..20)
+            .flat_map(|i| [turn(EntryRole::User, i), turn(EntryRole::Assistant, i)])
+            .collect();
+        let smallest = build_prompt(&input, vec![], 100_000, &e).expect("fits");
+        // Room for about 25 of the 40 turns: every user turn and the newest assistant turns.
+        let limit = e.text(&smallest.prompt) + 25 * 110;
+        let built = build_prompt(&input, entries, limit, &e).expect("fits");
+        assert!(e.text(&built.prompt) <= limit);
+        assert!(
+            built.omitted >= 10 && built.omitted < 20,
+            "{}",
+            built.omitted
+        );
+        for i in 0..20 {
+            assert!(
+                built.prompt.contains(&format!("User {i} ")),
+                "user turn {i} kept"
+            );
+        }
+        assert!(
+            built.prompt.contains("Assistant 19 "),
+            "the newest assistant turn is kept"
+        );
+        assert!(!built.prompt.contains("Assistant 0 "));
+        assert_eq!(built.entries.len(), 40 - built.omitted);
+        assert!(
+            built
+                .entries
+                .iter()
+                .filter(|e| e.role == EntryRole::User)
+                .count()
+                == 20
+        );
     }
 
     #[test]

@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 use super::estimate::LazyEstimator;
 use super::prompt::SUMMARY_INTRO;
 use super::testing::{
-    caller, check_estimates, check_openai_pairing, compactor, config, ensure, FakeSummarizer,
+    caller, check_estimates, check_openai_pairing, compactor, config, ensure, FakeSummarizer, Reply,
 };
 use super::Outcome;
 use crate::dialect::chat::{self, top_level_fields};
@@ -273,10 +273,13 @@ fn rewritten_requests_stay_valid_verbatim_and_smaller() {
         let body = request(&case, &messages);
         let cfg = config(&format!(
             "[compaction]\nmax_messages = {}\nmin_preserve_tokens = {}\nmax_preserve_tokens = {}\n\
-             [models.tiny]\ncontext_window = 3000\n[summarizer.openai]\nmax_tokens = 200\n",
+             [models.tiny]\ncontext_window = 3000\n",
             case.max_messages, case.min_preserve, case.max_preserve
         ));
-        let fake = FakeSummarizer::text("Short summary of the earlier turns.");
+        let fake = FakeSummarizer::scripted(
+            vec![Reply::Text("Short summary of the earlier turns.".into())],
+            Some(200),
+        );
         let (c, _) = compactor(&cfg, fake);
         let est = LazyEstimator::default();
         let before = chat::peek(&body, &est).map_err(|e| TestCaseError::fail(e.to_string()))?;
@@ -445,6 +448,48 @@ proptest! {
                 prop_assert!(serde_json::from_slice::<Value>(&out).is_ok());
             }
         }
+    }
+
+    /// Against a store that already holds a checkpoint of the tenant, any message list (empty
+    /// ones included, a prefix of the checkpointed conversation followed by arbitrary JSON, or
+    /// arbitrary JSON alone) in any of the three dialects is answered without a panic: the
+    /// guard in `handle` would hide one, so the `panic` outcome must stay at zero.
+    #[test]
+    fn message_lists_after_a_checkpoint_never_panic_in_any_dialect(
+        cut in 0usize..16,
+        extra in proptest::collection::vec(any_json(), 0..6),
+    ) {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap_or_else(|e| panic!("runtime: {e}"));
+        let cfg = config("[compaction]\nmax_messages = 6\nmin_preserve_tokens = 1\nmax_preserve_tokens = 20\n");
+        let (c, metrics) = compactor(&cfg, FakeSummarizer::text("s"));
+        let primed: Vec<Value> = (0..14)
+            .map(|i| json!({"role": if i % 2 == 0 { "user" } else { "assistant" }, "content": format!("m{i} {}", "x".repeat(200))}))
+            .collect();
+        let first = json!({"model": "gpt-4o", "messages": primed}).to_string().into_bytes();
+        let out = rt.block_on(c.process(DialectKind::ChatCompletions, &first, &caller()));
+        prop_assert!(matches!(out, Outcome::Rewritten { .. }), "priming compacted: {:?}", out);
+        let mut list: Vec<Value> = primed[..cut.min(primed.len())].to_vec();
+        list.extend(extra);
+        let bodies = [
+            (DialectKind::ChatCompletions, json!({"model": "gpt-4o", "messages": list})),
+            (DialectKind::Messages, json!({"model": "claude", "max_tokens": 10, "messages": list})),
+            (DialectKind::Responses, json!({"model": "gpt-4o", "input": list})),
+            (DialectKind::ChatCompletions, json!({"model": "gpt-4o", "messages": []})),
+            (DialectKind::Messages, json!({"model": "claude", "max_tokens": 10, "messages": []})),
+            (DialectKind::Responses, json!({"model": "gpt-4o", "input": []})),
+        ];
+        for (dialect, b) in bodies {
+            let b = b.to_string().into_bytes();
+            let out = rt.block_on(c.process(dialect, &b, &caller()));
+            if let Outcome::Rewritten { body: out, .. } | Outcome::Reused { body: out, .. } = out {
+                prop_assert!(serde_json::from_slice::<Value>(&out).is_ok());
+            }
+        }
+        let panics = metrics.compactions.with_label_values(&["none", "panic"]).get();
+        prop_assert_eq!(panics, 0);
     }
 
     /// The file tracker accepts any command line or argument string.

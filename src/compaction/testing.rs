@@ -26,6 +26,8 @@ pub(crate) enum Reply {
     Error,
     /// Never answers.
     Hang,
+    /// Panics (a bug in a backend or in the engine).
+    Panic,
 }
 
 /// A summarizer that answers from a script (the last reply repeats) and records requests.
@@ -39,22 +41,17 @@ pub(crate) struct FakeSummarizer {
 
 impl FakeSummarizer {
     pub(crate) fn new(replies: Vec<Reply>) -> Arc<FakeSummarizer> {
+        FakeSummarizer::scripted(replies, None)
+    }
+
+    /// A fake answering from `replies` that reports an output budget of `budget` tokens.
+    pub(crate) fn scripted(replies: Vec<Reply>, budget: Option<u32>) -> Arc<FakeSummarizer> {
         let last = replies.last().cloned().unwrap_or(Reply::Error);
         Arc::new(FakeSummarizer {
             replies: Mutex::new(replies.into()),
             last: Mutex::new(last),
             requests: Mutex::new(Vec::new()),
-            budget: None,
-        })
-    }
-
-    /// A fake answering `summary` that reports an output budget of `budget` tokens.
-    pub(crate) fn with_budget(summary: &str, budget: u32) -> Arc<FakeSummarizer> {
-        Arc::new(FakeSummarizer {
-            replies: Mutex::new(VecDeque::new()),
-            last: Mutex::new(Reply::Text(summary.into())),
-            requests: Mutex::new(Vec::new()),
-            budget: Some(budget),
+            budget,
         })
     }
 
@@ -98,6 +95,7 @@ impl Summarizer for FakeSummarizer {
                 }),
                 Reply::Error => Err(SummarizeError::Transport("connection refused".into())),
                 Reply::Hang => std::future::pending().await,
+                Reply::Panic => panic!("fake summarizer panics, as a bug would"),
             }
         })
     }

@@ -680,6 +680,8 @@ mod tests {
         assert_eq!(found(&s, t, &conv[..5]).await, Some(4));
         assert_eq!(found(&s, t, &conv[..3]).await, Some(2));
         assert_eq!(found(&s, t, &conv[..1]).await, None);
+        // An empty message list matches nothing (it used to panic on an inverted range).
+        assert_eq!(found(&s, t, &[]).await, None);
         let hit = s.longest_checkpoint(t, &conv).await.unwrap().unwrap();
         assert_eq!(hit.summary, "up to 6");
 

@@ -324,9 +324,10 @@ pub struct UserText {
 /// blank line, and a piece removed from between two non-whitespace characters leaves one space
 /// so words do not run together. Own words that are blank in the sense of [`is_blank`] (only
 /// zero-width characters, say) make the whole text context. Otherwise `context` holds the
-/// removed pieces, each trimmed, joined by `"\n"`; when the whole text is context (rules 4
-/// and the blank case), it is the trimmed text itself. No piece of the input is lost: every non-whitespace character
-/// ends up in exactly one of the two. Never panics; linear in the length of `text`.
+/// removed pieces, each trimmed, joined by `"\n"`; when the whole text is context (rule 4 and
+/// the blank case), it is the trimmed text itself. No piece of the input is lost: every
+/// non-whitespace character ends up in exactly one of the two, in its order. Never panics;
+/// linear in the length of `text`.
 ///
 /// ```
 /// use compactor_plugin_api::split_user_text;
@@ -839,7 +840,12 @@ mod split_properties {
             words in "[a-zA-Z0-9][a-zA-Z0-9 .,?<]{0,60}[a-zA-Z0-9?]",
             after in prop::collection::vec(("[a-z <>/\n]{0,30}", 0..4usize), 0..3),
         ) {
-            let names = ["system-reminder", "command-message", "local-command-stdout", "environment_details"];
+            let names = [
+                "system-reminder",
+                "command-message",
+                "local-command-stdout",
+                "environment_details",
+            ];
             let element = |(body, n): &(String, usize)| format!("<{0}>{body}</{0}>", names[*n]);
             let before: Vec<String> = before.iter().map(element).collect();
             let after: Vec<String> = after.iter().map(element).collect();

@@ -638,6 +638,63 @@ mod tests {
     }
 
     #[test]
+    fn cut_middle_keeps_head_and_tail() {
+        assert_eq!(cut_middle("abcdef", 6), "abcdef");
+        assert_eq!(cut_middle("abcdefg", 4), "ab [… 3 characters cut …] fg");
+        assert_eq!(cut_middle("abcdefg", 3), "ab [… 4 characters cut …] g");
+        assert_eq!(cut_middle("abc", 1), "a [… 2 characters cut …] ");
+        assert_eq!(
+            cut_middle("日本語のテキスト", 4),
+            "日本 [… 4 characters cut …] スト"
+        );
+    }
+
+    #[test]
+    fn user_turns_are_own_words_system_or_context() {
+        let turn = |blocks: &[&str]| {
+            user_turn(&Entry {
+                role: Role::User,
+                parts: blocks
+                    .iter()
+                    .map(|t| Part::Text {
+                        text: (*t).to_owned(),
+                    })
+                    .collect(),
+            })
+        };
+        assert_eq!(
+            turn(&[
+                "<system-reminder>x</system-reminder>",
+                "fix it",
+                "and test it"
+            ]),
+            Some(UserTurn::OwnWords("fix it\nand test it".into()))
+        );
+        assert_eq!(
+            turn(&[
+                "<command-name>/cost</command-name>",
+                "[Request interrupted by user]"
+            ]),
+            Some(UserTurn::ContextOnly)
+        );
+        assert_eq!(
+            turn(&["[system] <system-reminder>keep</system-reminder>"]),
+            Some(UserTurn::System(
+                "[system] <system-reminder>keep</system-reminder>".into()
+            ))
+        );
+        assert_eq!(turn(&["  ", "\u{200B}"]), None);
+        assert_eq!(turn(&[]), None);
+    }
+
+    #[test]
+    fn quotes_keep_lines_under_their_lead() {
+        let mut out = String::new();
+        quote(&mut out, "   2. ", "one\n\n  two\r\n \nthree");
+        assert_eq!(out, "   2. one\n\n        two\n\n      three\n");
+    }
+
+    #[test]
     fn clip_collapses_whitespace_and_cuts() {
         assert_eq!(clip("a\n\n b  c", 100), "a b c");
         assert_eq!(clip("abcdef", 3), "abc…");

@@ -138,7 +138,7 @@ fn conversation() -> SummaryRequest {
     ])
 }
 
-fn section<'a>(out: &'a str, n: usize) -> &'a str {
+fn section(out: &str, n: usize) -> &str {
     const TITLES: [&str; 9] = [
         "1. Primary Request and Intent:",
         "2. Key Technical Concepts:",
