@@ -272,7 +272,8 @@ pub struct AnthropicSummarizerConfig {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
 #[serde(deny_unknown_fields, default)]
 pub struct ExtractiveSummarizerConfig {
-    /// Each user message is cut to this many characters in the summary.
+    /// Each user message's own words longer than this are cut in the middle to this many
+    /// characters in the summary.
     pub max_message_chars: usize,
 }
 

@@ -285,8 +285,12 @@ fn aggressive_thresholds_show_failed_compactions_without_extra_summaries() {
         assert_eq!(sections.len(), 1, "{stdout}");
         let section = &sections[0];
         check_section(name, section, &stdout);
+        // The task of function-calling-simple is 60% of its requests and the person's latest
+        // words are pinned verbatim: no rewrite can be smaller, so it never compacts (each
+        // failure is shown, and the breaker stops the attempts).
+        let task_dominated = name == "swe-agent-function-calling-simple.json";
         assert!(
-            section.rows.last().expect("rows").compactions >= 1,
+            task_dominated || section.rows.last().expect("rows").compactions >= 1,
             "{stdout}"
         );
         let failed = section

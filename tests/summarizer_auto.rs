@@ -63,6 +63,13 @@ fn provider(mock: &MockUpstream) {
             200,
             &json!({"choices": [{"index": 0, "message": {"role": "assistant", "content": "summary via chat"}}]}),
         ),
+        "/v1/responses" => Reply::json(
+            200,
+            &json!({"object": "response", "status": "completed", "output": [
+                {"type": "reasoning", "id": "rs_1", "summary": []},
+                {"type": "message", "role": "assistant", "content": [
+                    {"type": "output_text", "text": "summary via responses"}]}]}),
+        ),
         _ => Reply::status(404),
     });
 }
@@ -104,18 +111,28 @@ async fn messages_requests_are_summarised_through_the_messages_api() {
 }
 
 #[tokio::test]
-async fn chat_and_responses_requests_are_summarised_through_chat_completions() {
+async fn chat_and_responses_requests_are_summarised_in_their_own_api() {
+    // Some OpenAI-compatible endpoints agents use serve only `/responses`: a Responses
+    // request is summarised through `/responses`, a Chat Completions one through
+    // `/chat/completions`, each in one call.
     let mock = MockUpstream::start().await;
     provider(&mock);
     let (s, _) = auto();
-    for api in [Api::ChatCompletions, Api::Responses] {
+    for (api, path, text) in [
+        (
+            Api::ChatCompletions,
+            "/v1/chat/completions",
+            "summary via chat",
+        ),
+        (Api::Responses, "/v1/responses", "summary via responses"),
+    ] {
         let summary = s
             .summarize(&request(caller(&mock.url(), api)))
             .await
             .expect("summary");
-        assert_eq!(summary.text, "summary via chat", "{api:?}");
+        assert_eq!(summary.text, text, "{api:?}");
         let sent = mock.last_request();
-        assert_eq!(sent.path(), "/v1/chat/completions", "{api:?}");
+        assert_eq!(sent.path(), path, "{api:?}");
         assert_eq!(
             sent.header("authorization"),
             Some("Bearer sk-openai-caller")

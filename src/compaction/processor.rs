@@ -11,10 +11,15 @@
 //! Circuit breaker (seed §5.2): at most [`COMPACTION_CIRCUIT_BREAKER_THRESHOLD`] summarizer
 //! calls per request. When a rewrite would still trip the trigger, the next attempt halves the
 //! preserve budget (below the configured floor if need be; the boundary rules still apply) and
-//! summarises only the additional turns, refining the previous attempt's summary. If the
+//! summarises only the additional turns, refining the previous attempt's summary; an attempt
+//! that would send the summarizer the same slice as the previous one is not made. If the
 //! attempts run out, or a later attempt fails or makes no progress, the best rewrite so far is
 //! forwarded: it is valid and strictly smaller than the original, so it can only help. A
 //! rewrite that would not be smaller than the original (estimated) is never forwarded.
+//!
+//! The person's latest own words (their text without the context their agent injected, see
+//! [`own_words`]) are pinned verbatim at the end of every summary that covers the turn holding
+//! them, and a summary that is blank once that pin is removed is a blank summary.
 //!
 //! [`Compactor::process`] is the request-level glue: peek (cheap, no re-serialisation), record
 //! the estimate, check the trigger, and only then parse fully, compact and rewrite. It never
@@ -203,10 +208,11 @@ impl Engine {
     /// the request's model unless configured otherwise); the output budget is the one of the
     /// backend that will answer for `api` (`auto` picks by API, so an Anthropic request gets
     /// `summarizer.anthropic.max_tokens`), [`DEFAULT_SUMMARY_TOKENS`] for backends without
-    /// one, capped at half that window so a small model still has room for a prompt.
+    /// one, capped at a quarter of that window: on a small model, a summary as long as half the
+    /// window leaves too little room for the verbatim tail and the prompt.
     pub fn summarizer_budget(&self, model: Option<&str>, api: Api) -> (usize, u32) {
         let window = self.models.context_window(model);
-        let cap = u32::try_from(window / 2).unwrap_or(u32::MAX);
+        let cap = u32::try_from(window / 4).unwrap_or(u32::MAX);
         let own = self
             .summarizer
             .max_output_tokens(api)
@@ -322,8 +328,33 @@ impl Engine {
                 failure = Some(CompactError::Summarizer(SummarizeError::Blank));
                 break;
             }
-            let (summary, message, post) =
-                price(pin_latest_user_words(plain, t, head, boundary, input.prior));
+            //
+            // One exception: when the verbatim copy keeps the rewrite over the trigger (a long
+            // task text beside a large tail), the provider may refuse the pinned request: the
+            // summary's own copy (head and tail of the words, in "All user messages") stands
+            // in, and the log says so. Shrinking the request comes before the copy.
+            let pinned = price(pin_latest_user_words(
+                plain.clone(),
+                t,
+                head,
+                boundary,
+                input.prior,
+            ));
+            let (summary, message, post) = if limits.check(kept, pinned.2).is_some() {
+                let unpinned = price(plain);
+                if unpinned.2 < pinned.2 {
+                    tracing::warn!(
+                        pinned = pinned.2,
+                        unpinned = unpinned.2,
+                        "the latest user words verbatim would keep the request over its limits; the summary's copy stands in"
+                    );
+                    unpinned
+                } else {
+                    pinned
+                }
+            } else {
+                pinned
+            };
             if post >= to_beat {
                 if best.is_some() {
                     break; // no better than the previous attempt: keep that one
@@ -1083,8 +1114,8 @@ mod tests {
 
     #[tokio::test]
     async fn the_prompt_is_fitted_to_the_summarizers_window() {
-        // The output budget is the answering backend's own (1,000 here).
-        let fake = FakeSummarizer::scripted(vec![Reply::Text("s".into())], Some(1_000));
+        // The output budget is the answering backend's own (700 here).
+        let fake = FakeSummarizer::scripted(vec![Reply::Text("s".into())], Some(700));
         let toml = "[models.small]\ncontext_window = 3000\n";
         let e = engine(toml, fake.clone());
         let t = agentic(40, 3_000);
@@ -1106,16 +1137,17 @@ mod tests {
         .await
         .expect("compacts");
         let r = &fake.requests()[0];
-        assert!(e.estimator().text(&r.prompt) <= 2_000);
+        assert!(e.estimator().text(&r.prompt) <= 2_300);
         assert!(r
             .prompt
             .contains("earlier turns omitted to fit the summarizer's context window"));
-        assert_eq!(r.max_output_tokens, 1_000);
-        // A backend without a budget of its own gets the default, capped at half the window.
+        assert_eq!(r.max_output_tokens, 700);
+        // A backend without a budget of its own gets the default, capped at a quarter of the
+        // window.
         let e = engine(toml, FakeSummarizer::text("s"));
         assert_eq!(
             e.summarizer_budget(Some("small"), Api::Messages),
-            (1_500, 1_500)
+            (2_250, 750)
         );
         assert_eq!(
             e.summarizer_budget(None, Api::ChatCompletions).1,
