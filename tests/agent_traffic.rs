@@ -902,7 +902,6 @@ fn claude_code_body(messages: &[Value]) -> Vec<u8> {
 /// rules (orphaned `tool_result`, a final turn not opening with thinking, roles not
 /// alternating) or does not fit the window.
 #[tokio::test]
-#[ignore = "known defect, issue 11 left open: after about 8 compactions the extractive summary cuts the oldest carried-forward summary, and with it the earliest user messages"]
 async fn claude_code_typed_words_survive_every_compaction() {
     let mock = MockUpstream::start().await;
     let provider = Provider::install(&mock);
@@ -1726,7 +1725,6 @@ const DEVELOPER_MID: Instruction = Instruction {
 
 /// Breaks like the system-message test, for a Responses `developer` message.
 #[tokio::test]
-#[ignore = "known defect, issue 11 left open: after about 8 compactions the extractive summary cuts the oldest carried-forward summary, and with it the earliest user messages"]
 async fn a_mid_conversation_developer_message_survives_every_compaction() {
     let mock = MockUpstream::start().await;
     let provider = Provider::install(&mock);

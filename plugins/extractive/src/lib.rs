@@ -20,6 +20,10 @@
 //! - The tools used, the last error lines seen in tool outputs, the steps taken, the latest
 //!   assistant text as the current work, the focus instructions of a manual compaction, and
 //!   the prior summary carried forward under its own heading.
+//! - **The lists are cumulative.** A prior summary of this backend's own has its section 6
+//!   items and system instructions listed again first (see `carry`), so the carried-forward
+//!   copy, which is cut to the output budget oldest part first, never holds the only copy of
+//!   what the person said.
 //!
 //! The same request always yields the same text, so it is the offline default and the safe
 //! last fallback.
@@ -111,26 +115,29 @@ impl Summarizer for ExtractiveSummarizer {
 /// Writes the nine-section summary of `request`. Pure and deterministic.
 pub fn extract(request: &SummaryRequest, config: &ExtractiveConfig) -> String {
     let max = config.max_message_chars.max(1);
+    let prior = request
+        .prior_summary
+        .as_deref()
+        .map(str::trim)
+        .filter(|s| !s.is_empty());
+    let carried = prior.map(carry).unwrap_or_default();
     let turns: Vec<UserTurn> = request
         .entries
         .iter()
         .filter(|e| e.role == Role::User)
         .filter_map(user_turn)
         .collect();
-    let own_words: Vec<&str> = turns
-        .iter()
-        .filter_map(|t| match t {
-            UserTurn::OwnWords(w) => Some(w.as_str()),
-            _ => None,
-        })
-        .collect();
-    let system: Vec<&str> = turns
-        .iter()
-        .filter_map(|t| match t {
-            UserTurn::System(s) => Some(s.as_str()),
-            _ => None,
-        })
-        .collect();
+    // Both lists are cumulative: what an earlier summary listed (already cut), then this
+    // slice's, cut once here.
+    let mut own_words: Vec<String> = carried.user;
+    let mut system: Vec<String> = carried.system;
+    for turn in &turns {
+        match turn {
+            UserTurn::OwnWords(w) => own_words.push(cut_middle(w, max)),
+            UserTurn::System(s) => system.push(cut_middle(s, max)),
+            UserTurn::ContextOnly => {}
+        }
+    }
     let context_only = turns
         .iter()
         .filter(|t| matches!(t, UserTurn::ContextOnly))
@@ -174,25 +181,23 @@ pub fn extract(request: &SummaryRequest, config: &ExtractiveConfig) -> String {
 
     section(&mut out, 1, "Primary Request and Intent");
     match own_words.first() {
-        Some(first) => quote(&mut out, "   - ", &cut_middle(first, max)),
+        Some(first) => quote(&mut out, "   - ", first),
         None => item(
             &mut out,
             "No message of the user's own in the summarised turns.",
         ),
     }
-    if request.prior_summary.is_some() {
+    if prior.is_some() && carried.rest_only {
         item(
             &mut out,
             "Earlier requests are in the prior summary carried forward at the end.",
         );
     }
     if !system.is_empty() {
-        item(
-            &mut out,
-            "System instructions given during the conversation (verbatim, in order):",
-        );
+        out.push_str(SYSTEM_HEADER);
+        out.push('\n');
         for instruction in &system {
-            quote(&mut out, "     - ", &cut_middle(instruction, max));
+            quote(&mut out, SYSTEM_LEAD, instruction);
         }
     }
 
@@ -247,11 +252,7 @@ pub fn extract(request: &SummaryRequest, config: &ExtractiveConfig) -> String {
         item(&mut out, "None in the summarised turns.");
     }
     for (i, words) in own_words.iter().enumerate() {
-        quote(
-            &mut out,
-            &format!("   {}. ", i + 1),
-            &cut_middle(words, max),
-        );
+        quote(&mut out, &format!("   {}. ", i + 1), words);
     }
     if context_only > 0 {
         item(
@@ -277,7 +278,7 @@ pub fn extract(request: &SummaryRequest, config: &ExtractiveConfig) -> String {
             &format!(
                 "Whatever remains of the latest user message (6.{}): {}",
                 own_words.len(),
-                cut_middle(last, max)
+                last
             ),
         ),
         None => item(&mut out, "None recorded."),
@@ -308,13 +309,8 @@ pub fn extract(request: &SummaryRequest, config: &ExtractiveConfig) -> String {
         },
     );
 
-    if let Some(prior) = request
-        .prior_summary
-        .as_deref()
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-    {
-        let _ = writeln!(out, "\nPrior summary (carried forward):");
+    if prior.is_some() {
+        let _ = writeln!(out, "\n{PRIOR_HEADER}");
         let budget = (request.max_output_tokens as usize).saturating_mul(CHARS_PER_TOKEN);
         let room = if budget == 0 {
             usize::MAX
@@ -323,10 +319,130 @@ pub fn extract(request: &SummaryRequest, config: &ExtractiveConfig) -> String {
                 .saturating_sub(out.chars().count())
                 .max(MIN_PRIOR_CHARS)
         };
-        out.push_str(&cut(prior, room));
+        out.push_str(&cut(&carried.rest, room));
         out.push('\n');
     }
     out
+}
+
+/// Heads the prior summary carried forward.
+const PRIOR_HEADER: &str = "Prior summary (carried forward):";
+/// Introduces the system instructions in section 1.
+const SYSTEM_HEADER: &str =
+    "   - System instructions given during the conversation (verbatim, in order):";
+/// Leads each system instruction.
+const SYSTEM_LEAD: &str = "     - ";
+/// Opens section 6.
+const USER_HEADER: &str = "6. All user messages:";
+/// Stands where the lists of a carried-forward summary were.
+const MERGED: &str = "   - (listed again in this summary's own lists above)";
+
+/// What an earlier summary of this backend contributes to the next one.
+#[derive(Debug, Default)]
+struct Carried {
+    /// Its section 6 items, as written (already cut), in order.
+    user: Vec<String>,
+    /// Its system instructions, as written.
+    system: Vec<String>,
+    /// The summary without those items, to carry forward (and cut when long).
+    rest: String,
+    /// Whether no list was found: the prior was written by another backend (an LLM), so the
+    /// person's earlier words live only in `rest`.
+    rest_only: bool,
+}
+
+/// Splits a prior summary into its lists and the rest.
+///
+/// Every extractive summary lists again what the one before listed, so the lists are
+/// cumulative and the carried-forward prior no longer has to hold them: when the prior is cut
+/// to fit the budget (its oldest, nested part goes first), no user message or system
+/// instruction goes with it. Only the prior's own top level is read (the first section 6 and
+/// system block, before any summary nested in it). A prior written by another backend has no
+/// such lists and is carried forward whole.
+fn carry(prior: &str) -> Carried {
+    let lines: Vec<&str> = prior.lines().collect();
+    // Only the top level: stop at the summary this one carried forward.
+    let top = lines
+        .iter()
+        .position(|l| *l == PRIOR_HEADER)
+        .unwrap_or(lines.len());
+    let mut dropped = vec![false; lines.len()];
+    let system = take_items(
+        &lines[..top],
+        SYSTEM_HEADER,
+        |l| l.starts_with(SYSTEM_LEAD).then_some(SYSTEM_LEAD.len()),
+        &mut dropped,
+    );
+    let user = take_items(&lines[..top], USER_HEADER, numbered_lead, &mut dropped);
+    let found = !user.is_empty() || !system.is_empty();
+    let mut rest = String::with_capacity(prior.len());
+    let mut marked = false;
+    for (line, dropped) in lines.iter().zip(&dropped) {
+        if *dropped {
+            if !marked {
+                rest.push_str(MERGED);
+                rest.push('\n');
+                marked = true;
+            }
+            continue;
+        }
+        marked = false;
+        rest.push_str(line);
+        rest.push('\n');
+    }
+    Carried {
+        user,
+        system,
+        rest: rest.trim_end().to_owned(),
+        rest_only: !found,
+    }
+}
+
+/// The length of a `   N. ` lead at the start of `line`, if it has one.
+fn numbered_lead(line: &str) -> Option<usize> {
+    let digits = line.strip_prefix("   ")?;
+    let n = digits.len()
+        - digits
+            .trim_start_matches(|c: char| c.is_ascii_digit())
+            .len();
+    (n > 0 && digits[n..].starts_with(". ")).then_some(3 + n + 2)
+}
+
+/// The items after the first line equal to `header` in `lines`, as [`quote`] wrote them: an
+/// item starts on a line where `lead` finds a lead, and runs on over the lines indented by
+/// that lead's width (and the blank lines between them). Marks the item lines in `dropped`.
+fn take_items(
+    lines: &[&str],
+    header: &str,
+    lead: impl Fn(&str) -> Option<usize>,
+    dropped: &mut [bool],
+) -> Vec<String> {
+    let Some(start) = lines.iter().position(|l| *l == header) else {
+        return Vec::new();
+    };
+    let mut items = Vec::new();
+    let mut i = start + 1;
+    while let Some(width) = lines.get(i).and_then(|l| lead(l)) {
+        let mut text = lines[i][width..].to_owned();
+        dropped[i] = true;
+        i += 1;
+        let indent = " ".repeat(width);
+        loop {
+            // Blank lines belong to the item only when an indented line follows them.
+            let next = (i..lines.len()).find(|&j| !lines[j].is_empty());
+            match next {
+                Some(j) if lines[j].starts_with(&indent) => {
+                    text.extend(std::iter::repeat_n('\n', j - i + 1));
+                    text.push_str(&lines[j][width..]);
+                    dropped[i..=j].iter_mut().for_each(|d| *d = true);
+                    i = j + 1;
+                }
+                _ => break,
+            }
+        }
+        items.push(text);
+    }
+    items
 }
 
 /// What a user entry contributes to the summary.
@@ -599,6 +715,72 @@ mod tests {
         assert!(s.contains("Prior summary (carried forward):\nEARLIER: the user wanted a CLI"));
         assert!(s.contains("   1. fix the parser"));
         assert!(s.contains("8. Current Work:\n   - looking at parse.rs"));
+    }
+
+    #[test]
+    fn user_messages_and_system_instructions_survive_any_number_of_refinements() {
+        // Each compaction refines the previous summary under a small budget, so the prior
+        // carried forward is cut every time: the lists must not live only inside it.
+        let mut prior: Option<String> = None;
+        for k in 0..12 {
+            let mut entries = vec![text(Role::User, &format!("request {k}: fix bug #{k}"))];
+            if k == 2 {
+                entries.push(text(Role::User, "[system] SYSTEM-MID: answer in French"));
+                entries.push(text(Role::User, "first line\n\n  indented after a blank"));
+            }
+            entries.push(text(Role::Assistant, &"working on it ".repeat(40)));
+            let mut r = request(entries);
+            r.prior_summary = prior.take();
+            r.max_output_tokens = 400;
+            prior = Some(extract(&r, &ExtractiveConfig::default()));
+        }
+        let s = prior.expect("a summary");
+        let six = &s[s.find("6. All user messages:").expect("section 6")
+            ..s.find("7. Pending Tasks:").expect("section 7")];
+        let mut n = 0;
+        for k in 0..12 {
+            n += 1;
+            assert!(
+                six.contains(&format!("   {n}. request {k}: fix bug #{k}\n")),
+                "{s}"
+            );
+            if k == 2 {
+                n += 1;
+                assert!(
+                    six.contains(&format!(
+                        "   {n}. first line\n\n        indented after a blank\n"
+                    )),
+                    "multi-line words round-trip: {s}"
+                );
+            }
+        }
+        assert_eq!(s.matches("SYSTEM-MID: answer in French").count(), 1, "{s}");
+        assert!(
+            s.contains(&format!("{SYSTEM_LEAD}[system] SYSTEM-MID")),
+            "{s}"
+        );
+        assert!(
+            s.contains(&format!("6.{n}): request 11")),
+            "pending refers to the last"
+        );
+        assert!(s.starts_with("(Summary of compaction"));
+        assert!(
+            s.contains("   - request 0: fix bug #0\n"),
+            "the first request stays primary"
+        );
+    }
+
+    #[test]
+    fn a_prior_from_another_backend_is_carried_whole() {
+        let mut r = request(vec![text(Role::User, "go on")]);
+        r.prior_summary = Some(
+            "1. Primary Request: the user wanted a CLI\n6. All user messages:\n- build a CLI"
+                .into(),
+        );
+        let s = extract(&r, &ExtractiveConfig::default());
+        assert!(s.contains("Earlier requests are in the prior summary carried forward"));
+        assert!(s.ends_with("6. All user messages:\n- build a CLI\n"), "{s}");
+        assert!(s.contains("   1. go on\n"));
     }
 
     #[test]
