@@ -126,12 +126,6 @@ impl Calibration {
         self.lock().models.get(key(model)).map_or(1.0, |e| e.ratio)
     }
 
-    /// `estimate` times the model's factor, rounded up (saturating).
-    pub fn apply(&self, model: &str, estimate: usize) -> usize {
-        // `as` saturates at `usize::MAX`.
-        (estimate as f64 * self.factor(model)).ceil() as usize
-    }
-
     /// Observations recorded for `model` (0 when unknown).
     pub fn samples(&self, model: &str) -> u64 {
         self.lock().models.get(key(model)).map_or(0, |e| e.samples)
@@ -175,7 +169,6 @@ mod tests {
     fn unknown_model_is_one() {
         let c = Calibration::new();
         assert_eq!(c.factor("gpt-4o"), 1.0);
-        assert_eq!(c.apply("gpt-4o", 1000), 1000);
         assert!(c.is_empty());
     }
 
@@ -202,7 +195,6 @@ mod tests {
         c.observe("m", 1000, 1000);
         c.observe("m", 1000, 2000);
         assert!((c.factor("m") - (1.0 + ALPHA * 1.0)).abs() < 1e-9);
-        assert_eq!(c.apply("m", 1000), 1200);
     }
 
     #[test]

@@ -924,27 +924,10 @@ mod tests {
     use super::*;
     use crate::compaction::processor::{LATEST_USER_CLOSE, LATEST_USER_OPEN};
     use crate::compaction::testing::{
-        body, caller, compactions, compactor, config, FakeSummarizer, Reply,
+        body, caller, chat, compactions, compactor, config, messages_of, FakeSummarizer, Reply,
+        SMALL,
     };
     use serde_json::{json, Value};
-
-    /// Small limits so compaction fires on small requests.
-    const SMALL: &str = "[compaction]\nmax_messages = 10\nmin_preserve_tokens = 20\n\
-                         max_preserve_tokens = 60\n[models.tiny]\ncontext_window = 1000\n";
-
-    fn chat(n: usize) -> Vec<Value> {
-        let mut m = vec![json!({"role": "system", "content": "You are helpful."})];
-        for i in 0..n {
-            let role = if i % 2 == 0 { "user" } else { "assistant" };
-            m.push(json!({"role": role, "content": format!("message {i} {}", "x".repeat(40))}));
-        }
-        m
-    }
-
-    fn messages_of(body: &[u8]) -> Vec<Value> {
-        let v: Value = serde_json::from_slice(body).expect("valid JSON");
-        v["messages"].as_array().cloned().expect("messages")
-    }
 
     async fn send(c: &Compactor, messages: &[Value]) -> Outcome {
         c.process(

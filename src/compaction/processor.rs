@@ -328,7 +328,6 @@ impl Engine {
                 failure = Some(CompactError::Summarizer(SummarizeError::Blank));
                 break;
             }
-            //
             // One exception: when the verbatim copy keeps the rewrite over the trigger (a long
             // task text beside a large tail), the provider may refuse the pinned request: the
             // summary's own copy (head and tail of the words, in "All user messages") stands
@@ -547,7 +546,8 @@ mod tests {
     use super::*;
     use crate::compaction::mask::MASKED_OUTPUT;
     use crate::compaction::testing::{
-        body, caller, check_openai_pairing, compactions, compactor, config, FakeSummarizer, Reply,
+        body, caller, chat, check_openai_pairing, compactions, compactor, config, messages_of,
+        FakeSummarizer, Reply, SMALL,
     };
     use crate::compaction::transcript::tests::{call, text};
     use crate::compaction::transcript::Role;
@@ -555,24 +555,6 @@ mod tests {
     use crate::dialect::DialectKind;
     use serde_json::{json, Value};
     use std::time::Instant;
-
-    /// Small limits so compaction fires on small requests.
-    const SMALL: &str = "[compaction]\nmax_messages = 10\nmin_preserve_tokens = 20\n\
-                         max_preserve_tokens = 60\n[models.tiny]\ncontext_window = 1000\n";
-
-    fn chat(n: usize) -> Vec<Value> {
-        let mut m = vec![json!({"role": "system", "content": "You are helpful."})];
-        for i in 0..n {
-            let role = if i % 2 == 0 { "user" } else { "assistant" };
-            m.push(json!({"role": role, "content": format!("message {i} {}", "x".repeat(40))}));
-        }
-        m
-    }
-
-    fn messages_of(body: &[u8]) -> Vec<Value> {
-        let v: Value = serde_json::from_slice(body).expect("valid JSON");
-        v["messages"].as_array().cloned().expect("messages")
-    }
 
     #[test]
     fn process_is_send_so_the_proxy_can_await_it_anywhere() {

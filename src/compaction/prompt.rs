@@ -248,7 +248,7 @@ pub fn truncate_entries(entries: &mut [Entry]) {
 }
 
 /// What goes into a compaction prompt.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 pub struct PromptInput<'a> {
     /// The summary of the previous compaction, if any.
     pub prior_summary: Option<&'a str>,
@@ -659,12 +659,7 @@ mod tests {
 
     #[test]
     fn no_prior_summary_no_block() {
-        let input = PromptInput {
-            prior_summary: None,
-            read_files: &[],
-            modified_files: &[],
-            instructions: None,
-        };
+        let input = PromptInput::default();
         let built = build_prompt(&input, sample_entries(), 100_000, &LazyEstimator::default())
             .expect("fits");
         assert!(!built.prompt.contains("<prior-summary>\n"));
@@ -674,12 +669,7 @@ mod tests {
 
     #[test]
     fn oldest_turns_are_dropped_to_fit_and_the_prompt_says_so() {
-        let input = PromptInput {
-            prior_summary: None,
-            read_files: &[],
-            modified_files: &[],
-            instructions: None,
-        };
+        let input = PromptInput::default();
         let e = LazyEstimator::default();
         let entries: Vec<Entry> = (0..50)
             .map(|i| Entry {
@@ -705,12 +695,7 @@ mod tests {
 
     #[test]
     fn the_models_turns_are_left_out_before_the_persons() {
-        let input = PromptInput {
-            prior_summary: None,
-            read_files: &[],
-            modified_files: &[],
-            instructions: None,
-        };
+        let input = PromptInput::default();
         let e = LazyEstimator::default();
         let turn = |role, i: usize| Entry {
             role,

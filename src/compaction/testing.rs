@@ -101,6 +101,26 @@ impl Summarizer for FakeSummarizer {
     }
 }
 
+/// Small limits so compaction fires on small requests (`tiny` has a 1,000-token window).
+pub(crate) const SMALL: &str = "[compaction]\nmax_messages = 10\nmin_preserve_tokens = 20\n\
+                                max_preserve_tokens = 60\n[models.tiny]\ncontext_window = 1000\n";
+
+/// A system message, then `n` alternating user and assistant messages of about 12 tokens.
+pub(crate) fn chat(n: usize) -> Vec<Value> {
+    let mut m = vec![json!({"role": "system", "content": "You are helpful."})];
+    for i in 0..n {
+        let role = if i % 2 == 0 { "user" } else { "assistant" };
+        m.push(json!({"role": role, "content": format!("message {i} {}", "x".repeat(40))}));
+    }
+    m
+}
+
+/// The `messages` array of a chat body.
+pub(crate) fn messages_of(body: &[u8]) -> Vec<Value> {
+    let v: Value = serde_json::from_slice(body).expect("valid JSON");
+    v["messages"].as_array().cloned().expect("messages")
+}
+
 /// The default config with `toml` applied on top.
 pub(crate) fn config(toml: &str) -> Config {
     match Config::from_toml(toml) {

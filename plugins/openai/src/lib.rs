@@ -263,8 +263,8 @@ impl Wire {
 /// These models want `max_completion_tokens` instead of `max_tokens` on Chat Completions and
 /// reject a non-default `temperature`, so from the first call they get `max_completion_tokens`
 /// and no `temperature` (on the Responses API the budget is `max_output_tokens` for every
-/// model; only the temperature differs). Names this rule does not know (an Azure deployment name, say) still get the
-/// parameters adjusted after a 400 that names them.
+/// model; only the temperature differs). Names this rule does not know (an Azure deployment
+/// name, say) still get the parameters adjusted after a 400 that names them.
 pub fn is_reasoning_model(model: &str) -> bool {
     let name = model.rsplit('/').next().unwrap_or(model).trim();
     let name = name.to_ascii_lowercase();
