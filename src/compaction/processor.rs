@@ -877,6 +877,38 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn the_same_slice_is_never_summarised_twice() {
+        // With three messages the boundary can only fall on the last one, whatever the
+        // budget: after a summary too long to help, a retry with a smaller budget would send
+        // the summarizer the very same slice.
+        let fake = FakeSummarizer::text(&"long ".repeat(2_000));
+        let e = engine("", fake.clone());
+        let t = Transcript::new(vec![
+            text(Role::System, "sys"),
+            text(Role::User, &"u".repeat(400)),
+            text(Role::Assistant, "a"),
+        ]);
+        let limits = Limits {
+            token_threshold: 10,
+            ..e.limits(None, None)
+        };
+        let err = e
+            .compact(CompactionInput {
+                transcript: &t,
+                model: None,
+                limits,
+                fixed_tokens: 0,
+                prior: None,
+                instructions: None,
+                caller: &caller(),
+            })
+            .await
+            .expect_err("the summary never makes the request smaller");
+        assert!(matches!(err, CompactError::NotSmaller { .. }), "{err}");
+        assert_eq!(fake.requests().len(), 1, "one call, not one per attempt");
+    }
+
+    #[tokio::test]
     async fn nothing_to_compact_is_a_failure() {
         let fake = FakeSummarizer::text("S");
         let (c, metrics) = compactor(&config(SMALL), fake.clone());
