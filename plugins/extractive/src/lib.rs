@@ -61,8 +61,12 @@ const ERROR_MARKERS: [&str; 9] = [
 const ERROR_STARTS: [&str; 4] = ["error", "failed", "fatal", "failure"];
 /// Masked tool outputs carry no information worth extracting.
 const MASKED_PREFIX: &str = "[output masked";
-/// The prior summary is never cut below this many characters, whatever the budget.
+/// A prior summary from another backend is never cut below this many characters, whatever
+/// the budget: it holds the only copy of the earlier requests.
 const MIN_PRIOR_CHARS: usize = 2_000;
+/// The floor for a prior of this backend's own, whose lists are already listed again above
+/// it: what remains of it (tools, errors, steps of earlier slices) gives way to the budget.
+const MIN_OWN_PRIOR_CHARS: usize = 500;
 /// Rough characters per token, to turn `max_output_tokens` into a character budget.
 const CHARS_PER_TOKEN: usize = 4;
 /// How the engine marks a mid-conversation system message it renders as a user entry.
@@ -137,6 +141,10 @@ pub fn extract(request: &SummaryRequest, config: &ExtractiveConfig) -> String {
             UserTurn::System(s) => system.push(cut_middle(s, max)),
             UserTurn::ContextOnly => {}
         }
+    }
+    let budget = (request.max_output_tokens as usize).saturating_mul(CHARS_PER_TOKEN);
+    if budget > 0 {
+        fit_lists(&mut own_words, &mut system, max, budget / 2);
     }
     let context_only = turns
         .iter()
@@ -311,13 +319,15 @@ pub fn extract(request: &SummaryRequest, config: &ExtractiveConfig) -> String {
 
     if prior.is_some() {
         let _ = writeln!(out, "\n{PRIOR_HEADER}");
-        let budget = (request.max_output_tokens as usize).saturating_mul(CHARS_PER_TOKEN);
         let room = if budget == 0 {
             usize::MAX
         } else {
-            budget
-                .saturating_sub(out.chars().count())
-                .max(MIN_PRIOR_CHARS)
+            let floor = if carried.rest_only {
+                MIN_PRIOR_CHARS
+            } else {
+                MIN_OWN_PRIOR_CHARS
+            };
+            budget.saturating_sub(out.chars().count()).max(floor)
         };
         out.push_str(&cut(&carried.rest, room));
         out.push('\n');
@@ -612,6 +622,33 @@ pub fn clip(text: &str, max: usize) -> String {
     cut(&one_line, max)
 }
 
+/// Shortest a quote is cut to when the lists must shrink: its first and last 30 characters.
+const MIN_QUOTE_CHARS: usize = 60;
+
+/// Bounds the cumulative lists to about `share` characters without dropping an item: the
+/// older quotes (every one but the latest user message, which keeps its cut at `max`) are cut
+/// shorter, in the middle, halving the length each round, until the lists fit or every quote
+/// is down to [`MIN_QUOTE_CHARS`]. Agents in text mode (SWE-agent) send every observation as a
+/// user message, so a long session would otherwise grow its summary without bound.
+fn fit_lists(own: &mut [String], system: &mut [String], max: usize, share: usize) {
+    let total = |own: &[String], system: &[String]| -> usize {
+        own.iter()
+            .chain(system.iter())
+            .map(|q| q.chars().count())
+            .sum()
+    };
+    let older = own.len().saturating_sub(1);
+    let mut limit = max;
+    while total(own, system) > share && limit > MIN_QUOTE_CHARS {
+        limit = (limit / 2).max(MIN_QUOTE_CHARS);
+        for quote in own[..older].iter_mut().chain(system.iter_mut()) {
+            if quote.chars().count() > limit {
+                *quote = cut_middle(quote, limit);
+            }
+        }
+    }
+}
+
 /// `text` unchanged when it has at most `max` characters; otherwise its first `⌈max/2⌉` and
 /// last `⌊max/2⌋` characters around a `[… N characters cut …]` marker.
 fn cut_middle(text: &str, max: usize) -> String {
@@ -768,6 +805,33 @@ mod tests {
             s.contains("   - request 0: fix bug #0\n"),
             "the first request stays primary"
         );
+    }
+
+    #[test]
+    fn long_sessions_shorten_older_quotes_but_drop_none() {
+        // A text-mode agent sends every observation as a user message: 60 refinements of
+        // 400-character messages would make section 6 grow to 24,000 characters.
+        let mut prior: Option<String> = None;
+        for k in 0..60 {
+            let words = format!("obs {k:02}: {} end {k:02}", "x".repeat(380));
+            let mut r = request(vec![text(Role::User, &words), text(Role::Assistant, "ok")]);
+            r.prior_summary = prior.take();
+            r.max_output_tokens = 1_000;
+            prior = Some(extract(&r, &ExtractiveConfig::default()));
+        }
+        let s = prior.expect("a summary");
+        let six = &s[s.find("6. All user messages:").expect("section 6")
+            ..s.find("7. Pending Tasks:").expect("section 7")];
+        // Every older quote is down to its floor (head, marker, tail): about 100 characters a
+        // line instead of 400.
+        let bound = 60 * (MIN_QUOTE_CHARS + 40);
+        assert!(six.chars().count() < bound, "{}", six.chars().count());
+        for k in 0..60 {
+            assert!(six.contains(&format!("obs {k:02}: ")), "head of {k}: {six}");
+            assert!(six.contains(&format!(" end {k:02}\n")), "tail of {k}");
+        }
+        // The latest keeps its full cut.
+        assert!(six.contains(&format!("obs 59: {}", "x".repeat(200))));
     }
 
     #[test]
