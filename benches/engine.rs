@@ -10,11 +10,11 @@ use std::hint::black_box;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use compactor::compaction::estimate::LazyEstimator;
-use compactor::compaction::{Compactor, Outcome, RequestContext};
 use compactor::config::Config;
 use compactor::dialect::{chat, DialectKind};
+use compactor::estimate::LazyEstimator;
 use compactor::metrics::Metrics;
+use compactor::pipeline::{Outcome, Pipeline, RequestContext};
 use compactor::session::hash::{chain, TenantId};
 use compactor_plugin_api::{
     BoxFuture, Caller, SummarizeError, Summarizer, Summary, SummaryRequest,
@@ -88,13 +88,13 @@ fn request(model: &str, messages: Vec<Value>) -> Vec<u8> {
     .into_bytes()
 }
 
-fn fresh_compactor() -> Compactor {
+fn fresh_compactor() -> Pipeline {
     let config = Config::from_toml("").expect("default config");
     let metrics = Arc::new(Metrics::new().expect("metrics"));
-    Compactor::new(&config, Arc::new(InstantSummarizer), metrics)
+    Pipeline::new(&config, Arc::new(InstantSummarizer), metrics)
 }
 
-fn setup() -> (Compactor, tokio::runtime::Runtime) {
+fn setup() -> (Pipeline, tokio::runtime::Runtime) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()

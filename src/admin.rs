@@ -20,7 +20,7 @@ use hyper::body::Incoming;
 use serde_json::json;
 
 use crate::app::App;
-use crate::compaction::ManualOutcome;
+use crate::pipeline::ManualOutcome;
 
 /// Largest admin request body read (focus instructions).
 const MAX_ADMIN_BODY: usize = 64 * 1024;

@@ -5,10 +5,10 @@
 
 use std::sync::{Arc, PoisonError, RwLock};
 
-use crate::compaction::Compactor;
 use crate::config::Config;
 use crate::error::Error;
 use crate::metrics::Metrics;
+use crate::pipeline::Pipeline;
 use crate::summarizer;
 use crate::upstream::Upstream;
 
@@ -21,7 +21,7 @@ pub struct App {
     /// The upstream routing table and pooled client.
     pub upstream: Upstream,
     /// The compaction engine.
-    pub compactor: Compactor,
+    pub compactor: Pipeline,
 }
 
 impl App {
@@ -32,7 +32,7 @@ impl App {
     pub fn reconfigure(&self, config: Config) -> Result<App, Error> {
         config.validate()?;
         let summarizer = summarizer::build(&config, self.metrics.clone())?;
-        let compactor = Compactor::with_store(
+        let compactor = Pipeline::with_store(
             &config,
             summarizer,
             self.metrics.clone(),
@@ -57,7 +57,7 @@ impl App {
         config.validate()?;
         let metrics = Arc::new(Metrics::new()?);
         let summarizer = summarizer::build(&config, metrics.clone())?;
-        let compactor = Compactor::new(&config, summarizer, metrics.clone());
+        let compactor = Pipeline::new(&config, summarizer, metrics.clone());
         let upstream = Upstream::new(&config)?;
         Ok(App {
             config,

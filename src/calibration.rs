@@ -2,7 +2,7 @@
 //! model.
 //!
 //! compactor estimates tokens at a fixed ratio per character (see
-//! [`crate::compaction::estimate`]); real tokenizers differ by model and by content (code,
+//! [`crate::estimate`]); real tokenizers differ by model and by content (code,
 //! JSON and non-Latin text tokenize differently). Each response's `usage` (read by
 //! [`crate::usage`]) gives the actual input tokens of the forwarded request; [`Calibration`]
 //! keeps, per model, an exponentially weighted mean of `actual ÷ estimated` and hands it out

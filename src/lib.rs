@@ -33,14 +33,19 @@ pub mod compaction;
 pub mod config;
 pub mod dialect;
 pub mod error;
+pub mod estimate;
 pub mod metrics;
+pub mod pipeline;
 pub mod proxy;
 pub mod reload;
 pub mod replay;
 pub mod server;
 pub mod session;
 pub mod summarizer;
+#[cfg(test)]
+pub(crate) mod testing;
 pub mod timing;
+pub mod transcript;
 pub mod upstream;
 pub mod usage;
 

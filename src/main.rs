@@ -12,10 +12,11 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use compactor::compaction::{CompactionInput, Compactor};
+use compactor::compaction::CompactionInput;
 use compactor::config::{Config, LogFormat};
 use compactor::dialect::chat;
 use compactor::metrics::Metrics;
+use compactor::pipeline::Pipeline;
 use compactor::reload::Reloader;
 use compactor::Server;
 use compactor_plugin_api::Caller;
@@ -173,7 +174,7 @@ fn read_input(file: Option<&Path>) -> anyhow::Result<Vec<u8>> {
 async fn compact(config: &Config, body: &[u8]) -> anyhow::Result<ExitCode> {
     let metrics = Arc::new(Metrics::new().context("building the metrics registry")?);
     let summarizer = compactor::summarizer::build(config, metrics.clone())?;
-    let compactor = Compactor::new(config, summarizer, metrics);
+    let compactor = Pipeline::new(config, summarizer, metrics);
     let engine = compactor.engine();
 
     // The whole request must be one compactor understands, even when nothing triggers.

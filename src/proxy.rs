@@ -27,10 +27,10 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 
 use crate::app::App;
-use crate::compaction::{Outcome, Processed, RequestContext};
 use crate::dialect::DialectKind;
 use crate::error::Error;
 use crate::metrics::{status_class, Metrics, OTHER_ROUTE};
+use crate::pipeline::{Outcome, Processed, RequestContext};
 use crate::timing::Overhead;
 use crate::upstream::{prepare_headers, strip_hop_by_hop, BoxError, ProxyBody, Resolved};
 use crate::usage::{self, Encoding, Format, Observed};

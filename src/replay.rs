@@ -10,7 +10,7 @@
 //! (`.jsonl`/`.ndjson`, or any file whose lines are JSON objects) holds complete requests, one
 //! per line, replayed as recorded. [`detect`] tells the dialect of a body from its shape alone.
 //!
-//! A [`Replayer`] feeds every request of a recording, in order, to a fresh [`Compactor`] built
+//! A [`Replayer`] feeds every request of a recording, in order, to a fresh [`Pipeline`] built
 //! from the configuration as the proxy builds it (models table, thresholds, session memory and
 //! checkpoints), with the `extractive` summarizer unless told otherwise, wrapped in a
 //! [`CountingSummarizer`]. Each step yields a [`StepRow`]: messages, estimated tokens received
@@ -32,9 +32,10 @@ use compactor_plugin_api::{
     BoxFuture, Caller, SummarizeError, Summarizer, Summary, SummaryRequest,
 };
 
-use crate::compaction::{CompactionOutcome, Compactor, Limits, Outcome, RequestContext, Trigger};
+use crate::compaction::{CompactionOutcome, Limits, Trigger};
 use crate::config::{Config, ConfigError};
 use crate::metrics::Metrics;
+use crate::pipeline::{Outcome, Pipeline, RequestContext};
 use crate::summarizer::{self, BuildError};
 
 /// The summarizer backend used unless `--summarizer` names another: local, deterministic and
@@ -383,7 +384,7 @@ impl Replayer {
             &self.config,
             metrics.clone(),
         )?));
-        let compactor = Compactor::new(&self.config, counting.clone(), metrics.clone());
+        let compactor = Pipeline::new(&self.config, counting.clone(), metrics.clone());
         let estimator = compactor.engine().estimator();
         let mut rows = Vec::with_capacity(recording.steps.len());
         let mut compactions = 0;

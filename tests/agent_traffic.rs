@@ -36,7 +36,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use compactor::compaction::processor::{LATEST_USER_CLOSE, LATEST_USER_OPEN};
+use compactor::compaction::engine::{LATEST_USER_CLOSE, LATEST_USER_OPEN};
 use compactor::compaction::prompt::SUMMARY_INTRO;
 use serde_json::{json, Value};
 

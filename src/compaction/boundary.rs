@@ -37,8 +37,8 @@
 //! Leading system/developer messages are never compacted; when no message is left between
 //! them and the boundary there is nothing to compact.
 
-use super::transcript::{Message, Role, Transcript};
 use crate::config::CompactionConfig;
+use crate::transcript::{Message, Role, Transcript};
 
 /// The seed's `MinPreserveRecentTokens`: floor of the preserve budget.
 pub const MIN_PRESERVE_RECENT_TOKENS: usize = 2_000;
@@ -184,8 +184,8 @@ fn thinking_loop_start(t: &Transcript, b: usize) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compaction::transcript::tests::{call, text};
-    use crate::compaction::transcript::{Message, Part, ToolResult};
+    use crate::transcript::tests::{call, text};
+    use crate::transcript::{Message, Part, ToolResult};
 
     fn sized(role: Role, tokens: usize) -> Message {
         let mut m = text(role, "x");

@@ -31,7 +31,7 @@ use regex::Regex;
 use serde_json::Value;
 
 use super::shell::{split_commands, Redirect, SimpleCommand};
-use super::transcript::{Message, Part, Role};
+use crate::transcript::{Message, Part, Role};
 
 /// Argument keys that name the file a tool works on.
 const PATH_KEYS: &[&str] = &[
@@ -554,7 +554,7 @@ fn shell_command(args: &Value) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compaction::transcript::Transcript;
+    use crate::transcript::Transcript;
     use serde::Deserialize;
 
     fn track(calls: &[(&str, &str)]) -> (Vec<String>, Vec<String>) {

@@ -14,8 +14,8 @@ use std::fmt::Write as _;
 
 use compactor_plugin_api::{split_user_text, Entry, Part as EntryPart, Role as EntryRole};
 
-use super::estimate::{count_chars, LazyEstimator};
-use super::transcript::{Message, Part, Role};
+use crate::estimate::{count_chars, LazyEstimator};
+use crate::transcript::{Message, Part, Role};
 
 /// The seed's `maxTextChars`: text (and reasoning) parts are cut to this many characters.
 pub const MAX_TEXT_CHARS: usize = 2_000;
@@ -443,8 +443,8 @@ pub fn summary_message(summary: &str, read_files: &[String], modified_files: &[S
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compaction::transcript::tests::{call, text};
-    use crate::compaction::transcript::Transcript;
+    use crate::transcript::tests::{call, text};
+    use crate::transcript::Transcript;
 
     #[test]
     fn truncation_limits_match_the_seed() {
@@ -552,7 +552,7 @@ mod tests {
 
     #[test]
     fn tool_result_parts_join_the_calling_turn_and_the_rest_stays_the_users() {
-        use crate::compaction::transcript::ToolResult;
+        use crate::transcript::ToolResult;
         let mut t = Transcript::new(vec![
             Message::new(Role::Assistant, vec![call("t1", "Read", "{}")]),
             Message::new(

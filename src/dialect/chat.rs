@@ -27,8 +27,8 @@ use super::json::{
     StrCharsVisitor,
 };
 use super::{Conversation, DialectError};
-use crate::compaction::estimate::{count_chars, Counts, LazyEstimator};
-use crate::compaction::transcript::{Message, Part, Role, ToolCall};
+use crate::estimate::{count_chars, Counts, LazyEstimator};
+use crate::transcript::{Message, Part, Role, ToolCall};
 
 /// What the hot path needs to know about a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -592,7 +592,7 @@ impl<'de> Deserialize<'de> for PartCounts {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compaction::estimate::IMAGE_TOKENS;
+    use crate::estimate::IMAGE_TOKENS;
     use serde_json::json;
 
     fn est() -> LazyEstimator {

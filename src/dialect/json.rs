@@ -21,7 +21,7 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 
 use super::DialectError;
-use crate::compaction::estimate::{count_chars, Counts};
+use crate::estimate::{count_chars, Counts};
 
 /// The [`Visitor`] methods for the JSON scalars the model does not read (booleans, numbers,
 /// `null`): each answers `$value`. Strings, arrays and objects stay with each visitor.

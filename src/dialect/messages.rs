@@ -32,8 +32,8 @@ use super::json::{
     OrderedObject, Rules,
 };
 use super::{Conversation, DialectError, Peek};
-use crate::compaction::estimate::{Counts, LazyEstimator};
-use crate::compaction::transcript::{Message, Part, Role, ToolCall, ToolResult};
+use crate::estimate::{Counts, LazyEstimator};
+use crate::transcript::{Message, Part, Role, ToolCall, ToolResult};
 
 /// How Anthropic content is counted.
 pub(crate) static RULES: Rules = Rules {
@@ -475,8 +475,8 @@ fn merged_user_message(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compaction::estimate::IMAGE_TOKENS;
     use crate::dialect::json::OrderedObject;
+    use crate::estimate::IMAGE_TOKENS;
     use serde_json::json;
 
     fn est() -> LazyEstimator {
@@ -549,7 +549,11 @@ mod tests {
         assert_eq!(r.conversation.tokens(), p.tokens, "peek and parse agree");
         assert_eq!(r.conversation.fixed_tokens, p.fixed_tokens);
         for m in &r.conversation.transcript.messages {
-            assert_eq!(est().message(m), m.tokens, "parts estimate of {m:?}");
+            assert_eq!(
+                est().counts(m.counts()),
+                m.tokens,
+                "parts estimate of {m:?}"
+            );
         }
     }
 

@@ -15,16 +15,14 @@
 //! (OpenAI Responses), with the JSON plumbing the last two share in `json`.
 
 pub mod chat;
-mod json;
+pub(crate) mod json;
 pub mod messages;
-#[cfg(test)]
-mod props;
 pub mod responses;
 
 use serde_json::value::RawValue;
 
-use crate::compaction::estimate::LazyEstimator;
-use crate::compaction::transcript::{Message, Transcript};
+use crate::estimate::LazyEstimator;
+use crate::transcript::{Message, Transcript};
 
 pub use chat::Peek;
 

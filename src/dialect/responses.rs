@@ -30,8 +30,8 @@ use super::json::{
     as_tokens, count_messages, leaf_chars, node_counts, NodeSeed, OrderedObject, Rules, StrChars,
 };
 use super::{Conversation, DialectError, Peek};
-use crate::compaction::estimate::{count_chars, Counts, LazyEstimator};
-use crate::compaction::transcript::{Message, Part, Role, ToolCall};
+use crate::estimate::{count_chars, Counts, LazyEstimator};
+use crate::transcript::{Message, Part, Role, ToolCall};
 
 /// How Responses input is counted.
 pub(crate) static RULES: Rules = Rules {
@@ -442,7 +442,7 @@ impl ResponsesRequest<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compaction::estimate::IMAGE_TOKENS;
+    use crate::estimate::IMAGE_TOKENS;
     use serde_json::json;
 
     fn est() -> LazyEstimator {

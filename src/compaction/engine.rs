@@ -1,5 +1,5 @@
 //! The processor: compacts a parsed transcript ([`Engine::compact`]) and handles one request
-//! end to end ([`Compactor::process`]).
+//! end to end ([`Pipeline::process`]).
 //!
 //! [`Engine::compact`] is the seed's `Processor.Compact` over a neutral transcript: find the
 //! preserve boundary, mask and truncate the turns before it, render the prompt (fitted to the
@@ -21,7 +21,7 @@
 //! [`own_words`]) are pinned verbatim at the end of every summary that covers the turn holding
 //! them, and a summary that is blank once that pin is removed is a blank summary.
 //!
-//! [`Compactor::process`] is the request-level glue: peek (cheap, no re-serialisation), record
+//! [`Pipeline::process`] is the request-level glue: peek (cheap, no re-serialisation), record
 //! the estimate, check the trigger, and only then parse fully, compact and rewrite. It never
 //! fails and never panics by design: every problem becomes [`Outcome::Unchanged`] or
 //! [`Outcome::Failed`] and the proxy forwards the original bytes.
@@ -34,7 +34,6 @@ use compactor_plugin_api::{
 };
 
 use super::boundary::{find_preserve_boundary, preserve_budget, TailLimits};
-use super::estimate::LazyEstimator;
 use super::files::FileTracker;
 use super::mask::{mask_observations, PRESERVE_RECENT_OUTPUTS};
 use super::models::ModelTable;
@@ -42,11 +41,12 @@ use super::prompt::{
     build_prompt, summary_message, to_entries, truncate_entries, PromptError, PromptInput,
     SUMMARY_INTRO,
 };
-use super::transcript::{Message, Part, Role, Transcript};
 use super::trigger::{CompactionOutcome, Limits};
 use super::CompactionResult;
 use crate::config::{CompactionConfig, Config};
 use crate::dialect::DialectError;
+use crate::estimate::LazyEstimator;
+use crate::transcript::{Message, Part, Role, Transcript};
 
 /// The seed's `compactionCircuitBreakerThreshold`: most compaction attempts per request.
 pub const COMPACTION_CIRCUIT_BREAKER_THRESHOLD: u32 = 3;
@@ -545,93 +545,8 @@ fn strip_pinned(summary: &str) -> String {
 mod tests {
     use super::*;
     use crate::compaction::mask::MASKED_OUTPUT;
-    use crate::compaction::testing::{
-        body, caller, chat, check_openai_pairing, compactions, compactor, config, messages_of,
-        FakeSummarizer, Reply, SMALL,
-    };
-    use crate::compaction::transcript::tests::{call, text};
-    use crate::compaction::transcript::Role;
-    use crate::compaction::{Outcome, Trigger};
-    use crate::dialect::DialectKind;
-    use serde_json::{json, Value};
-    use std::time::Instant;
-
-    #[test]
-    fn process_is_send_so_the_proxy_can_await_it_anywhere() {
-        fn assert_send<T: Send>(_: &T) {}
-        let (c, _) = compactor(&config(""), FakeSummarizer::text("s"));
-        let caller = caller();
-        let fut = c.process(DialectKind::ChatCompletions, b"{}", &caller);
-        assert_send(&fut);
-    }
-
-    /// An agent run: one task, then tool calls and their results only.
-    fn agent_run(from: usize, rounds: usize) -> Vec<Value> {
-        let mut m = Vec::new();
-        for i in from..from + rounds {
-            let id = format!("call_{i}");
-            m.push(
-                json!({"role": "assistant", "content": null, "tool_calls": [{"id": id,
-                "type": "function", "function": {"name": "bash",
-                "arguments": format!("{{\"command\": \"cat f{i}.rs\"}}")}}]}),
-            );
-            m.push(json!({"role": "tool", "tool_call_id": id, "content": "x".repeat(60)}));
-        }
-        m
-    }
-
-    #[tokio::test]
-    async fn the_latest_user_turn_is_kept_verbatim_when_its_turn_is_compacted() {
-        let fake = FakeSummarizer::text("Work so far.");
-        let (c, _) = compactor(&config(SMALL), fake);
-        let task = "TASK: fix the parser in src/p.rs";
-        let mut m = vec![
-            json!({"role": "system", "content": "You are an agent."}),
-            json!({"role": "user", "content": task}),
-        ];
-        m.extend(agent_run(0, 8));
-        let pin = format!("{LATEST_USER_OPEN}\n{task}\n{LATEST_USER_CLOSE}");
-
-        let out = c
-            .process(
-                DialectKind::ChatCompletions,
-                &body("tiny", m.clone()),
-                &caller(),
-            )
-            .await;
-        let Outcome::Rewritten {
-            body: b, result, ..
-        } = out
-        else {
-            panic!("expected a rewrite, got {out:?}");
-        };
-        let sent = messages_of(&b);
-        assert!(
-            sent[2..].iter().all(|x| x["content"] != task),
-            "the task message itself was compacted"
-        );
-        let summary = sent[1]["content"].as_str().expect("summary text");
-        assert!(summary.contains(&pin), "{summary}");
-        assert!(result.summary.contains(&pin));
-
-        // The next compaction of the conversation no longer sees the task (it is spliced
-        // away), and still carries it, exactly once.
-        m.extend(agent_run(8, 8));
-        let out = c
-            .process(DialectKind::ChatCompletions, &body("tiny", m), &caller())
-            .await;
-        let Outcome::Rewritten { result, .. } = out else {
-            panic!("expected a second compaction, got {out:?}");
-        };
-        assert_eq!(result.compaction_num, 2);
-        assert_eq!(
-            result.summary.matches(LATEST_USER_OPEN).count(),
-            1,
-            "{}",
-            result.summary
-        );
-        assert!(result.summary.contains(&pin));
-    }
+    use crate::testing::{caller, config, FakeSummarizer, Reply};
+    use crate::transcript::tests::{call, text};
 
     #[test]
     fn a_pinned_turn_echoed_by_the_summarizer_is_not_duplicated() {
@@ -647,233 +562,11 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn below_both_triggers_nothing_happens() {
-        let fake = FakeSummarizer::text("S");
-        let (c, metrics) = compactor(&config(SMALL), fake.clone());
-        let out = c
-            .process(
-                DialectKind::ChatCompletions,
-                &body("tiny", chat(4)),
-                &caller(),
-            )
-            .await;
-        assert!(matches!(out, Outcome::Unchanged));
-        assert!(fake.requests().is_empty());
-        assert_eq!(metrics.request_tokens_estimated.get_sample_count(), 1);
-        assert_eq!(metrics.compaction_duration.get_sample_count(), 0);
-    }
-
-    #[tokio::test]
-    async fn message_trigger_rewrites_and_counts() {
-        let fake = FakeSummarizer::text("The user chatted.");
-        let (c, metrics) = compactor(&config(SMALL), fake.clone());
-        let original = chat(12);
-        let out = c
-            .process(
-                DialectKind::ChatCompletions,
-                &body("tiny", original.clone()),
-                &caller(),
-            )
-            .await;
-        let Outcome::Rewritten {
-            body,
-            result,
-            trigger,
-        } = out
-        else {
-            panic!("expected a rewrite, got {out:?}");
-        };
-        assert_eq!(trigger, Trigger::Messages);
-        assert_eq!(result.summary, "The user chatted.");
-        assert_eq!(result.compaction_num, 1);
-        assert!(result.post_tokens < result.pre_tokens);
-        let messages = messages_of(&body);
-        assert_eq!(messages[0], original[0], "system prompt kept");
-        assert_eq!(messages[1]["role"], "user");
-        let summary = messages[1]["content"].as_str().expect("string");
-        assert!(summary.starts_with(crate::compaction::prompt::SUMMARY_INTRO));
-        assert!(summary.contains("The user chatted."));
-        let tail = &messages[2..];
-        assert_eq!(
-            tail,
-            &original[original.len() - tail.len()..],
-            "tail verbatim"
-        );
-        assert!(messages.len() <= 10);
-        assert_eq!(compactions(&metrics, "messages", "compacted"), 1);
-        assert_eq!(
-            metrics.tokens_saved.get(),
-            (result.pre_tokens - result.post_tokens) as u64
-        );
-        assert_eq!(metrics.compaction_duration.get_sample_count(), 1);
-        let requests = fake.requests();
-        assert_eq!(requests.len(), 1);
-        assert!(requests[0].prompt.contains("<user>\nmessage 0 "));
-        assert_eq!(requests[0].compaction_num, 1);
-        assert_eq!(requests[0].model.as_deref(), Some("tiny"));
-    }
-
-    #[tokio::test]
-    async fn token_trigger_uses_the_models_window_and_reserved_output() {
-        let fake = FakeSummarizer::text("short");
-        let (c, metrics) = compactor(&config(SMALL), fake.clone());
-        // 6 messages of ~200 tokens: 1,200 ≥ 0.85 × 1,000.
-        let messages: Vec<Value> = (0..6)
-            .map(|i| {
-                let role = if i % 2 == 0 { "user" } else { "assistant" };
-                json!({"role": role, "content": "y".repeat(800)})
-            })
-            .collect();
-        let out = c
-            .process(
-                DialectKind::ChatCompletions,
-                &body("tiny", messages.clone()),
-                &caller(),
-            )
-            .await;
-        assert!(
-            matches!(
-                out,
-                Outcome::Rewritten {
-                    trigger: Trigger::Tokens,
-                    ..
-                }
-            ),
-            "{out:?}"
-        );
-        assert_eq!(compactions(&metrics, "tokens", "compacted"), 1);
-
-        // The same request for an unknown model (128k default window) is left alone...
-        let out = c
-            .process(
-                DialectKind::ChatCompletions,
-                &body("other", messages[..2].to_vec()),
-                &caller(),
-            )
-            .await;
-        assert!(matches!(out, Outcome::Unchanged));
-        // ...and a small one trips the trigger once its output reservation is counted.
-        let b = json!({"model": "tiny", "max_completion_tokens": 400, "messages": messages[..4]});
-        let out = c
-            .process(
-                DialectKind::ChatCompletions,
-                b.to_string().as_bytes(),
-                &caller(),
-            )
-            .await;
-        assert!(
-            matches!(
-                out,
-                Outcome::Rewritten {
-                    trigger: Trigger::Tokens,
-                    ..
-                }
-            ),
-            "{out:?}"
-        );
-    }
-
-    #[tokio::test]
-    async fn summarizer_failures_forward_the_original() {
-        for (reply, outcome) in [(Reply::Error, "failed"), (Reply::Blank, "blank")] {
-            let fake = FakeSummarizer::new(vec![reply]);
-            let (c, metrics) = compactor(&config(SMALL), fake);
-            let out = c
-                .process(
-                    DialectKind::ChatCompletions,
-                    &body("tiny", chat(12)),
-                    &caller(),
-                )
-                .await;
-            assert!(matches!(out, Outcome::Failed));
-            assert_eq!(compactions(&metrics, "messages", outcome), 1, "{outcome}");
-            assert_eq!(metrics.tokens_saved.get(), 0);
-        }
-    }
-
-    #[tokio::test]
-    async fn a_hanging_summarizer_times_out() {
-        let fake = FakeSummarizer::new(vec![Reply::Hang]);
-        let cfg = config(&format!("{SMALL}[summarizer]\ntimeout_secs = 0.05\n"));
-        let (c, metrics) = compactor(&cfg, fake);
-        let started = Instant::now();
-        let out = c
-            .process(
-                DialectKind::ChatCompletions,
-                &body("tiny", chat(12)),
-                &caller(),
-            )
-            .await;
-        assert!(matches!(out, Outcome::Failed));
-        assert!(started.elapsed() < Duration::from_secs(5));
-        assert_eq!(compactions(&metrics, "messages", "failed"), 1);
-    }
-
-    #[tokio::test]
     async fn the_safety_net_leaves_time_for_fallbacks() {
         let cfg = config("[summarizer]\ntimeout_secs = 2.0\nfallback = [\"extractive\"]\n");
         let engine = Engine::new(&cfg, FakeSummarizer::text("x"));
         assert_eq!(engine.attempt_timeout, Duration::from_secs(2));
         assert_eq!(engine.total_timeout, Duration::from_secs(4));
-    }
-
-    #[tokio::test]
-    async fn bodies_it_does_not_understand_pass_through_uncounted() {
-        let fake = FakeSummarizer::text("S");
-        let (c, metrics) = compactor(&config(SMALL), fake.clone());
-        for b in [
-            &b"not json"[..],
-            b"{\"model\":\"tiny\"}",
-            b"[1,2]",
-            b"{\"messages\": 5}",
-        ] {
-            let out = c.process(DialectKind::ChatCompletions, b, &caller()).await;
-            assert!(matches!(out, Outcome::Unchanged));
-        }
-        let big = body("tiny", chat(40));
-        for d in [DialectKind::Messages, DialectKind::Responses] {
-            assert!(matches!(
-                c.process(d, &big, &caller()).await,
-                Outcome::Unchanged
-            ));
-        }
-        let disabled = config("[compaction]\nenabled = false\nmax_messages = 10\n");
-        let (off, _) = compactor(&disabled, fake.clone());
-        assert!(matches!(
-            off.process(DialectKind::ChatCompletions, &big, &caller())
-                .await,
-            Outcome::Unchanged
-        ));
-        assert!(fake.requests().is_empty());
-        assert_eq!(compactions(&metrics, "messages", "failed"), 0);
-    }
-
-    #[tokio::test]
-    async fn an_unknown_role_fails_open_and_counts() {
-        let fake = FakeSummarizer::text("S");
-        let (c, metrics) = compactor(&config(SMALL), fake);
-        let mut m = chat(12);
-        m[3] = json!({"role": "narrator", "content": "?"});
-        let out = c
-            .process(DialectKind::ChatCompletions, &body("tiny", m), &caller())
-            .await;
-        assert!(matches!(out, Outcome::Failed));
-        assert_eq!(compactions(&metrics, "messages", "failed"), 1);
-    }
-
-    #[tokio::test]
-    async fn a_summary_that_would_grow_the_request_is_not_used() {
-        let fake = FakeSummarizer::text(&"long ".repeat(2_000));
-        let (c, metrics) = compactor(&config(SMALL), fake);
-        let out = c
-            .process(
-                DialectKind::ChatCompletions,
-                &body("tiny", chat(12)),
-                &caller(),
-            )
-            .await;
-        assert!(matches!(out, Outcome::Failed));
-        assert_eq!(compactions(&metrics, "messages", "failed"), 1);
     }
 
     #[tokio::test]
@@ -906,22 +599,6 @@ mod tests {
             .expect_err("the summary never makes the request smaller");
         assert!(matches!(err, CompactError::NotSmaller { .. }), "{err}");
         assert_eq!(fake.requests().len(), 1, "one call, not one per attempt");
-    }
-
-    #[tokio::test]
-    async fn nothing_to_compact_is_a_failure() {
-        let fake = FakeSummarizer::text("S");
-        let (c, metrics) = compactor(&config(SMALL), fake.clone());
-        let m = vec![
-            json!({"role": "system", "content": "s"}),
-            json!({"role": "user", "content": "z".repeat(5_000)}),
-        ];
-        let out = c
-            .process(DialectKind::ChatCompletions, &body("tiny", m), &caller())
-            .await;
-        assert!(matches!(out, Outcome::Failed));
-        assert_eq!(compactions(&metrics, "tokens", "failed"), 1);
-        assert!(fake.requests().is_empty());
     }
 
     fn engine(toml: &str, fake: Arc<FakeSummarizer>) -> Engine {
@@ -1167,73 +844,5 @@ mod tests {
             e.summarizer_budget(None, Api::ChatCompletions).1,
             DEFAULT_SUMMARY_TOKENS
         );
-    }
-
-    #[tokio::test]
-    async fn fixture_replay_keeps_every_rewrite_valid() {
-        let fixtures = [
-            include_str!("../../tests/fixtures/transcripts/swe-agent-function-calling-simple.json"),
-            include_str!(
-                "../../tests/fixtures/transcripts/swe-agent-marshmallow-function-calling.json"
-            ),
-            include_str!("../../tests/fixtures/transcripts/swe-agent-ctf-katy.json"),
-            include_str!("../../tests/fixtures/transcripts/swe-agent-ctf-web.json"),
-        ];
-        let cfg = config(
-            "[compaction]\nmax_messages = 6\nmin_preserve_tokens = 50\nmax_preserve_tokens = 400\n",
-        );
-        let fake = FakeSummarizer::text("Summary of the work so far.");
-        let (c, metrics) = compactor(&cfg, fake.clone());
-        let (mut rewritten, mut reused) = (0, 0);
-        let mut max_num = 0;
-        for fixture in fixtures {
-            let v: Value = serde_json::from_str(fixture).expect("fixture");
-            let all = v["messages"].as_array().cloned().expect("messages");
-            for n in 2..=all.len() {
-                if all[n - 1]["role"] == "assistant" {
-                    continue; // a client sends a request after a user turn or tool results
-                }
-                let req = body("gpt-4o", all[..n].to_vec());
-                match c
-                    .process(DialectKind::ChatCompletions, &req, &caller())
-                    .await
-                {
-                    Outcome::Rewritten { body, result, .. } => {
-                        rewritten += 1;
-                        max_num = max_num.max(result.compaction_num);
-                        let out = messages_of(&body);
-                        check_openai_pairing(&out).unwrap_or_else(|e| panic!("n={n}: {e}"));
-                        assert_eq!(out[0], all[0], "system prompt kept");
-                        let tail = &out[2..];
-                        assert_eq!(tail, &all[n - tail.len()..n]);
-                        assert!(result.post_tokens < result.pre_tokens);
-                    }
-                    // A later step of the same conversation reuses the stored summary.
-                    Outcome::Reused { body, result } => {
-                        reused += 1;
-                        let out = messages_of(&body);
-                        check_openai_pairing(&out).unwrap_or_else(|e| panic!("n={n}: {e}"));
-                        assert_eq!(out[0], all[0], "system prompt kept");
-                        let tail = &out[2..];
-                        assert_eq!(tail, &all[n - tail.len()..n]);
-                        assert!(result.post_tokens < result.pre_tokens);
-                    }
-                    Outcome::Unchanged => assert!(n <= 7, "n={n} should trigger"),
-                    Outcome::Failed => panic!("n={n} failed"),
-                }
-            }
-        }
-        assert!(
-            rewritten >= 4 && reused >= 4,
-            "{rewritten} rewritten, {reused} reused"
-        );
-        // Later compactions of a conversation refine the stored summary.
-        assert!(max_num >= 3, "compaction numbers reached only {max_num}");
-        let requests = fake.requests();
-        assert!(requests.iter().filter(|r| r.compaction_num > 1).all(|r| r
-            .prior_summary
-            .as_deref()
-            .is_some_and(|p| p.starts_with("Summary of the work so far."))));
-        assert_eq!(compactions(&metrics, "messages", "compacted"), rewritten);
     }
 }

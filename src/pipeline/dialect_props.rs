@@ -1,5 +1,5 @@
 //! Property tests of the Anthropic Messages and OpenAI Responses dialects through the whole
-//! request flow (`Compactor::process`) over random conversations: tool loops with parallel
+//! request flow (`Pipeline::process`) over random conversations: tool loops with parallel
 //! calls answered in any order, tool errors, images in messages and in tool results, thinking
 //! (at the start of each turn, optionally interleaved), redacted thinking, server tools,
 //! documents, Responses reasoning items, custom and local shell tools, vendor fields at every
@@ -13,14 +13,12 @@ use proptest::test_runner::{Config as ProptestConfig, TestCaseError, TestRunner}
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
-use super::json::OrderedObject;
-use super::{messages, responses, DialectKind};
-use crate::compaction::estimate::LazyEstimator;
 use crate::compaction::prompt::SUMMARY_INTRO;
-use crate::compaction::testing::{
-    caller, check_estimates, compactor, config, ensure, FakeSummarizer,
-};
-use crate::compaction::Outcome;
+use crate::dialect::json::OrderedObject;
+use crate::dialect::{messages, responses, DialectKind};
+use crate::estimate::LazyEstimator;
+use crate::pipeline::Outcome;
+use crate::testing::{caller, check_estimates, compactor, config, ensure, FakeSummarizer};
 
 fn text(min: usize, max: usize) -> impl Strategy<Value = String> {
     proptest::string::string_regex(&format!("[a-z0-9 é日🦀\"\\\\\n]{{{min},{max}}}"))

@@ -6,10 +6,8 @@
 //! are Unicode scalar values, never bytes, so non-Latin text is not over-counted fourfold.
 //! Estimates are rounded up per message, so the estimate of a request is the sum of the
 //! estimates of its messages plus that of its tool definitions. Dialects count what a message
-//! holds into [`Counts`]; this module turns counts into tokens. A tool result carried as a part
-//! (Anthropic `tool_result`) counts its content.
-
-use super::transcript::{Message, Part};
+//! holds into [`Counts`]; this module turns counts into tokens. What a neutral message holds is
+//! counted by [`crate::transcript`], which builds on this module.
 
 /// Default tokens per character: ~4 characters per token for English text and code (seed
 /// §5.5).
@@ -85,11 +83,6 @@ impl LazyEstimator {
             .saturating_add(counts.images.saturating_mul(IMAGE_TOKENS))
     }
 
-    /// Tokens of a neutral message, from its parts.
-    pub fn message(&self, message: &Message) -> usize {
-        self.counts(message_counts(message))
-    }
-
     /// The characters a model that could fit `tokens` tokens would read (inverse of
     /// [`LazyEstimator::chars`], rounded down).
     pub fn chars_for_tokens(&self, tokens: usize) -> usize {
@@ -103,36 +96,9 @@ pub fn count_chars(s: &str) -> usize {
     s.len() - s.bytes().filter(|b| (*b as i8) < -0x40).count()
 }
 
-/// What the model reads of one neutral message.
-pub fn message_counts(message: &Message) -> Counts {
-    parts_counts(&message.parts)
-}
-
-/// What the model reads of a list of parts (tool-result parts: their content).
-pub fn parts_counts(parts: &[Part]) -> Counts {
-    let mut counts = Counts::default();
-    for part in parts {
-        match part {
-            Part::Text(text) | Part::Reasoning(text) => {
-                counts.chars = counts.chars.saturating_add(count_chars(text))
-            }
-            Part::Image => counts.images = counts.images.saturating_add(1),
-            Part::ToolCall(call) => {
-                counts.chars = counts
-                    .chars
-                    .saturating_add(count_chars(&call.name) + count_chars(&call.arguments))
-            }
-            Part::ToolResult(result) => counts.add(parts_counts(&result.content)),
-            Part::Opaque { chars, .. } => counts.chars = counts.chars.saturating_add(*chars),
-        }
-    }
-    counts
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compaction::transcript::{Role, ToolCall};
 
     #[test]
     fn quarter_token_per_char_is_the_default() {
@@ -165,35 +131,6 @@ mod tests {
         assert_eq!(count_chars(""), 0);
         let e = LazyEstimator::default();
         assert_eq!(e.text("日本語日"), 1, "4 chars (12 bytes) are one token");
-    }
-
-    #[test]
-    fn everything_the_model_reads_counts() {
-        let m = Message::new(
-            Role::Assistant,
-            vec![
-                Part::Text("abcd".into()),
-                Part::Reasoning("efgh".into()),
-                Part::ToolCall(ToolCall {
-                    id: Some("call_1".into()),
-                    name: "bash".into(),
-                    arguments: "{\"c\":1}".into(),
-                }),
-                Part::Image,
-                Part::Opaque {
-                    kind: "input_audio".into(),
-                    chars: 8,
-                },
-            ],
-        );
-        assert_eq!(
-            message_counts(&m),
-            Counts {
-                chars: 4 + 4 + 4 + 7 + 8,
-                images: 1
-            }
-        );
-        assert_eq!(LazyEstimator::default().message(&m), 7 + 765);
     }
 
     #[test]

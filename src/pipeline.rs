@@ -25,12 +25,11 @@ use compactor_plugin_api::{Caller, SummarizeError, Summarizer};
 use futures_util::FutureExt as _;
 use serde_json::value::RawValue;
 
-use super::processor::{CompactError, Compaction, CompactionInput, Engine, Prior};
-use super::prompt::summary_message;
-use super::transcript::Transcript;
-use super::trigger::{CompactionOutcome, Limits, Trigger};
-use super::{CompactionResult, Outcome};
 use crate::calibration::Calibration;
+use crate::compaction::engine::{CompactError, Compaction, CompactionInput, Engine, Prior};
+use crate::compaction::prompt::summary_message;
+use crate::compaction::trigger::{CompactionOutcome, Limits, Trigger};
+use crate::compaction::{CompactionResult, COMPACTION_CIRCUIT_BREAKER_THRESHOLD};
 use crate::config::Config;
 use crate::dialect::{DialectError, DialectKind, ParsedRequest, Peek};
 use crate::metrics::Metrics;
@@ -38,6 +37,7 @@ use crate::session::{
     chain, session_id, Checkpoint, LatestRequest, MemoryStore, SessionStore, SingleFlight,
     StoreLimits, TenantId,
 };
+use crate::transcript::Transcript;
 
 /// What the proxy knows about a request besides its body.
 #[derive(Debug, Clone, Copy)]
@@ -122,7 +122,7 @@ struct Splice {
 }
 
 /// The request-level entry point: engine, session store and single flight.
-pub struct Compactor {
+pub struct Pipeline {
     engine: Engine,
     metrics: Arc<Metrics>,
     calibration: Arc<Calibration>,
@@ -133,7 +133,7 @@ pub struct Compactor {
     enabled: bool,
 }
 
-impl Compactor {
+impl Pipeline {
     /// A compactor with its own in-memory store sized by `[store]`.
     pub fn new(config: &Config, summarizer: Arc<dyn Summarizer>, metrics: Arc<Metrics>) -> Self {
         let store = MemoryStore::new(StoreLimits {
@@ -142,7 +142,7 @@ impl Compactor {
             ttl: config.store_ttl(),
         })
         .with_breaker_cooldown(config.breaker_cooldown());
-        Compactor::with_store(config, summarizer, metrics, Arc::new(store))
+        Pipeline::with_store(config, summarizer, metrics, Arc::new(store))
     }
 
     /// A compactor over a given store.
@@ -156,8 +156,8 @@ impl Compactor {
         // A waiter waits as long as the leader may take: every attempt of the breaker.
         let flight_wait = engine
             .summary_timeout()
-            .saturating_mul(super::COMPACTION_CIRCUIT_BREAKER_THRESHOLD);
-        Compactor {
+            .saturating_mul(COMPACTION_CIRCUIT_BREAKER_THRESHOLD);
+        Pipeline {
             engine,
             metrics,
             calibration: Arc::new(Calibration::new()),
@@ -202,7 +202,7 @@ impl Compactor {
         &self.store
     }
 
-    /// [`Compactor::handle`] without a session header, returning only the outcome.
+    /// [`Pipeline::handle`] without a session header, returning only the outcome.
     pub async fn process(&self, dialect: DialectKind, body: &[u8], caller: &Caller) -> Outcome {
         let context = RequestContext {
             caller,
@@ -370,7 +370,7 @@ impl Compactor {
         found
     }
 
-    /// [`Compactor::lookup`] without counting it.
+    /// [`Pipeline::lookup`] without counting it.
     async fn find_checkpoint(
         &self,
         tenant: TenantId,
@@ -388,7 +388,7 @@ impl Compactor {
         })
     }
 
-    /// [`Compactor::find_checkpoint`] hashing at most the first `reach` messages.
+    /// [`Pipeline::find_checkpoint`] hashing at most the first `reach` messages.
     ///
     /// Only prefixes that leave at least one message after them are considered: a checkpoint
     /// covering the whole request cannot be spliced (a tail must remain), and taking it for a
@@ -780,7 +780,7 @@ impl Compactor {
 
     /// Compacts the latest request of a session now (admin API), with optional focus
     /// instructions, whatever the triggers say. A panic (a bug) is caught and counted like in
-    /// [`Compactor::handle`].
+    /// [`Pipeline::handle`].
     pub async fn compact_session(&self, id: &str, instructions: Option<&str>) -> ManualOutcome {
         let compacted = AssertUnwindSafe(self.compact_session_unguarded(id, instructions))
             .catch_unwind()
@@ -914,274 +914,40 @@ impl Compactor {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    //! The request-level flow against real agents' shapes and the failure classes of the
-    //! "never drop, never skip" rules: panics caught, empty lists after a checkpoint, a request
-    //! that is exactly a covered prefix, a system message at a stored boundary, loops across
-    //! requests (calibrated sizing, still-over results feeding the breaker), blank summaries,
-    //! and the person's own words pinned.
-    use super::*;
-    use crate::compaction::processor::{LATEST_USER_CLOSE, LATEST_USER_OPEN};
-    use crate::compaction::testing::{
-        body, caller, chat, compactions, compactor, config, messages_of, FakeSummarizer, Reply,
-        SMALL,
-    };
-    use serde_json::{json, Value};
-
-    async fn send(c: &Compactor, messages: &[Value]) -> Outcome {
-        c.process(
-            DialectKind::ChatCompletions,
-            &body("tiny", messages.to_vec()),
-            &caller(),
-        )
-        .await
-    }
-
-    /// The rewritten body of an outcome that rewrote or reused, else a panic naming `what`.
-    fn forwarded(what: &str, out: &Outcome) -> Vec<Value> {
-        match out {
-            Outcome::Rewritten { body, .. } | Outcome::Reused { body, .. } => messages_of(body),
-            other => panic!("{what}: expected a rewrite, got {other:?}"),
-        }
-    }
-
-    #[tokio::test]
-    async fn a_panic_in_compaction_forwards_the_original_and_is_counted() {
-        // Without the guard in `handle` the panic unwinds into the caller (this test fails
-        // with the fake's panic message).
-        let fake = FakeSummarizer::new(vec![Reply::Panic, Reply::Text("Recovered.".into())]);
-        let (c, metrics) = compactor(&config(SMALL), fake.clone());
-        let out = send(&c, &chat(12)).await;
-        assert!(matches!(out, Outcome::Unchanged), "{out:?}");
-        assert_eq!(compactions(&metrics, "none", "panic"), 1);
-        // The single flight and the store were left usable: the next request compacts.
-        let out = send(&c, &chat(12)).await;
-        assert!(matches!(out, Outcome::Rewritten { .. }), "{out:?}");
-        assert_eq!(fake.requests().len(), 2);
-        assert_eq!(compactions(&metrics, "none", "panic"), 1);
-    }
-
-    #[tokio::test]
-    async fn empty_and_tiny_lists_after_a_checkpoint_pass_through_in_every_dialect() {
-        let (c, metrics) = compactor(&config(SMALL), FakeSummarizer::text("S."));
-        assert!(matches!(
-            send(&c, &chat(12)).await,
-            Outcome::Rewritten { .. }
-        ));
-        assert!(
-            c.reach(TenantId::from_caller(&caller())).await > 0,
-            "a checkpoint exists"
-        );
-        let bodies: [(DialectKind, &str); 6] = [
-            (
-                DialectKind::ChatCompletions,
-                r#"{"model":"tiny","messages":[]}"#,
-            ),
-            (
-                DialectKind::Messages,
-                r#"{"model":"tiny","max_tokens":10,"messages":[]}"#,
-            ),
-            (DialectKind::Responses, r#"{"model":"tiny","input":[]}"#),
-            (
-                DialectKind::ChatCompletions,
-                r#"{"model":"tiny","messages":[{"role":"system","content":"You are helpful."}]}"#,
-            ),
-            (
-                DialectKind::Messages,
-                r#"{"model":"tiny","max_tokens":10,"messages":[{"role":"user","content":"hi"}]}"#,
-            ),
-            (
-                DialectKind::Responses,
-                r#"{"model":"tiny","input":[{"role":"user","content":"hi"}]}"#,
-            ),
-        ];
-        for (dialect, b) in bodies {
-            let out = c.process(dialect, b.as_bytes(), &caller()).await;
-            assert!(
-                matches!(out, Outcome::Unchanged),
-                "{dialect:?} {b}: {out:?}"
-            );
-        }
-        assert_eq!(compactions(&metrics, "none", "panic"), 0);
-    }
-
-    #[tokio::test]
-    async fn a_request_that_is_exactly_a_covered_prefix_is_compacted() {
-        let fake = FakeSummarizer::text("S.");
-        let (c, metrics) = compactor(&config(SMALL), fake.clone());
-        let all = chat(30);
-        let first = forwarded("first compaction", &send(&c, &all).await);
-        let covered = all.len() - (first.len() - 2);
-        assert!(
-            covered > 11,
-            "the covered prefix alone is over max_messages ({covered})"
-        );
-        // The history is exactly what the checkpoint covers: it leaves no tail to splice onto,
-        // so it must be compacted afresh, not forwarded whole.
-        let out = send(&c, &all[..covered]).await;
-        let sent = forwarded("covered prefix", &out);
-        assert!(matches!(out, Outcome::Rewritten { .. }), "{out:?}");
-        assert!(sent.len() <= 10, "{} messages forwarded", sent.len());
-        assert_eq!(fake.requests().len(), 2);
-        assert_eq!(compactions(&metrics, "messages", "compacted"), 2);
-    }
-
-    #[tokio::test]
-    async fn a_system_message_where_a_compaction_ended_is_summarised_next_time() {
-        const MID: &str = "SYSTEM-MID: from now on answer in French";
-        // A summarizer window that holds every turn: what is tested is the splice, not the
-        // prompt fitting.
-        let toml = "[compaction]\nmax_messages = 10\nmin_preserve_tokens = 20\n\
-                    max_preserve_tokens = 60\n[models.tiny]\ncontext_window = 16000\n";
-        let mut on_boundary = 0;
-        for at in 3..28 {
-            let fake = FakeSummarizer::text("S.");
-            let (c, _) = compactor(&config(toml), fake.clone());
-            let mut all = chat(40);
-            all.insert(at, json!({"role": "system", "content": MID}));
-            // First compaction: note whether its boundary fell on the system message.
-            let first = forwarded("first", &send(&c, &all[..30]).await);
-            if 30 - (first.len() - 2) == at {
-                on_boundary += 1;
-            }
-            // Second compaction of the whole conversation: the system message is either still
-            // a message of the forwarded request or was in what a summarizer was asked about.
-            let out = send(&c, &all).await;
-            let Outcome::Rewritten { body, result, .. } = &out else {
-                panic!("at={at}: expected a second compaction, got {out:?}");
-            };
-            assert_eq!(result.compaction_num, 2, "at={at}");
-            let kept = messages_of(body).iter().any(|m| m["content"] == MID);
-            let summarised = fake.requests().iter().any(|r| r.prompt.contains(MID));
-            assert!(kept || summarised, "at={at}: the system message was lost");
-        }
-        assert!(
-            on_boundary > 0,
-            "no case put the boundary on the system message"
-        );
-    }
-
-    #[tokio::test]
-    async fn the_rewrite_is_sized_with_the_calibrated_estimate() {
-        // The provider counts twice compactor's estimate for this model. The engine must size
-        // the rewrite so that the *calibrated* estimate is under the trigger; sized with the
-        // raw estimate, the next request of the conversation compacts again.
-        let toml = "[compaction]\nmin_preserve_tokens = 300\nmax_preserve_tokens = 300\n\
-                    [models.tiny]\ncontext_window = 2000\n";
-        let fake = FakeSummarizer::text("S.");
-        let (c, metrics) = compactor(&config(toml), fake.clone());
-        c.calibration().observe("tiny", 1_000, 2_000);
-        let mut all = vec![json!({"role": "system", "content": "sys"})];
-        for i in 0..40 {
-            let role = if i % 2 == 0 { "user" } else { "assistant" };
-            all.push(json!({"role": role, "content": format!("m{i} {}", "y".repeat(160))}));
-        }
-        let out = send(&c, &all).await;
-        assert!(
-            matches!(
-                out,
-                Outcome::Rewritten {
-                    trigger: Trigger::Tokens,
-                    ..
-                }
-            ),
-            "{out:?}"
-        );
-        let calls = fake.requests().len();
-        for i in 40..42 {
-            let role = if i % 2 == 0 { "user" } else { "assistant" };
-            all.push(json!({"role": role, "content": format!("m{i} short")}));
-        }
-        let out = send(&c, &all).await;
-        assert!(matches!(out, Outcome::Reused { .. }), "{out:?}");
-        assert_eq!(fake.requests().len(), calls, "no second compaction");
-        assert_eq!(compactions(&metrics, "tokens", "compacted"), 1);
-    }
-
-    #[tokio::test]
-    async fn rewrites_still_over_the_trigger_open_the_session_breaker() {
-        // The last message alone is over the token trigger: every compaction shrinks the
-        // request but cannot bring it under, so each counts as a failure and the breaker stops
-        // the summarizer calls after three.
-        let fake = FakeSummarizer::text("S.");
-        let (c, metrics) = compactor(&config(SMALL), fake.clone());
-        let big = json!({"role": "user", "content": "z".repeat(4_000)});
-        let mut calls = Vec::new();
-        for k in 0..5 {
-            let mut m = chat(12 + 2 * k);
-            m.push(big.clone());
-            let out = send(&c, &m).await;
-            assert!(!matches!(out, Outcome::Unchanged), "k={k}: {out:?}");
-            calls.push(fake.requests().len());
-        }
-        assert_eq!(
-            metrics.breaker_open.get(),
-            1,
-            "calls per request: {calls:?}"
-        );
-        assert_eq!(
-            calls[4], calls[3],
-            "no summarizer call once the breaker is open"
-        );
-        let breaker = compactions(&metrics, "messages", "breaker")
-            + compactions(&metrics, "tokens", "breaker");
-        assert!(breaker >= 1, "the fifth request met the open breaker");
-    }
-
-    #[tokio::test]
-    async fn invisible_or_pin_only_summaries_are_blank() {
-        let pin_only = format!("{LATEST_USER_OPEN}\nmessage 10\n{LATEST_USER_CLOSE}");
-        for reply in ["\u{200B}\u{FEFF} \n\u{2060}".to_string(), pin_only] {
-            let (c, metrics) = compactor(&config(SMALL), FakeSummarizer::text(&reply));
-            let out = send(&c, &chat(12)).await;
-            assert!(matches!(out, Outcome::Failed), "{reply:?}: {out:?}");
-            assert_eq!(compactions(&metrics, "messages", "blank"), 1, "{reply:?}");
-        }
-    }
-
-    #[tokio::test]
-    async fn the_persons_own_words_are_pinned_and_lead_their_turn_in_the_prompt() {
-        // A Claude Code turn: injected context blocks first, the typed words last.
-        let reminder = format!(
-            "<system-reminder>\nAs you answer the user's questions, you can use the following \
-             context:\n# claudeMd\n{}\n</system-reminder>",
-            "Always run the tests. ".repeat(60)
-        );
-        let words = "Does it also properly handle the outline of the text box?";
-        let fake = FakeSummarizer::text("Work so far.");
-        // A summarizer window large enough for the whole turn.
-        let toml = "[compaction]\nmax_messages = 10\nmin_preserve_tokens = 20\n\
-                    max_preserve_tokens = 60\n[models.tiny]\ncontext_window = 16000\n";
-        let (c, _) = compactor(&config(toml), fake.clone());
-        let mut m = vec![
-            json!({"role": "system", "content": "You are an agent."}),
-            json!({"role": "user", "content": [
-                {"type": "text", "text": reminder},
-                {"type": "text", "text": "<command-name>/clear</command-name>"},
-                {"type": "text", "text": words},
-            ]}),
-        ];
-        for i in 0..8 {
-            let id = format!("call_{i}");
-            m.push(
-                json!({"role": "assistant", "content": null, "tool_calls": [{"id": id,
-                "type": "function", "function": {"name": "Read",
-                "arguments": format!("{{\"file_path\": \"src/f{i}.ts\"}}")}}]}),
-            );
-            m.push(json!({"role": "tool", "tool_call_id": id, "content": "x".repeat(60)}));
-        }
-        let out = send(&c, &m).await;
-        let sent = forwarded("claude code turn", &out);
-        let summary = sent[1]["content"].as_str().expect("summary text");
-        let pin = format!("{LATEST_USER_OPEN}\n{words}\n{LATEST_USER_CLOSE}");
-        assert!(summary.contains(&pin), "{summary}");
-        assert!(!summary.contains("claudeMd"), "context is not pinned");
-        let prompt = &fake.requests()[0].prompt;
-        let (w, r) = (prompt.find(words), prompt.find("<system-reminder>"));
-        assert!(
-            w.is_some() && r.is_some() && w < r,
-            "own words lead the turn: {prompt}"
-        );
-    }
+/// What the proxy should forward.
+#[derive(Debug, Default)]
+pub enum Outcome {
+    /// No compaction needed (or the body is not one compactor understands): forward the
+    /// original bytes.
+    #[default]
+    Unchanged,
+    /// Forward this body instead of the original.
+    Rewritten {
+        /// The rewritten request body.
+        body: bytes::Bytes,
+        /// What the compaction produced.
+        result: CompactionResult,
+        /// Which trigger fired.
+        trigger: Trigger,
+    },
+    /// No new compaction, but a stored summary of this conversation stands in for the prefix
+    /// it covers: forward this body.
+    Reused {
+        /// The request with the stored summary spliced in.
+        body: bytes::Bytes,
+        /// The stored compaction's figures, with this request's token estimates.
+        result: CompactionResult,
+    },
+    /// Compaction was needed but did not happen (already counted and logged): forward the
+    /// original bytes.
+    Failed,
 }
+
+#[cfg(test)]
+mod dialect_props;
+#[cfg(test)]
+mod engine_tests;
+#[cfg(test)]
+mod props;
+#[cfg(test)]
+mod tests;

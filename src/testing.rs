@@ -9,11 +9,11 @@ use compactor_plugin_api::{
 use proptest::test_runner::TestCaseError;
 use serde_json::{json, Value};
 
-use super::estimate::LazyEstimator;
-use super::Compactor;
 use crate::config::Config;
 use crate::dialect::Conversation;
+use crate::estimate::LazyEstimator;
 use crate::metrics::Metrics;
+use crate::pipeline::Pipeline;
 
 /// What the fake answers.
 #[derive(Debug, Clone)]
@@ -133,9 +133,9 @@ pub(crate) fn config(toml: &str) -> Config {
 pub(crate) fn compactor(
     config: &Config,
     summarizer: Arc<FakeSummarizer>,
-) -> (Compactor, Arc<Metrics>) {
+) -> (Pipeline, Arc<Metrics>) {
     let metrics = Arc::new(Metrics::new().unwrap_or_else(|e| panic!("metrics: {e}")));
-    (Compactor::new(config, summarizer, metrics.clone()), metrics)
+    (Pipeline::new(config, summarizer, metrics.clone()), metrics)
 }
 
 pub(crate) fn caller() -> Caller {
@@ -218,7 +218,7 @@ pub(crate) fn check_estimates(
     )?;
     for m in &conversation.transcript.messages {
         ensure(
-            est.message(m) == m.tokens,
+            est.counts(m.counts()) == m.tokens,
             format!("parts estimate of {m:?}"),
         )?;
     }

@@ -14,7 +14,7 @@
 
 use std::collections::HashMap;
 
-use super::estimate::LazyEstimator;
+use crate::estimate::{count_chars, Counts, LazyEstimator};
 
 /// Who wrote a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,6 +109,11 @@ pub struct Message {
 }
 
 impl Message {
+    /// What the model reads of this message.
+    pub fn counts(&self) -> Counts {
+        parts_counts(&self.parts)
+    }
+
     /// A message whose estimate is computed from its parts with the default estimator.
     pub fn new(role: Role, parts: Vec<Part>) -> Message {
         let mut m = Message {
@@ -118,7 +123,7 @@ impl Message {
             tool_name: None,
             tokens: 0,
         };
-        m.tokens = LazyEstimator::default().message(&m);
+        m.tokens = LazyEstimator::default().counts(m.counts());
         m
     }
 
@@ -356,6 +361,28 @@ impl Transcript {
     }
 }
 
+/// What the model reads of a list of parts (tool-result parts: their content: Anthropic
+/// carries a tool result as a part).
+pub fn parts_counts(parts: &[Part]) -> Counts {
+    let mut counts = Counts::default();
+    for part in parts {
+        match part {
+            Part::Text(text) | Part::Reasoning(text) => {
+                counts.chars = counts.chars.saturating_add(count_chars(text))
+            }
+            Part::Image => counts.images = counts.images.saturating_add(1),
+            Part::ToolCall(call) => {
+                counts.chars = counts
+                    .chars
+                    .saturating_add(count_chars(&call.name) + count_chars(&call.arguments))
+            }
+            Part::ToolResult(result) => counts.add(parts_counts(&result.content)),
+            Part::Opaque { chars, .. } => counts.chars = counts.chars.saturating_add(*chars),
+        }
+    }
+    counts
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -527,5 +554,34 @@ pub(crate) mod tests {
             vec![Part::Text("a".into()), Part::Image, Part::Text("b".into())],
         );
         assert_eq!(m.text(), "a\nb");
+    }
+
+    #[test]
+    fn everything_the_model_reads_counts() {
+        let m = Message::new(
+            Role::Assistant,
+            vec![
+                Part::Text("abcd".into()),
+                Part::Reasoning("efgh".into()),
+                Part::ToolCall(ToolCall {
+                    id: Some("call_1".into()),
+                    name: "bash".into(),
+                    arguments: "{\"c\":1}".into(),
+                }),
+                Part::Image,
+                Part::Opaque {
+                    kind: "input_audio".into(),
+                    chars: 8,
+                },
+            ],
+        );
+        assert_eq!(
+            m.counts(),
+            Counts {
+                chars: 4 + 4 + 4 + 7 + 8,
+                images: 1
+            }
+        );
+        assert_eq!(LazyEstimator::default().counts(m.counts()), 7 + 765);
     }
 }

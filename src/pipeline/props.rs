@@ -9,14 +9,14 @@ use proptest::test_runner::{Config as ProptestConfig, TestCaseError, TestRunner}
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
-use super::estimate::LazyEstimator;
-use super::prompt::SUMMARY_INTRO;
-use super::testing::{
-    caller, check_estimates, check_openai_pairing, compactor, config, ensure, FakeSummarizer, Reply,
-};
 use super::Outcome;
+use crate::compaction::prompt::SUMMARY_INTRO;
 use crate::dialect::chat::{self, top_level_fields};
 use crate::dialect::DialectKind;
+use crate::estimate::LazyEstimator;
+use crate::testing::{
+    caller, check_estimates, check_openai_pairing, compactor, config, ensure, FakeSummarizer, Reply,
+};
 
 #[derive(Debug, Clone)]
 enum Turn {
@@ -495,7 +495,7 @@ proptest! {
     /// The file tracker accepts any command line or argument string.
     #[test]
     fn file_tracking_never_panics(command in ".{0,200}", name in "[a-zA-Z_]{1,12}") {
-        let mut t = super::files::FileTracker::new();
+        let mut t = crate::compaction::files::FileTracker::new();
         t.observe_command(&command);
         t.observe_text(&command);
         t.observe_tool_call(&name, &command);
