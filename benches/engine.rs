@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use compactor::config::Config;
-use compactor::dialect::{chat, DialectKind};
+use compactor::dialect::DialectKind;
 use compactor::estimate::LazyEstimator;
 use compactor::metrics::Metrics;
 use compactor::pipeline::{Outcome, Pipeline, RequestContext};
@@ -157,10 +157,17 @@ fn compaction(c: &mut Criterion) {
             })
         });
         // The share of that spent on canonical hashing of the history alone.
-        let raw = chat::raw_messages(&body).expect("messages");
-        group.bench_with_input(BenchmarkId::new("chain_hash_only", n), &raw, |b, raw| {
-            b.iter(|| black_box(chain(&TenantId::ANONYMOUS, black_box(raw)).expect("chain")))
-        });
+        let est = LazyEstimator::default();
+        let scan = DialectKind::ChatCompletions
+            .scan(&body, &est)
+            .expect("scan");
+        group.bench_with_input(
+            BenchmarkId::new("chain_hash_only", n),
+            &scan.messages,
+            |b, raw| {
+                b.iter(|| black_box(chain(&TenantId::ANONYMOUS, black_box(raw)).expect("chain")))
+            },
+        );
     }
     group.finish();
 }
@@ -194,9 +201,15 @@ fn hot_path(c: &mut Criterion) {
             )))
         })
     });
-    group.bench_function("peek_only", |b| {
+    group.bench_function("scan_only", |b| {
         let est = LazyEstimator::default();
-        b.iter(|| black_box(chat::peek(black_box(&body), &est).expect("peek")))
+        b.iter(|| {
+            black_box(
+                DialectKind::ChatCompletions
+                    .scan(black_box(&body), &est)
+                    .expect("scan"),
+            )
+        })
     });
     group.bench_function("serde_value_roundtrip", |b| {
         b.iter(|| {

@@ -29,6 +29,7 @@
 pub mod admin;
 pub mod app;
 pub mod calibration;
+pub mod compact;
 pub mod compaction;
 pub mod config;
 pub mod dialect;

@@ -1,26 +1,44 @@
 //! The `compactor` command line: load the configuration, set up logging, run.
 //!
 //! `serve` runs the proxy, `check-config` validates and prints the configuration, and
-//! `compact` runs the compaction engine once over a Chat Completions request read from a file
-//! or stdin: the request to forward on stdout, what happened on stderr. `replay` runs recorded
+//! `compact` runs the compaction engine once over a request (Chat Completions, Messages or
+//! Responses) read from a file or stdin: the request to forward on stdout, what happened on
+//! stderr. `replay` runs recorded
 //! conversations through the compactor offline and prints a table per file (and a chart).
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use compactor::compaction::CompactionInput;
+use compactor::compact::CompactStatus;
 use compactor::config::{Config, LogFormat};
-use compactor::dialect::chat;
-use compactor::metrics::Metrics;
-use compactor::pipeline::Pipeline;
+use compactor::dialect::DialectKind;
 use compactor::reload::Reloader;
 use compactor::Server;
-use compactor_plugin_api::Caller;
 use tracing_subscriber::EnvFilter;
+
+/// The `--dialect` of `compact`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum Dialect {
+    /// OpenAI Chat Completions (`messages`).
+    ChatCompletions,
+    /// Anthropic Messages (`messages`, top-level `system`).
+    Messages,
+    /// OpenAI Responses (`input`).
+    Responses,
+}
+
+impl From<Dialect> for DialectKind {
+    fn from(d: Dialect) -> DialectKind {
+        match d {
+            Dialect::ChatCompletions => DialectKind::ChatCompletions,
+            Dialect::Messages => DialectKind::Messages,
+            Dialect::Responses => DialectKind::Responses,
+        }
+    }
+}
 
 /// Exit status of `compact` when a compaction was due but did not happen (the original request
 /// is still printed, as the proxy would forward it).
@@ -51,7 +69,8 @@ enum Command {
         #[arg(long)]
         config: Option<PathBuf>,
     },
-    /// Compact one Chat Completions request with the configured summarizer, once.
+    /// Compact one request (Chat Completions, Messages or Responses) with the configured
+    /// summarizer, once.
     ///
     /// Prints the request the proxy would forward on stdout (the original bytes when nothing
     /// triggers) and the trigger, token estimates, boundary and summary on stderr. Exit status:
@@ -62,6 +81,9 @@ enum Command {
         /// Config file (default: config/compactor.toml when present, else built-in defaults).
         #[arg(long)]
         config: Option<PathBuf>,
+        /// The wire format of the request.
+        #[arg(long, value_enum, default_value_t = Dialect::ChatCompletions)]
+        dialect: Dialect,
         /// The request body (JSON); stdin when absent or `-`.
         file: Option<PathBuf>,
     },
@@ -122,7 +144,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             })?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Compact { config, file } => {
+        Command::Compact {
+            config,
+            dialect,
+            file,
+        } => {
             let config = Config::load(config.as_deref())?;
             init_tracing(config.server.log_format, "warn");
             let body = read_input(file.as_deref())?;
@@ -130,7 +156,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 .enable_all()
                 .build()
                 .context("starting the runtime")?;
-            runtime.block_on(compact(&config, &body))
+            runtime.block_on(compact(&config, dialect.into(), &body))
         }
         Command::Replay {
             config,
@@ -170,116 +196,15 @@ fn read_input(file: Option<&Path>) -> anyhow::Result<Vec<u8>> {
     }
 }
 
-/// `compactor compact`: one pass of the engine over `body`, as the proxy would run it.
-async fn compact(config: &Config, body: &[u8]) -> anyhow::Result<ExitCode> {
-    let metrics = Arc::new(Metrics::new().context("building the metrics registry")?);
-    let summarizer = compactor::summarizer::build(config, metrics.clone())?;
-    let compactor = Pipeline::new(config, summarizer, metrics);
-    let engine = compactor.engine();
-
-    // The whole request must be one compactor understands, even when nothing triggers.
-    // (Formatted, not chained: the dialect's messages already quote their cause.)
-    let peek = chat::peek(body, engine.estimator())
-        .map_err(|e| anyhow::anyhow!("not a Chat Completions request: {e}"))?;
-    let request = chat::parse_with(body, engine.estimator())
-        .map_err(|e| anyhow::anyhow!("not a Chat Completions request compactor can read: {e}"))?;
-    let limits = engine.limits(peek.model.as_deref(), peek.requested_output);
-    let mut err = std::io::stderr();
-    writeln!(
-        err,
-        "model: {} (context window {}, {} reserved for output)",
-        peek.model.as_deref().unwrap_or("(none)"),
-        limits.context_window,
-        limits.reserved_output
-    )?;
-    writeln!(
-        err,
-        "messages: {} (max_messages {})",
-        peek.message_count, limits.max_messages
-    )?;
-    let trigger = if config.compaction.enabled {
-        limits.check(peek.message_count, peek.tokens)
-    } else {
-        None
-    };
-    let Some(trigger) = trigger else {
-        let why = if config.compaction.enabled {
-            ""
-        } else {
-            " (compaction.enabled = false)"
-        };
-        writeln!(err, "trigger: no trigger{why}")?;
-        writeln!(
-            err,
-            "tokens: {} estimated (threshold {})",
-            peek.tokens, limits.token_threshold
-        )?;
-        write_stdout(body)?;
-        return Ok(ExitCode::SUCCESS);
-    };
-    writeln!(err, "trigger: {}", trigger.label())?;
-
-    let caller = Caller {
-        upstream_base_url: config.upstream.base_url.clone(),
-        api_prefix: "/v1".into(),
-        credentials: Vec::new(),
-        ..Caller::default()
-    };
-    let compacted = engine
-        .compact(CompactionInput {
-            transcript: &request.conversation.transcript,
-            model: request.conversation.model.as_deref(),
-            limits,
-            fixed_tokens: request.conversation.fixed_tokens,
-            prior: None,
-            instructions: None,
-            caller: &caller,
-        })
-        .await;
-    let compaction = match compacted {
-        Ok(c) => c,
-        Err(e) => {
-            writeln!(
-                err,
-                "tokens: {} estimated (threshold {})",
-                peek.tokens, limits.token_threshold
-            )?;
-            writeln!(
-                err,
-                "compaction failed ({}): {e}; printing the original request unchanged",
-                e.outcome().label()
-            )?;
-            write_stdout(body)?;
-            return Ok(ExitCode::from(EXIT_COMPACTION_FAILED));
-        }
-    };
-    let rewritten = request
-        .rewrite(
-            compaction.head,
-            compaction.boundary,
-            &compaction.summary_message,
-        )
-        .context("rewriting the request")?;
-    let result = &compaction.result;
-    let n = request.conversation.transcript.len();
-    writeln!(
-        err,
-        "tokens: {} -> {} estimated (threshold {})",
-        result.pre_tokens, result.post_tokens, limits.token_threshold
-    )?;
-    writeln!(
-        err,
-        "boundary: {} messages compacted, {} kept ({} leading system/developer + {} tail), \
-         {} summarizer attempt(s)",
-        compaction.boundary.saturating_sub(compaction.head),
-        compaction.head + n.saturating_sub(compaction.boundary),
-        compaction.head,
-        n.saturating_sub(compaction.boundary),
-        compaction.attempts
-    )?;
-    writeln!(err, "summary:\n{}", result.summary)?;
-    write_stdout(&rewritten)?;
-    Ok(ExitCode::SUCCESS)
+/// `compactor compact`: the library does the work; this prints its report.
+async fn compact(config: &Config, dialect: DialectKind, body: &[u8]) -> anyhow::Result<ExitCode> {
+    let report = compactor::compact::compact(config, dialect, body).await?;
+    std::io::stderr().write_all(report.notes.as_bytes())?;
+    write_stdout(&report.forward)?;
+    Ok(match report.status {
+        CompactStatus::Unchanged | CompactStatus::Compacted => ExitCode::SUCCESS,
+        CompactStatus::Failed => ExitCode::from(EXIT_COMPACTION_FAILED),
+    })
 }
 
 /// `compactor replay`: every file is read before any is replayed, so a typo fails at once.

@@ -1,20 +1,24 @@
 //! The request-level flow with session memory: what the proxy and the admin API call.
 //!
-//! For each chat request, cheapest first:
-//! 1. **peek** (count, estimate) and read the messages as raw JSON;
-//! 2. **identify**: tenant (hash of the credential), session id (header, else derived), and
-//!    remember this request as the session's latest (for manual compaction);
-//! 3. **splice**: hash the messages (only as far as any checkpoint of the tenant reaches) and
+//! For each chat request, cheapest first (docs/architecture.md, *Request flow*):
+//! 1. **scan** the body once ([`DialectKind::scan`]): its messages as raw slices, the estimate
+//!    of each;
+//! 2. **identify**: tenant (hash of the credential), session id (header, else derived from the
+//!    first messages), and remember this request as the session's latest (for manual
+//!    compaction);
+//! 3. **look up**: hash the messages (only as far as any checkpoint of the tenant reaches) and
 //!    find the longest stored checkpoint; its summary stands in for the prefix it covers;
-//! 4. **trigger** on what the upstream would receive after the splice; if it fires and the
+//! 4. **trigger** on what the upstream would receive after that splice; if it fires and the
 //!    session's breaker allows, **compact** (once per prefix: concurrent requests wait for the
-//!    single flight), refining the checkpoint's summary, and store the new checkpoint;
-//! 5. **rewrite** through the dialect: head, summary message, verbatim tail.
+//!    single flight and then read what it stored), refining the checkpoint's summary, and
+//!    store the new checkpoint;
+//! 5. **splice**: the body's bytes with the covered messages replaced by the summary message.
 //!
 //! The summary message is rendered from the stored checkpoint alone, so every request of a
 //! conversation between two compactions sends the same bytes for the compacted prefix and the
-//! provider's prompt cache keeps hitting. Nothing here fails a request: every problem forwards
-//! the original bytes (or the still-valid spliced request) and is counted.
+//! provider's prompt cache keeps hitting (docs/architecture.md, *Sessions in a stateless
+//! proxy*). Nothing here fails a request: every problem forwards the original bytes (or the
+//! still-valid spliced request) and is counted.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -31,8 +35,9 @@ use crate::compaction::prompt::summary_message;
 use crate::compaction::trigger::{CompactionOutcome, Limits, Trigger};
 use crate::compaction::{CompactionResult, COMPACTION_CIRCUIT_BREAKER_THRESHOLD};
 use crate::config::Config;
-use crate::dialect::{DialectError, DialectKind, ParsedRequest, Peek};
+use crate::dialect::{DialectError, DialectKind, Scan};
 use crate::metrics::Metrics;
+use crate::session::hash::SESSION_ID_MESSAGES;
 use crate::session::{
     chain, session_id, Checkpoint, LatestRequest, MemoryStore, SessionStore, SingleFlight,
     StoreLimits, TenantId,
@@ -94,12 +99,37 @@ struct FlightKey {
     covered: usize,
 }
 
-/// What the leader of a single flight produced: `None` when a compaction that finished while
-/// this request was on its way already covers more of the conversation (use that instead).
-type FlightValue = Arc<Option<Result<Compacted, CompactError>>>;
+/// One chat request on its way through the pipeline: what every step after the scan reads.
+struct Request<'r, 'b> {
+    scan: &'r Scan<'b>,
+    caller: &'r Caller,
+    tenant: TenantId,
+    session: &'r str,
+    limits: Limits,
+}
 
-/// A compaction done: the rewritten request, the engine's result, and the checkpoint stored
-/// for it (`None` when it could not be stored: the next request compacts again).
+/// Why a compaction of a request did not happen: the engine's reasons, or the dialect could
+/// not write the plan back.
+#[derive(Debug, thiserror::Error)]
+enum Failure {
+    #[error(transparent)]
+    Engine(#[from] CompactError),
+    #[error(transparent)]
+    Dialect(#[from] DialectError),
+}
+
+impl Failure {
+    fn outcome(&self) -> CompactionOutcome {
+        match self {
+            Failure::Engine(e) => e.outcome(),
+            Failure::Dialect(_) => CompactionOutcome::Failed,
+        }
+    }
+}
+
+/// A compaction done by the leader of a single flight: the rewritten request, the engine's
+/// result, and the checkpoint stored for it (`None` when it could not be stored: the next
+/// request compacts again). Waiters never see it: they read the store.
 struct Compacted {
     body: Vec<u8>,
     compaction: Compaction,
@@ -116,6 +146,7 @@ impl Compacted {
 
 /// A stored checkpoint applied to a request: messages `[head..covered)` become `message`.
 struct Splice {
+    head: usize,
     covered: usize,
     message: String,
     checkpoint: Arc<Checkpoint>,
@@ -128,13 +159,13 @@ pub struct Pipeline {
     calibration: Arc<Calibration>,
     calibrate: bool,
     store: Arc<dyn SessionStore>,
-    flights: SingleFlight<FlightKey, FlightValue>,
+    flights: SingleFlight<FlightKey, ()>,
     flight_wait: Duration,
     enabled: bool,
 }
 
 impl Pipeline {
-    /// A compactor with its own in-memory store sized by `[store]`.
+    /// A pipeline with its own in-memory store sized by `[store]`.
     pub fn new(config: &Config, summarizer: Arc<dyn Summarizer>, metrics: Arc<Metrics>) -> Self {
         let store = MemoryStore::new(StoreLimits {
             max_sessions: config.store.max_sessions,
@@ -145,7 +176,7 @@ impl Pipeline {
         Pipeline::with_store(config, summarizer, metrics, Arc::new(store))
     }
 
-    /// A compactor over a given store.
+    /// A pipeline over a given store.
     pub fn with_store(
         config: &Config,
         summarizer: Arc<dyn Summarizer>,
@@ -153,7 +184,7 @@ impl Pipeline {
         store: Arc<dyn SessionStore>,
     ) -> Self {
         let engine = Engine::new(config, summarizer);
-        // A waiter waits as long as the leader may take: every attempt of the breaker.
+        // A waiter waits as long as the leader may take: every attempt it may make.
         let flight_wait = engine
             .summary_timeout()
             .saturating_mul(COMPACTION_CIRCUIT_BREAKER_THRESHOLD);
@@ -243,9 +274,8 @@ impl Pipeline {
         if !self.enabled {
             return Processed::default();
         }
-        let estimator = self.engine.estimator();
-        let peek = match dialect.peek(body, estimator) {
-            Ok(peek) => peek,
+        let scan = match dialect.scan(body, self.engine.estimator()) {
+            Ok(scan) => scan,
             Err(DialectError::ServerState) => {
                 self.record_label("none", "server_state");
                 return Processed::default();
@@ -257,25 +287,15 @@ impl Pipeline {
         };
         self.metrics
             .request_tokens_estimated
-            .observe(peek.tokens as f64);
+            .observe(scan.tokens as f64);
 
-        // The messages as raw JSON are needed only to hash a history that may match a
-        // checkpoint: most requests are served by the single pass of the peek, which also kept
-        // the first messages the session id is made of.
         let tenant = TenantId::from_caller(context.caller);
-        let reach = self.reach(tenant).await;
-        let raw = if reach > 0 {
-            match dialect.raw_messages(body) {
-                Ok(raw) => Some(raw),
-                Err(e) => {
-                    tracing::debug!(error = %e, "chat body not understood; forwarding unchanged");
-                    return Processed::default();
-                }
-            }
-        } else {
-            None
-        };
-        let first: Vec<&str> = peek.first_messages.iter().map(String::as_str).collect();
+        let first: Vec<&str> = scan
+            .messages
+            .iter()
+            .take(SESSION_ID_MESSAGES)
+            .map(|m| m.get())
+            .collect();
         let session = session_id(&tenant, context.session_header, &first);
         let latest = LatestRequest {
             dialect,
@@ -284,62 +304,51 @@ impl Pipeline {
         };
         if let Err(e) = self
             .store
-            .touch_session(tenant, &session, latest, peek.message_count)
+            .touch_session(tenant, &session, latest, scan.len())
             .await
         {
             tracing::warn!(error = %e, "session store unavailable; continuing without it");
         }
 
-        let checkpoint = match &raw {
-            Some(raw) => self.find_within(tenant, raw, reach).await,
-            None => None,
+        let checkpoint = self.lookup(tenant, &scan.messages).await;
+        let request = Request {
+            scan: &scan,
+            caller: context.caller,
+            tenant,
+            session: &session,
+            limits: self.limits(scan.model.as_deref(), scan.requested_output),
         };
-        self.count_lookup(checkpoint.is_some());
-        let limits = self.limits(peek.model.as_deref(), peek.requested_output);
-        let trigger = limits.check(peek.message_count, peek.tokens);
+        let trigger = request.limits.check(scan.len(), scan.tokens);
         let mut summarizer_time = Duration::ZERO;
         let outcome = if checkpoint.is_some() || trigger.is_some() {
-            self.rewrite_path(
-                dialect,
-                body,
-                &peek,
-                trigger,
-                context.caller,
-                tenant,
-                &session,
-                checkpoint,
-                &mut summarizer_time,
-            )
-            .await
+            self.rewrite_path(&request, trigger, checkpoint, &mut summarizer_time)
+                .await
         } else {
             Outcome::Unchanged
         };
         let mut processed = Processed {
             outcome,
-            session_id: Some(session),
+            session_id: None,
             summarizer_time,
             estimate: None,
         };
-        self.record_tokens(dialect, &peek, limits.context_window, &mut processed);
+        self.record_tokens(&request, &mut processed);
+        processed.session_id = Some(session);
         processed
     }
 
     /// Token metrics of one request, and the estimate its response's usage is compared with.
-    fn record_tokens(
-        &self,
-        dialect: DialectKind,
-        peek: &Peek,
-        window: usize,
-        processed: &mut Processed,
-    ) {
-        let received = peek.tokens;
+    fn record_tokens(&self, request: &Request<'_, '_>, processed: &mut Processed) {
+        let scan = request.scan;
+        let received = scan.tokens;
         let forwarded = match &processed.outcome {
             Outcome::Rewritten { result, .. } | Outcome::Reused { result, .. } => {
                 result.post_tokens
             }
             Outcome::Unchanged | Outcome::Failed => received,
         };
-        let d = dialect.label();
+        let d = scan.dialect().label();
+        let window = request.limits.context_window;
         let m = &self.metrics;
         m.request_tokens
             .with_label_values(&[d, "received"])
@@ -357,48 +366,33 @@ impl Pipeline {
                 .observe(forwarded as f64 / received as f64);
         }
         processed.estimate = Some(ForwardedEstimate {
-            model: peek.model.clone(),
+            model: scan.model.clone(),
             tokens: forwarded,
         });
     }
 
-    /// The longest checkpoint the request's history matches, hashing only as far as the
-    /// tenant's checkpoints reach.
+    /// The longest checkpoint the request's history matches, counted as a hit or a miss.
     async fn lookup(&self, tenant: TenantId, raw: &[&RawValue]) -> Option<Arc<Checkpoint>> {
         let found = self.find_checkpoint(tenant, raw).await;
         self.count_lookup(found.is_some());
         found
     }
 
-    /// [`Pipeline::lookup`] without counting it.
+    /// The longest checkpoint the request's history matches, hashing only as far as the
+    /// tenant's checkpoints reach (most requests of a new tenant hash nothing).
+    ///
+    /// Only prefixes that leave at least one message after them are considered: a checkpoint
+    /// covering the whole request cannot be spliced (a tail must remain), and taking it for a
+    /// match would make a request that needs compaction look already served.
     async fn find_checkpoint(
         &self,
         tenant: TenantId,
         raw: &[&RawValue],
     ) -> Option<Arc<Checkpoint>> {
-        let reach = self.reach(tenant).await;
-        self.find_within(tenant, raw, reach).await
-    }
-
-    /// How many messages the tenant's longest checkpoint covers (0 when the store fails).
-    async fn reach(&self, tenant: TenantId) -> usize {
-        self.store.max_covered(tenant).await.unwrap_or_else(|e| {
+        let reach = self.store.max_covered(tenant).await.unwrap_or_else(|e| {
             tracing::warn!(error = %e, "checkpoint lookup failed; treating as a miss");
             0
-        })
-    }
-
-    /// [`Pipeline::find_checkpoint`] hashing at most the first `reach` messages.
-    ///
-    /// Only prefixes that leave at least one message after them are considered: a checkpoint
-    /// covering the whole request cannot be spliced (a tail must remain), and taking it for a
-    /// match would make a request that needs compaction look already served.
-    async fn find_within(
-        &self,
-        tenant: TenantId,
-        raw: &[&RawValue],
-        reach: usize,
-    ) -> Option<Arc<Checkpoint>> {
+        });
         let hashed = reach.min(raw.len().saturating_sub(1));
         if hashed == 0 {
             return None;
@@ -427,96 +421,70 @@ impl Pipeline {
     }
 
     /// Splices a checkpoint in and compacts when due.
-    #[allow(clippy::too_many_arguments)]
     async fn rewrite_path(
         &self,
-        dialect: DialectKind,
-        body: &Bytes,
-        peek: &Peek,
+        request: &Request<'_, '_>,
         due: Option<Trigger>,
-        caller: &Caller,
-        tenant: TenantId,
-        session: &str,
         checkpoint: Option<Arc<Checkpoint>>,
         summarizer_time: &mut Duration,
     ) -> Outcome {
-        let request = match dialect.parse(body, self.engine.estimator()) {
-            Ok(r) => r,
-            Err(e) => {
-                let Some(trigger) = due else {
-                    tracing::debug!(error = %e, "chat body not parseable; forwarding unchanged");
-                    return Outcome::Unchanged;
-                };
-                self.record(trigger, CompactionOutcome::Failed);
-                tracing::warn!(error = %e, "compaction due but the body is not understood; forwarding unchanged");
-                return Outcome::Failed;
-            }
+        let splice = match checkpoint.map(|c| self.splice(request.scan, c)) {
+            None => None,
+            Some(Ok(splice)) => splice,
+            Some(Err(e)) => return self.not_understood(due, &e),
         };
-        let request = request.as_ref();
-        let conversation = request.conversation();
-        let limits = self.limits(conversation.model.as_deref(), conversation.requested_output);
-        let splice = checkpoint.and_then(|c| self.splice(&conversation.transcript, c));
-        let (count, tokens) = self.view_size(request, splice.as_ref(), peek.tokens);
-
-        let Some(trigger) = limits.check(count, tokens) else {
-            return self.reuse(request, splice.as_ref(), peek.tokens, tokens);
+        let (count, tokens) = self.view_size(request.scan, splice.as_ref());
+        let Some(trigger) = request.limits.check(count, tokens) else {
+            return self.reuse(request.scan, splice.as_ref(), tokens);
         };
         let allowed = self
             .store
-            .compaction_allowed(tenant, session)
+            .compaction_allowed(request.tenant, request.session)
             .await
             .unwrap_or(true);
         if !allowed {
             self.record(trigger, CompactionOutcome::Breaker);
-            return self.reuse(request, splice.as_ref(), peek.tokens, tokens);
+            return self.reuse(request.scan, splice.as_ref(), tokens);
         }
+        let transcript = match request.scan.transcript() {
+            Ok(t) => t,
+            Err(e) => return self.not_understood(Some(trigger), &e),
+        };
 
+        let covered = splice.as_ref().map_or(0, |s| s.covered);
         let key = FlightKey {
-            tenant,
-            session: session.to_string(),
-            covered: splice.as_ref().map_or(0, |s| s.covered),
+            tenant: request.tenant,
+            session: request.session.to_string(),
+            covered,
         };
         let started = Instant::now();
+        // The leader keeps its own result; waiters get `()` and read what it stored.
+        let mut led: Option<Result<Compacted, Failure>> = None;
+        let slot = &mut led;
+        let splice_ref = splice.as_ref();
+        let transcript_ref = &transcript;
         let flight = self
             .flights
-            .run(key, self.flight_wait, || async {
+            .run(key, self.flight_wait, move || async move {
                 // A flight that ended between this request's lookup and now left a newer
                 // checkpoint: compacting again would call the summarizer a second time.
-                let covered = splice.as_ref().map_or(0, |s| s.covered);
                 let newer = self
-                    .find_checkpoint(tenant, &conversation.raw_messages)
+                    .find_checkpoint(request.tenant, &request.scan.messages)
                     .await;
                 if newer.is_some_and(|c| c.covered > covered) {
-                    return Arc::new(None);
+                    return;
                 }
-                Arc::new(Some(
-                    self.compact_and_store(
-                        request,
-                        splice.as_ref(),
-                        limits,
-                        caller,
-                        tenant,
-                        session,
-                        None,
-                    )
-                    .await,
-                ))
+                *slot = Some(
+                    self.compact_and_store(request, transcript_ref, splice_ref, None)
+                        .await,
+                );
             })
             .await;
         *summarizer_time += started.elapsed();
         // A request that waited, or found a newer checkpoint, uses what the other one stored.
-        let flight = match flight {
-            Ok(f) if f.led => f.value,
-            Ok(_) | Err(_) => {
-                return self
-                    .after_wait(request, tenant, peek.tokens, limits, trigger, session)
-                    .await
-            }
-        };
-        let Some(flight) = flight.as_ref() else {
-            return self
-                .after_wait(request, tenant, peek.tokens, limits, trigger, session)
-                .await;
+        let result = match (flight, led) {
+            (Ok(f), Some(result)) if f.led => result,
+            _ => return self.after_wait(request, trigger).await,
         };
         self.metrics
             .compaction_duration
@@ -524,19 +492,20 @@ impl Pipeline {
         // A rewrite still over the trigger makes the next request compact again: it is
         // forwarded (it is smaller and valid) but counts as a failure toward the breaker, so a
         // conversation that cannot be brought under its limits stops calling the summarizer.
-        let succeeded = match flight {
-            Ok(c) => !c.still_over(&limits),
+        let succeeded = match &result {
+            Ok(c) => !c.still_over(&request.limits),
             Err(_) => false,
         };
+        let session = request.session;
         if let Ok(true) = self
             .store
-            .record_compaction(tenant, session, succeeded)
+            .record_compaction(request.tenant, session, succeeded)
             .await
         {
             self.metrics.breaker_open.inc();
             tracing::warn!(session, "session breaker open: automatic compaction paused");
         }
-        match flight {
+        match result {
             Ok(Compacted {
                 body, compaction, ..
             }) => {
@@ -549,21 +518,14 @@ impl Pipeline {
                     );
                 }
                 let mut result = compaction.result.clone();
-                result.pre_tokens = peek.tokens;
-                self.log_compaction(
-                    session,
-                    trigger,
-                    "compacted",
-                    conversation.transcript.len(),
-                    compaction,
-                    started,
-                );
+                result.pre_tokens = request.scan.tokens;
+                self.log_compaction(session, trigger, request.scan.len(), &compaction, started);
                 let saved = result.pre_tokens.saturating_sub(result.post_tokens);
                 self.metrics
                     .tokens_saved
                     .inc_by(u64::try_from(saved).unwrap_or(u64::MAX));
                 Outcome::Rewritten {
-                    body: Bytes::from(body.clone()),
+                    body: Bytes::from(body),
                     result,
                     trigger,
                 }
@@ -578,7 +540,7 @@ impl Pipeline {
                     error = %e,
                     "compaction failed; forwarding the request without a new summary"
                 );
-                match self.reuse(request, splice.as_ref(), peek.tokens, tokens) {
+                match self.reuse(request.scan, splice.as_ref(), tokens) {
                     Outcome::Unchanged => Outcome::Failed,
                     reused => reused,
                 }
@@ -586,15 +548,33 @@ impl Pipeline {
         }
     }
 
-    /// Validates a checkpoint against the request and renders its summary message.
-    fn splice(&self, transcript: &Transcript, checkpoint: Arc<Checkpoint>) -> Option<Splice> {
-        let head = transcript.head_len();
+    /// A body the scan read but whose messages the dialect does not understand: forwarded
+    /// unchanged, counted as a failure when a compaction was due.
+    fn not_understood(&self, due: Option<Trigger>, e: &DialectError) -> Outcome {
+        let Some(trigger) = due else {
+            tracing::debug!(error = %e, "chat body not parseable; forwarding unchanged");
+            return Outcome::Unchanged;
+        };
+        self.record(trigger, CompactionOutcome::Failed);
+        tracing::warn!(error = %e, "compaction due but the body is not understood; forwarding unchanged");
+        Outcome::Failed
+    }
+
+    /// Validates a checkpoint against the request and renders its summary message; `None`
+    /// when it cannot stand in for a prefix of this request.
+    fn splice(
+        &self,
+        scan: &Scan<'_>,
+        checkpoint: Arc<Checkpoint>,
+    ) -> Result<Option<Splice>, DialectError> {
+        let head = scan.head_len()?;
         let covered = checkpoint.covered;
         // The summary replaces whole turns after the system head, and a tail must remain.
-        if covered <= head || covered >= transcript.len() {
-            return None;
+        if covered <= head || covered >= scan.len() {
+            return Ok(None);
         }
-        Some(Splice {
+        Ok(Some(Splice {
+            head,
             covered,
             message: summary_message(
                 &checkpoint.summary,
@@ -602,52 +582,37 @@ impl Pipeline {
                 &checkpoint.modified_files,
             ),
             checkpoint,
-        })
+        }))
     }
 
     /// Messages and estimated tokens the upstream receives after the splice.
-    fn view_size(
-        &self,
-        request: &dyn ParsedRequest,
-        splice: Option<&Splice>,
-        received: usize,
-    ) -> (usize, usize) {
-        let conversation = request.conversation();
-        let t = &conversation.transcript;
+    fn view_size(&self, scan: &Scan<'_>, splice: Option<&Splice>) -> (usize, usize) {
         match splice {
-            None => (t.len(), received),
+            None => (scan.len(), scan.tokens),
             Some(s) => {
-                let head = t.head_len();
-                let tokens = conversation
+                let tokens = scan
                     .fixed_tokens
-                    .saturating_add(t.tokens(0..head))
+                    .saturating_add(scan.tokens_of(0..s.head))
                     .saturating_add(self.engine.estimator().text(&s.message))
-                    .saturating_add(t.tokens(s.covered..t.len()));
-                (head + 1 + (t.len() - s.covered), tokens)
+                    .saturating_add(scan.tokens_of(s.covered..scan.len()));
+                (s.head + 1 + (scan.len() - s.covered), tokens)
             }
         }
     }
 
     /// The request with a stored summary spliced in, or unchanged without one.
-    fn reuse(
-        &self,
-        request: &dyn ParsedRequest,
-        splice: Option<&Splice>,
-        received: usize,
-        forwarded: usize,
-    ) -> Outcome {
+    fn reuse(&self, scan: &Scan<'_>, splice: Option<&Splice>, forwarded: usize) -> Outcome {
         let Some(s) = splice else {
             return Outcome::Unchanged;
         };
-        let head = request.conversation().transcript.head_len();
-        match request.rewrite(head, s.covered, &s.message) {
+        match scan.rewrite(s.head, s.covered, &s.message) {
             Ok(body) => Outcome::Reused {
                 body: Bytes::from(body),
                 result: CompactionResult {
                     summary: s.checkpoint.summary.clone(),
                     read_files: s.checkpoint.read_files.clone(),
                     modified_files: s.checkpoint.modified_files.clone(),
-                    pre_tokens: received,
+                    pre_tokens: scan.tokens,
                     post_tokens: forwarded,
                     compaction_num: s.checkpoint.compaction_num,
                 },
@@ -663,26 +628,21 @@ impl Pipeline {
     /// that needed compaction and is still over its limits afterwards (the other compaction
     /// failed, stored nothing, or covers too little) is counted and logged as failed, never
     /// forwarded silently.
-    async fn after_wait(
-        &self,
-        request: &dyn ParsedRequest,
-        tenant: TenantId,
-        received: usize,
-        limits: Limits,
-        trigger: Trigger,
-        session: &str,
-    ) -> Outcome {
-        let conversation = request.conversation();
-        let checkpoint = self.lookup(tenant, &conversation.raw_messages).await;
-        let splice = checkpoint.and_then(|c| self.splice(&conversation.transcript, c));
-        let (count, tokens) = self.view_size(request, splice.as_ref(), received);
-        let outcome = self.reuse(request, splice.as_ref(), received, tokens);
-        if limits.check(count, tokens).is_none() {
+    async fn after_wait(&self, request: &Request<'_, '_>, trigger: Trigger) -> Outcome {
+        let scan = request.scan;
+        let checkpoint = self.lookup(request.tenant, &scan.messages).await;
+        let splice = match checkpoint.map(|c| self.splice(scan, c)) {
+            Some(Ok(splice)) => splice,
+            None | Some(Err(_)) => None,
+        };
+        let (count, tokens) = self.view_size(scan, splice.as_ref());
+        let outcome = self.reuse(scan, splice.as_ref(), tokens);
+        if request.limits.check(count, tokens).is_none() {
             return outcome;
         }
         self.record(trigger, CompactionOutcome::Failed);
         tracing::warn!(
-            session,
+            session = request.session,
             trigger = trigger.label(),
             messages = count,
             tokens,
@@ -695,25 +655,20 @@ impl Pipeline {
     }
 
     /// Compacts (beyond any spliced prefix), rewrites, and stores the new checkpoint.
-    #[allow(clippy::too_many_arguments)]
     async fn compact_and_store(
         &self,
-        request: &dyn ParsedRequest,
+        request: &Request<'_, '_>,
+        transcript: &Transcript,
         splice: Option<&Splice>,
-        limits: Limits,
-        caller: &Caller,
-        tenant: TenantId,
-        session: &str,
         instructions: Option<&str>,
-    ) -> Result<Compacted, CompactError> {
-        let conversation = request.conversation();
-        let t = &conversation.transcript;
-        let head = t.head_len();
+    ) -> Result<Compacted, Failure> {
+        let scan = request.scan;
+        let head = transcript.head_len();
         // The engine sees the conversation without the covered prefix; the prior summary
         // travels in `<prior-summary>` and is refined, not repeated.
         let (view, offset) = match splice {
             None => (None, 0),
-            Some(s) => (Some(t.without(head..s.covered)), s.covered - head),
+            Some(s) => (Some(transcript.without(head..s.covered)), s.covered - head),
         };
         // The stored summary is refined, its file lists carried forward.
         let prior = splice.map(|s| Prior {
@@ -725,57 +680,63 @@ impl Pipeline {
         let mut compaction = self
             .engine
             .compact(CompactionInput {
-                transcript: view.as_ref().unwrap_or(t),
-                model: conversation.model.as_deref(),
-                limits,
-                fixed_tokens: conversation.fixed_tokens,
+                transcript: view.as_ref().unwrap_or(transcript),
+                model: scan.model.as_deref(),
+                limits: request.limits,
+                fixed_tokens: scan.fixed_tokens,
                 prior: prior.as_ref(),
                 instructions,
-                caller,
+                caller: request.caller,
             })
             .await?;
         compaction.boundary += offset;
-        let body = request.rewrite(head, compaction.boundary, &compaction.summary_message)?;
-
-        let prefix = &conversation.raw_messages[..compaction.boundary];
-        let stored = match chain(&tenant, prefix).map(|h| h.last().copied()) {
-            Ok(Some(hash)) => {
-                let r = &compaction.result;
-                let checkpoint = Checkpoint {
-                    session_id: session.to_string(),
-                    covered: compaction.boundary,
-                    summary: r.summary.clone(),
-                    read_files: r.read_files.clone(),
-                    modified_files: r.modified_files.clone(),
-                    pre_tokens: r.pre_tokens,
-                    post_tokens: r.post_tokens,
-                    compaction_num: r.compaction_num,
-                    created_unix: crate::session::store::unix_now(),
-                };
-                let checkpoint = Arc::new(checkpoint);
-                match self
-                    .store
-                    .put_checkpoint(tenant, hash, checkpoint.clone())
-                    .await
-                {
-                    Ok(()) => Some(checkpoint),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "storing the checkpoint failed; the next request compacts again");
-                        None
-                    }
-                }
-            }
-            Ok(None) => None,
-            Err(e) => {
-                tracing::warn!(error = %e, "checkpoint not stored: messages not hashable");
-                None
-            }
-        };
+        let body = scan.rewrite(head, compaction.boundary, &compaction.summary_message)?;
+        let stored = self.store_checkpoint(request, &compaction).await;
         Ok(Compacted {
             body,
             compaction,
             stored,
         })
+    }
+
+    /// Stores the checkpoint of a compaction under the chain hash of the prefix it covers.
+    async fn store_checkpoint(
+        &self,
+        request: &Request<'_, '_>,
+        compaction: &Compaction,
+    ) -> Option<Arc<Checkpoint>> {
+        let prefix = request.scan.messages.get(..compaction.boundary)?;
+        let hash = match chain(&request.tenant, prefix).map(|h| h.last().copied()) {
+            Ok(Some(hash)) => hash,
+            Ok(None) => return None,
+            Err(e) => {
+                tracing::warn!(error = %e, "checkpoint not stored: messages not hashable");
+                return None;
+            }
+        };
+        let r = &compaction.result;
+        let checkpoint = Arc::new(Checkpoint {
+            session_id: request.session.to_string(),
+            covered: compaction.boundary,
+            summary: r.summary.clone(),
+            read_files: r.read_files.clone(),
+            modified_files: r.modified_files.clone(),
+            pre_tokens: r.pre_tokens,
+            post_tokens: r.post_tokens,
+            compaction_num: r.compaction_num,
+            created_unix: crate::session::store::unix_now(),
+        });
+        match self
+            .store
+            .put_checkpoint(request.tenant, hash, checkpoint.clone())
+            .await
+        {
+            Ok(()) => Some(checkpoint),
+            Err(e) => {
+                tracing::warn!(error = %e, "storing the checkpoint failed; the next request compacts again");
+                None
+            }
+        }
     }
 
     /// Compacts the latest request of a session now (admin API), with optional focus
@@ -807,31 +768,30 @@ impl Pipeline {
                 };
             }
         };
-        let request = match latest.dialect.parse(&latest.body, self.engine.estimator()) {
-            Ok(r) => r,
-            Err(_) => {
-                return ManualOutcome::NotCompacted {
-                    reason: "request_not_understood",
-                }
-            }
+        let not_understood = ManualOutcome::NotCompacted {
+            reason: "request_not_understood",
         };
-        let request = request.as_ref();
-        let tenant = TenantId::from_caller(&latest.caller);
-        let conversation = request.conversation();
-        let checkpoint = self.lookup(tenant, &conversation.raw_messages).await;
-        let splice = checkpoint.and_then(|c| self.splice(&conversation.transcript, c));
-        let limits = self.limits(conversation.model.as_deref(), conversation.requested_output);
+        let Ok(scan) = latest.dialect.scan(&latest.body, self.engine.estimator()) else {
+            return not_understood;
+        };
+        let Ok(transcript) = scan.transcript() else {
+            return not_understood;
+        };
+        let request = Request {
+            scan: &scan,
+            caller: &latest.caller,
+            tenant: TenantId::from_caller(&latest.caller),
+            session: id,
+            limits: self.limits(scan.model.as_deref(), scan.requested_output),
+        };
+        let checkpoint = self.lookup(request.tenant, &scan.messages).await;
+        let splice = match checkpoint.map(|c| self.splice(&scan, c)) {
+            Some(Ok(splice)) => splice,
+            None | Some(Err(_)) => None,
+        };
         let started = Instant::now();
         let result = self
-            .compact_and_store(
-                request,
-                splice.as_ref(),
-                limits,
-                &latest.caller,
-                tenant,
-                id,
-                instructions,
-            )
+            .compact_and_store(&request, &transcript, splice.as_ref(), instructions)
             .await;
         self.metrics
             .compaction_duration
@@ -841,14 +801,7 @@ impl Pipeline {
                 compaction, stored, ..
             }) => {
                 self.record(Trigger::Manual, CompactionOutcome::Compacted);
-                self.log_compaction(
-                    id,
-                    Trigger::Manual,
-                    "compacted",
-                    conversation.transcript.len(),
-                    &compaction,
-                    started,
-                );
+                self.log_compaction(id, Trigger::Manual, scan.len(), &compaction, started);
                 match stored {
                     Some(checkpoint) => ManualOutcome::Compacted(checkpoint),
                     None => ManualOutcome::NotCompacted {
@@ -862,14 +815,16 @@ impl Pipeline {
                 tracing::warn!(session = id, error = %e, "manual compaction did not happen");
                 ManualOutcome::NotCompacted {
                     reason: match e {
-                        CompactError::NothingToCompact => "nothing_to_compact",
-                        CompactError::Summarizer(SummarizeError::Blank) => "blank_summary",
-                        CompactError::Summarizer(_) | CompactError::Timeout(_) => {
+                        Failure::Engine(CompactError::NothingToCompact) => "nothing_to_compact",
+                        Failure::Engine(CompactError::Summarizer(SummarizeError::Blank)) => {
+                            "blank_summary"
+                        }
+                        Failure::Engine(CompactError::Summarizer(_) | CompactError::Timeout(_)) => {
                             "summarizer_failed"
                         }
-                        CompactError::NotSmaller { .. } => "not_smaller",
-                        CompactError::Prompt(_) => "prompt_too_large",
-                        CompactError::Dialect(_) => "rewrite_failed",
+                        Failure::Engine(CompactError::NotSmaller { .. }) => "not_smaller",
+                        Failure::Engine(CompactError::Prompt(_)) => "prompt_too_large",
+                        Failure::Dialect(_) => "rewrite_failed",
                     },
                 }
             }
@@ -880,7 +835,6 @@ impl Pipeline {
         &self,
         session: &str,
         trigger: Trigger,
-        outcome: &'static str,
         messages: usize,
         compaction: &Compaction,
         started: Instant,
@@ -889,7 +843,7 @@ impl Pipeline {
         tracing::info!(
             session,
             trigger = trigger.label(),
-            outcome,
+            outcome = "compacted",
             messages_before = messages,
             messages_after = compaction.messages,
             tokens_before = r.pre_tokens,

@@ -34,6 +34,8 @@ use compactor_plugin_api::{
 
 use crate::compaction::{CompactionOutcome, Limits, Trigger};
 use crate::config::{Config, ConfigError};
+use crate::dialect::DialectKind;
+use crate::estimate::LazyEstimator;
 use crate::metrics::Metrics;
 use crate::pipeline::{Outcome, Pipeline, RequestContext};
 use crate::summarizer::{self, BuildError};
@@ -390,15 +392,15 @@ impl Replayer {
         let mut compactions = 0;
         let mut last = (None, None);
         for (i, step) in recording.steps.iter().enumerate() {
-            let peek = step.dialect.peek(&step.body, estimator).ok();
-            let understood = peek.is_some();
-            let received = match &peek {
-                Some(p) => p.tokens,
+            let scan = step.dialect.scan(&step.body, estimator).ok();
+            let understood = scan.is_some();
+            let received = match &scan {
+                Some(s) => s.tokens,
                 // Not readable by its dialect: the raw body's estimate.
                 None => estimator.text(&String::from_utf8_lossy(&step.body)),
             };
-            last = match peek {
-                Some(p) => (p.model, p.requested_output),
+            last = match scan {
+                Some(s) => (s.model, s.requested_output),
                 None => (step.model.clone(), step.requested_output),
             };
             // No credentials: a summarizer calling the provider needs its `api_key_env`.
@@ -436,12 +438,12 @@ impl Replayer {
                     Event::Compacted {
                         num: result.compaction_num,
                         trigger: *trigger,
-                        forwarded_messages: step.dialect.raw_messages(body).map_or(0, |m| m.len()),
+                        forwarded_messages: messages_in(step.dialect, body),
                     }
                 }
                 Outcome::Reused { body, result } => Event::Reused {
                     num: result.compaction_num,
-                    forwarded_messages: step.dialect.raw_messages(body).map_or(0, |m| m.len()),
+                    forwarded_messages: messages_in(step.dialect, body),
                 },
             };
             rows.push(StepRow {
@@ -480,6 +482,13 @@ impl Replayer {
 
 /// Automatic compactions counted so far that failed (`failed`, `blank`) and that the breaker
 /// skipped.
+/// Messages in a forwarded body (0 when its dialect cannot read it).
+fn messages_in(dialect: DialectKind, body: &[u8]) -> usize {
+    dialect
+        .scan(body, &LazyEstimator::default())
+        .map_or(0, |s| s.len())
+}
+
 fn missed_counts(metrics: &Metrics) -> (u64, u64) {
     let count = |outcomes: &[&str]| -> u64 {
         [Trigger::Messages, Trigger::Tokens]

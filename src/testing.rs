@@ -10,7 +10,7 @@ use proptest::test_runner::TestCaseError;
 use serde_json::{json, Value};
 
 use crate::config::Config;
-use crate::dialect::Conversation;
+use crate::dialect::Parsed;
 use crate::estimate::LazyEstimator;
 use crate::metrics::Metrics;
 use crate::pipeline::Pipeline;
@@ -205,21 +205,22 @@ pub(crate) fn ensure(cond: bool, what: impl Into<String>) -> Result<(), TestCase
     }
 }
 
-/// The hot path's estimate (`peek_tokens`) is the full parse's, and each message's estimate is
-/// the sum of its parts'.
+/// The scan's estimate adds up, and each message's estimate (counted off the wire) is what its
+/// neutral parts hold.
 pub(crate) fn check_estimates(
-    peek_tokens: usize,
-    conversation: &Conversation<'_>,
+    parsed: &Parsed<'_>,
     est: &LazyEstimator,
 ) -> Result<(), TestCaseError> {
+    let scan = &parsed.scan;
+    let transcript = &parsed.transcript;
     ensure(
-        conversation.tokens() == peek_tokens,
-        "peek and parse estimates agree",
+        scan.tokens == scan.fixed_tokens + transcript.tokens(0..transcript.len()),
+        "the scan's total is its fixed tokens plus its messages'",
     )?;
-    for m in &conversation.transcript.messages {
+    for m in &transcript.messages {
         ensure(
             est.counts(m.counts()) == m.tokens,
-            format!("parts estimate of {m:?}"),
+            format!("the scan's estimate of {m:?} counts what its neutral parts hold"),
         )?;
     }
     Ok(())

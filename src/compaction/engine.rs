@@ -44,7 +44,6 @@ use super::prompt::{
 use super::trigger::{CompactionOutcome, Limits};
 use super::CompactionResult;
 use crate::config::{CompactionConfig, Config};
-use crate::dialect::DialectError;
 use crate::estimate::LazyEstimator;
 use crate::transcript::{Message, Part, Role, Transcript};
 
@@ -106,9 +105,6 @@ pub enum CompactError {
     /// No message lies between the kept head and the kept tail.
     #[error("nothing to compact")]
     NothingToCompact,
-    /// The body could not be read or rewritten by its dialect.
-    #[error(transparent)]
-    Dialect(#[from] DialectError),
     /// The prompt cannot fit the summarizer's window.
     #[error(transparent)]
     Prompt(#[from] PromptError),

@@ -554,8 +554,6 @@ fn shell_command(args: &Value) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transcript::Transcript;
-    use serde::Deserialize;
 
     fn track(calls: &[(&str, &str)]) -> (Vec<String>, Vec<String>) {
         let mut t = FileTracker::new();
@@ -846,63 +844,6 @@ mod tests {
         let prior: Vec<String> = (0..10).map(|i| format!("p{i}.rs")).collect();
         let t = FileTracker::with_limit(4).with_prior(&prior, &[]);
         assert_eq!(t.read_files(), s(&["p0.rs", "p1.rs", "p2.rs", "p3.rs"]));
-    }
-
-    #[derive(Deserialize)]
-    struct Fixture {
-        messages: Vec<Value>,
-    }
-
-    /// Parses a fixture through the Chat Completions dialect and tracks every message.
-    fn track_fixture(json: &str) -> (Vec<String>, Vec<String>) {
-        let fixture: Fixture = serde_json::from_str(json).expect("fixture parses");
-        let body = serde_json::json!({"model": "gpt-4o", "messages": fixture.messages}).to_string();
-        let request = crate::dialect::chat::parse(body.as_bytes()).expect("chat parses");
-        let transcript: &Transcript = &request.conversation.transcript;
-        let mut t = FileTracker::new();
-        for m in &transcript.messages {
-            t.observe_message(m);
-        }
-        (t.read_files().to_vec(), t.modified_files().to_vec())
-    }
-
-    #[test]
-    fn swe_agent_function_calling_fixtures_are_tracked() {
-        let (read, modified) = track_fixture(include_str!(
-            "../../tests/fixtures/transcripts/swe-agent-function-calling-simple.json"
-        ));
-        assert_eq!(read, s(&["tests/missing_colon.py"]));
-        assert_eq!(
-            modified,
-            s(&["tests/missing_colon.py"]),
-            "edit applies to the open file"
-        );
-
-        let (read, modified) = track_fixture(include_str!(
-            "../../tests/fixtures/transcripts/swe-agent-marshmallow-function-calling.json"
-        ));
-        assert_eq!(read, s(&["src/marshmallow/fields.py"]));
-        assert_eq!(modified, s(&["reproduce.py", "src/marshmallow/fields.py"]));
-    }
-
-    #[test]
-    fn swe_agent_text_mode_fixtures_are_tracked() {
-        let (read, modified) = track_fixture(include_str!(
-            "../../tests/fixtures/transcripts/swe-agent-ctf-katy.json"
-        ));
-        assert!(read.is_empty(), "{read:?}");
-        assert_eq!(
-            modified,
-            s(&[
-                "recover_flag.py",
-                "get_seed.py",
-                "retrieve_random_numbers.py",
-            ])
-        );
-        let (_, modified) = track_fixture(include_str!(
-            "../../tests/fixtures/transcripts/swe-agent-ctf-web.json"
-        ));
-        assert_eq!(modified, s(&["printenv.pl"]));
     }
 
     #[test]

@@ -1,19 +1,16 @@
-//! OpenAI Chat Completions (`POST …/chat/completions`): peek, parse and rewrite.
+//! OpenAI Chat Completions (`POST …/chat/completions`): scan, neutral messages and rewrite.
 //!
-//! Three entry points, cheapest first:
-//! - [`peek`] runs on every request: one zero-copy pass that counts the messages and estimates
-//!   their tokens (text, tool calls and arguments, reasoning, refusals, tool outputs, images,
-//!   tool definitions) without building a `Value` or copying a string. The no-compaction path
-//!   ends here and the proxy forwards the original bytes.
-//! - [`parse`] runs only when a compaction is due: it keeps the top-level fields in order as
-//!   raw JSON, splits `messages` into raw messages, and builds the neutral transcript
-//!   (`system`/`developer`, `user`, `assistant` with `tool_calls`, legacy `function_call`,
-//!   `tool` and legacy `function` results, `reasoning_content`/`reasoning`, content strings or
-//!   part arrays of `text`, `image_url`, `refusal` and opaque parts).
-//! - [`ChatRequest::rewrite`] writes the plan back into the original JSON: top-level fields in
-//!   their original order and bytes except `messages`, which becomes the leading
-//!   system/developer messages verbatim, one `user` message holding the summary, then the
-//!   preserved tail verbatim. Nothing compactor does not interpret is re-serialised.
+//! - [`scan`] runs on every request: one pass that splits `messages` into raw slices of the
+//!   body and counts what the model reads of each (text, tool calls and arguments, reasoning,
+//!   refusals, tool outputs, images) plus the tool definitions, without building a `Value` or
+//!   copying a string. The no-compaction path ends here and the proxy forwards the original
+//!   bytes.
+//! - [`message`] builds one neutral message, only when a compaction is due or a stored summary
+//!   is spliced in (`system`/`developer`, `user`, `assistant` with `tool_calls`, legacy
+//!   `function_call`, `tool` and legacy `function` results, `reasoning_content`/`reasoning`,
+//!   content strings or part arrays of `text`, `image_url`, `refusal` and opaque parts).
+//! - [`rewrite`] replaces the compacted messages by one `user` message holding the summary and
+//!   copies every other byte of the body as received.
 
 use std::fmt;
 
@@ -22,166 +19,65 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use super::json::{
-    as_tokens, leaf_chars, skip_scalars, MessageCounts, OneOf, OrderedObject, StrChars,
-    StrCharsVisitor,
-};
-use super::{Conversation, DialectError};
+use super::json::{as_tokens, leaf_chars, skip_scalars, OneOf, StrChars, StrCharsVisitor};
+use super::{DialectError, DialectKind, Scan, ScanFields};
 use crate::estimate::{count_chars, Counts, LazyEstimator};
 use crate::transcript::{Message, Part, Role, ToolCall};
 
-/// What the hot path needs to know about a request.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Peek {
-    /// The `model` field.
-    pub model: Option<String>,
-    /// `max_completion_tokens`, else `max_tokens`.
-    pub requested_output: Option<usize>,
-    /// Number of messages.
-    pub message_count: usize,
-    /// Estimated input tokens: messages plus tool definitions.
-    pub tokens: usize,
-    /// Of which tool definitions (`tools`, legacy `functions`).
-    pub fixed_tokens: usize,
-    /// The raw JSON of the first messages (those the session id is made of): enough to name
-    /// the session without a second pass over the body.
-    pub first_messages: Vec<String>,
-}
-
-/// Counts and estimates a request in one zero-copy pass.
-pub fn peek(body: &[u8], estimator: &LazyEstimator) -> Result<Peek, DialectError> {
-    let wire: PeekWire<'_> = serde_json::from_slice(body)?;
+/// Reads a request once: its messages as raw slices of `body`, each counted (see
+/// [`super::Scan`]).
+pub fn scan<'a>(body: &'a [u8], estimator: &LazyEstimator) -> Result<Scan<'a>, DialectError> {
+    let wire: ScanWire<'a> = serde_json::from_slice(body)?;
     let messages = wire
         .messages
         .ok_or(DialectError::NoConversation("messages"))?;
-    let fixed_tokens = tools_tokens(wire.tools, wire.functions, estimator);
-    let tokens = messages.0.iter().fold(fixed_tokens, |acc, c| {
-        acc.saturating_add(estimator.counts(*c))
-    });
-    Ok(Peek {
+    let mut tokens = Vec::with_capacity(messages.len());
+    for raw in &messages {
+        let MessageStats(counts) = serde_json::from_str(raw.get())?;
+        tokens.push(estimator.counts(counts));
+    }
+    let fields = ScanFields {
         model: wire.model,
-        requested_output: requested_output(
-            wire.max_completion_tokens.as_ref(),
-            wire.max_tokens.as_ref(),
-        ),
-        message_count: messages.0.len(),
+        requested_output: as_tokens(wire.max_completion_tokens.as_ref())
+            .or_else(|| as_tokens(wire.max_tokens.as_ref())),
+        fixed_tokens: [wire.tools, wire.functions]
+            .into_iter()
+            .flatten()
+            .map(|raw| estimator.text(raw.get()))
+            .fold(0, usize::saturating_add),
+        input_is_string: false,
+    };
+    Ok(Scan::new(
+        DialectKind::ChatCompletions,
+        body,
+        messages,
         tokens,
-        fixed_tokens,
-        first_messages: messages.1,
-    })
+        fields,
+    ))
 }
 
+/// The top-level fields a scan reads; serde skips the rest without copying. A repeated
+/// `messages` is an error (ambiguous: never rewritten).
 #[derive(Deserialize)]
-struct PeekWire<'a> {
+struct ScanWire<'a> {
     #[serde(default)]
     model: Option<String>,
     #[serde(default)]
     max_tokens: Option<Value>,
     #[serde(default)]
     max_completion_tokens: Option<Value>,
-    #[serde(default)]
-    messages: Option<MessageCounts<MessageStats>>,
+    #[serde(borrow, default)]
+    messages: Option<Vec<&'a RawValue>>,
     #[serde(borrow, default)]
     tools: Option<&'a RawValue>,
     #[serde(borrow, default)]
     functions: Option<&'a RawValue>,
 }
 
-fn tools_tokens(
-    tools: Option<&RawValue>,
-    functions: Option<&RawValue>,
-    estimator: &LazyEstimator,
-) -> usize {
-    [tools, functions]
-        .into_iter()
-        .flatten()
-        .map(|raw| estimator.text(raw.get()))
-        .fold(0, usize::saturating_add)
-}
-
-fn requested_output(max_completion: Option<&Value>, max_tokens: Option<&Value>) -> Option<usize> {
-    as_tokens(max_completion).or_else(|| as_tokens(max_tokens))
-}
-
-/// A parsed request, borrowing the original body.
-#[derive(Debug)]
-pub struct ChatRequest<'a> {
-    /// Top-level fields in their original order, values as raw JSON.
-    fields: OrderedObject<'a>,
-    /// Index of `messages` in `fields`.
-    messages_at: usize,
-    /// The messages; `requested_output` is `max_completion_tokens`, else `max_tokens`;
-    /// `fixed_tokens` are the tool definitions'.
-    pub conversation: Conversation<'a>,
-}
-
-/// Parses a request with the default estimator.
-pub fn parse(body: &[u8]) -> Result<ChatRequest<'_>, DialectError> {
-    parse_with(body, &LazyEstimator::default())
-}
-
-/// Parses a request fully (only when a compaction is due).
-pub fn parse_with<'a>(
-    body: &'a [u8],
-    estimator: &LazyEstimator,
-) -> Result<ChatRequest<'a>, DialectError> {
-    let fields: OrderedObject<'a> = serde_json::from_slice(body)?;
-    let (messages_at, raw_list) = fields.conversation("messages")?;
-    let raw_messages: Vec<&RawValue> = serde_json::from_str(raw_list.get())?;
-    let model = fields.string("model");
-    let requested_output = requested_output(
-        fields.value("max_completion_tokens").as_ref(),
-        fields.value("max_tokens").as_ref(),
-    );
-    let fixed_tokens = tools_tokens(fields.raw("tools"), fields.raw("functions"), estimator);
-
-    let mut messages = Vec::with_capacity(raw_messages.len());
-    for (index, raw) in raw_messages.iter().enumerate() {
-        let counts: Option<MessageStats> = serde_json::from_str(raw.get())?;
-        let v: Value = serde_json::from_str(raw.get())?;
-        let mut message = message_from_value(&v, index)?;
-        message.tokens = estimator.counts(counts.map(|s| s.0).unwrap_or_default());
-        messages.push(message);
-    }
-    Ok(ChatRequest {
-        fields,
-        messages_at,
-        conversation: Conversation::new(
-            raw_messages,
-            messages,
-            model,
-            requested_output,
-            fixed_tokens,
-        ),
-    })
-}
-
-/// The `messages` of a request as raw JSON, borrowed from the body (no strings copied).
-/// Anthropic Messages keeps its conversation in the same field, so it reads it here too.
-pub fn raw_messages(body: &[u8]) -> Result<Vec<&RawValue>, DialectError> {
-    #[derive(Deserialize)]
-    struct Wire<'a> {
-        #[serde(borrow)]
-        messages: Option<Vec<&'a RawValue>>,
-    }
-    let wire: Wire<'_> = serde_json::from_slice(body)?;
-    wire.messages
-        .ok_or(DialectError::NoConversation("messages"))
-}
-
-impl super::ParsedRequest for ChatRequest<'_> {
-    fn conversation(&self) -> &Conversation<'_> {
-        &self.conversation
-    }
-
-    fn rewrite(
-        &self,
-        head: usize,
-        boundary: usize,
-        summary_message: &str,
-    ) -> Result<Vec<u8>, DialectError> {
-        ChatRequest::rewrite(self, head, boundary, summary_message)
-    }
+/// One wire message in neutral form.
+pub(super) fn message(raw: &RawValue, index: usize) -> Result<Message, DialectError> {
+    let v: Value = serde_json::from_str(raw.get())?;
+    message_from_value(&v, index)
 }
 
 #[derive(Serialize)]
@@ -190,41 +86,22 @@ struct SummaryWire<'a> {
     content: &'a str,
 }
 
-impl ChatRequest<'_> {
-    /// The request with `messages[head..boundary]` replaced by one user message holding
-    /// `summary_message`; every other byte of the request (other fields, their order, the
-    /// kept messages) as received, except insignificant whitespace between top-level fields.
-    pub fn rewrite(
-        &self,
-        head: usize,
-        boundary: usize,
-        summary_message: &str,
-    ) -> Result<Vec<u8>, DialectError> {
-        let (kept_head, tail) = self.conversation.kept(head, boundary)?;
-        let mut out = Vec::with_capacity(self.fields.size() + summary_message.len() + 64);
-        self.fields
-            .write_replacing(&mut out, self.messages_at, |out| {
-                out.push(b'[');
-                for m in kept_head {
-                    out.extend_from_slice(m.get().as_bytes());
-                    out.push(b',');
-                }
-                serde_json::to_writer(
-                    &mut *out,
-                    &SummaryWire {
-                        role: "user",
-                        content: summary_message,
-                    },
-                )?;
-                for m in tail {
-                    out.push(b',');
-                    out.extend_from_slice(m.get().as_bytes());
-                }
-                out.push(b']');
-                Ok(())
-            })?;
-        Ok(out)
-    }
+/// `messages[head..boundary]` replaced by one `user` message holding `summary_message`.
+pub(super) fn rewrite(
+    scan: &Scan<'_>,
+    head: usize,
+    boundary: usize,
+    summary_message: &str,
+) -> Result<Vec<u8>, DialectError> {
+    scan.splice(head, boundary, false, summary_message.len(), |out| {
+        serde_json::to_writer(
+            out,
+            &SummaryWire {
+                role: "user",
+                content: summary_message,
+            },
+        )
+    })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -361,7 +238,7 @@ fn part_from_value(part: &Value) -> Part {
 /// requests field by field).
 #[cfg(test)]
 pub(crate) fn top_level_fields(body: &[u8]) -> Result<Vec<(String, &RawValue)>, DialectError> {
-    let OrderedObject(fields) = serde_json::from_slice(body)?;
+    let super::json::OrderedObject(fields) = serde_json::from_slice(body)?;
     Ok(fields)
 }
 
@@ -592,6 +469,11 @@ impl<'de> Deserialize<'de> for PartCounts {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dialect::Parsed;
+
+    fn parse(body: &[u8]) -> Result<Parsed<'_>, DialectError> {
+        DialectKind::ChatCompletions.parse(body)
+    }
     use crate::estimate::IMAGE_TOKENS;
     use serde_json::json;
 
@@ -621,10 +503,10 @@ mod tests {
             ]
         })
         .to_string();
-        let p = peek(body.as_bytes(), &est()).expect("peeks");
+        let p = scan(body.as_bytes(), &est()).expect("peeks");
         assert_eq!(p.model.as_deref(), Some("gpt-4o"));
         assert_eq!(p.requested_output, Some(200), "max_completion_tokens wins");
-        assert_eq!(p.message_count, 5);
+        assert_eq!(p.len(), 5);
         let tools = r#"[{"type":"function","function":{"name":"bash"}}]"#;
         assert_eq!(p.fixed_tokens, est().text(tools));
         let expected = p.fixed_tokens
@@ -638,9 +520,9 @@ mod tests {
 
     #[test]
     fn peek_falls_back_to_max_tokens_and_ignores_nonsense() {
-        let p = peek(br#"{"messages":[],"max_tokens":50}"#, &est()).expect("peeks");
+        let p = scan(br#"{"messages":[],"max_tokens":50}"#, &est()).expect("peeks");
         assert_eq!(p.requested_output, Some(50));
-        let p = peek(
+        let p = scan(
             br#"{"messages":[],"max_tokens":-5,"max_completion_tokens":null}"#,
             &est(),
         )
@@ -652,13 +534,13 @@ mod tests {
     #[test]
     fn peek_rejects_what_is_not_a_chat_request() {
         assert!(matches!(
-            peek(b"{}", &est()),
+            scan(b"{}", &est()),
             Err(DialectError::NoConversation("messages"))
         ));
-        assert!(peek(b"nope", &est()).is_err());
-        assert!(peek(br#"{"messages": 5}"#, &est()).is_err());
-        assert!(peek(br#"{"messages": [], "messages": []}"#, &est()).is_err());
-        assert!(peek(br#"{"messages": ["hi"]}"#, &est()).is_err());
+        assert!(scan(b"nope", &est()).is_err());
+        assert!(scan(br#"{"messages": 5}"#, &est()).is_err());
+        assert!(scan(br#"{"messages": [], "messages": []}"#, &est()).is_err());
+        assert!(scan(br#"{"messages": ["hi"]}"#, &est()).is_err());
     }
 
     #[test]
@@ -672,10 +554,10 @@ mod tests {
             {"role": "function", "name": "get", "content": "sunny"}
         ]})
         .to_string();
-        let p = peek(body.as_bytes(), &est()).expect("peeks");
+        let p = scan(body.as_bytes(), &est()).expect("peeks");
         let r = parse(body.as_bytes()).expect("parses");
-        assert_eq!(p.tokens, r.conversation.tokens(), "peek and parse agree");
-        let m = &r.conversation.transcript.messages;
+        assert_eq!(p.tokens, r.scan.tokens, "peek and parse agree");
+        let m = &r.transcript.messages;
         assert!(matches!(&m[0].parts[0], Part::Opaque { kind, chars: 7 } if kind == "input_audio"));
         assert!(matches!(&m[1].parts[0], Part::Opaque { kind, chars: 4 } if kind == "reasoning"));
         assert!(
@@ -690,7 +572,7 @@ mod tests {
         );
         assert_eq!(m[4].role, Role::Tool);
         assert_eq!(m[4].tool_name.as_deref(), Some("get"));
-        assert_eq!(r.conversation.transcript.pairs()[4], Some(3));
+        assert_eq!(r.transcript.pairs()[4], Some(3));
     }
 
     #[test]
@@ -704,11 +586,11 @@ mod tests {
         ]})
         .to_string();
         let r = parse(body.as_bytes()).expect("parses");
-        let m = &r.conversation.transcript.messages;
-        assert_eq!(r.conversation.model.as_deref(), Some("m"));
+        let m = &r.transcript.messages;
+        assert_eq!(r.scan.model.as_deref(), Some("m"));
         assert_eq!(m.len(), 4);
         assert_eq!(m[0].role, Role::System);
-        assert_eq!(r.conversation.transcript.head_len(), 1);
+        assert_eq!(r.transcript.head_len(), 1);
         assert_eq!(
             m[2].parts,
             vec![
@@ -728,8 +610,8 @@ mod tests {
             "resolved from the call"
         );
         assert_eq!(m[3].text(), "data");
-        let p = peek(body.as_bytes(), &est()).expect("peeks");
-        assert_eq!(p.tokens, r.conversation.tokens());
+        let p = scan(body.as_bytes(), &est()).expect("peeks");
+        assert_eq!(p.tokens, r.scan.tokens);
     }
 
     #[test]
@@ -761,11 +643,20 @@ mod tests {
         ],"tools":[ {"type":"function","function":{"name":"t","parameters":{"b":1,"a":2}}} ],
         "response_format":{"type":"json_object"},"weird\"key":{"z":1,"a":[ ]},"stream_options":{"include_usage":true}}"#;
         let r = parse(body.as_bytes()).expect("parses");
-        let out = r.rewrite(1, 3, "SUMMARY \"quoted\"").expect("rewrites");
+        let out = r
+            .scan
+            .rewrite(1, 3, "SUMMARY \"quoted\"")
+            .expect("rewrites");
         let out = String::from_utf8(out).expect("utf8");
         assert_eq!(
             out,
-            r#"{"stream":true,"model":"gpt-4o","messages":[{"role":"system","content":"sys","name":"x-sys"},{"role":"user","content":"SUMMARY \"quoted\""},{"role": "user",  "content": [{"type":"text","text":"new","cache_control":{"type":"ephemeral"}}], "x_vendor": [1, 2]}],"tools":[ {"type":"function","function":{"name":"t","parameters":{"b":1,"a":2}}} ],"response_format":{"type":"json_object"},"weird\"key":{"z":1,"a":[ ]},"stream_options":{"include_usage":true}}"#
+            body.replace(
+                r#"{"role":"user","content":"old"},
+            {"role":"assistant","content":"old reply","refusal":null},
+            "#,
+                r#"{"role":"user","content":"SUMMARY \"quoted\""},"#
+            ),
+            "every byte but the replaced messages', whitespace included"
         );
         let v: Value = serde_json::from_str(&out).expect("valid JSON");
         assert_eq!(v["messages"].as_array().map(Vec::len), Some(3));
@@ -775,13 +666,13 @@ mod tests {
     fn rewrite_rejects_plans_out_of_range() {
         let r = parse(br#"{"messages":[{"role":"user","content":"a"}]}"#).expect("parses");
         assert!(matches!(
-            r.rewrite(0, 2, "s"),
+            r.scan.rewrite(0, 2, "s"),
             Err(DialectError::BadPlan { .. })
         ));
         assert!(matches!(
-            r.rewrite(1, 0, "s"),
+            r.scan.rewrite(1, 0, "s"),
             Err(DialectError::BadPlan { .. })
         ));
-        assert!(r.rewrite(0, 1, "s").is_ok());
+        assert!(r.scan.rewrite(0, 1, "s").is_ok());
     }
 }

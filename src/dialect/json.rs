@@ -13,14 +13,12 @@
 //! allocated or copied.
 
 use std::fmt;
-use std::marker::PhantomData;
 
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use super::DialectError;
 use crate::estimate::{count_chars, Counts};
 
 /// The [`Visitor`] methods for the JSON scalars the model does not read (booleans, numbers,
@@ -75,17 +73,6 @@ pub(crate) fn as_tokens(v: Option<&Value>) -> Option<usize> {
     (n.is_finite() && n >= 0.0).then(|| n.min(usize::MAX as f64) as usize)
 }
 
-/// Counts of `raw` content (a string, a node or an array of nodes) under `rules`.
-pub(crate) fn content_counts(
-    raw: &str,
-    rules: &'static Rules,
-) -> Result<Counts, serde_json::Error> {
-    let mut de = serde_json::Deserializer::from_str(raw);
-    let counts = ContentSeed(rules).deserialize(&mut de)?;
-    de.end()?;
-    Ok(counts)
-}
-
 /// Counts of one `raw` node under `rules`.
 pub(crate) fn node_counts(raw: &str, rules: &'static Rules) -> Result<Counts, serde_json::Error> {
     let mut de = serde_json::Deserializer::from_str(raw);
@@ -135,34 +122,6 @@ impl<'a> OrderedObject<'a> {
         self.0.iter().position(|(k, _)| k == name)
     }
 
-    /// The conversation field `name`: its index and raw value. A missing or repeated field
-    /// (ambiguous: never rewritten) is [`DialectError::NoConversation`].
-    pub fn conversation(&self, name: &'static str) -> Result<(usize, &'a RawValue), DialectError> {
-        let mut found = self.0.iter().enumerate().filter(|(_, (k, _))| k == name);
-        match (found.next(), found.next()) {
-            (Some((at, (_, raw))), None) => Ok((at, *raw)),
-            _ => Err(DialectError::NoConversation(name)),
-        }
-    }
-
-    /// The string field `name` (the `model`), when present and a string.
-    pub fn string(&self, name: &str) -> Option<String> {
-        self.value(name).and_then(|v| match v {
-            Value::String(s) => Some(s),
-            _ => None,
-        })
-    }
-
-    /// The raw value of the field named `name`.
-    pub fn raw(&self, name: &str) -> Option<&'a RawValue> {
-        self.0.iter().find(|(k, _)| k == name).map(|(_, v)| *v)
-    }
-
-    /// The parsed value of the field named `name` (`None` when absent or not parseable).
-    pub fn value(&self, name: &str) -> Option<Value> {
-        serde_json::from_str(self.raw(name)?.get()).ok()
-    }
-
     /// Writes the object with the field at `at` replaced by `write`'s output, every other
     /// field raw and in order.
     pub fn write_replacing(
@@ -186,14 +145,6 @@ impl<'a> OrderedObject<'a> {
         }
         out.push(b'}');
         Ok(())
-    }
-
-    /// Bytes of the object as received (a capacity hint).
-    pub fn size(&self) -> usize {
-        self.0
-            .iter()
-            .map(|(k, v)| k.len() + v.get().len() + 4)
-            .fold(2, usize::saturating_add)
     }
 }
 
@@ -305,75 +256,6 @@ impl<'de> Visitor<'de> for StrCharsVisitor {
     }
 }
 
-/// How many leading messages a peek keeps as raw JSON: those the session id is made of.
-pub(crate) const PEEK_FIRST_MESSAGES: usize = crate::session::hash::SESSION_ID_MESSAGES;
-
-/// Per-message counts of a conversation array and the raw JSON of its first
-/// [`PEEK_FIRST_MESSAGES`] messages, in one pass: the first ones are kept raw and counted from
-/// that copy, the rest are counted straight off the body by `seed`.
-pub(crate) fn count_messages<'de, A, S>(
-    mut seq: A,
-    seed: S,
-) -> Result<(Vec<Counts>, Vec<String>), A::Error>
-where
-    A: SeqAccess<'de>,
-    S: DeserializeSeed<'de, Value = Counts> + Copy,
-{
-    let mut counts = Vec::with_capacity(seq.size_hint().unwrap_or(64));
-    let mut first = Vec::with_capacity(PEEK_FIRST_MESSAGES);
-    while first.len() < PEEK_FIRST_MESSAGES {
-        let Some(raw) = seq.next_element::<&'de RawValue>()? else {
-            return Ok((counts, first));
-        };
-        let mut one = serde_json::Deserializer::from_str(raw.get());
-        counts.push(seed.deserialize(&mut one).map_err(de::Error::custom)?);
-        first.push(raw.get().to_string());
-    }
-    while let Some(c) = seq.next_element_seed(seed)? {
-        counts.push(c);
-    }
-    Ok((counts, first))
-}
-
-/// A conversation array read by [`count_messages`], each message by `T` (a dialect's
-/// per-message stats): `.0` the counts, `.1` the first messages' raw JSON.
-pub(crate) struct MessageCounts<T>(pub Vec<Counts>, pub Vec<String>, PhantomData<T>);
-
-impl<'de, T: Deserialize<'de> + Into<Counts>> Deserialize<'de> for MessageCounts<T> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V<T>(PhantomData<T>);
-        impl<'de, T: Deserialize<'de> + Into<Counts>> Visitor<'de> for V<T> {
-            type Value = MessageCounts<T>;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("an array of messages")
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
-                let (counts, first) = count_messages(seq, CountsOf::<T>(PhantomData))?;
-                Ok(MessageCounts(counts, first, PhantomData))
-            }
-        }
-        d.deserialize_seq(V(PhantomData))
-    }
-}
-
-/// The seed of a `Deserialize` type that reads as counts.
-struct CountsOf<T>(PhantomData<T>);
-
-impl<T> Clone for CountsOf<T> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-
-impl<T> Copy for CountsOf<T> {}
-
-impl<'de, T: Deserialize<'de> + Into<Counts>> DeserializeSeed<'de> for CountsOf<T> {
-    type Value = Counts;
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Counts, D::Error> {
-        T::deserialize(d).map(Into::into)
-    }
-}
-
 /// Content: a string, `null`, one node or an array of nodes (anything else counts its leaves).
 #[derive(Clone, Copy)]
 pub(crate) struct ContentSeed(pub &'static Rules);
@@ -481,15 +363,7 @@ mod tests {
         let c = node_counts(raw, &RULES).expect("counts");
         assert_eq!(c.images, 1);
         assert_eq!(c.chars, 4 + r#"{"a": "b"}"#.len() + 2);
-        assert_eq!(
-            content_counts(r#""héllo""#, &RULES).expect("counts").chars,
-            5
-        );
-        assert_eq!(
-            content_counts("null", &RULES).expect("counts"),
-            Counts::default()
-        );
-        assert!(content_counts("[1,", &RULES).is_err());
+        assert!(node_counts("[1,", &RULES).is_err());
     }
 
     #[test]
@@ -505,19 +379,6 @@ mod tests {
         })
         .expect("writes");
         assert_eq!(String::from_utf8_lossy(&out), r#"{"b":1,"a":[3],"c":"x"}"#);
-        let dup: OrderedObject<'_> = serde_json::from_str(r#"{"a":1,"a":2}"#).expect("object");
-        assert!(matches!(
-            dup.conversation("a"),
-            Err(DialectError::NoConversation("a"))
-        ));
-        assert!(matches!(
-            o.conversation("z"),
-            Err(DialectError::NoConversation("z"))
-        ));
-        let (at, raw) = o.conversation("a").expect("one `a`");
-        assert_eq!((at, raw.get()), (1, "[ 2 ]"));
-        assert_eq!(o.string("c").as_deref(), Some("x"));
-        assert_eq!(o.string("b"), None);
         assert_eq!(as_tokens(Some(&serde_json::json!(12))), Some(12));
         assert_eq!(as_tokens(Some(&serde_json::json!(-1))), None);
     }

@@ -1,6 +1,7 @@
-//! Anthropic Messages (`POST …/v1/messages`): peek, parse and rewrite.
+//! Anthropic Messages (`POST …/v1/messages`): scan, neutral messages and rewrite.
 //!
-//! - [`peek`] (every request): one zero-copy pass counting the messages and estimating what the
+//! - [`scan`] (every request): one pass splitting the messages into raw slices of the body and
+//!   estimating what the
 //!   model reads: text, `tool_use` names and inputs (as JSON text), `tool_result` content
 //!   (strings or blocks, images included), `thinking`, images at a fixed cost, and the string
 //!   leaves of any other block (`document`, `redacted_thinking`, `server_tool_use`,
@@ -8,14 +9,14 @@
 //!   read as text. The top-level `system` (string or blocks) and `tools` are counted as fixed
 //!   tokens. Roles other than `user`/`assistant` make the body not a Messages request (it
 //!   passes through).
-//! - [`parse_with`] (only when a compaction is due): top-level fields in order as raw JSON,
-//!   one transcript message per wire message: `text` → text, `image` → image, `tool_use` → a
+//! - [`message`] (only when a compaction is due or a stored summary is spliced in): one
+//!   neutral message per wire message: `text` → text, `image` → image, `tool_use` → a
 //!   tool call (id, name, input as sent), `tool_result` → a [`Part::ToolResult`] (call id,
 //!   content, `is_error`), `thinking` → reasoning, anything else → opaque. Messages keep their
 //!   wire role, so a user message of `tool_result` blocks stays one message answering every
 //!   parallel call of the assistant message before it.
-//! - [`MessagesRequest::rewrite`]: `system`, `tools`, `tool_choice`, `metadata`, `thinking`
-//!   and every unknown field byte for byte; `messages` becomes one user message holding the
+//! - [`rewrite`]: `system`, `tools`, `tool_choice`, `metadata`, `thinking` and every unknown
+//!   field byte for byte; `messages` becomes one user message holding the
 //!   summary, then the preserved tail verbatim. Roles must alternate, so when the tail starts
 //!   with a user message the summary is merged into it as a leading text block (its other
 //!   blocks, `cache_control` markers included, stay as they are); a tail starting with
@@ -27,11 +28,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use super::json::{
-    as_tokens, content_counts, leaf_chars, node_counts, ContentSeed, MessageCounts, OneOf,
-    OrderedObject, Rules,
-};
-use super::{Conversation, DialectError, Peek};
+use super::json::{as_tokens, leaf_chars, node_counts, ContentSeed, OneOf, OrderedObject, Rules};
+use super::{DialectError, DialectKind, Scan, ScanFields};
 use crate::estimate::{Counts, LazyEstimator};
 use crate::transcript::{Message, Part, Role, ToolCall, ToolResult};
 
@@ -56,45 +54,50 @@ const ROLES: &[&str] = &["user", "assistant"];
 // ---------------------------------------------------------------------------------------------
 // Hot path.
 
-/// Counts and estimates a request in one zero-copy pass.
-pub fn peek(body: &[u8], estimator: &LazyEstimator) -> Result<Peek, DialectError> {
-    let wire: PeekWire<'_> = serde_json::from_slice(body)?;
+/// Reads a request once: its messages as raw slices of `body`, each counted (see
+/// [`super::Scan`]).
+pub fn scan<'a>(body: &'a [u8], estimator: &LazyEstimator) -> Result<Scan<'a>, DialectError> {
+    let wire: ScanWire<'a> = serde_json::from_slice(body)?;
     let messages = wire
         .messages
         .ok_or(DialectError::NoConversation("messages"))?;
+    let mut tokens = Vec::with_capacity(messages.len());
+    for raw in &messages {
+        let MessageStats(counts) = serde_json::from_str(raw.get())?;
+        tokens.push(estimator.counts(counts));
+    }
     let system = wire.system.map(|s| s.0).unwrap_or_default();
-    let fixed_tokens = fixed_tokens(system, wire.tools, estimator);
-    let tokens = messages.0.iter().fold(fixed_tokens, |acc, c| {
-        acc.saturating_add(estimator.counts(*c))
-    });
-    Ok(Peek {
+    let fields = ScanFields {
         model: wire.model,
         requested_output: as_tokens(wire.max_tokens.as_ref()),
-        message_count: messages.0.len(),
+        fixed_tokens: estimator
+            .counts(system)
+            .saturating_add(wire.tools.map_or(0, |t| estimator.text(t.get()))),
+        input_is_string: false,
+    };
+    Ok(Scan::new(
+        DialectKind::Messages,
+        body,
+        messages,
         tokens,
-        fixed_tokens,
-        first_messages: messages.1,
-    })
+        fields,
+    ))
 }
 
+/// The top-level fields a scan reads; serde skips the rest without copying. A repeated
+/// `messages` is an error (ambiguous: never rewritten).
 #[derive(Deserialize)]
-struct PeekWire<'a> {
+struct ScanWire<'a> {
     #[serde(default)]
     model: Option<String>,
     #[serde(default)]
     max_tokens: Option<Value>,
-    #[serde(default)]
-    messages: Option<MessageCounts<MessageStats>>,
+    #[serde(borrow, default)]
+    messages: Option<Vec<&'a RawValue>>,
     #[serde(default)]
     system: Option<SystemCounts>,
     #[serde(borrow, default)]
     tools: Option<&'a RawValue>,
-}
-
-fn fixed_tokens(system: Counts, tools: Option<&RawValue>, estimator: &LazyEstimator) -> usize {
-    estimator
-        .counts(system)
-        .saturating_add(tools.map_or(0, |t| estimator.text(t.get())))
 }
 
 /// The top-level `system`: a string or text blocks.
@@ -159,57 +162,6 @@ impl<'de> Deserialize<'de> for MessageStats {
 // ---------------------------------------------------------------------------------------------
 // Full parse.
 
-/// A parsed request, borrowing the original body.
-#[derive(Debug)]
-pub struct MessagesRequest<'a> {
-    fields: OrderedObject<'a>,
-    messages_at: usize,
-    /// The messages; `requested_output` is `max_tokens`; `fixed_tokens` are `system`'s and
-    /// the tool definitions'.
-    pub conversation: Conversation<'a>,
-}
-
-/// Parses a request with the default estimator.
-pub fn parse(body: &[u8]) -> Result<MessagesRequest<'_>, DialectError> {
-    parse_with(body, &LazyEstimator::default())
-}
-
-/// Parses a request fully (only when a compaction is due).
-pub fn parse_with<'a>(
-    body: &'a [u8],
-    estimator: &LazyEstimator,
-) -> Result<MessagesRequest<'a>, DialectError> {
-    let fields: OrderedObject<'a> = serde_json::from_slice(body)?;
-    let (messages_at, raw_list) = fields.conversation("messages")?;
-    let raw_messages: Vec<&'a RawValue> = serde_json::from_str(raw_list.get())?;
-    let system = match fields.raw("system") {
-        Some(raw) => content_counts(raw.get(), &RULES)?,
-        None => Counts::default(),
-    };
-    let fixed_tokens = fixed_tokens(system, fields.raw("tools"), estimator);
-    let model = fields.string("model");
-    let requested_output = as_tokens(fields.value("max_tokens").as_ref());
-
-    let mut messages = Vec::with_capacity(raw_messages.len());
-    for (index, raw) in raw_messages.iter().enumerate() {
-        let MessageStats(counts) = serde_json::from_str(raw.get())?;
-        let mut message = message_from_raw(raw, index)?;
-        message.tokens = estimator.counts(counts);
-        messages.push(message);
-    }
-    Ok(MessagesRequest {
-        fields,
-        messages_at,
-        conversation: Conversation::new(
-            raw_messages,
-            messages,
-            model,
-            requested_output,
-            fixed_tokens,
-        ),
-    })
-}
-
 #[derive(Deserialize)]
 struct WireMessage<'a> {
     role: String,
@@ -217,7 +169,8 @@ struct WireMessage<'a> {
     content: Option<&'a RawValue>,
 }
 
-fn message_from_raw(raw: &RawValue, index: usize) -> Result<Message, DialectError> {
+/// One wire message in neutral form.
+pub(super) fn message(raw: &RawValue, index: usize) -> Result<Message, DialectError> {
     let bad = |reason| DialectError::BadMessage { index, reason };
     let wire: WireMessage<'_> =
         serde_json::from_str(raw.get()).map_err(|_| bad("not a message object"))?;
@@ -342,21 +295,6 @@ fn block_parts(raw: &RawValue, parts: &mut Vec<Part>) -> Result<(), DialectError
 // ---------------------------------------------------------------------------------------------
 // Rewrite.
 
-impl super::ParsedRequest for MessagesRequest<'_> {
-    fn conversation(&self) -> &Conversation<'_> {
-        &self.conversation
-    }
-
-    fn rewrite(
-        &self,
-        head: usize,
-        boundary: usize,
-        summary_message: &str,
-    ) -> Result<Vec<u8>, DialectError> {
-        MessagesRequest::rewrite(self, head, boundary, summary_message)
-    }
-}
-
 #[derive(Serialize)]
 struct SummaryMessage<'a> {
     role: &'static str,
@@ -374,63 +312,41 @@ fn text_block(text: &str) -> TextBlock<'_> {
     TextBlock { kind: "text", text }
 }
 
-impl MessagesRequest<'_> {
-    /// The request with `messages[head..boundary]` replaced by one user message holding
-    /// `summary_message`, merged into the first kept message when that is a user message;
-    /// every other byte as received, except insignificant whitespace between top-level fields
-    /// and, in a merged message, between its content blocks.
-    pub fn rewrite(
-        &self,
-        head: usize,
-        boundary: usize,
-        summary_message: &str,
-    ) -> Result<Vec<u8>, DialectError> {
-        let (kept_head, tail) = self.conversation.kept(head, boundary)?;
-        let merge_into = match (
-            tail.first(),
-            self.conversation.transcript.messages.get(boundary),
-        ) {
-            (Some(first), Some(m)) if m.role == Role::User => {
-                if m.is_tool_answer() {
-                    return Err(DialectError::TailStartsWithToolResult);
-                }
-                Some(*first)
+/// `messages[head..boundary]` replaced by one user message holding `summary_message`, merged
+/// into the first kept message when that is a user message (roles must alternate).
+pub(super) fn rewrite(
+    scan: &Scan<'_>,
+    head: usize,
+    boundary: usize,
+    summary_message: &str,
+) -> Result<Vec<u8>, DialectError> {
+    let merge_into = match scan.messages.get(boundary) {
+        Some(raw) => {
+            let first = message(raw, boundary)?;
+            if first.role != Role::User {
+                None
+            } else if first.is_tool_answer() {
+                return Err(DialectError::TailStartsWithToolResult);
+            } else {
+                Some(*raw)
             }
-            _ => None,
-        };
-
-        let mut out = Vec::with_capacity(self.fields.size() + summary_message.len() + 64);
-        self.fields
-            .write_replacing(&mut out, self.messages_at, |out| {
-                out.push(b'[');
-                for m in kept_head {
-                    out.extend_from_slice(m.get().as_bytes());
-                    out.push(b',');
-                }
-                let rest = match merge_into {
-                    Some(first) => {
-                        merged_user_message(out, first, summary_message)?;
-                        &tail[1..]
-                    }
-                    None => {
-                        serde_json::to_writer(
-                            &mut *out,
-                            &SummaryMessage {
-                                role: "user",
-                                content: summary_message,
-                            },
-                        )?;
-                        tail
-                    }
-                };
-                for m in rest {
-                    out.push(b',');
-                    out.extend_from_slice(m.get().as_bytes());
-                }
-                out.push(b']');
-                Ok(())
-            })?;
-        Ok(out)
+        }
+        None => None,
+    };
+    let extra = summary_message.len();
+    match merge_into {
+        Some(first) => scan.splice(head, boundary, true, extra + first.get().len(), |out| {
+            merged_user_message(out, first, summary_message)
+        }),
+        None => scan.splice(head, boundary, false, extra, |out| {
+            serde_json::to_writer(
+                out,
+                &SummaryMessage {
+                    role: "user",
+                    content: summary_message,
+                },
+            )
+        }),
     }
 }
 
@@ -475,6 +391,11 @@ fn merged_user_message(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dialect::Parsed;
+
+    fn parse(body: &[u8]) -> Result<Parsed<'_>, DialectError> {
+        DialectKind::Messages.parse(body)
+    }
     use crate::dialect::json::OrderedObject;
     use crate::estimate::IMAGE_TOKENS;
     use serde_json::json;
@@ -521,10 +442,10 @@ mod tests {
             ]
         })
         .to_string();
-        let p = peek(body.as_bytes(), &est()).expect("peeks");
+        let p = scan(body.as_bytes(), &est()).expect("peeks");
         assert_eq!(p.model.as_deref(), Some("claude-sonnet-4-5"));
         assert_eq!(p.requested_output, Some(1024));
-        assert_eq!(p.message_count, 5);
+        assert_eq!(p.len(), 5);
         let tools = r#"[{"input_schema":{"type":"object"},"name":"Read"}]"#;
         assert_eq!(p.fixed_tokens, 1 + est().text(tools), "system text + tools");
         let input = r#"{"file_path":"a"}"#;
@@ -537,18 +458,12 @@ mod tests {
             + est().chars(8 + 10 + r#"{"query":"q"}"#.len() + 3)
             + est().chars("text".len() + "text/plain".len() + 4); // document source leaves
         let r = parse(body.as_bytes()).expect("parses");
-        let per: Vec<usize> = r
-            .conversation
-            .transcript
-            .messages
-            .iter()
-            .map(|m| m.tokens)
-            .collect();
+        let per: Vec<usize> = r.transcript.messages.iter().map(|m| m.tokens).collect();
         assert_eq!(p.tokens, expected, "{per:?}");
 
-        assert_eq!(r.conversation.tokens(), p.tokens, "peek and parse agree");
-        assert_eq!(r.conversation.fixed_tokens, p.fixed_tokens);
-        for m in &r.conversation.transcript.messages {
+        assert_eq!(r.scan.tokens, p.tokens, "peek and parse agree");
+        assert_eq!(r.scan.fixed_tokens, p.fixed_tokens);
+        for m in &r.transcript.messages {
             assert_eq!(
                 est().counts(m.counts()),
                 m.tokens,
@@ -568,12 +483,12 @@ mod tests {
             br#"{"messages": [{"content": "no role"}]}"#,
         ] {
             assert!(
-                peek(body, &est()).is_err(),
+                scan(body, &est()).is_err(),
                 "{}",
                 String::from_utf8_lossy(body)
             );
         }
-        let p = peek(
+        let p = scan(
             br#"{"messages":[],"max_tokens":-3,"system":"abcd"}"#,
             &est(),
         )
@@ -599,7 +514,7 @@ mod tests {
         ]})
         .to_string();
         let r = parse(body.as_bytes()).expect("parses");
-        let t = &r.conversation.transcript;
+        let t = &r.transcript;
         assert_eq!(t.len(), 4);
         assert_eq!(t.head_len(), 0, "no system role in messages");
         assert_eq!(t.last_user(), Some(0), "tool results are not a user turn");
@@ -651,7 +566,7 @@ mod tests {
     fn rewrite_keeps_every_other_field_byte_for_byte() {
         let r = parse(BODY.as_bytes()).expect("parses");
         // Tail starts with an assistant message: the summary stands alone before it.
-        let out = r.rewrite(0, 3, "SUMMARY \"q\"").expect("rewrites");
+        let out = r.scan.rewrite(0, 3, "SUMMARY \"q\"").expect("rewrites");
         let (a, b) = (fields(BODY.as_bytes()), fields(&out));
         assert_eq!(a.len(), b.len());
         for ((ka, va), (kb, vb)) in a.iter().zip(&b) {
@@ -674,14 +589,14 @@ mod tests {
         let r = parse(BODY.as_bytes()).expect("parses");
         let original = messages_of(BODY.as_bytes());
         // String content: two text blocks.
-        let m = messages_of(&r.rewrite(0, 4, "S").expect("rewrites"));
+        let m = messages_of(&r.scan.rewrite(0, 4, "S").expect("rewrites"));
         assert_eq!(
             m[0],
             json!({"role": "user", "content": [{"type": "text", "text": "S"}, {"type": "text", "text": "next"}]})
         );
         assert_eq!(&m[1..], &original[5..]);
         // Block content: the summary block first, the original blocks verbatim after it.
-        let out = r.rewrite(0, 6, "S").expect("rewrites");
+        let out = r.scan.rewrite(0, 6, "S").expect("rewrites");
         let m = messages_of(&out);
         assert_eq!(m.len(), 1);
         assert_eq!(m[0]["content"][0], json!({"type": "text", "text": "S"}));
@@ -694,7 +609,7 @@ mod tests {
         assert!(text.contains(r#"{"role":"user","content":[{"type":"text","text":"S"},{"type":"text","text":"last","cache_control":{"type":"ephemeral"}},{"type":"image","source":{"type":"url","url":"https://x/y.png"}}]}"#), "{text}");
         // Roles alternate in every case.
         for b in 1..=6 {
-            let Ok(out) = r.rewrite(0, b, "S") else {
+            let Ok(out) = r.scan.rewrite(0, b, "S") else {
                 continue;
             };
             let roles: Vec<Value> = messages_of(&out)
@@ -711,18 +626,18 @@ mod tests {
     fn a_tail_opening_with_tool_results_or_out_of_range_is_refused() {
         let r = parse(BODY.as_bytes()).expect("parses");
         assert!(matches!(
-            r.rewrite(0, 2, "S"),
+            r.scan.rewrite(0, 2, "S"),
             Err(DialectError::TailStartsWithToolResult)
         ));
         assert!(matches!(
-            r.rewrite(0, 8, "S"),
+            r.scan.rewrite(0, 8, "S"),
             Err(DialectError::BadPlan { .. })
         ));
         assert!(matches!(
-            r.rewrite(2, 1, "S"),
+            r.scan.rewrite(2, 1, "S"),
             Err(DialectError::BadPlan { .. })
         ));
-        let all = messages_of(&r.rewrite(0, 7, "S").expect("empty tail"));
+        let all = messages_of(&r.scan.rewrite(0, 7, "S").expect("empty tail"));
         assert_eq!(all, vec![json!({"role": "user", "content": "S"})]);
     }
 }

@@ -4,27 +4,29 @@
 //! compaction plan back into the *original* JSON, so every field compactor does not interpret
 //! survives untouched.
 //!
-//! The engine and the session layer see a dialect only through [`DialectKind`]'s three entry
-//! points, cheapest first: [`DialectKind::peek`] (count and estimate, every request),
-//! [`DialectKind::raw_messages`] (the messages as raw JSON, for session identity and
-//! checkpoint hashing) and [`DialectKind::parse`] (the full [`ParsedRequest`], only when a
-//! request must be rewritten).
+//! The pipeline sees a dialect only through [`DialectKind::scan`], which reads a body once
+//! into a [`Scan`]: the conversation's messages as raw slices of the body with the estimated
+//! tokens of each, and the few top-level fields the trigger needs. Everything later works from
+//! the scan: session identity and checkpoint hashing from the raw messages, the trigger from
+//! the estimates, neutral messages ([`Scan::transcript`]) only when a compaction is due, and
+//! the rewrite ([`Scan::rewrite`]) by splicing bytes, so nothing compactor does not replace is
+//! ever re-serialised.
 //!
-//! One module per wire format: [`chat`] (OpenAI Chat Completions, the reference: zero-copy
-//! peek, order-preserving raw rewrite), [`messages`] (Anthropic Messages) and [`responses`]
-//! (OpenAI Responses), with the JSON plumbing the last two share in `json`.
+//! One module per wire format: [`chat`] (OpenAI Chat Completions), [`messages`] (Anthropic
+//! Messages) and [`responses`] (OpenAI Responses), with the JSON plumbing they share in
+//! `json`.
 
 pub mod chat;
 pub(crate) mod json;
 pub mod messages;
 pub mod responses;
 
+use std::ops::Range;
+
 use serde_json::value::RawValue;
 
 use crate::estimate::LazyEstimator;
-use crate::transcript::{Message, Transcript};
-
-pub use chat::Peek;
+use crate::transcript::{Message, Role, Transcript};
 
 /// Why a body could not be read or rewritten in its dialect. Every one of these sends the
 /// request upstream unchanged.
@@ -64,53 +66,133 @@ pub enum DialectError {
     ServerState,
 }
 
-/// What the engine reads from a request, whatever its dialect.
+/// A chat request read once: everything the pipeline decides from, borrowed from the body.
 ///
-/// `transcript.messages[i]` and `raw_messages[i]` describe the same wire message, so indices
-/// chosen by the engine (head, boundary) and by the session layer (covered prefix) mean the
-/// same thing to the dialect.
+/// One pass splits the body into its conversation's raw messages (Responses: input items) and
+/// counts what the model reads of each; the session id, the checkpoint lookup, the trigger and
+/// the rewrite all work from this. Neutral messages ([`Scan::transcript`]) are built only when
+/// a compaction is due, and a rewrite ([`Scan::rewrite`]) splices bytes of the body.
 #[derive(Debug)]
-pub struct Conversation<'a> {
-    /// The wire messages (Responses: input items) as raw JSON, in order.
-    pub raw_messages: Vec<&'a RawValue>,
+pub struct Scan<'a> {
+    dialect: DialectKind,
+    body: &'a [u8],
+    /// Responses: `input` is one string, written back as a user message item on rewrite.
+    input_is_string: bool,
+    /// The wire messages (Responses: input items) as raw JSON slices of the body, in order.
+    pub messages: Vec<&'a RawValue>,
+    /// Estimated tokens of each message.
+    pub message_tokens: Vec<usize>,
     /// The `model` field.
     pub model: Option<String>,
     /// Output tokens the request reserves (`max_tokens` and friends).
     pub requested_output: Option<usize>,
     /// Estimated tokens outside the messages (tool definitions, top-level system prompts).
     pub fixed_tokens: usize,
-    /// The neutral transcript, message for message.
-    pub transcript: Transcript,
+    /// Estimated tokens of the whole request as received.
+    pub tokens: usize,
 }
 
-impl<'a> Conversation<'a> {
-    /// Pairs the raw messages with their neutral form, resolving tool names across them.
+impl<'a> Scan<'a> {
+    /// Pairs raw messages with their estimates.
     fn new(
-        raw_messages: Vec<&'a RawValue>,
-        messages: Vec<Message>,
-        model: Option<String>,
-        requested_output: Option<usize>,
-        fixed_tokens: usize,
-    ) -> Conversation<'a> {
-        let mut transcript = Transcript::new(messages);
-        transcript.resolve_tool_names();
-        Conversation {
-            raw_messages,
-            model,
-            requested_output,
-            fixed_tokens,
-            transcript,
+        dialect: DialectKind,
+        body: &'a [u8],
+        messages: Vec<&'a RawValue>,
+        message_tokens: Vec<usize>,
+        fields: ScanFields,
+    ) -> Scan<'a> {
+        let tokens = message_tokens
+            .iter()
+            .fold(fields.fixed_tokens, |acc, t| acc.saturating_add(*t));
+        Scan {
+            dialect,
+            body,
+            input_is_string: fields.input_is_string,
+            messages,
+            message_tokens,
+            model: fields.model,
+            requested_output: fields.requested_output,
+            fixed_tokens: fields.fixed_tokens,
+            tokens,
         }
     }
 
-    /// The messages a rewrite keeps around the summary: `[..head]` and `[boundary..]`, or
-    /// [`DialectError::BadPlan`] when the plan does not fit the request.
-    pub fn kept(
+    /// The dialect the body was read in.
+    pub fn dialect(&self) -> DialectKind {
+        self.dialect
+    }
+
+    /// The body the scan borrows from.
+    pub fn body(&self) -> &'a [u8] {
+        self.body
+    }
+
+    /// Number of messages.
+    pub fn len(&self) -> usize {
+        self.messages.len()
+    }
+
+    /// Whether the conversation is empty.
+    pub fn is_empty(&self) -> bool {
+        self.messages.is_empty()
+    }
+
+    /// Estimated tokens of `messages[range]` (clamped to the conversation).
+    pub fn tokens_of(&self, range: Range<usize>) -> usize {
+        let end = range.end.min(self.message_tokens.len());
+        let start = range.start.min(end);
+        self.message_tokens[start..end]
+            .iter()
+            .fold(0, |acc, t| acc.saturating_add(*t))
+    }
+
+    /// Message `index` in neutral form (its estimate from the scan).
+    pub fn message(&self, index: usize) -> Result<Message, DialectError> {
+        let raw = self.messages.get(index).ok_or(DialectError::BadMessage {
+            index,
+            reason: "no such message",
+        })?;
+        let mut message = match self.dialect {
+            DialectKind::ChatCompletions => chat::message(raw, index)?,
+            DialectKind::Messages => messages::message(raw, index)?,
+            DialectKind::Responses if self.input_is_string => responses::string_input(raw)?,
+            DialectKind::Responses => responses::message(raw, index)?,
+        };
+        message.tokens = self.message_tokens.get(index).copied().unwrap_or_default();
+        Ok(message)
+    }
+
+    /// How many leading messages are the head that is never compacted (system and developer
+    /// messages, as [`Transcript::head_len`] counts them). Reads only those messages and the
+    /// one after them.
+    pub fn head_len(&self) -> Result<usize, DialectError> {
+        let mut head = 0;
+        while head < self.messages.len() && self.message(head)?.role == Role::System {
+            head += 1;
+        }
+        Ok(head)
+    }
+
+    /// The whole conversation in neutral form, tool names resolved across messages.
+    pub fn transcript(&self) -> Result<Transcript, DialectError> {
+        let messages = (0..self.messages.len())
+            .map(|i| self.message(i))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut transcript = Transcript::new(messages);
+        transcript.resolve_tool_names();
+        Ok(transcript)
+    }
+
+    /// The request with messages `[head..boundary]` replaced by one user message holding
+    /// `summary_message`: the bytes before and after them are copied as received, so every
+    /// other field, its order and its whitespace are untouched.
+    pub fn rewrite(
         &self,
         head: usize,
         boundary: usize,
-    ) -> Result<(&[&'a RawValue], &[&'a RawValue]), DialectError> {
-        let len = self.raw_messages.len();
+        summary_message: &str,
+    ) -> Result<Vec<u8>, DialectError> {
+        let len = self.messages.len();
         if head > boundary || boundary > len {
             return Err(DialectError::BadPlan {
                 head,
@@ -118,28 +200,69 @@ impl<'a> Conversation<'a> {
                 len,
             });
         }
-        Ok((&self.raw_messages[..head], &self.raw_messages[boundary..]))
+        match self.dialect {
+            DialectKind::ChatCompletions => chat::rewrite(self, head, boundary, summary_message),
+            DialectKind::Messages => messages::rewrite(self, head, boundary, summary_message),
+            DialectKind::Responses => responses::rewrite(self, head, boundary, summary_message),
+        }
     }
 
-    /// Estimated tokens of the whole request as received.
-    pub fn tokens(&self) -> usize {
-        self.fixed_tokens
-            .saturating_add(self.transcript.tokens(0..self.transcript.len()))
+    /// Byte range of message `index` in the body.
+    fn span(&self, index: usize) -> Result<Range<usize>, DialectError> {
+        self.messages
+            .get(index)
+            .and_then(|raw| span_in(self.body, raw.get()))
+            .ok_or(DialectError::BadMessage {
+                index,
+                reason: "not a slice of the body",
+            })
     }
-}
 
-/// A request parsed for rewriting: what the engine reads and how the plan is written back.
-pub trait ParsedRequest: Send + Sync {
-    /// The conversation the engine works on.
-    fn conversation(&self) -> &Conversation<'_>;
-    /// The request with messages `[head..boundary]` replaced by one user message holding
-    /// `summary_message`; everything else as received.
-    fn rewrite(
+    /// The body with messages `[head..boundary]` replaced by what `write` writes (with
+    /// `merge`, the message at `boundary` too: `write` writes it merged with the summary).
+    /// `extra` is a capacity hint for what `write` adds.
+    fn splice(
         &self,
         head: usize,
         boundary: usize,
-        summary_message: &str,
-    ) -> Result<Vec<u8>, DialectError>;
+        merge: bool,
+        extra: usize,
+        write: impl FnOnce(&mut Vec<u8>) -> Result<(), serde_json::Error>,
+    ) -> Result<Vec<u8>, DialectError> {
+        let start = self.span(head)?.start;
+        let (end, separator) = if merge {
+            (self.span(boundary)?.end, false)
+        } else if boundary < self.messages.len() {
+            (self.span(boundary)?.start, true)
+        } else {
+            (self.span(boundary - 1)?.end, false)
+        };
+        let kept = self.body.len() - (end - start);
+        let mut out = Vec::with_capacity(kept.saturating_add(extra).saturating_add(64));
+        out.extend_from_slice(&self.body[..start]);
+        write(&mut out)?;
+        if separator {
+            out.push(b',');
+        }
+        out.extend_from_slice(&self.body[end..]);
+        Ok(out)
+    }
+}
+
+/// The byte range of `part` inside `whole`, when `part` is a slice of it.
+fn span_in(whole: &[u8], part: &str) -> Option<Range<usize>> {
+    let start = (part.as_ptr() as usize).checked_sub(whole.as_ptr() as usize)?;
+    let end = start.checked_add(part.len())?;
+    (end <= whole.len()).then_some(start..end)
+}
+
+/// The top-level fields a dialect's scan reads besides the conversation.
+#[derive(Debug, Default)]
+struct ScanFields {
+    model: Option<String>,
+    requested_output: Option<usize>,
+    fixed_tokens: usize,
+    input_is_string: bool,
 }
 
 /// The chat wire formats compactor can compact.
@@ -171,33 +294,16 @@ impl DialectKind {
         }
     }
 
-    /// Counts and estimates a request without building it (the hot path).
-    pub fn peek(self, body: &[u8], estimator: &LazyEstimator) -> Result<Peek, DialectError> {
-        match self {
-            DialectKind::ChatCompletions => chat::peek(body, estimator),
-            DialectKind::Messages => messages::peek(body, estimator),
-            DialectKind::Responses => responses::peek(body, estimator),
-        }
-    }
-
-    /// The request's messages as raw JSON slices of `body`.
-    pub fn raw_messages(self, body: &[u8]) -> Result<Vec<&RawValue>, DialectError> {
-        match self {
-            DialectKind::ChatCompletions | DialectKind::Messages => chat::raw_messages(body),
-            DialectKind::Responses => responses::raw_messages(body),
-        }
-    }
-
-    /// Parses a request fully, for rewriting.
-    pub fn parse<'a>(
+    /// Reads a request once (see [`Scan`]).
+    pub fn scan<'a>(
         self,
         body: &'a [u8],
         estimator: &LazyEstimator,
-    ) -> Result<Box<dyn ParsedRequest + 'a>, DialectError> {
+    ) -> Result<Scan<'a>, DialectError> {
         match self {
-            DialectKind::ChatCompletions => Ok(Box::new(chat::parse_with(body, estimator)?)),
-            DialectKind::Messages => Ok(Box::new(messages::parse_with(body, estimator)?)),
-            DialectKind::Responses => Ok(Box::new(responses::parse_with(body, estimator)?)),
+            DialectKind::ChatCompletions => chat::scan(body, estimator),
+            DialectKind::Messages => messages::scan(body, estimator),
+            DialectKind::Responses => responses::scan(body, estimator),
         }
     }
 
@@ -231,6 +337,23 @@ impl DialectKind {
     }
 }
 
+/// What tests read of a body: its scan and the transcript built from it.
+#[cfg(test)]
+pub(crate) struct Parsed<'a> {
+    pub scan: Scan<'a>,
+    pub transcript: Transcript,
+}
+
+#[cfg(test)]
+impl DialectKind {
+    /// Scans `body` with the default estimator and builds its transcript (tests only).
+    pub(crate) fn parse(self, body: &[u8]) -> Result<Parsed<'_>, DialectError> {
+        let scan = self.scan(body, &LazyEstimator::default())?;
+        let transcript = scan.transcript()?;
+        Ok(Parsed { scan, transcript })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -257,41 +380,53 @@ mod tests {
         assert_eq!(ChatCompletions.api_prefix("/chat/completions"), "");
     }
 
-    /// The session id comes from the peek's copy of the first messages; it must name the same
-    /// session as the messages themselves (whitespace aside), in every dialect.
+    /// A rewrite copies every byte outside the replaced messages: whitespace, field order and
+    /// escapes of the other fields survive, in every dialect.
     #[test]
-    fn peek_keeps_the_first_messages_the_session_id_is_made_of() {
-        use crate::session::hash::{session_id, TenantId};
+    fn a_rewrite_splices_bytes() {
         let bodies = [
             (
                 DialectKind::ChatCompletions,
-                r#"{"model":"m","messages":[{"role":"system","content":"s"}, {"role":"user","content":"a"},{"role":"user","content":"b"}]}"#,
+                "{ \"model\" : \"m\",\n \"messages\":[{\"role\":\"system\",\"content\":\"s\"}, {\"role\":\"user\",\"content\":\"a\"},\n{\"role\":\"assistant\",\"content\":\"b\"} , {\"role\":\"user\",\"content\":\"c\"}], \"x\":\"\\u00e9\"}",
+                1,
             ),
             (
                 DialectKind::Messages,
-                r#"{"model":"m","messages":[{"role":"user","content":"a"},  {"role":"assistant","content":[{"type":"text","text":"b"}]},{"role":"user","content":"c"}]}"#,
+                "{\"messages\": [{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"assistant\",\"content\":\"b\"},\t{\"role\":\"assistant\",\"content\":\"c\"}] ,\"model\":\"m\"}",
+                0,
             ),
             (
                 DialectKind::Responses,
-                r#"{"model":"m","input":[{"role":"user","content":"a"}, {"type":"function_call","call_id":"c","name":"f","arguments":"{}"}]}"#,
-            ),
-            (
-                DialectKind::Responses,
-                r#"{"model":"m","input":"caf\u00e9 \"quoted\""}"#,
+                "{\"input\":[{\"role\":\"developer\",\"content\":\"d\"},{\"role\":\"user\",\"content\":\"a\"} ,{\"role\":\"assistant\",\"content\":\"b\"},{\"role\":\"user\",\"content\":\"c\"}],\"store\" : false}",
+                1,
             ),
         ];
         let est = LazyEstimator::default();
-        let tenant = TenantId::from_credential("k");
-        for (dialect, body) in bodies {
-            let peek = dialect.peek(body.as_bytes(), &est).expect("peek");
-            let raw = dialect.raw_messages(body.as_bytes()).expect("raw");
-            let from_raw: Vec<&str> = raw.iter().take(2).map(|m| m.get()).collect();
-            let from_peek: Vec<&str> = peek.first_messages.iter().map(String::as_str).collect();
-            assert_eq!(from_peek.len(), from_raw.len().min(2), "{body}");
+        for (dialect, body, head) in bodies {
+            let scan = dialect.scan(body.as_bytes(), &est).expect("scan");
+            assert_eq!(scan.head_len().expect("head"), head, "{body}");
+            let out = scan.rewrite(head, head + 2, "SUMMARY").expect("rewrite");
+            let out = String::from_utf8(out).expect("utf-8");
+            let start = body.find(scan.messages[head].get()).expect("head message");
+            let end = body
+                .find(scan.messages[head + 2].get())
+                .expect("tail message");
+            assert_eq!(out[..start], body[..start], "{dialect:?}: bytes before");
+            assert!(
+                out.ends_with(&body[end..]),
+                "{dialect:?}: bytes after: {out}"
+            );
+            assert!(out.contains("SUMMARY"), "{out}");
+            let v: serde_json::Value = serde_json::from_str(&out).expect("valid JSON");
+            let field = if dialect == DialectKind::Responses {
+                "input"
+            } else {
+                "messages"
+            };
             assert_eq!(
-                session_id(&tenant, None, &from_peek),
-                session_id(&tenant, None, &from_raw),
-                "{body}"
+                v[field].as_array().map(Vec::len),
+                Some(scan.len() - 1),
+                "{out}"
             );
         }
     }

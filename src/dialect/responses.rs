@@ -1,20 +1,21 @@
-//! OpenAI Responses (`POST …/v1/responses`): peek, parse and rewrite.
+//! OpenAI Responses (`POST …/v1/responses`): scan, neutral messages and rewrite.
 //!
-//! - [`peek`] (every request): a request carrying `previous_response_id` or `conversation`
+//! - [`scan`] (every request): a request carrying `previous_response_id` or `conversation`
 //!   keeps its history on OpenAI's side, so it is [`DialectError::ServerState`] and passes
-//!   through. Otherwise one zero-copy pass counts the `input` items (a string `input` is one
+//!   through. Otherwise one pass splits the `input` items into raw slices of the body and counts them (a string `input` is one
 //!   user message) and estimates what the model reads: message text, function names and
 //!   arguments, tool outputs, reasoning summaries, images at a fixed cost, and the string
 //!   leaves of any other item; ids, statuses, annotations and `encrypted_content` are not read
 //!   as text. `instructions` and `tools` are counted as fixed tokens.
-//! - [`parse_with`] (only when a compaction is due): one transcript message per input item:
+//! - [`message`] (only when a compaction is due or a stored summary is spliced in): one
+//!   neutral message per input item:
 //!   `message` items by role (`system`/`developer` lead the conversation and are never
 //!   compacted), `function_call` and `custom_tool_call` (and any other `*_call` item with a
 //!   `call_id`: `local_shell_call`, `computer_call`, `shell_call`, `apply_patch_call`) →
 //!   assistant tool calls, `*_call_output` items with a `call_id` → tool results answering
 //!   them, `reasoning` → assistant reasoning (its summary and content texts), anything else →
 //!   opaque assistant items.
-//! - [`ResponsesRequest::rewrite`]: every field but `input` byte for byte (`instructions`,
+//! - [`rewrite`]: every field but `input` byte for byte (`instructions`,
 //!   `tools`, `reasoning`, `store`, `include`, unknown fields); `input` becomes the leading
 //!   system/developer items verbatim, one user `message` item holding the summary, then the
 //!   preserved tail verbatim.
@@ -26,11 +27,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use super::json::{
-    as_tokens, count_messages, leaf_chars, node_counts, NodeSeed, OrderedObject, Rules, StrChars,
-};
-use super::{Conversation, DialectError, Peek};
-use crate::estimate::{count_chars, Counts, LazyEstimator};
+use super::json::{as_tokens, leaf_chars, node_counts, Rules, StrChars};
+use super::{DialectError, DialectKind, Scan, ScanFields};
+use crate::estimate::{count_chars, LazyEstimator};
 use crate::transcript::{Message, Part, Role, ToolCall};
 
 /// How Responses input is counted.
@@ -55,32 +54,59 @@ pub(crate) static RULES: Rules = Rules {
 // ---------------------------------------------------------------------------------------------
 // Hot path.
 
-/// Counts and estimates a request in one zero-copy pass.
-pub fn peek(body: &[u8], estimator: &LazyEstimator) -> Result<Peek, DialectError> {
-    let wire: PeekWire<'_> = serde_json::from_slice(body)?;
+/// Reads a request once: its input items as raw slices of `body`, each counted (see
+/// [`super::Scan`]). A request whose history lives on the provider is
+/// [`DialectError::ServerState`].
+pub fn scan<'a>(body: &'a [u8], estimator: &LazyEstimator) -> Result<Scan<'a>, DialectError> {
+    let wire: ScanWire<'a> = serde_json::from_slice(body)?;
     if server_state(
         wire.previous_response_id.as_ref(),
         wire.conversation.as_ref(),
     ) {
         return Err(DialectError::ServerState);
     }
-    let input = wire.input.ok_or(DialectError::NoConversation("input"))?;
-    let fixed_tokens = fixed_tokens(wire.instructions.map_or(0, |s| s.0), wire.tools, estimator);
-    let tokens = input.0.iter().fold(fixed_tokens, |acc, c| {
-        acc.saturating_add(estimator.counts(*c))
-    });
-    Ok(Peek {
+    let (items, tokens, input_is_string) = match wire.input {
+        None => return Err(DialectError::NoConversation("input")),
+        Some(Input::Items(items)) => {
+            let mut tokens = Vec::with_capacity(items.len());
+            for raw in &items {
+                tokens.push(estimator.counts(node_counts(raw.get(), &RULES)?));
+            }
+            (items, tokens, false)
+        }
+        Some(Input::Text(chars)) => {
+            // A string `input` is one user message; its raw JSON is read again (a rare,
+            // single-turn request) because the splice needs its bytes.
+            #[derive(Deserialize)]
+            struct Raw<'a> {
+                #[serde(borrow)]
+                input: &'a RawValue,
+            }
+            let Raw { input } = serde_json::from_slice(body)?;
+            (vec![input], vec![estimator.chars(chars)], true)
+        }
+    };
+    let fields = ScanFields {
         model: wire.model,
         requested_output: as_tokens(wire.max_output_tokens.as_ref()),
-        message_count: input.0.len(),
+        fixed_tokens: estimator
+            .chars(wire.instructions.map_or(0, |s| s.0))
+            .saturating_add(wire.tools.map_or(0, |t| estimator.text(t.get()))),
+        input_is_string,
+    };
+    Ok(Scan::new(
+        DialectKind::Responses,
+        body,
+        items,
         tokens,
-        fixed_tokens,
-        first_messages: input.1,
-    })
+        fields,
+    ))
 }
 
+/// The top-level fields a scan reads; serde skips the rest without copying. A repeated
+/// `input` is an error (ambiguous: never rewritten).
 #[derive(Deserialize)]
-struct PeekWire<'a> {
+struct ScanWire<'a> {
     #[serde(default)]
     model: Option<String>,
     #[serde(default)]
@@ -91,10 +117,39 @@ struct PeekWire<'a> {
     conversation: Option<Value>,
     #[serde(default)]
     instructions: Option<StrChars>,
-    #[serde(default)]
-    input: Option<InputCounts>,
+    #[serde(borrow, default)]
+    input: Option<Input<'a>>,
     #[serde(borrow, default)]
     tools: Option<&'a RawValue>,
+}
+
+/// `input`: an array of items, or one string (its characters).
+enum Input<'a> {
+    Items(Vec<&'a RawValue>),
+    Text(usize),
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Input<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
+            type Value = Input<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string or an array of input items")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Input<'a>, E> {
+                Ok(Input::Text(count_chars(v)))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Input<'a>, A::Error> {
+                let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(64));
+                while let Some(item) = seq.next_element::<&'de RawValue>()? {
+                    items.push(item);
+                }
+                Ok(Input::Items(items))
+            }
+        }
+        d.deserialize_any(V(std::marker::PhantomData))
+    }
 }
 
 /// Whether the conversation is held by OpenAI: a non-null `previous_response_id` or
@@ -104,124 +159,11 @@ fn server_state(previous: Option<&Value>, conversation: Option<&Value>) -> bool 
     set(previous) || set(conversation)
 }
 
-fn fixed_tokens(instructions: usize, tools: Option<&RawValue>, estimator: &LazyEstimator) -> usize {
-    estimator
-        .chars(instructions)
-        .saturating_add(tools.map_or(0, |t| estimator.text(t.get())))
-}
-
-/// Per-item counts of `input` (a string is one message), and the raw JSON of its first items.
-struct InputCounts(Vec<Counts>, Vec<String>);
-
-impl<'de> Deserialize<'de> for InputCounts {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = InputCounts;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a string or an array of input items")
-            }
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<InputCounts, E> {
-                let counts = Counts {
-                    chars: count_chars(v),
-                    images: 0,
-                };
-                // The one item as JSON, in the canonical form the session id is made of.
-                let item = serde_json::to_string(v).map_err(E::custom)?;
-                Ok(InputCounts(vec![counts], vec![item]))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<InputCounts, A::Error> {
-                let (counts, first) = count_messages(seq, NodeSeed(&RULES))?;
-                Ok(InputCounts(counts, first))
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Full parse.
-
-/// A parsed request, borrowing the original body.
-#[derive(Debug)]
-pub struct ResponsesRequest<'a> {
-    fields: OrderedObject<'a>,
-    input_at: usize,
-    /// `input` is a string: its one item is written back as a user message item.
-    input_is_string: bool,
-    /// The input items (a string `input` is its one item); `requested_output` is
-    /// `max_output_tokens`; `fixed_tokens` are `instructions`' and the tool definitions'.
-    pub conversation: Conversation<'a>,
-}
-
-/// Parses a request with the default estimator.
-pub fn parse(body: &[u8]) -> Result<ResponsesRequest<'_>, DialectError> {
-    parse_with(body, &LazyEstimator::default())
-}
-
-/// Parses a request fully (only when a compaction is due).
-pub fn parse_with<'a>(
-    body: &'a [u8],
-    estimator: &LazyEstimator,
-) -> Result<ResponsesRequest<'a>, DialectError> {
-    let fields: OrderedObject<'a> = serde_json::from_slice(body)?;
-    if server_state(
-        fields.value("previous_response_id").as_ref(),
-        fields.value("conversation").as_ref(),
-    ) {
-        return Err(DialectError::ServerState);
-    }
-    let (input_at, input) = fields.conversation("input")?;
-    let instructions = match fields.raw("instructions") {
-        Some(raw) => serde_json::from_str::<StrChars>(raw.get())?.0,
-        None => 0,
-    };
-    let fixed_tokens = fixed_tokens(instructions, fields.raw("tools"), estimator);
-    let model = fields.string("model");
-    let requested_output = as_tokens(fields.value("max_output_tokens").as_ref());
-
-    let input_is_string = !input.get().trim_start().starts_with('[');
-    let (raw_items, messages) = if input_is_string {
-        let text: String =
-            serde_json::from_str(input.get()).map_err(|_| DialectError::NoConversation("input"))?;
-        let tokens = estimator.text(&text);
-        let mut m = Message::new(Role::User, vec![Part::Text(text)]);
-        m.tokens = tokens;
-        (vec![input], vec![m])
-    } else {
-        let raw_items: Vec<&'a RawValue> = serde_json::from_str(input.get())?;
-        let mut messages = Vec::with_capacity(raw_items.len());
-        for (index, raw) in raw_items.iter().enumerate() {
-            let counts = node_counts(raw.get(), &RULES)?;
-            let mut m = item_message(raw, index)?;
-            m.tokens = estimator.counts(counts);
-            messages.push(m);
-        }
-        (raw_items, messages)
-    };
-    Ok(ResponsesRequest {
-        fields,
-        input_at,
-        input_is_string,
-        conversation: Conversation::new(raw_items, messages, model, requested_output, fixed_tokens),
-    })
-}
-
-/// The input items of a request as raw JSON, borrowed from the body (a string `input` is one
-/// item).
-pub fn raw_messages(body: &[u8]) -> Result<Vec<&RawValue>, DialectError> {
-    #[derive(Deserialize)]
-    struct Wire<'a> {
-        #[serde(borrow)]
-        input: Option<&'a RawValue>,
-    }
-    let wire: Wire<'_> = serde_json::from_slice(body)?;
-    let input = wire.input.ok_or(DialectError::NoConversation("input"))?;
-    if input.get().trim_start().starts_with('[') {
-        Ok(serde_json::from_str(input.get())?)
-    } else {
-        Ok(vec![input])
-    }
+/// A string `input` as its one neutral message.
+pub(super) fn string_input(raw: &RawValue) -> Result<Message, DialectError> {
+    let text: String =
+        serde_json::from_str(raw.get()).map_err(|_| DialectError::NoConversation("input"))?;
+    Ok(Message::new(Role::User, vec![Part::Text(text)]))
 }
 
 fn text_of(v: Option<&Value>) -> Option<String> {
@@ -233,7 +175,8 @@ fn text_of(v: Option<&Value>) -> Option<String> {
 }
 
 /// One input item as a neutral message.
-fn item_message(raw: &RawValue, index: usize) -> Result<Message, DialectError> {
+/// One input item in neutral form.
+pub(super) fn message(raw: &RawValue, index: usize) -> Result<Message, DialectError> {
     let bad = |reason| DialectError::BadMessage { index, reason };
     let v: Value = serde_json::from_str(raw.get())?;
     let obj = v.as_object().ok_or(bad("not an object"))?;
@@ -353,8 +296,8 @@ fn part_from_value(part: &Value) -> Part {
         _ => {}
     }
     // Counted off the parsed part: these rules read no raw JSON text.
-    let chars =
-        serde::de::DeserializeSeed::deserialize(NodeSeed(&RULES), part).map_or(0, |c| c.chars);
+    let chars = serde::de::DeserializeSeed::deserialize(super::json::NodeSeed(&RULES), part)
+        .map_or(0, |c| c.chars);
     Part::Opaque {
         kind: kind.to_string(),
         chars,
@@ -363,21 +306,6 @@ fn part_from_value(part: &Value) -> Part {
 
 // ---------------------------------------------------------------------------------------------
 // Rewrite.
-
-impl super::ParsedRequest for ResponsesRequest<'_> {
-    fn conversation(&self) -> &Conversation<'_> {
-        &self.conversation
-    }
-
-    fn rewrite(
-        &self,
-        head: usize,
-        boundary: usize,
-        summary_message: &str,
-    ) -> Result<Vec<u8>, DialectError> {
-        ResponsesRequest::rewrite(self, head, boundary, summary_message)
-    }
-}
 
 #[derive(Serialize)]
 struct SummaryItem<'a> {
@@ -394,54 +322,51 @@ struct InputText<'a> {
     text: &'a str,
 }
 
-impl ResponsesRequest<'_> {
-    /// The request with `input[head..boundary]` replaced by one user message item holding
-    /// `summary_message`; every other byte as received, except insignificant whitespace
-    /// between top-level fields and between input items.
-    pub fn rewrite(
-        &self,
-        head: usize,
-        boundary: usize,
-        summary_message: &str,
-    ) -> Result<Vec<u8>, DialectError> {
-        let (kept_head, tail) = self.conversation.kept(head, boundary)?;
-        let summary = SummaryItem {
-            kind: "message",
-            role: "user",
-            content: [InputText {
-                kind: "input_text",
-                text: summary_message,
-            }],
-        };
-        let mut out = Vec::with_capacity(self.fields.size() + summary_message.len() + 96);
-        self.fields
-            .write_replacing(&mut out, self.input_at, |out| {
-                out.push(b'[');
-                for item in kept_head {
-                    out.extend_from_slice(item.get().as_bytes());
-                    out.push(b',');
-                }
-                serde_json::to_writer(&mut *out, &summary)?;
-                for item in tail {
-                    out.push(b',');
-                    if self.input_is_string {
-                        out.extend_from_slice(br#"{"type":"message","role":"user","content":"#);
-                        out.extend_from_slice(item.get().as_bytes());
-                        out.push(b'}');
-                    } else {
-                        out.extend_from_slice(item.get().as_bytes());
-                    }
-                }
-                out.push(b']');
-                Ok(())
-            })?;
-        Ok(out)
+/// `input[head..boundary]` replaced by one user message item holding `summary_message`. A
+/// string `input` becomes an array: the summary item, then the string as a user message item.
+pub(super) fn rewrite(
+    scan: &Scan<'_>,
+    head: usize,
+    boundary: usize,
+    summary_message: &str,
+) -> Result<Vec<u8>, DialectError> {
+    let summary = SummaryItem {
+        kind: "message",
+        role: "user",
+        content: [InputText {
+            kind: "input_text",
+            text: summary_message,
+        }],
+    };
+    if !scan.input_is_string {
+        return scan.splice(head, boundary, false, summary_message.len() + 64, |out| {
+            serde_json::to_writer(out, &summary)
+        });
     }
+    // The whole `input` value is replaced: the splice covers its one item, the string.
+    let (_, tail) = (&scan.messages[..head], &scan.messages[boundary..]);
+    let extra = summary_message.len() + scan.body().len() + 96;
+    scan.splice(0, scan.len(), false, extra, |out| {
+        out.push(b'[');
+        serde_json::to_writer(&mut *out, &summary)?;
+        for item in tail {
+            out.extend_from_slice(br#",{"type":"message","role":"user","content":"#);
+            out.extend_from_slice(item.get().as_bytes());
+            out.push(b'}');
+        }
+        out.push(b']');
+        Ok(())
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dialect::Parsed;
+
+    fn parse(body: &[u8]) -> Result<Parsed<'_>, DialectError> {
+        DialectKind::Responses.parse(body)
+    }
     use crate::estimate::IMAGE_TOKENS;
     use serde_json::json;
 
@@ -489,21 +414,15 @@ mod tests {
             "input": items()
         })
         .to_string();
-        let p = peek(body.as_bytes(), &est()).expect("peeks");
+        let p = scan(body.as_bytes(), &est()).expect("peeks");
         assert_eq!(p.model.as_deref(), Some("gpt-5"));
         assert_eq!(p.requested_output, Some(500));
-        assert_eq!(p.message_count, 12);
+        assert_eq!(p.len(), 12);
         let tools = r#"[{"name":"shell","type":"function"}]"#;
         assert_eq!(p.fixed_tokens, 1 + est().text(tools));
         let r = parse(body.as_bytes()).expect("parses");
-        assert_eq!(r.conversation.tokens(), p.tokens);
-        let per: Vec<usize> = r
-            .conversation
-            .transcript
-            .messages
-            .iter()
-            .map(|m| m.tokens)
-            .collect();
+        assert_eq!(r.scan.tokens, p.tokens);
+        let per: Vec<usize> = r.transcript.messages.iter().map(|m| m.tokens).collect();
         assert_eq!(
             per,
             vec![
@@ -532,7 +451,7 @@ mod tests {
         ] {
             let b = body.to_string();
             assert!(matches!(
-                peek(b.as_bytes(), &est()),
+                scan(b.as_bytes(), &est()),
                 Err(DialectError::ServerState)
             ));
             assert!(matches!(
@@ -541,20 +460,20 @@ mod tests {
             ));
         }
         let null = json!({"previous_response_id": null, "conversation": null, "input": "x"});
-        assert!(peek(null.to_string().as_bytes(), &est()).is_ok());
+        assert!(scan(null.to_string().as_bytes(), &est()).is_ok());
         assert!(matches!(
-            peek(br#"{"model":"gpt-5"}"#, &est()),
+            scan(br#"{"model":"gpt-5"}"#, &est()),
             Err(DialectError::NoConversation("input"))
         ));
-        assert!(peek(br#"{"input": 5}"#, &est()).is_err());
-        assert!(peek(b"[]", &est()).is_err());
+        assert!(scan(br#"{"input": 5}"#, &est()).is_err());
+        assert!(scan(b"[]", &est()).is_err());
     }
 
     #[test]
     fn parse_maps_items_to_messages() {
         let body = json!({"model": "gpt-5", "input": items()}).to_string();
         let r = parse(body.as_bytes()).expect("parses");
-        let t = &r.conversation.transcript;
+        let t = &r.transcript;
         let m = &t.messages;
         assert_eq!(t.head_len(), 1, "the developer message leads");
         let roles: Vec<Role> = m.iter().map(|m| m.role).collect();
@@ -614,13 +533,13 @@ mod tests {
     #[test]
     fn a_string_input_is_one_user_message() {
         let body = br#"{"model":"gpt-5","input":"hello there","instructions":"be brief"}"#;
-        let p = peek(body, &est()).expect("peeks");
-        assert_eq!((p.message_count, p.tokens), (1, 3 + 2));
+        let p = scan(body, &est()).expect("peeks");
+        assert_eq!((p.len(), p.tokens), (1, 3 + 2));
         let r = parse(body).expect("parses");
-        assert_eq!(r.conversation.transcript.messages[0].role, Role::User);
-        assert_eq!(raw_messages(body).expect("raw").len(), 1);
+        assert_eq!(r.transcript.messages[0].role, Role::User);
+        assert_eq!(r.scan.messages.len(), 1);
         // Nothing before it to compact; written back, it becomes a message item.
-        let out = input_of(&r.rewrite(0, 0, "S").expect("rewrites"));
+        let out = input_of(&r.scan.rewrite(0, 0, "S").expect("rewrites"));
         assert_eq!(
             out[1],
             json!({"type": "message", "role": "user", "content": "hello there"})
@@ -634,9 +553,9 @@ mod tests {
             items()
         );
         let r = parse(body.as_bytes()).expect("parses");
-        let out = r.rewrite(1, 10, "SUMMARY").expect("rewrites");
+        let out = r.scan.rewrite(1, 10, "SUMMARY").expect("rewrites");
         let text = String::from_utf8(out.clone()).expect("utf8");
-        assert!(text.starts_with(r#"{"model":"gpt-5","instructions":"be \"brief\"","input":["#));
+        assert!(text.starts_with(r#"{"model":"gpt-5","instructions" : "be \"brief\"","input":["#));
         assert!(text.ends_with(r#""tools":[ {"type":"function","name":"shell"} ],"reasoning":{"effort":"high"},"store":false,"x_vendor":{"a":[1, 2]}}"#));
         let items_out = input_of(&out);
         let items_in = input_of(body.as_bytes());
@@ -647,7 +566,7 @@ mod tests {
         );
         assert_eq!(&items_out[2..], &items_in[10..]);
         assert!(matches!(
-            r.rewrite(0, 13, "S"),
+            r.scan.rewrite(0, 13, "S"),
             Err(DialectError::BadPlan { .. })
         ));
     }

@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 
 use crate::compaction::prompt::SUMMARY_INTRO;
 use crate::dialect::json::OrderedObject;
-use crate::dialect::{messages, responses, DialectKind};
+use crate::dialect::DialectKind;
 use crate::estimate::LazyEstimator;
 use crate::pipeline::Outcome;
 use crate::testing::{caller, check_estimates, compactor, config, ensure, FakeSummarizer};
@@ -516,13 +516,13 @@ fn anthropic_rewrites_stay_valid_verbatim_and_smaller() {
             FakeSummarizer::text(&summary),
         );
         let est = LazyEstimator::default();
-        let before = messages::peek(&body, &est).map_err(fail)?;
-        let parsed = messages::parse(&body).map_err(fail)?;
-        check_estimates(before.tokens, &parsed.conversation, &est)?;
+        let parsed = DialectKind::Messages.parse(&body).map_err(fail)?;
+        check_estimates(&parsed, &est)?;
+        let before = &parsed.scan;
         let due = c
             .engine()
             .limits(before.model.as_deref(), before.requested_output)
-            .check(before.message_count, before.tokens)
+            .check(before.len(), before.tokens)
             .is_some();
         match rt.block_on(c.process(DialectKind::Messages, &body, &caller())) {
             Outcome::Reused { .. } => ensure(false, "a fresh compactor reused a summary")?,
@@ -578,7 +578,7 @@ fn anthropic_rewrites_stay_valid_verbatim_and_smaller() {
                 }
                 // The engine prices the summary and the kept message separately; merged into one
                 // message they can round to one token less.
-                let after = messages::peek(&out, &est).map_err(fail)?;
+                let after = DialectKind::Messages.scan(&out, &est).map_err(fail)?;
                 let slack = usize::from(merged);
                 ensure(
                     after.tokens <= result.post_tokens
@@ -861,16 +861,19 @@ fn responses_rewrites_stay_valid_verbatim_and_smaller() {
             FakeSummarizer::text("Short summary of the earlier turns."),
         );
         let est = LazyEstimator::default();
-        let before = responses::peek(&body, &est).map_err(fail)?;
-        let parsed = responses::parse(&body).map_err(fail)?;
+        let parsed = DialectKind::Responses.parse(&body).map_err(fail)?;
+        let before = &parsed.scan;
+        // Items are counted as nodes (their string leaves), not from their neutral parts (a
+        // shell call's arguments are rebuilt from its action), so only the totals must agree.
+        let t = &parsed.transcript;
         ensure(
-            parsed.conversation.tokens() == before.tokens,
-            "peek and parse agree",
+            before.tokens == before.fixed_tokens + t.tokens(0..t.len()),
+            "the scan's total is its fixed tokens plus its items'",
         )?;
         let due = c
             .engine()
             .limits(before.model.as_deref(), before.requested_output)
-            .check(before.message_count, before.tokens)
+            .check(before.len(), before.tokens)
             .is_some();
         match rt.block_on(c.process(DialectKind::Responses, &body, &caller())) {
             Outcome::Reused { .. } => ensure(false, "a fresh compactor reused a summary")?,
@@ -938,7 +941,7 @@ fn responses_rewrites_stay_valid_verbatim_and_smaller() {
                     .map(|m| serde_json::from_str(m).unwrap_or(Value::Null))
                     .collect();
                 check_responses(&values).map_err(fail)?;
-                let after = responses::peek(&out, &est).map_err(fail)?;
+                let after = DialectKind::Responses.scan(&out, &est).map_err(fail)?;
                 ensure(after.tokens == result.post_tokens, "post_tokens")?;
                 ensure(before.tokens == result.pre_tokens, "pre_tokens")?;
                 ensure(after.tokens < before.tokens, "rewrite is smaller")?;

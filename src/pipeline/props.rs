@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 
 use super::Outcome;
 use crate::compaction::prompt::SUMMARY_INTRO;
-use crate::dialect::chat::{self, top_level_fields};
+use crate::dialect::chat::top_level_fields;
 use crate::dialect::DialectKind;
 use crate::estimate::LazyEstimator;
 use crate::testing::{
@@ -282,16 +282,17 @@ fn rewritten_requests_stay_valid_verbatim_and_smaller() {
         );
         let (c, _) = compactor(&cfg, fake);
         let est = LazyEstimator::default();
-        let before = chat::peek(&body, &est).map_err(|e| TestCaseError::fail(e.to_string()))?;
-
-        // The hot path's estimate is the full parse's estimate, which is the parts' estimate.
-        let parsed = chat::parse(&body).map_err(|e| TestCaseError::fail(e.to_string()))?;
-        check_estimates(before.tokens, &parsed.conversation, &est)?;
+        // The scan's estimate of each message is what its neutral parts hold.
+        let parsed = DialectKind::ChatCompletions
+            .parse(&body)
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        check_estimates(&parsed, &est)?;
+        let before = &parsed.scan;
 
         let due = c
             .engine()
             .limits(before.model.as_deref(), before.requested_output)
-            .check(before.message_count, before.tokens)
+            .check(before.len(), before.tokens)
             .is_some();
         let outcome = rt.block_on(c.process(DialectKind::ChatCompletions, &body, &caller()));
         match outcome {
@@ -350,8 +351,9 @@ fn rewritten_requests_stay_valid_verbatim_and_smaller() {
                     .collect();
                 check_openai_pairing(&values).map_err(TestCaseError::fail)?;
                 // Smaller, and the reported figures are the estimates of the bodies.
-                let after =
-                    chat::peek(&out, &est).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                let after = DialectKind::ChatCompletions
+                    .scan(&out, &est)
+                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
                 ensure(
                     after.tokens == result.post_tokens,
                     "post_tokens is the rewrite's estimate",
