@@ -349,7 +349,7 @@ async fn unknown_fields_survive_a_real_rewrite() {
     let text = String::from_utf8_lossy(out_bytes);
     assert!(text.contains(x_foo), "raw bytes of x_foo kept: {text}");
     assert!(
-        text.contains("\"temperature\":0.0"),
+        text.contains("\"temperature\": 0.0"),
         "0.0 not re-serialised: {text}"
     );
 

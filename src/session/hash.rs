@@ -1,7 +1,7 @@
 //! Identity by content: canonical JSON, chained message hashes, tenants and session ids.
 //!
 //! The proxy sees stateless requests, so a conversation is recognised by what it says, not by
-//! a handle. Each message is canonicalised (parsed, object keys sorted explicitly, no
+//! a handle. Each message is canonicalised ([`super::canonical`]: object keys sorted, no
 //! insignificant whitespace) so two serialisations of the same message hash alike, and folded
 //! into a chain `h_k = sha256(h_{k-1} || len || canonical(msg_k))` that starts from the
 //! caller's [`TenantId`]: a checkpoint stored under `h_k` matches exactly the requests that
@@ -13,8 +13,10 @@ use std::fmt;
 use compactor_plugin_api::Caller;
 use serde::{Serialize, Serializer};
 use serde_json::value::RawValue;
-use serde_json::Value;
 use sha2::{Digest, Sha256};
+
+use super::canonical::canonical_into;
+pub use super::canonical::{canonical_json, CanonicalError};
 
 /// Credential headers that identify a tenant, in order of preference (lowercase).
 pub const TENANT_CREDENTIAL_HEADERS: [&str; 3] = ["authorization", "x-api-key", "api-key"];
@@ -30,65 +32,6 @@ const TENANT_DOMAIN: &[u8] = b"compactor/tenant/v1\0";
 const CHAIN_DOMAIN: &[u8] = b"compactor/chain/v1\0";
 const SESSION_DOMAIN: &[u8] = b"compactor/session/v1\0";
 const SESSION_HEADER_DOMAIN: &[u8] = b"compactor/session-header/v1\0";
-
-/// A message that could not be canonicalised (it is not JSON).
-#[derive(Debug, thiserror::Error)]
-#[error("message is not valid JSON: {0}")]
-pub struct CanonicalError(#[from] serde_json::Error);
-
-/// Parses `json` and re-emits it canonically: object keys sorted by their UTF-8 bytes (sorted
-/// here, whatever map ordering serde_json was built with), no whitespace, strings and numbers
-/// as serde_json writes them (so `"\u00e9"` and `"é"`, or `1.0` and `1.00`, come out alike).
-///
-/// For a [`RawValue`], pass `raw.get().as_bytes()`.
-pub fn canonical_json(json: &[u8]) -> Result<Vec<u8>, CanonicalError> {
-    let mut out = Vec::with_capacity(json.len());
-    canonical_json_into(json, &mut out)?;
-    Ok(out)
-}
-
-/// [`canonical_json`] into a reused buffer (cleared first).
-fn canonical_json_into(json: &[u8], out: &mut Vec<u8>) -> Result<(), CanonicalError> {
-    out.clear();
-    // serde_json's parser stops at 128 levels of nesting, which bounds the recursion below.
-    let value: Value = serde_json::from_slice(json)?;
-    write_canonical(&value, out)
-}
-
-fn write_canonical(value: &Value, out: &mut Vec<u8>) -> Result<(), CanonicalError> {
-    match value {
-        Value::Null => out.extend_from_slice(b"null"),
-        Value::Bool(true) => out.extend_from_slice(b"true"),
-        Value::Bool(false) => out.extend_from_slice(b"false"),
-        Value::Number(n) => serde_json::to_writer(&mut *out, n)?,
-        Value::String(s) => serde_json::to_writer(&mut *out, s)?,
-        Value::Array(items) => {
-            out.push(b'[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                write_canonical(item, out)?;
-            }
-            out.push(b']');
-        }
-        Value::Object(map) => {
-            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
-            entries.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
-            out.push(b'{');
-            for (i, (key, item)) in entries.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                serde_json::to_writer(&mut *out, key)?;
-                out.push(b':');
-                write_canonical(item, out)?;
-            }
-            out.push(b'}');
-        }
-    }
-    Ok(())
-}
 
 /// Lowercase hex of `bytes`.
 pub(crate) fn hex(bytes: &[u8]) -> String {
@@ -218,7 +161,7 @@ pub fn chain(tenant: &TenantId, messages: &[&RawValue]) -> Result<Vec<ChainHash>
     let mut buf = Vec::new();
     let mut h = ChainHash::start(tenant);
     for message in messages {
-        canonical_json_into(message.get().as_bytes(), &mut buf)?;
+        canonical_into(message.get(), &mut buf)?;
         h = h.next(&buf);
         hashes.push(h);
     }
@@ -257,7 +200,7 @@ pub fn session_id(
     for message in first_messages.iter().take(SESSION_ID_MESSAGES) {
         let raw = message.as_bytes();
         // A message that is not JSON still gets a stable id from its raw bytes.
-        let bytes = match canonical_json_into(raw, &mut buf) {
+        let bytes = match canonical_into(message, &mut buf) {
             Ok(()) => buf.as_slice(),
             Err(_) => raw,
         };

@@ -10,6 +10,7 @@
 //! the compaction engine decide when to use them.
 
 pub mod breaker;
+pub mod canonical;
 pub mod flight;
 pub mod hash;
 pub mod memory;
