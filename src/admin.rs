@@ -6,7 +6,7 @@
 //! - `GET /session/{id}`: one session's compaction count, covered messages, token figures,
 //!   files and current summary;
 //! - `POST /session/{id}/summarize` with an optional `{"instructions": "..."}`: compacts the
-//!   latest request of that session now (the manual `/compact`).
+//!   latest request of that session now (manual compaction).
 //!
 //! Served on `server.admin_listen`, never on the proxy port, so operators can firewall it.
 //! When `admin.token` is set, everything but the probes needs `Authorization: Bearer <token>`.

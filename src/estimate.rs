@@ -1,4 +1,4 @@
-//! Token estimation without a tokenizer (seed §5.5, `LazyEstimator`).
+//! Token estimation without a tokenizer (docs/architecture.md, *Token estimate*).
 //!
 //! compactor estimates 0.25 tokens per character (about four characters per token) over
 //! everything the model reads: message text, tool-call names and arguments, tool outputs,
@@ -9,8 +9,7 @@
 //! holds into [`Counts`]; this module turns counts into tokens. What a neutral message holds is
 //! counted by [`crate::transcript`], which builds on this module.
 
-/// Default tokens per character: ~4 characters per token for English text and code (seed
-/// §5.5).
+/// Default tokens per character: ~4 characters per token for English text and code.
 pub const TOKENS_PER_CHAR: f64 = 0.25;
 
 /// Estimated tokens of one image.
@@ -40,7 +39,7 @@ impl Counts {
     }
 }
 
-/// The seed's `LazyEstimator`: a fixed tokens-per-character ratio.
+/// A token estimator at a fixed tokens-per-character ratio: cheap enough for every request.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LazyEstimator {
     tokens_per_char: f64,

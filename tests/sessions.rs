@@ -1,8 +1,8 @@
-//! Session memory over real sockets (DESIGN.md §2): the proxy remembers what it compacted and
-//! splices the same summary into every later request of the conversation, recognises the
-//! conversation by content whatever its serialisation, treats an edited history as new, keeps
-//! tenants apart, compacts a prefix once however many requests need it at the same time, and
-//! names every conversation in `x-compactor-session`.
+//! Session memory over real sockets (docs/architecture.md, *Sessions in a stateless proxy*):
+//! the proxy remembers what it compacted and splices the same summary into every later request
+//! of the conversation, recognises the conversation by content whatever its serialisation,
+//! treats an edited history as new, keeps tenants apart, compacts a prefix once however many
+//! requests need it at the same time, and names every conversation in `x-compactor-session`.
 //!
 //! One mock serves both sides, as in production with the zero-config `openai` summarizer: a
 //! request whose last user message starts with `<task>` is a summarizer call, answered

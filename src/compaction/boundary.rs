@@ -1,5 +1,5 @@
-//! The preserve boundary (seed §5.5, `FindPreserveBoundary`): which recent messages stay
-//! verbatim.
+//! The preserve boundary: which recent messages stay verbatim (docs/architecture.md,
+//! *Preserve boundary*).
 //!
 //! The preserve budget is `preserve_ratio × usable window`, clamped to
 //! [`min_preserve_tokens`, `max_preserve_tokens`] (2,000 and 15,000 by default), where the
@@ -13,9 +13,10 @@
 //!    turn a due compaction into a no-op);
 //! 2. the latest user message is kept when the tail from it stays within the caller's
 //!    allowance (the engine allows what keeps the rewrite at or below half of each trigger,
-//!    so it does not trip again right away) and something before it remains to compact. In a long agentic turn (one task message followed by
-//!    hundreds of tool calls) keeping it is impossible; the summary then carries every user
-//!    message (section 6 of the prompt);
+//!    so it does not trip again right away) and something before it remains to compact. In a
+//!    long agentic turn (one task message followed by hundreds of tool calls) keeping it is
+//!    impossible; the summary then carries every user message (section 6 of the prompt) and
+//!    pins the latest one verbatim;
 //! 3. a tool call is never separated from its result: the tail never starts on a tool answer
 //!    (a tool-role message, or a user message opening with tool-result parts: Anthropic only
 //!    accepts `tool_result` blocks right after the message holding their `tool_use`), and when
@@ -40,10 +41,10 @@
 use crate::config::CompactionConfig;
 use crate::transcript::{Message, Role, Transcript};
 
-/// The seed's `MinPreserveRecentTokens`: floor of the preserve budget.
+/// Floor of the preserve budget: enough recent work for the model to carry on.
 pub const MIN_PRESERVE_RECENT_TOKENS: usize = 2_000;
 
-/// The seed's `MaxPreserveRecentTokens`: ceiling of the preserve budget.
+/// Ceiling of the preserve budget: a compaction must still remove something worth it.
 pub const MAX_PRESERVE_RECENT_TOKENS: usize = 15_000;
 
 /// `preserve_ratio × usable_window`, clamped to the configured min and max preserve tokens.
@@ -203,7 +204,7 @@ mod tests {
     }
 
     #[test]
-    fn preserve_constants_match_the_seed_and_config() {
+    fn preserve_constants_match_the_config_defaults() {
         assert_eq!(MIN_PRESERVE_RECENT_TOKENS, 2_000);
         assert_eq!(MAX_PRESERVE_RECENT_TOKENS, 15_000);
         let c = CompactionConfig::default();

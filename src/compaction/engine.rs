@@ -1,30 +1,29 @@
-//! The processor: compacts a parsed transcript ([`Engine::compact`]) and handles one request
-//! end to end ([`Pipeline::process`]).
+//! The engine: compacts a parsed transcript ([`Engine::compact`]).
 //!
-//! [`Engine::compact`] is the seed's `Processor.Compact` over a neutral transcript: find the
-//! preserve boundary, mask and truncate the turns before it, render the prompt (fitted to the
-//! summarizer's window), call the summarizer under a timeout, and price the result. It takes
-//! an optional [`Prior`] (summary, file lists and number of the previous compaction of the same
-//! conversation) and optional focus instructions, so session memory and manual compaction
-//! reuse it unchanged.
+//! [`Engine::compact`] is one compaction over a neutral transcript (docs/architecture.md,
+//! *Compaction rules*): find the preserve boundary, mask and truncate the turns before it,
+//! render the prompt (fitted to the summarizer's window), call the summarizer under a timeout,
+//! and price the result. It takes an optional [`Prior`] (summary, file lists and number of the
+//! previous compaction of the same conversation) and optional focus instructions, so session
+//! memory and manual compaction reuse it unchanged.
 //!
-//! Circuit breaker (seed §5.2): at most [`COMPACTION_CIRCUIT_BREAKER_THRESHOLD`] summarizer
-//! calls per request. When a rewrite would still trip the trigger, the next attempt halves the
-//! preserve budget (below the configured floor if need be; the boundary rules still apply) and
-//! summarises only the additional turns, refining the previous attempt's summary; an attempt
-//! that would send the summarizer the same slice as the previous one is not made. If the
-//! attempts run out, or a later attempt fails or makes no progress, the best rewrite so far is
-//! forwarded: it is valid and strictly smaller than the original, so it can only help. A
-//! rewrite that would not be smaller than the original (estimated) is never forwarded.
+//! Attempt limit (docs/architecture.md, *Attempt limit*): at most
+//! [`COMPACTION_CIRCUIT_BREAKER_THRESHOLD`] summarizer calls per request. When a rewrite would
+//! still trip the trigger, the next attempt halves the preserve budget (below the configured
+//! floor if need be; the boundary rules still apply) and summarises only the additional turns,
+//! refining the previous attempt's summary; an attempt that would send the summarizer the same
+//! slice as the previous one is not made. If the attempts run out, or a later attempt fails or
+//! makes no progress, the best rewrite so far is forwarded: it is valid and strictly smaller
+//! than the original, so it can only help. A rewrite that would not be smaller than the
+//! original (estimated) is never forwarded.
 //!
 //! The person's latest own words (their text without the context their agent injected, see
 //! [`own_words`]) are pinned verbatim at the end of every summary that covers the turn holding
 //! them, and a summary that is blank once that pin is removed is a blank summary.
 //!
-//! [`Pipeline::process`] is the request-level glue: peek (cheap, no re-serialisation), record
-//! the estimate, check the trigger, and only then parse fully, compact and rewrite. It never
-//! fails and never panics by design: every problem becomes [`Outcome::Unchanged`] or
-//! [`Outcome::Failed`] and the proxy forwards the original bytes.
+//! Applying a compaction to a request (peek, checkpoint lookup, single flight, rewrite, store)
+//! is [`crate::pipeline`]'s job; the engine never fails a request either: every problem is a
+//! [`CompactError`], and the pipeline forwards the original bytes.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -47,7 +46,8 @@ use crate::config::{CompactionConfig, Config};
 use crate::estimate::LazyEstimator;
 use crate::transcript::{Message, Part, Role, Transcript};
 
-/// The seed's `compactionCircuitBreakerThreshold`: most compaction attempts per request.
+/// Most summarizer calls (compaction attempts) while handling one request; not the
+/// per-session breaker (docs/architecture.md, *Attempt limit*).
 pub const COMPACTION_CIRCUIT_BREAKER_THRESHOLD: u32 = 3;
 
 /// What a previous compaction of the same conversation left behind.
@@ -217,7 +217,7 @@ impl Engine {
         (window.saturating_sub(max_output as usize), max_output)
     }
 
-    /// Compacts a transcript: the seed's `Processor.Compact`, with the circuit breaker.
+    /// Compacts a transcript, within the per-request attempt limit.
     pub async fn compact(&self, input: CompactionInput<'_>) -> Result<Compaction, CompactError> {
         let t = input.transcript;
         let n = t.len();
@@ -553,7 +553,7 @@ mod tests {
     }
 
     #[test]
-    fn breaker_threshold_matches_the_seed() {
+    fn attempt_limit_is_3() {
         assert_eq!(COMPACTION_CIRCUIT_BREAKER_THRESHOLD, 3);
     }
 

@@ -1,4 +1,5 @@
-//! File tracking (seed §5.4, `trackFiles`): which files the conversation read and modified.
+//! File tracking: which files the conversation read and modified (docs/architecture.md,
+//! *File tracking*).
 //!
 //! The tracker reads the model's tool calls. Tool names are matched case-insensitively after
 //! dropping namespaces (`mcp__fs__read_file` → `read_file`, `functions.bash` → `bash`):
@@ -582,7 +583,7 @@ mod tests {
     }
 
     #[test]
-    fn seed_tools_read_and_modify() {
+    fn basic_tools_read_and_modify() {
         let (read, modified) = track(&[
             ("read", r#"{"file_path":"/a.go"}"#),
             ("write", r#"{"file_path":"/b.go"}"#),

@@ -1,4 +1,4 @@
-//! Observation masking (seed §5.3).
+//! Observation masking (docs/architecture.md, *Masking of old observations*).
 //!
 //! In the transcript handed to the summarizer (never in the forwarded request), every tool
 //! output except the [`PRESERVE_RECENT_OUTPUTS`] most recent ones is replaced by
@@ -9,7 +9,7 @@
 
 use compactor_plugin_api::{Entry, Part};
 
-/// The seed's `preserveRecentOutputs`: tool results kept verbatim when masking.
+/// Tool results kept verbatim when masking: the most recent ones describe the current work.
 pub const PRESERVE_RECENT_OUTPUTS: usize = 5;
 
 /// What a masked tool output reads as.
@@ -62,7 +62,7 @@ mod tests {
     }
 
     #[test]
-    fn constants_match_the_seed() {
+    fn constants_are_5_and_the_masked_text() {
         assert_eq!(PRESERVE_RECENT_OUTPUTS, 5);
         assert_eq!(MASKED_OUTPUT, "[output masked for compaction]");
     }

@@ -23,7 +23,7 @@ pub use engine::{
 };
 pub use trigger::{CompactionOutcome, Limits, Trigger};
 
-/// What a compaction produced (seed §5.6).
+/// What a compaction produced: stored with the checkpoint, reported in metrics and headers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CompactionResult {
     /// The summary written by the summarizer (trimmed, never blank).

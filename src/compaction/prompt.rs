@@ -1,12 +1,13 @@
-//! The compaction prompt (seed §5.4, `buildCompactionPrompt`) and the summary message.
+//! The compaction prompt and the summary message (docs/architecture.md, *Compaction prompt*
+//! and *Summary message*).
 //!
 //! Turns to summarise become [`Entry`] values (tool results folded into the assistant turn
 //! that called the tool, names resolved from the call ids), text truncated to
 //! [`MAX_TEXT_CHARS`], tool arguments to [`MAX_TOOL_ARGS_CHARS`] and tool outputs to
-//! [`MAX_TOOL_OUTPUT_CHARS`] characters. The prompt is laid out exactly as the seed shows:
-//! `<task>` with the nine numbered summary sections (and any focus instructions),
-//! `<conversation>` with an optional `<prior-summary>` and `<user>`/`<assistant>` blocks,
-//! then `<read-files>` and `<modified-files>`. When the prompt would not fit the summarizer's
+//! [`MAX_TOOL_OUTPUT_CHARS`] characters. The prompt is laid out as `<task>` with the nine
+//! numbered summary sections (and any focus instructions), `<conversation>` with an optional
+//! `<prior-summary>` and `<user>`/`<assistant>` blocks, then `<read-files>` and
+//! `<modified-files>`. When the prompt would not fit the summarizer's
 //! window (after masking and truncation), the oldest turns are dropped and the prompt says
 //! how many. [`summary_message`] renders what replaces the compacted turns in the request.
 
@@ -17,17 +18,17 @@ use compactor_plugin_api::{split_user_text, Entry, Part as EntryPart, Role as En
 use crate::estimate::{count_chars, LazyEstimator};
 use crate::transcript::{Message, Part, Role};
 
-/// The seed's `maxTextChars`: text (and reasoning) parts are cut to this many characters.
+/// Text (and reasoning) parts are cut to this many characters in the prompt.
 pub const MAX_TEXT_CHARS: usize = 2_000;
-/// The seed's `maxToolArgsChars`: tool-call arguments are cut to this many characters.
+/// Tool-call arguments are cut to this many characters in the prompt.
 pub const MAX_TOOL_ARGS_CHARS: usize = 500;
-/// The seed's `maxToolOutputChars`: tool outputs are cut to this many characters.
+/// Tool outputs are cut to this many characters in the prompt.
 pub const MAX_TOOL_OUTPUT_CHARS: usize = 2_000;
 
 /// Appended to anything cut short.
 pub const TRUNCATION_MARKER: &str = " [...truncated]";
 
-/// The nine summary sections of the seed, in order: (name, what goes in it).
+/// The nine summary sections, in order: (name, what goes in it).
 pub const SUMMARY_SECTIONS: [(&str, &str); 9] = [
     ("Primary Request and Intent", "User's ultimate goal"),
     (
@@ -230,7 +231,7 @@ fn flatten(parts: &[Part]) -> String {
     out
 }
 
-/// Applies the seed's truncation limits to every part.
+/// Applies the truncation limits to every part.
 pub fn truncate_entries(entries: &mut [Entry]) {
     for part in entries.iter_mut().flat_map(|e| e.parts.iter_mut()) {
         match part {
@@ -447,14 +448,14 @@ mod tests {
     use crate::transcript::Transcript;
 
     #[test]
-    fn truncation_limits_match_the_seed() {
+    fn truncation_limits_are_2000_500_2000() {
         assert_eq!(MAX_TEXT_CHARS, 2_000);
         assert_eq!(MAX_TOOL_ARGS_CHARS, 500);
         assert_eq!(MAX_TOOL_OUTPUT_CHARS, 2_000);
     }
 
     #[test]
-    fn nine_sections_with_the_seed_names() {
+    fn nine_sections_in_order() {
         let names: Vec<&str> = SUMMARY_SECTIONS.iter().map(|(n, _)| *n).collect();
         assert_eq!(
             names,
@@ -620,7 +621,7 @@ mod tests {
     }
 
     #[test]
-    fn layout_follows_the_seed() {
+    fn layout_is_task_conversation_files() {
         let read = vec!["/a.go".to_string()];
         let modified = vec!["/b.go".to_string()];
         let input = PromptInput {

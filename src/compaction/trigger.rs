@@ -1,4 +1,5 @@
-//! When to compact (seed §5.2): too many messages, or too many estimated tokens.
+//! When to compact: too many messages, or too many estimated tokens (docs/architecture.md,
+//! *Trigger*).
 //!
 //! A request is compacted when its message count exceeds `max_messages`, or when its
 //! estimated input tokens reach `trigger_ratio × context_window − reserved_output`. The
@@ -10,7 +11,7 @@
 
 use crate::config::CompactionConfig;
 
-/// The seed's `defaultMaxMessages`: compact when a request holds more messages than this.
+/// Default `compaction.max_messages`: compact when a request holds more messages than this.
 pub const DEFAULT_MAX_MESSAGES: usize = 80;
 
 /// Why a compaction ran: the `trigger` label.
@@ -20,7 +21,7 @@ pub enum Trigger {
     Messages,
     /// The estimated tokens reached the threshold.
     Tokens,
-    /// Requested through the admin API or a `/compact` command (sessions issue).
+    /// Requested through the admin API (`POST /session/{id}/summarize`).
     Manual,
 }
 
@@ -45,7 +46,7 @@ pub enum CompactionOutcome {
     Failed,
     /// The summarizer returned an empty or whitespace-only summary.
     Blank,
-    /// A per-session circuit breaker skipped compaction (sessions issue).
+    /// The session's circuit breaker skipped compaction.
     Breaker,
     /// Compaction panicked (a bug); the original request was forwarded.
     Panic,

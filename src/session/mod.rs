@@ -1,5 +1,5 @@
 //! Sessions in a stateless proxy: recognising a conversation across requests and remembering
-//! what was already compacted (DESIGN.md §2).
+//! what was already compacted (docs/architecture.md, *Sessions in a stateless proxy*).
 //!
 //! Providers are stateless and agents resend the whole history, so compactor identifies a
 //! conversation prefix by content ([`hash`]: canonical JSON chained per message from a tenant

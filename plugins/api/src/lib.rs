@@ -62,7 +62,8 @@ pub struct SummaryRequest {
     pub read_files: Vec<String>,
     /// Files modified during the conversation so far (carried over from prior compactions).
     pub modified_files: Vec<String>,
-    /// Focus instructions from a manual compaction (`/compact focus on the API changes`).
+    /// Focus instructions from a manual compaction (the admin API's
+    /// `POST /session/{id}/summarize` with `{"instructions": "focus on the API changes"}`).
     pub instructions: Option<String>,
     /// 1-based number of this compaction within its conversation.
     pub compaction_num: u32,
