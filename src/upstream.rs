@@ -4,15 +4,16 @@
 //! [`Upstream::resolve`] maps an incoming URI onto a target (the first `[[routes]]` prefix that
 //! matches, else the default `upstream.base_url`), [`prepare_headers`] removes hop-by-hop
 //! headers and sets `Host` / `X-Forwarded-For`, and [`Upstream::send`] sends through one shared
-//! hyper-util pool (rustls with the `ring` provider; webpki, native and optional extra roots)
-//! with the response-head timeout. Classifying failures (connect / timeout / protocol) lives here
+//! hyper-util pool (rustls with the `ring` provider; webpki, native and optional extra roots,
+//! the settings of `compactor_transport::tls_config` that the summarizers use too) with the
+//! response-head timeout. Classifying failures (connect / timeout / protocol) lives here
 //! because only this module knows the client's error types.
 
 use std::net::IpAddr;
 use std::time::Duration;
 
 use bytes::Bytes;
-use compactor_plugin_openai::transport::{error_chain, tls_config};
+use compactor_transport::{error_chain, tls_config};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Request, Response, Uri, Version};

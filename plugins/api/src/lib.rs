@@ -16,6 +16,12 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+/// The system message an LLM-backed summarizer sends with [`SummaryRequest::prompt`] (the
+/// user message). It lives with the contract so that every LLM backend (`openai`,
+/// `anthropic`, ...) frames the prompt the same way without depending on another backend.
+pub const SYSTEM_PROMPT: &str = "You write compaction summaries of coding-agent conversations. \
+Follow the task in the user's message exactly and answer with the summary only.";
+
 /// A boxed, sendable future: what [`Summarizer::summarize`] returns, so the trait stays
 /// object safe and backends can be held as `Arc<dyn Summarizer>`.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
