@@ -26,6 +26,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use crate::config::Config;
 use crate::error::Error;
+use crate::metrics::UpstreamErrorKind;
 
 /// The error type of every body compactor forwards.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -228,12 +229,12 @@ pub enum SendError {
 }
 
 impl SendError {
-    /// The bounded `kind` label of `compactor_upstream_errors_total`.
-    pub fn kind(&self) -> &'static str {
+    /// Its kind, the label of `compactor_upstream_errors_total`.
+    pub fn kind(&self) -> UpstreamErrorKind {
         match self {
-            SendError::Connect(_) => "connect",
-            SendError::Timeout => "timeout",
-            SendError::Protocol(_) => "protocol",
+            SendError::Connect(_) => UpstreamErrorKind::Connect,
+            SendError::Timeout => UpstreamErrorKind::Timeout,
+            SendError::Protocol(_) => UpstreamErrorKind::Protocol,
         }
     }
 }

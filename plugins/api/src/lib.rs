@@ -225,6 +225,17 @@ pub enum SummarizeError {
 }
 
 impl SummarizeError {
+    /// Every value [`SummarizeError::kind`] can answer, so compactor can export each one
+    /// before it first happens.
+    pub const KINDS: [&'static str; 6] = [
+        "timeout",
+        "transport",
+        "status",
+        "invalid",
+        "blank",
+        "config",
+    ];
+
     /// A stable, bounded label for metrics and logs.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -515,6 +526,32 @@ mod duration_secs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kinds_lists_every_kind_once() {
+        // Exhaustive on purpose: a new variant fails to compile here until it is listed.
+        let kind_of = |e: &SummarizeError| match e {
+            SummarizeError::Timeout(_)
+            | SummarizeError::Transport(_)
+            | SummarizeError::Status { .. }
+            | SummarizeError::InvalidOutput(_)
+            | SummarizeError::Blank
+            | SummarizeError::Config(_) => e.kind(),
+        };
+        let all = [
+            SummarizeError::Timeout(Duration::from_secs(1)),
+            SummarizeError::Transport(String::new()),
+            SummarizeError::Status {
+                status: 500,
+                message: String::new(),
+            },
+            SummarizeError::InvalidOutput(String::new()),
+            SummarizeError::Blank,
+            SummarizeError::Config(String::new()),
+        ];
+        let kinds: Vec<&str> = all.iter().map(kind_of).collect();
+        assert_eq!(kinds, SummarizeError::KINDS);
+    }
 
     #[test]
     fn blank_summaries_are_rejected() {
