@@ -3,9 +3,10 @@
 //! Layers, lowest first: built-in defaults (including the shipped models table,
 //! `config/models.toml`), the TOML file, then environment variables
 //! `COMPACTOR_<SECTION>__<KEY>`. Every struct denies unknown keys, so a typo is an error that
-//! names the key rather than a silently ignored setting. [`Config::validate`] checks what
-//! serde cannot (URLs, paired TLS files, ratios) so that `check-config` and `serve` fail at
-//! start-up, never at the first request.
+//! names the key rather than a silently ignored setting. Durations are typed as they are read
+//! ([`Seconds`]: the `*_secs` keys), so the rest of the app only ever sees a [`Duration`];
+//! [`Config::validate`] checks what else serde cannot (URLs, paired TLS files, ratios) so that
+//! `check-config` and `serve` fail at start-up, never at the first request.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -44,16 +45,26 @@ pub enum ConfigError {
 impl From<figment::Error> for ConfigError {
     /// figment's messages quote the offending value; for a secret key that would print the
     /// secret (to stderr, or to the log on a reload), so those errors name the key only.
+    /// A `*_secs` value that is a number but not a usable duration ([`Seconds`]) is reported
+    /// like every other invalid value: `invalid `key`: reason`.
     fn from(e: figment::Error) -> Self {
-        let secret = e
-            .clone()
-            .into_iter()
+        let errors: Vec<figment::Error> = e.clone().into_iter().collect();
+        if let Some(key) = errors
+            .iter()
             .map(|e| e.path.join("."))
-            .find(|k| is_secret_key(k));
-        match secret {
-            Some(key) => invalid(key, "must be a string (value not shown: it is a secret)"),
-            None => ConfigError::Load(Box::new(e)),
+            .find(|k| is_secret_key(k))
+        {
+            return invalid(key, "must be a string (value not shown: it is a secret)");
         }
+        let seconds = errors.iter().find_map(|e| match &e.kind {
+            figment::error::Kind::Message(reason)
+                if e.path.last().is_some_and(|k| k.ends_with("_secs")) =>
+            {
+                Some(invalid(e.path.join("."), reason.clone()))
+            }
+            _ => None,
+        });
+        seconds.unwrap_or_else(|| ConfigError::Load(Box::new(e)))
     }
 }
 
@@ -133,7 +144,7 @@ pub struct ServerConfig {
     /// Largest request body compactor reads into memory (chat requests); larger ones get 413.
     pub max_body_bytes: usize,
     /// How long shutdown waits for in-flight requests and streams.
-    pub shutdown_grace_secs: f64,
+    pub shutdown_grace_secs: Seconds,
     /// `text` or `json`.
     pub log_format: LogFormat,
     /// PEM certificate chain for inbound TLS; set together with `tls_key`.
@@ -159,11 +170,11 @@ pub struct UpstreamConfig {
     /// Where requests go unless a route matches; a path here is prepended to request paths.
     pub base_url: String,
     /// TCP (+ TLS) connect timeout.
-    pub connect_timeout_secs: f64,
+    pub connect_timeout_secs: Seconds,
     /// How long to wait for the upstream's response head (status + headers).
-    pub response_timeout_secs: f64,
+    pub response_timeout_secs: Seconds,
     /// How long an idle pooled connection is kept.
-    pub pool_idle_timeout_secs: f64,
+    pub pool_idle_timeout_secs: Seconds,
     /// Extra PEM root certificates trusted for `https` upstreams (besides webpki and native
     /// roots), e.g. a private CA in front of a self-hosted model server.
     pub ca_file: Option<PathBuf>,
@@ -207,7 +218,7 @@ pub struct CompactionConfig {
     /// Context window assumed for models missing from the models table.
     pub default_context_window: usize,
     /// After repeated failed compactions a session stops compacting for this long.
-    pub breaker_cooldown_secs: f64,
+    pub breaker_cooldown_secs: Seconds,
     /// Scale token estimates per model by the observed ratio of the provider's reported input
     /// tokens to compactor's estimate, so the token trigger fires at the right point.
     pub calibration: bool,
@@ -225,7 +236,7 @@ pub struct SummarizerConfig {
     /// Backends tried in order when the previous one fails.
     pub fallback: Vec<String>,
     /// How long one summary may take, per backend attempt.
-    pub timeout_secs: f64,
+    pub timeout_secs: Seconds,
     /// `[summarizer.openai]`
     pub openai: OpenAiSummarizerConfig,
     /// `[summarizer.anthropic]`
@@ -315,7 +326,7 @@ pub struct StoreConfig {
     /// Approximate bytes of summaries, file lists and latest requests kept.
     pub max_bytes: usize,
     /// Sessions unused for longer are forgotten.
-    pub ttl_secs: f64,
+    pub ttl_secs: Seconds,
 }
 
 /// `[models."<name or glob>"]`
@@ -332,7 +343,7 @@ impl Default for ServerConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 8787)),
             admin_listen: SocketAddr::from(([127, 0, 0, 1], 9787)),
             max_body_bytes: 32 * 1024 * 1024,
-            shutdown_grace_secs: 30.0,
+            shutdown_grace_secs: Seconds::from_secs(30),
             log_format: LogFormat::Text,
             tls_cert: None,
             tls_key: None,
@@ -344,9 +355,9 @@ impl Default for UpstreamConfig {
     fn default() -> Self {
         UpstreamConfig {
             base_url: "https://api.openai.com".into(),
-            connect_timeout_secs: 10.0,
-            response_timeout_secs: 600.0,
-            pool_idle_timeout_secs: 90.0,
+            connect_timeout_secs: Seconds::from_secs(10),
+            response_timeout_secs: Seconds::from_secs(600),
+            pool_idle_timeout_secs: Seconds::from_secs(90),
             ca_file: None,
         }
     }
@@ -363,7 +374,7 @@ impl Default for CompactionConfig {
             trigger_ratio: 0.85,
             preserve_ratio: 0.25,
             default_context_window: 128_000,
-            breaker_cooldown_secs: 300.0,
+            breaker_cooldown_secs: Seconds::from_secs(300),
             calibration: true,
             max_tracked_files: crate::compaction::files::DEFAULT_MAX_TRACKED_FILES,
         }
@@ -375,7 +386,7 @@ impl Default for SummarizerConfig {
         SummarizerConfig {
             backend: "auto".into(),
             fallback: Vec::new(),
-            timeout_secs: 60.0,
+            timeout_secs: Seconds::from_secs(60),
             openai: OpenAiSummarizerConfig {
                 max_tokens: 4_096,
                 ..Default::default()
@@ -406,7 +417,7 @@ impl Default for StoreConfig {
         StoreConfig {
             max_sessions: 10_000,
             max_bytes: 256 * 1024 * 1024,
-            ttl_secs: 86_400.0,
+            ttl_secs: Seconds::from_secs(86_400),
         }
     }
 }
@@ -465,32 +476,6 @@ impl Config {
         }
         if self.server.max_body_bytes == 0 {
             return Err(invalid("server.max_body_bytes", "must be positive"));
-        }
-        for (key, secs) in [
-            (
-                "server.shutdown_grace_secs",
-                self.server.shutdown_grace_secs,
-            ),
-            (
-                "upstream.connect_timeout_secs",
-                self.upstream.connect_timeout_secs,
-            ),
-            (
-                "upstream.response_timeout_secs",
-                self.upstream.response_timeout_secs,
-            ),
-            (
-                "upstream.pool_idle_timeout_secs",
-                self.upstream.pool_idle_timeout_secs,
-            ),
-            ("summarizer.timeout_secs", self.summarizer.timeout_secs),
-            (
-                "compaction.breaker_cooldown_secs",
-                self.compaction.breaker_cooldown_secs,
-            ),
-            ("store.ttl_secs", self.store.ttl_secs),
-        ] {
-            secs_to_duration(key, secs)?;
         }
         let c = &self.compaction;
         for (key, ratio) in [
@@ -558,46 +543,85 @@ impl Config {
 
     /// The upstream response-head timeout.
     pub fn response_timeout(&self) -> Duration {
-        Duration::from_secs_f64(self.upstream.response_timeout_secs)
+        self.upstream.response_timeout_secs.duration()
     }
 
     /// The shutdown drain period.
     pub fn shutdown_grace(&self) -> Duration {
-        Duration::from_secs_f64(self.server.shutdown_grace_secs)
+        self.server.shutdown_grace_secs.duration()
     }
 
     /// The upstream connect timeout.
     pub fn connect_timeout(&self) -> Duration {
-        Duration::from_secs_f64(self.upstream.connect_timeout_secs)
+        self.upstream.connect_timeout_secs.duration()
     }
 
     /// The idle time after which pooled upstream connections close.
     pub fn pool_idle_timeout(&self) -> Duration {
-        Duration::from_secs_f64(self.upstream.pool_idle_timeout_secs)
+        self.upstream.pool_idle_timeout_secs.duration()
     }
 
     /// How long an unused session is kept.
     pub fn store_ttl(&self) -> Duration {
-        Duration::from_secs_f64(self.store.ttl_secs)
+        self.store.ttl_secs.duration()
     }
 
     /// How long a session's automatic compaction pauses after repeated failures.
     pub fn breaker_cooldown(&self) -> Duration {
-        Duration::from_secs_f64(self.compaction.breaker_cooldown_secs)
+        self.compaction.breaker_cooldown_secs.duration()
     }
 
     /// The per-attempt summarizer timeout.
     pub fn summarizer_timeout(&self) -> Duration {
-        Duration::from_secs_f64(self.summarizer.timeout_secs)
+        self.summarizer.timeout_secs.duration()
     }
 }
 
-fn secs_to_duration(key: &str, secs: f64) -> Result<Duration, ConfigError> {
-    if secs.is_nan() || secs <= 0.0 {
-        return Err(invalid(key, "must be a positive number of seconds"));
+/// A positive duration, written in the file (and the environment) as a number of seconds:
+/// `30`, `0.5`. It is typed once, when the configuration is read, so nothing after reads
+/// seconds as a number, and a value that is not a positive number of seconds fitting a
+/// [`Duration`] (zero, negative, NaN, infinite, overflowing) never makes it into a [`Config`]:
+/// reading it fails with [`ConfigError::Invalid`] naming the key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "f64", into = "f64")]
+pub struct Seconds(Duration);
+
+impl Seconds {
+    /// A whole number of seconds (the built-in defaults); must be positive.
+    const fn from_secs(secs: u64) -> Seconds {
+        Seconds(Duration::from_secs(secs))
     }
-    Duration::try_from_secs_f64(secs).map_err(|e| invalid(key, e.to_string()))
+
+    /// The duration.
+    pub fn duration(self) -> Duration {
+        self.0
+    }
 }
+
+impl TryFrom<f64> for Seconds {
+    type Error = String;
+
+    fn try_from(secs: f64) -> Result<Seconds, String> {
+        if secs.is_nan() || secs <= 0.0 {
+            return Err(SECONDS_NOT_POSITIVE.into());
+        }
+        let duration = Duration::try_from_secs_f64(secs).map_err(|e| e.to_string())?;
+        // A value below a nanosecond rounds to zero: as unusable as zero itself.
+        if duration.is_zero() {
+            return Err(SECONDS_NOT_POSITIVE.into());
+        }
+        Ok(Seconds(duration))
+    }
+}
+
+impl From<Seconds> for f64 {
+    fn from(s: Seconds) -> f64 {
+        s.0.as_secs_f64()
+    }
+}
+
+/// Why a `*_secs` value was refused.
+const SECONDS_NOT_POSITIVE: &str = "must be a positive number of seconds";
 
 fn check_base_url(key: &str, url: &str) -> Result<(), ConfigError> {
     let uri: http::Uri = url
@@ -661,6 +685,53 @@ mod tests {
             err.to_string().contains("compaction.trigger_ratio"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn durations_are_typed_when_read_and_unusable_ones_name_their_key() {
+        let c = Config::from_toml("[store]\nttl_secs = 0.25\n[summarizer]\ntimeout_secs = 2\n")
+            .expect("valid");
+        assert_eq!(c.store_ttl(), Duration::from_millis(250));
+        assert_eq!(c.summarizer_timeout(), Duration::from_secs(2));
+        assert_eq!(c.breaker_cooldown(), Duration::from_secs(300));
+        for (key, value) in [
+            ("store.ttl_secs", "0"),
+            ("store.ttl_secs", "-1"),
+            ("store.ttl_secs", "nan"),
+            ("store.ttl_secs", "inf"),
+            ("store.ttl_secs", "1e30"),
+            ("store.ttl_secs", "1e-12"),
+            ("server.shutdown_grace_secs", "0"),
+            ("upstream.connect_timeout_secs", "-0.5"),
+            ("upstream.response_timeout_secs", "1e300"),
+            ("upstream.pool_idle_timeout_secs", "0.0"),
+            ("summarizer.timeout_secs", "0"),
+            ("compaction.breaker_cooldown_secs", "-inf"),
+        ] {
+            let (section, field) = key.split_once('.').expect("dotted");
+            let err =
+                Config::from_toml(&format!("[{section}]\n{field} = {value}\n")).expect_err(value);
+            assert!(
+                matches!(&err, ConfigError::Invalid { key: k, .. } if k == key),
+                "{key} = {value}: {err}"
+            );
+            assert!(
+                err.to_string().starts_with(&format!("invalid `{key}`: ")),
+                "{err}"
+            );
+        }
+        // Not a number at all is still figment's own message, naming the key.
+        let err = Config::from_toml("[store]\nttl_secs = \"soon\"\n").unwrap_err();
+        assert!(err.to_string().contains("ttl_secs"), "{err}");
+    }
+
+    #[test]
+    fn durations_print_as_the_seconds_they_were_written_as() {
+        let c = Config::from_toml("[upstream]\nconnect_timeout_secs = 3.5\n").expect("valid");
+        let printed = c.to_toml();
+        assert!(printed.contains("connect_timeout_secs = 3.5"), "{printed}");
+        assert!(printed.contains("ttl_secs = 86400.0"), "{printed}");
+        assert_eq!(Config::from_toml(&printed).expect("reloads"), c);
     }
 
     #[test]

@@ -2,14 +2,26 @@
 //!
 //! One [`Metrics`] value owns one Prometheus [`Registry`]; nothing is global, so parallel tests
 //! (each with its own app) never share counters. Labels are bounded enums or short static
-//! strings: never a path, a key or a session id.
+//! strings: never a path, a key or a session id. Each event is recorded through one typed
+//! method ([`Metrics::upstream_error`], [`Metrics::compaction`], ...) taking the enums whose
+//! `label()` gives the value, so label values are written here or in those `label()` methods
+//! and never at a call site. Every labelled counter is created for all its known label values
+//! at registration (summarizer backends when the chain is built), so a scrape shows 0, not "no
+//! series", before the first event.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use compactor_plugin_api::SummarizeError;
+use http::Method;
 
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
+
+use crate::compaction::trigger::{CompactionOutcome, Trigger};
+use crate::dialect::DialectKind;
 
 /// Latency buckets for whole requests and upstream waits (seconds).
 const LATENCY_BUCKETS: &[f64] = &[
@@ -56,37 +68,124 @@ const ESTIMATE_ERROR_BUCKETS: &[f64] = &[
     -1.0, -0.75, -0.5, -0.25, -0.1, -0.05, 0.0, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.0, 4.0,
 ];
 
-/// Values of the `dialect` label (`DialectKind::label`).
-const DIALECT_VALUES: [&str; 3] = ["chat_completions", "messages", "responses"];
+/// Every dialect, in the order of their `dialect` / `route` label values.
+const DIALECTS: [DialectKind; 3] = [
+    DialectKind::ChatCompletions,
+    DialectKind::Messages,
+    DialectKind::Responses,
+];
 
 /// The `route` label of a request that is not a chat call; chat calls are labelled with their
 /// dialect. A closed set, never a raw path.
-pub const OTHER_ROUTE: &str = "other";
+const OTHER_ROUTE: &str = "other";
 
 /// Values of the `stage` label of `compactor_request_tokens`.
-pub const TOKEN_STAGES: [&str; 2] = ["received", "forwarded"];
-
-/// Values of the `kind` label of `compactor_upstream_usage_tokens_total`.
-pub const USAGE_KINDS: [&str; 4] = ["input", "output", "cache_read", "cache_write"];
+const TOKEN_STAGES: [&str; 2] = ["received", "forwarded"];
 
 /// Values of the `result` label of `compactor_config_reloads_total`.
-pub const RELOAD_RESULTS: [&str; 2] = ["ok", "error"];
+const RELOAD_RESULTS: [&str; 2] = ["ok", "error"];
+
+/// Values of the `result` label of `compactor_checkpoint_lookups_total`.
+const LOOKUP_RESULTS: [&str; 2] = ["hit", "miss"];
+
+/// Values of the `method` label of `compactor_requests_total` ([`method_label`]).
+const METHOD_VALUES: [&str; 8] = [
+    "GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS", "other",
+];
+
+/// Values of the `status_class` label ([`status_class`]).
+const STATUS_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
+
+/// The `trigger` label of a compaction event that has no trigger: a panic caught around the
+/// whole request, or a Responses request whose history is held by the provider.
+const NO_TRIGGER: &str = "none";
+
+/// The `outcome` label (with [`NO_TRIGGER`]) of a Responses request passed through because its
+/// history lives on the provider (`previous_response_id`, `conversation`).
+const SERVER_STATE: &str = "server_state";
+
+/// The `outcome` labels of `compactor_summarizer_requests_total` for an answer: from the first
+/// backend, or from a later one. (Failures are labelled with [`SummarizeError::kind`].)
+const SUMMARIZER_ANSWERS: [&str; 2] = ["ok", "fallback_ok"];
+
+/// Why the upstream exchange failed: the `kind` label of `compactor_upstream_errors_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpstreamErrorKind {
+    /// Could not connect (refused, DNS, TLS handshake, connect timeout).
+    Connect,
+    /// No response head within `upstream.response_timeout_secs`.
+    Timeout,
+    /// Connected, but the exchange failed (reset, malformed response).
+    Protocol,
+}
+
+impl UpstreamErrorKind {
+    /// Every kind, pre-initialised at registration.
+    pub const ALL: [UpstreamErrorKind; 3] = [
+        UpstreamErrorKind::Connect,
+        UpstreamErrorKind::Timeout,
+        UpstreamErrorKind::Protocol,
+    ];
+
+    /// The label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            UpstreamErrorKind::Connect => "connect",
+            UpstreamErrorKind::Timeout => "timeout",
+            UpstreamErrorKind::Protocol => "protocol",
+        }
+    }
+}
+
+/// A kind of token the upstream reports in `usage`: the `kind` label of
+/// `compactor_upstream_usage_tokens_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UsageKind {
+    /// Input tokens (cached and cache-write ones included).
+    Input,
+    /// Output tokens.
+    Output,
+    /// Input tokens read from the provider's prompt cache.
+    CacheRead,
+    /// Input tokens written to the provider's prompt cache.
+    CacheWrite,
+}
+
+impl UsageKind {
+    /// Every kind, pre-initialised at registration.
+    pub const ALL: [UsageKind; 4] = [
+        UsageKind::Input,
+        UsageKind::Output,
+        UsageKind::CacheRead,
+        UsageKind::CacheWrite,
+    ];
+
+    /// The label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            UsageKind::Input => "input",
+            UsageKind::Output => "output",
+            UsageKind::CacheRead => "cache_read",
+            UsageKind::CacheWrite => "cache_write",
+        }
+    }
+}
 
 /// Every metric compactor exports.
 pub struct Metrics {
     registry: Registry,
     /// `compactor_requests_total{route,method,status_class}`
-    pub requests: IntCounterVec,
+    requests: IntCounterVec,
     /// `compactor_request_duration_seconds{route}`
-    pub request_duration: HistogramVec,
+    request_duration: HistogramVec,
     /// `compactor_upstream_ttfb_seconds`
-    pub upstream_ttfb: Histogram,
+    upstream_ttfb: Histogram,
     /// `compactor_in_flight_requests`
-    pub in_flight: IntGauge,
+    in_flight: IntGauge,
     /// `compactor_upstream_errors_total{kind}`
-    pub upstream_errors: IntCounterVec,
+    upstream_errors: IntCounterVec,
     /// `compactor_build_info{version}`
-    pub build_info: IntGaugeVec,
+    build_info: IntGaugeVec,
     /// `compactor_compactions_total{trigger,outcome}`
     pub compactions: IntCounterVec,
     /// `compactor_compaction_duration_seconds`
@@ -96,9 +195,9 @@ pub struct Metrics {
     /// `compactor_tokens_saved_total`
     pub tokens_saved: IntCounter,
     /// `compactor_summarizer_requests_total{backend,outcome}`
-    pub summarizer_requests: IntCounterVec,
+    summarizer_requests: IntCounterVec,
     /// `compactor_summarizer_duration_seconds{backend}`
-    pub summarizer_duration: HistogramVec,
+    summarizer_duration: HistogramVec,
     /// `compactor_checkpoint_lookups_total{result}`
     pub checkpoint_lookups: IntCounterVec,
     /// `compactor_sessions`
@@ -111,7 +210,7 @@ pub struct Metrics {
     pub breaker_open: IntCounter,
     /// `compactor_overhead_seconds{route}`: time compactor itself adds before the response
     /// head (see [`crate::timing::Overhead`]).
-    pub overhead: HistogramVec,
+    overhead: HistogramVec,
     /// `compactor_request_tokens{dialect,stage}`: estimated input tokens as received and as
     /// forwarded (`stage` ∈ [`TOKEN_STAGES`]).
     pub request_tokens: HistogramVec,
@@ -122,16 +221,35 @@ pub struct Metrics {
     /// context window.
     pub context_utilization: HistogramVec,
     /// `compactor_upstream_usage_tokens_total{kind}`: tokens the upstream reported in `usage`
-    /// (`kind` ∈ [`USAGE_KINDS`]).
-    pub upstream_usage_tokens: IntCounterVec,
+    /// (`kind` ∈ [`UsageKind`]).
+    upstream_usage_tokens: IntCounterVec,
     /// `compactor_estimate_error_ratio`: (estimated − actual) ÷ actual input tokens.
-    pub estimate_error: Histogram,
+    estimate_error: Histogram,
     /// `compactor_config_reloads_total{result}` (`result` ∈ [`RELOAD_RESULTS`]).
-    pub config_reloads: IntCounterVec,
+    config_reloads: IntCounterVec,
+}
+
+/// The `route` label (and log field): the dialect of a chat call, else `other`.
+pub fn route_label(route: Option<DialectKind>) -> &'static str {
+    route.map_or(OTHER_ROUTE, DialectKind::label)
+}
+
+/// A bounded method label: the standard methods, else `other`.
+pub fn method_label(method: &Method) -> &'static str {
+    match *method {
+        Method::GET => "GET",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::PATCH => "PATCH",
+        Method::HEAD => "HEAD",
+        Method::OPTIONS => "OPTIONS",
+        _ => "other",
+    }
 }
 
 /// `1xx` … `5xx` for a status code.
-pub fn status_class(status: u16) -> &'static str {
+fn status_class(status: u16) -> &'static str {
     match status {
         100..=199 => "1xx",
         200..=299 => "2xx",
@@ -317,25 +435,228 @@ impl Metrics {
         self.store_evictions.inc_by(total.saturating_sub(counted));
     }
 
-    /// Creates the children of every bounded label combination of the newer vectors, so they
-    /// are exported (as 0) before their first observation: `rate()` and dashboards then see
-    /// a series from the start instead of "no data".
+    /// Creates the children of every known label combination, so they are exported (as 0)
+    /// before their first observation: `rate()` and dashboards then see a series from the
+    /// start instead of "no data". `compactor_requests_total` gets the combinations a request
+    /// can produce: chat routes are `POST` only.
     fn initialise_labels(&self) {
-        for route in DIALECT_VALUES.iter().chain([&OTHER_ROUTE]) {
-            self.overhead.with_label_values(&[route]);
-        }
-        for dialect in DIALECT_VALUES {
-            self.context_utilization.with_label_values(&[dialect]);
-            for stage in TOKEN_STAGES {
-                self.request_tokens.with_label_values(&[dialect, stage]);
+        for dialect in DIALECTS {
+            for class in STATUS_CLASSES {
+                self.requests.with_label_values(&[
+                    dialect.label(),
+                    method_label(&Method::POST),
+                    class,
+                ]);
             }
         }
-        for kind in USAGE_KINDS {
-            self.upstream_usage_tokens.with_label_values(&[kind]);
+        for method in METHOD_VALUES {
+            for class in STATUS_CLASSES {
+                self.requests
+                    .with_label_values(&[OTHER_ROUTE, method, class]);
+            }
+        }
+        for route in DIALECTS.map(Some).into_iter().chain([None]) {
+            self.request_duration
+                .with_label_values(&[route_label(route)]);
+            self.overhead.with_label_values(&[route_label(route)]);
+        }
+        for kind in UpstreamErrorKind::ALL {
+            self.upstream_errors.with_label_values(&[kind.label()]);
+        }
+        for trigger in Trigger::ALL {
+            for outcome in CompactionOutcome::ALL {
+                self.compactions
+                    .with_label_values(&[trigger.label(), outcome.label()]);
+            }
+        }
+        for outcome in [CompactionOutcome::Panic.label(), SERVER_STATE] {
+            self.compactions.with_label_values(&[NO_TRIGGER, outcome]);
+        }
+        for result in LOOKUP_RESULTS {
+            self.checkpoint_lookups.with_label_values(&[result]);
+        }
+        for dialect in DIALECTS {
+            self.context_utilization
+                .with_label_values(&[dialect.label()]);
+            for stage in TOKEN_STAGES {
+                self.request_tokens
+                    .with_label_values(&[dialect.label(), stage]);
+            }
+        }
+        for kind in UsageKind::ALL {
+            self.upstream_usage_tokens
+                .with_label_values(&[kind.label()]);
         }
         for result in RELOAD_RESULTS {
             self.config_reloads.with_label_values(&[result]);
         }
+    }
+
+    /// A request finished (its response head was sent): counts it and records how long it
+    /// took and how much of that compactor itself added. `route` is the dialect of a chat
+    /// call, `None` for anything else.
+    pub fn request_finished(
+        &self,
+        route: Option<DialectKind>,
+        method: &Method,
+        status: u16,
+        duration: Duration,
+        overhead: Duration,
+    ) {
+        let route = route_label(route);
+        self.requests
+            .with_label_values(&[route, method_label(method), status_class(status)])
+            .inc();
+        self.request_duration
+            .with_label_values(&[route])
+            .observe(duration.as_secs_f64());
+        self.overhead
+            .with_label_values(&[route])
+            .observe(overhead.as_secs_f64());
+    }
+
+    /// A request went upstream: one more in flight until [`Metrics::request_ended`].
+    pub fn request_started(&self) {
+        self.in_flight.inc();
+    }
+
+    /// A request's response finished streaming (or was dropped).
+    pub fn request_ended(&self) {
+        self.in_flight.dec();
+    }
+
+    /// The upstream answered with a response head after `ttfb`.
+    pub fn upstream_answered(&self, ttfb: Duration) {
+        self.upstream_ttfb.observe(ttfb.as_secs_f64());
+    }
+
+    /// The upstream exchange failed.
+    pub fn upstream_error(&self, kind: UpstreamErrorKind) {
+        self.upstream_errors
+            .with_label_values(&[kind.label()])
+            .inc();
+    }
+
+    /// A compaction ended (or was skipped) with `outcome`.
+    pub fn compaction(&self, trigger: Trigger, outcome: CompactionOutcome) {
+        self.compactions
+            .with_label_values(&[trigger.label(), outcome.label()])
+            .inc();
+    }
+
+    /// A panic was caught around a whole request, before any trigger was known:
+    /// `{trigger="none",outcome="panic"}`.
+    pub fn compaction_panicked(&self) {
+        self.compactions
+            .with_label_values(&[NO_TRIGGER, CompactionOutcome::Panic.label()])
+            .inc();
+    }
+
+    /// A Responses request was passed through because its history lives on the provider:
+    /// `{trigger="none",outcome="server_state"}`.
+    pub fn server_state_passthrough(&self) {
+        self.compactions
+            .with_label_values(&[NO_TRIGGER, SERVER_STATE])
+            .inc();
+    }
+
+    /// The count of `compactor_compactions_total{trigger,outcome}` (0 for a combination never
+    /// recorded), for tests and the replay tool.
+    pub fn compactions_counted(&self, trigger: &str, outcome: &str) -> u64 {
+        self.compactions
+            .get_metric_with_label_values(&[trigger, outcome])
+            .map_or(0, |c| c.get())
+    }
+
+    /// A chat request's checkpoint lookup found a stored summary (`hit`) or not.
+    pub fn checkpoint_lookup(&self, hit: bool) {
+        let result = if hit {
+            LOOKUP_RESULTS[0]
+        } else {
+            LOOKUP_RESULTS[1]
+        };
+        self.checkpoint_lookups.with_label_values(&[result]).inc();
+    }
+
+    /// The token figures of one chat request: estimated input tokens as `received` and as
+    /// `forwarded`, their share of the model's `context_window` (skipped when unknown, 0), and
+    /// for a request that was made smaller, forwarded ÷ received.
+    pub fn chat_request_tokens(
+        &self,
+        dialect: DialectKind,
+        received: usize,
+        forwarded: usize,
+        context_window: usize,
+    ) {
+        let d = dialect.label();
+        let [received_stage, forwarded_stage] = TOKEN_STAGES;
+        self.request_tokens
+            .with_label_values(&[d, received_stage])
+            .observe(received as f64);
+        self.request_tokens
+            .with_label_values(&[d, forwarded_stage])
+            .observe(forwarded as f64);
+        if context_window > 0 {
+            self.context_utilization
+                .with_label_values(&[d])
+                .observe(received as f64 / context_window as f64);
+        }
+        if forwarded != received && received > 0 {
+            self.compaction_ratio
+                .observe(forwarded as f64 / received as f64);
+        }
+    }
+
+    /// Creates the series of a configured summarizer backend (every outcome at 0), so its
+    /// counters show before its first call; called when the chain is built.
+    pub fn summarizer_backend(&self, backend: &str) {
+        self.summarizer_duration.with_label_values(&[backend]);
+        for outcome in SUMMARIZER_ANSWERS.into_iter().chain(SummarizeError::KINDS) {
+            self.summarizer_requests
+                .with_label_values(&[backend, outcome]);
+        }
+    }
+
+    /// Summarizer `backend` answered after `elapsed`; `fallback`: it was not the first backend
+    /// of the chain.
+    pub fn summarizer_answered(&self, backend: &str, fallback: bool, elapsed: Duration) {
+        let [ok, fallback_ok] = SUMMARIZER_ANSWERS;
+        self.summarizer_attempt(backend, if fallback { fallback_ok } else { ok }, elapsed);
+    }
+
+    /// Summarizer `backend` failed with `error` after `elapsed`.
+    pub fn summarizer_failed(&self, backend: &str, error: &SummarizeError, elapsed: Duration) {
+        self.summarizer_attempt(backend, error.kind(), elapsed);
+    }
+
+    fn summarizer_attempt(&self, backend: &str, outcome: &str, elapsed: Duration) {
+        self.summarizer_duration
+            .with_label_values(&[backend])
+            .observe(elapsed.as_secs_f64());
+        self.summarizer_requests
+            .with_label_values(&[backend, outcome])
+            .inc();
+    }
+
+    /// The upstream reported `tokens` of `kind` in a response's `usage`.
+    pub fn upstream_usage(&self, kind: UsageKind, tokens: u64) {
+        self.upstream_usage_tokens
+            .with_label_values(&[kind.label()])
+            .inc_by(tokens);
+    }
+
+    /// A response's reported input tokens differed from the estimate by `ratio` of them
+    /// ((estimated − actual) ÷ actual).
+    pub fn estimate_error(&self, ratio: f64) {
+        self.estimate_error.observe(ratio);
+    }
+
+    /// A configuration reload was applied (`succeeded`) or refused.
+    pub fn config_reload(&self, succeeded: bool) {
+        let [ok, error] = RELOAD_RESULTS;
+        self.config_reloads
+            .with_label_values(&[if succeeded { ok } else { error }])
+            .inc();
     }
 
     /// The Prometheus text exposition of every metric.
@@ -452,14 +773,107 @@ mod tests {
         assert!(
             text.contains("compactor_overhead_seconds_bucket{route=\"other\",le=\"0.00005\"} 0")
         );
-        // The dialect label values are DialectKind's.
-        use crate::dialect::DialectKind;
-        let kinds = [
-            DialectKind::ChatCompletions,
-            DialectKind::Messages,
-            DialectKind::Responses,
-        ];
-        assert_eq!(DIALECT_VALUES, kinds.map(DialectKind::label));
+    }
+
+    #[test]
+    fn labelled_counters_show_every_known_label_at_zero_before_any_event() {
+        let m = Metrics::new().expect("metrics");
+        let text = m.render();
+        let zero = |series: &str| {
+            assert!(
+                text.contains(&format!("{series} 0\n")),
+                "{series} missing:\n{text}"
+            );
+        };
+        for kind in ["connect", "timeout", "protocol"] {
+            zero(&format!(
+                "compactor_upstream_errors_total{{kind=\"{kind}\"}}"
+            ));
+        }
+        for trigger in ["messages", "tokens", "manual"] {
+            for outcome in ["compacted", "failed", "blank", "breaker", "panic"] {
+                zero(&format!(
+                    "compactor_compactions_total{{outcome=\"{outcome}\",trigger=\"{trigger}\"}}"
+                ));
+            }
+        }
+        zero("compactor_compactions_total{outcome=\"panic\",trigger=\"none\"}");
+        zero("compactor_compactions_total{outcome=\"server_state\",trigger=\"none\"}");
+        zero("compactor_checkpoint_lookups_total{result=\"hit\"}");
+        zero("compactor_checkpoint_lookups_total{result=\"miss\"}");
+        zero("compactor_requests_total{method=\"POST\",route=\"messages\",status_class=\"5xx\"}");
+        zero("compactor_requests_total{method=\"other\",route=\"other\",status_class=\"1xx\"}");
+        zero("compactor_request_duration_seconds_count{route=\"responses\"}");
+        // Chat routes are POST only: no series that no request can produce.
+        assert!(!text.contains("method=\"GET\",route=\"chat_completions\""));
+        // Summarizer series exist per configured backend, once the chain names it.
+        assert!(!text.contains("compactor_summarizer_requests_total{"));
+        m.summarizer_backend("extractive");
+        let text = m.render();
+        for outcome in [
+            "ok",
+            "fallback_ok",
+            "timeout",
+            "transport",
+            "status",
+            "invalid",
+            "blank",
+            "config",
+        ] {
+            let series = format!(
+                "compactor_summarizer_requests_total{{backend=\"extractive\",outcome=\"{outcome}\"}} 0\n"
+            );
+            assert!(text.contains(&series), "{series} missing:\n{text}");
+        }
+    }
+
+    #[test]
+    fn typed_events_land_on_their_labels() {
+        let m = Metrics::new().expect("metrics");
+        m.upstream_error(UpstreamErrorKind::Timeout);
+        m.compaction(Trigger::Tokens, CompactionOutcome::Blank);
+        m.compaction_panicked();
+        m.server_state_passthrough();
+        m.server_state_passthrough();
+        m.checkpoint_lookup(false);
+        m.config_reload(false);
+        m.upstream_usage(UsageKind::CacheRead, 40);
+        m.summarizer_failed("exec", &SummarizeError::Blank, Duration::from_millis(5));
+        m.summarizer_answered("extractive", true, Duration::from_millis(5));
+        m.request_finished(
+            Some(DialectKind::Responses),
+            &Method::POST,
+            502,
+            Duration::from_millis(3),
+            Duration::from_micros(200),
+        );
+        m.request_finished(None, &Method::TRACE, 200, Duration::ZERO, Duration::ZERO);
+        m.chat_request_tokens(DialectKind::Messages, 1_000, 250, 2_000);
+        let text = m.render();
+        for series in [
+            "compactor_upstream_errors_total{kind=\"timeout\"} 1",
+            "compactor_upstream_errors_total{kind=\"connect\"} 0",
+            "compactor_compactions_total{outcome=\"blank\",trigger=\"tokens\"} 1",
+            "compactor_compactions_total{outcome=\"panic\",trigger=\"none\"} 1",
+            "compactor_compactions_total{outcome=\"server_state\",trigger=\"none\"} 2",
+            "compactor_checkpoint_lookups_total{result=\"miss\"} 1",
+            "compactor_config_reloads_total{result=\"error\"} 1",
+            "compactor_upstream_usage_tokens_total{kind=\"cache_read\"} 40",
+            "compactor_summarizer_requests_total{backend=\"exec\",outcome=\"blank\"} 1",
+            "compactor_summarizer_requests_total{backend=\"extractive\",outcome=\"fallback_ok\"} 1",
+            "compactor_requests_total{method=\"POST\",route=\"responses\",status_class=\"5xx\"} 1",
+            "compactor_requests_total{method=\"other\",route=\"other\",status_class=\"2xx\"} 1",
+            "compactor_request_tokens_sum{dialect=\"messages\",stage=\"forwarded\"} 250",
+            "compactor_context_utilization_ratio_sum{dialect=\"messages\"} 0.5",
+            "compactor_compaction_ratio_sum 0.25",
+        ] {
+            assert!(
+                text.contains(&format!("{series}\n")),
+                "{series} missing:\n{text}"
+            );
+        }
+        assert_eq!(m.compactions_counted("tokens", "blank"), 1);
+        assert_eq!(m.compactions_counted("nonsense", "blank"), 0);
     }
 
     #[test]

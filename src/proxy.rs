@@ -29,7 +29,7 @@ use hyper::body::{Body, Frame, Incoming, SizeHint};
 use crate::app::App;
 use crate::dialect::DialectKind;
 use crate::error::Error;
-use crate::metrics::{status_class, Metrics, OTHER_ROUTE};
+use crate::metrics::{method_label, route_label, Metrics};
 use crate::pipeline::{Outcome, Processed, RequestContext};
 use crate::timing::Overhead;
 use crate::upstream::{prepare_headers, strip_hop_by_hop, BoxError, ProxyBody, Resolved};
@@ -59,14 +59,14 @@ pub async fn handle(
     let started = Instant::now();
     let mut overhead = Overhead::started_at(started);
     let in_flight = InFlight::start(app.metrics.clone());
-    let method = method_label(request.method());
+    let method = request.method().clone();
 
     let resolved = app.upstream.resolve(request.uri());
     let dialect = match (&resolved, request.method()) {
         (Ok(r), &Method::POST) => DialectKind::from_path(&r.api_path),
         _ => None,
     };
-    let route = dialect.map_or(OTHER_ROUTE, DialectKind::label);
+    let route = route_label(dialect);
 
     let result = match resolved {
         Ok(resolved) => forward(&app, request, resolved, dialect, peer, &mut overhead).await,
@@ -79,21 +79,16 @@ pub async fn handle(
     });
 
     let status = response.status().as_u16();
-    app.metrics
-        .requests
-        .with_label_values(&[route, method, status_class(status)])
-        .inc();
-    app.metrics
-        .request_duration
-        .with_label_values(&[route])
-        .observe(started.elapsed().as_secs_f64());
-    app.metrics
-        .overhead
-        .with_label_values(&[route])
-        .observe(overhead.finish().as_secs_f64());
+    app.metrics.request_finished(
+        dialect,
+        &method,
+        status,
+        started.elapsed(),
+        overhead.finish(),
+    );
     tracing::debug!(
         route,
-        method,
+        method = method_label(&method),
         status,
         elapsed_ms = started.elapsed().as_millis() as u64,
         "proxied"
@@ -158,15 +153,10 @@ async fn forward(
         .wait(app.upstream.send(Request::from_parts(parts, body)))
         .await
         .map_err(|e| {
-            app.metrics
-                .upstream_errors
-                .with_label_values(&[e.kind()])
-                .inc();
+            app.metrics.upstream_error(e.kind());
             Error::from(e)
         })?;
-    app.metrics
-        .upstream_ttfb
-        .observe(sent.elapsed().as_secs_f64());
+    app.metrics.upstream_answered(sent.elapsed());
 
     let (mut parts, body) = response.into_parts();
     strip_hop_by_hop(&mut parts.headers);
@@ -263,33 +253,19 @@ fn caller(headers: &HeaderMap, resolved: &Resolved, dialect: DialectKind) -> Cal
     }
 }
 
-/// A bounded method label: the standard methods, else `other`.
-fn method_label(method: &Method) -> &'static str {
-    match *method {
-        Method::GET => "GET",
-        Method::POST => "POST",
-        Method::PUT => "PUT",
-        Method::DELETE => "DELETE",
-        Method::PATCH => "PATCH",
-        Method::HEAD => "HEAD",
-        Method::OPTIONS => "OPTIONS",
-        _ => "other",
-    }
-}
-
 /// Holds `compactor_in_flight_requests` up for as long as it lives; decrements exactly once.
 struct InFlight(Arc<Metrics>);
 
 impl InFlight {
     fn start(metrics: Arc<Metrics>) -> InFlight {
-        metrics.in_flight.inc();
+        metrics.request_started();
         InFlight(metrics)
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.0.in_flight.dec();
+        self.0.request_ended();
     }
 }
 

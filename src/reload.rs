@@ -50,12 +50,7 @@ impl Reloader {
                 self.handle.replace(app);
                 Ok(pending)
             });
-        let label = if result.is_ok() { "ok" } else { "error" };
-        current
-            .metrics
-            .config_reloads
-            .with_label_values(&[label])
-            .inc();
+        current.metrics.config_reload(result.is_ok());
         match &result {
             Ok(pending) if pending.is_empty() => tracing::info!("configuration reloaded"),
             Ok(pending) => tracing::warn!(

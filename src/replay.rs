@@ -494,7 +494,7 @@ fn missed_counts(metrics: &Metrics) -> (u64, u64) {
         [Trigger::Messages, Trigger::Tokens]
             .iter()
             .flat_map(|t| outcomes.iter().map(move |o| (t.label(), *o)))
-            .map(|(t, o)| metrics.compactions.with_label_values(&[t, o]).get())
+            .map(|(t, o)| metrics.compactions_counted(t, o))
             .sum()
     };
     (

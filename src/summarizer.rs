@@ -271,6 +271,9 @@ impl Chain {
         timeout: Duration,
         metrics: Arc<Metrics>,
     ) -> Chain {
+        for backend in &backends {
+            metrics.summarizer_backend(backend.name());
+        }
         Chain {
             backends,
             timeout,
@@ -300,17 +303,10 @@ impl Chain {
                 .await
                 .unwrap_or(Err(SummarizeError::Timeout(attempt_timeout)))
                 .and_then(|s| Summary::new(s.text));
-            self.metrics
-                .summarizer_duration
-                .with_label_values(&[name])
-                .observe(started.elapsed().as_secs_f64());
             match result {
                 Ok(summary) => {
-                    let outcome = if i == 0 { "ok" } else { "fallback_ok" };
                     self.metrics
-                        .summarizer_requests
-                        .with_label_values(&[name, outcome])
-                        .inc();
+                        .summarizer_answered(name, i > 0, started.elapsed());
                     if i > 0 {
                         tracing::info!(
                             backend = name,
@@ -321,10 +317,7 @@ impl Chain {
                     return Ok(summary);
                 }
                 Err(e) => {
-                    self.metrics
-                        .summarizer_requests
-                        .with_label_values(&[name, e.kind()])
-                        .inc();
+                    self.metrics.summarizer_failed(name, &e, started.elapsed());
                     tracing::warn!(
                         backend = name,
                         kind = e.kind(),

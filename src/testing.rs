@@ -151,10 +151,7 @@ pub(crate) fn body(model: &str, messages: Vec<Value>) -> Vec<u8> {
 
 /// The value of `compactor_compactions_total{trigger,outcome}`.
 pub(crate) fn compactions(metrics: &Metrics, trigger: &str, outcome: &str) -> u64 {
-    metrics
-        .compactions
-        .with_label_values(&[trigger, outcome])
-        .get()
+    metrics.compactions_counted(trigger, outcome)
 }
 
 /// Checks the OpenAI rules a rewritten request must keep: every `tool` message follows (in the

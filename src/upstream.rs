@@ -4,15 +4,16 @@
 //! [`Upstream::resolve`] maps an incoming URI onto a target (the first `[[routes]]` prefix that
 //! matches, else the default `upstream.base_url`), [`prepare_headers`] removes hop-by-hop
 //! headers and sets `Host` / `X-Forwarded-For`, and [`Upstream::send`] sends through one shared
-//! hyper-util pool (rustls with the `ring` provider; webpki, native and optional extra roots)
-//! with the response-head timeout. Classifying failures (connect / timeout / protocol) lives here
+//! hyper-util pool (rustls with the `ring` provider; webpki, native and optional extra roots,
+//! the settings of `compactor_transport::tls_config` that the summarizers use too) with the
+//! response-head timeout. Classifying failures (connect / timeout / protocol) lives here
 //! because only this module knows the client's error types.
 
 use std::net::IpAddr;
 use std::time::Duration;
 
 use bytes::Bytes;
-use compactor_plugin_openai::transport::{error_chain, tls_config};
+use compactor_transport::{error_chain, tls_config};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Request, Response, Uri, Version};
@@ -25,6 +26,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use crate::config::Config;
 use crate::error::Error;
+use crate::metrics::UpstreamErrorKind;
 
 /// The error type of every body compactor forwards.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -227,12 +229,12 @@ pub enum SendError {
 }
 
 impl SendError {
-    /// The bounded `kind` label of `compactor_upstream_errors_total`.
-    pub fn kind(&self) -> &'static str {
+    /// Its kind, the label of `compactor_upstream_errors_total`.
+    pub fn kind(&self) -> UpstreamErrorKind {
         match self {
-            SendError::Connect(_) => "connect",
-            SendError::Timeout => "timeout",
-            SendError::Protocol(_) => "protocol",
+            SendError::Connect(_) => UpstreamErrorKind::Connect,
+            SendError::Timeout => UpstreamErrorKind::Timeout,
+            SendError::Protocol(_) => UpstreamErrorKind::Protocol,
         }
     }
 }

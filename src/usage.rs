@@ -41,7 +41,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use crate::calibration::Calibration;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, UsageKind};
 
 /// Most bytes of a JSON body's top-level `usage` value kept for parsing.
 pub const JSON_CAPTURE_LIMIT: usize = 64 * 1024;
@@ -301,15 +301,12 @@ pub fn record(
     usage: &Usage,
 ) {
     for (kind, n) in [
-        ("input", usage.input),
-        ("output", usage.output),
-        ("cache_read", usage.cache_read),
-        ("cache_write", usage.cache_write),
+        (UsageKind::Input, usage.input),
+        (UsageKind::Output, usage.output),
+        (UsageKind::CacheRead, usage.cache_read),
+        (UsageKind::CacheWrite, usage.cache_write),
     ] {
-        metrics
-            .upstream_usage_tokens
-            .with_label_values(&[kind])
-            .inc_by(n);
+        metrics.upstream_usage(kind, n);
     }
     let Some(estimated) = estimated_input else {
         return;
@@ -318,9 +315,7 @@ pub fn record(
         return;
     }
     let actual = usage.input as f64;
-    metrics
-        .estimate_error
-        .observe((estimated as f64 - actual) / actual);
+    metrics.estimate_error((estimated as f64 - actual) / actual);
     if let Some(model) = model {
         calibration.observe(model, estimated, usage.input);
     }

@@ -226,3 +226,94 @@ async fn usage_is_read_from_gzip_compressed_responses() {
         Some(9.0)
     );
 }
+
+/// A freshly started proxy, before any traffic, already exports every labelled counter for
+/// each of its known label values at 0, so dashboards (`config/grafana/compactor.json` queries
+/// `compactor_upstream_errors_total` by `kind`) and `rate()` see a series from the start.
+#[tokio::test]
+async fn a_fresh_proxy_exports_its_labelled_counters_at_zero() {
+    let mock = MockUpstream::start().await;
+    let proxy = TestProxy::start(&proxy_config(&mock, true)).await;
+    let mut expected: Vec<(&str, Vec<(&str, &str)>)> = Vec::new();
+    for kind in ["connect", "timeout", "protocol"] {
+        expected.push(("compactor_upstream_errors_total", vec![("kind", kind)]));
+    }
+    for trigger in ["messages", "tokens", "manual"] {
+        for outcome in ["compacted", "failed", "blank", "breaker", "panic"] {
+            expected.push((
+                "compactor_compactions_total",
+                vec![("trigger", trigger), ("outcome", outcome)],
+            ));
+        }
+    }
+    for outcome in ["panic", "server_state"] {
+        expected.push((
+            "compactor_compactions_total",
+            vec![("trigger", "none"), ("outcome", outcome)],
+        ));
+    }
+    for result in ["hit", "miss"] {
+        expected.push((
+            "compactor_checkpoint_lookups_total",
+            vec![("result", result)],
+        ));
+    }
+    for result in ["ok", "error"] {
+        expected.push(("compactor_config_reloads_total", vec![("result", result)]));
+    }
+    for kind in ["input", "output", "cache_read", "cache_write"] {
+        expected.push((
+            "compactor_upstream_usage_tokens_total",
+            vec![("kind", kind)],
+        ));
+    }
+    for outcome in [
+        "ok",
+        "fallback_ok",
+        "timeout",
+        "transport",
+        "status",
+        "invalid",
+        "blank",
+        "config",
+    ] {
+        expected.push((
+            "compactor_summarizer_requests_total",
+            vec![("backend", "extractive"), ("outcome", outcome)],
+        ));
+    }
+    for route in ["chat_completions", "messages", "responses"] {
+        for class in ["1xx", "2xx", "3xx", "4xx", "5xx"] {
+            expected.push((
+                "compactor_requests_total",
+                vec![
+                    ("route", route),
+                    ("method", "POST"),
+                    ("status_class", class),
+                ],
+            ));
+        }
+    }
+    for method in [
+        "GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS", "other",
+    ] {
+        expected.push((
+            "compactor_requests_total",
+            vec![
+                ("route", "other"),
+                ("method", method),
+                ("status_class", "5xx"),
+            ],
+        ));
+    }
+
+    let text = proxy.metrics().await;
+    for (name, labels) in &expected {
+        assert_eq!(
+            support::metric_value(&text, name, labels),
+            Some(0.0),
+            "{name}{labels:?} is not exported as 0:\n{text}"
+        );
+    }
+    assert!(mock.requests().is_empty(), "no traffic was sent");
+}

@@ -49,36 +49,61 @@ const PATH_KEYS: &[&str] = &[
 /// Argument keys holding several files.
 const PATHS_KEYS: &[&str] = &["paths", "file_paths", "files"];
 
-/// `*** Update File: x` / `*** Add File: x` / `*** Delete File: x` / `*** Move to: x` (the
-/// `apply_patch` format).
-static PATCH_FILE: LazyLock<Option<Regex>> = LazyLock::new(|| {
-    Regex::new(r"(?m)^\*\*\* (?:(?:Update|Add|Delete) File|Move to): *(\S.*?)\s*$").ok()
+/// Every regular expression of the crate, compiled together in [`Patterns::compile`], the
+/// one place that a unit test (`every_pattern_compiles`) forces: a pattern that does not
+/// compile fails `cargo test` rather than silently switching tracking off in production. At
+/// run time they stay fail-open: should compiling fail anyway, [`PATTERNS`] is `None`, it is
+/// logged once, and the tracker goes on without what the patterns find (no panic on a request
+/// path). A test (`regexes_are_compiled_only_in_patterns`) keeps `Regex::new` out of the rest
+/// of `src/`.
+struct Patterns {
+    /// `*** Update File: x` / `*** Add File: x` / `*** Delete File: x` / `*** Move to: x` (the
+    /// `apply_patch` format).
+    patch_file: Regex,
+    /// `+++ b/x` lines of a unified diff.
+    diff_file: Regex,
+    /// A fenced code block in assistant text, fences at the start of their lines (inline
+    /// "```perl…```" runs inside a paragraph are not blocks).
+    fenced: Regex,
+    /// SWE-agent's `open <path> [line]` / `create <path>`.
+    swe_open_create: Regex,
+    /// SWE-agent's `edit <start>:<end>`.
+    swe_edit: Regex,
+    /// An environment assignment prefix (`FOO=bar cmd`).
+    env_assignment: Regex,
+}
+
+impl Patterns {
+    fn compile() -> Result<Patterns, regex::Error> {
+        Ok(Patterns {
+            patch_file: Regex::new(
+                r"(?m)^\*\*\* (?:(?:Update|Add|Delete) File|Move to): *(\S.*?)\s*$",
+            )?,
+            diff_file: Regex::new(r"(?m)^\+\+\+ (?:[ab]/)?(\S+)")?,
+            fenced: Regex::new(r"(?ms)^[ \t]*```[^\n`]*\n(.*?)^[ \t]*```")?,
+            swe_open_create: Regex::new(
+                r#"^(open|create)\s+(?:"([^"]+)"|'([^']+)'|(\S+))(?:\s+\d+)?\s*$"#,
+            )?,
+            swe_edit: Regex::new(r"^edit\s+\d+(?::\d+)?\s*$")?,
+            env_assignment: Regex::new(r"^[A-Za-z_][A-Za-z0-9_]*=")?,
+        })
+    }
+}
+
+/// [`Patterns`], compiled on first use; `None` only if one failed to compile.
+static PATTERNS: LazyLock<Option<Patterns>> = LazyLock::new(|| {
+    Patterns::compile()
+        .map_err(|e| tracing::error!(error = %e, "file-tracking patterns do not compile"))
+        .ok()
 });
 
-/// `+++ b/x` lines of a unified diff.
-static DIFF_FILE: LazyLock<Option<Regex>> =
-    LazyLock::new(|| Regex::new(r"(?m)^\+\+\+ (?:[ab]/)?(\S+)").ok());
+/// The compiled pattern `pick` selects, if the patterns compiled.
+fn pattern(pick: fn(&Patterns) -> &Regex) -> Option<&'static Regex> {
+    PATTERNS.as_ref().map(pick)
+}
 
-/// A fenced code block in assistant text, fences at the start of their lines (inline
-/// "```perl…```" runs inside a paragraph are not blocks).
-static FENCED: LazyLock<Option<Regex>> =
-    LazyLock::new(|| Regex::new(r"(?ms)^[ \t]*```[^\n`]*\n(.*?)^[ \t]*```").ok());
-
-/// SWE-agent's `open <path> [line]` / `create <path>`.
-static SWE_OPEN_CREATE: LazyLock<Option<Regex>> = LazyLock::new(|| {
-    Regex::new(r#"^(open|create)\s+(?:"([^"]+)"|'([^']+)'|(\S+))(?:\s+\d+)?\s*$"#).ok()
-});
-
-/// SWE-agent's `edit <start>:<end>`.
-static SWE_EDIT: LazyLock<Option<Regex>> =
-    LazyLock::new(|| Regex::new(r"^edit\s+\d+(?::\d+)?\s*$").ok());
-
-/// An environment assignment prefix (`FOO=bar cmd`).
-static ENV_ASSIGNMENT: LazyLock<Option<Regex>> =
-    LazyLock::new(|| Regex::new(r"^[A-Za-z_][A-Za-z0-9_]*=").ok());
-
-fn is_match(re: &LazyLock<Option<Regex>>, text: &str) -> bool {
-    re.as_ref().is_some_and(|r| r.is_match(text))
+fn is_match(pick: fn(&Patterns) -> &Regex, text: &str) -> bool {
+    pattern(pick).is_some_and(|r| r.is_match(text))
 }
 
 /// What a tool does to files, by its (normalised) name.
@@ -274,7 +299,7 @@ impl FileTracker {
         if !text.contains("```") {
             return;
         }
-        let Some(fenced) = FENCED.as_ref() else {
+        let Some(fenced) = pattern(|p| &p.fenced) else {
             return;
         };
         for block in fenced.captures_iter(text) {
@@ -282,7 +307,7 @@ impl FileTracker {
                 continue;
             };
             let first = body.lines().next().unwrap_or("").trim();
-            if let Some(caps) = SWE_OPEN_CREATE.as_ref().and_then(|r| r.captures(first)) {
+            if let Some(caps) = pattern(|p| &p.swe_open_create).and_then(|r| r.captures(first)) {
                 let path = (2..=4).find_map(|i| caps.get(i)).map(|m| m.as_str());
                 let (Some(verb), Some(path)) = (caps.get(1), path) else {
                     continue;
@@ -296,7 +321,7 @@ impl FileTracker {
                     self.add_modified(path);
                 }
                 self.current = Some(path.to_string());
-            } else if is_match(&SWE_EDIT, first) && body.contains("end_of_edit") {
+            } else if is_match(|p| &p.swe_edit, first) && body.contains("end_of_edit") {
                 if let Some(current) = self.current.clone() {
                     self.add_modified(&current);
                 }
@@ -314,7 +339,7 @@ impl FileTracker {
     }
 
     fn observe_patch(&mut self, text: &str, unified_diffs: bool) {
-        if let Some(re) = PATCH_FILE.as_ref() {
+        if let Some(re) = pattern(|p| &p.patch_file) {
             for caps in re.captures_iter(text) {
                 if let Some(m) = caps.get(1) {
                     self.add_modified(m.as_str());
@@ -322,7 +347,7 @@ impl FileTracker {
             }
         }
         if unified_diffs {
-            if let Some(re) = DIFF_FILE.as_ref() {
+            if let Some(re) = pattern(|p| &p.diff_file) {
                 for caps in re.captures_iter(text) {
                     if let Some(m) = caps.get(1) {
                         self.add_modified(m.as_str());
@@ -342,7 +367,7 @@ impl FileTracker {
         let mut words = cmd.words.iter().map(String::as_str).peekable();
         // Skip environment assignments and wrappers.
         while let Some(w) = words.peek() {
-            if is_match(&ENV_ASSIGNMENT, w)
+            if is_match(|p| &p.env_assignment, w)
                 || matches!(*w, "sudo" | "env" | "time" | "nohup" | "command" | "exec")
             {
                 words.next();
@@ -569,17 +594,42 @@ mod tests {
     }
 
     #[test]
-    fn regexes_compile() {
-        for re in [
-            &PATCH_FILE,
-            &DIFF_FILE,
-            &FENCED,
-            &SWE_OPEN_CREATE,
-            &SWE_EDIT,
-            &ENV_ASSIGNMENT,
-        ] {
-            assert!(re.is_some());
+    fn every_pattern_compiles() {
+        if let Err(e) = Patterns::compile() {
+            panic!("a file-tracking pattern does not compile: {e}");
         }
+        assert!(PATTERNS.is_some());
+    }
+
+    /// `Regex::new` anywhere else in `src/` would be a pattern no test compiles: it belongs in
+    /// [`Patterns`] (or in a set of its own with a test like `every_pattern_compiles`, listed
+    /// here).
+    #[test]
+    fn regexes_are_compiled_only_in_patterns() {
+        const COMPILED_AND_TESTED: [&str; 1] = ["compaction/files.rs"];
+        let needle = concat!("Regex", "::new(");
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut pending = vec![root.clone()];
+        let mut offenders = Vec::new();
+        while let Some(dir) = pending.pop() {
+            for entry in std::fs::read_dir(&dir).expect("read src/") {
+                let path = entry.expect("dir entry").path();
+                if path.is_dir() {
+                    pending.push(path);
+                } else if path.extension().is_some_and(|e| e == "rs") {
+                    let text = std::fs::read_to_string(&path).expect("read source");
+                    let relative = path.strip_prefix(&root).expect("under src/");
+                    let relative = relative.to_string_lossy().replace('\\', "/");
+                    if text.contains(needle) && !COMPILED_AND_TESTED.contains(&relative.as_str()) {
+                        offenders.push(relative);
+                    }
+                }
+            }
+        }
+        assert!(
+            offenders.is_empty(),
+            "Regex::new outside Patterns: {offenders:?}"
+        );
     }
 
     #[test]

@@ -26,6 +26,9 @@ pub enum Trigger {
 }
 
 impl Trigger {
+    /// Every trigger (the metrics pre-initialise their label values).
+    pub const ALL: [Trigger; 3] = [Trigger::Messages, Trigger::Tokens, Trigger::Manual];
+
     /// The label value.
     pub fn label(self) -> &'static str {
         match self {
@@ -53,6 +56,15 @@ pub enum CompactionOutcome {
 }
 
 impl CompactionOutcome {
+    /// Every outcome (the metrics pre-initialise their label values).
+    pub const ALL: [CompactionOutcome; 5] = [
+        CompactionOutcome::Compacted,
+        CompactionOutcome::Failed,
+        CompactionOutcome::Blank,
+        CompactionOutcome::Breaker,
+        CompactionOutcome::Panic,
+    ];
+
     /// The label value.
     pub fn label(self) -> &'static str {
         match self {

@@ -9,8 +9,9 @@
 //! [`Summarizer::max_output_tokens`] answers the configured `max_tokens` (the most the request
 //! asks for; it is capped further by the request's own budget).
 //!
-//! HTTP, timeouts and error mapping are shared with the `openai` backend
-//! ([`compactor_plugin_openai::transport`]).
+//! HTTP, timeouts and error mapping are shared with the `openai` backend through the
+//! `compactor-transport` crate; the system prompt is the contract's
+//! ([`compactor_plugin_api::SYSTEM_PROMPT`]).
 #![deny(missing_docs)]
 
 use std::fmt;
@@ -23,10 +24,11 @@ use tokio::time::Instant;
 use compactor_plugin_api::{
     Api, BoxFuture, Caller, SummarizeError, Summarizer, Summary, SummaryRequest,
 };
-use compactor_plugin_openai::transport::{self, join_url, output_budget, Auth, HttpClient};
+use compactor_transport::{self as transport, join_url, output_budget, Auth, HttpClient};
 
-/// The system prompt sent with every summary request.
-pub const SYSTEM_PROMPT: &str = compactor_plugin_openai::SYSTEM_PROMPT;
+/// The system prompt sent with every summary request (the contract's, shared by every LLM
+/// backend).
+pub use compactor_plugin_api::SYSTEM_PROMPT;
 
 /// Settings of one `anthropic` backend. `Debug` never prints the key.
 #[derive(Clone, Default)]

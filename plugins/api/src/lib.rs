@@ -16,6 +16,12 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+/// The system message an LLM-backed summarizer sends with [`SummaryRequest::prompt`] (the
+/// user message). It lives with the contract so that every LLM backend (`openai`,
+/// `anthropic`, ...) frames the prompt the same way without depending on another backend.
+pub const SYSTEM_PROMPT: &str = "You write compaction summaries of coding-agent conversations. \
+Follow the task in the user's message exactly and answer with the summary only.";
+
 /// A boxed, sendable future: what [`Summarizer::summarize`] returns, so the trait stays
 /// object safe and backends can be held as `Arc<dyn Summarizer>`.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -220,6 +226,17 @@ pub enum SummarizeError {
 }
 
 impl SummarizeError {
+    /// Every value [`SummarizeError::kind`] can answer, so compactor can export each one
+    /// before it first happens.
+    pub const KINDS: [&'static str; 6] = [
+        "timeout",
+        "transport",
+        "status",
+        "invalid",
+        "blank",
+        "config",
+    ];
+
     /// A stable, bounded label for metrics and logs.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -510,6 +527,32 @@ mod duration_secs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kinds_lists_every_kind_once() {
+        // Exhaustive on purpose: a new variant fails to compile here until it is listed.
+        let kind_of = |e: &SummarizeError| match e {
+            SummarizeError::Timeout(_)
+            | SummarizeError::Transport(_)
+            | SummarizeError::Status { .. }
+            | SummarizeError::InvalidOutput(_)
+            | SummarizeError::Blank
+            | SummarizeError::Config(_) => e.kind(),
+        };
+        let all = [
+            SummarizeError::Timeout(Duration::from_secs(1)),
+            SummarizeError::Transport(String::new()),
+            SummarizeError::Status {
+                status: 500,
+                message: String::new(),
+            },
+            SummarizeError::InvalidOutput(String::new()),
+            SummarizeError::Blank,
+            SummarizeError::Config(String::new()),
+        ];
+        let kinds: Vec<&str> = all.iter().map(kind_of).collect();
+        assert_eq!(kinds, SummarizeError::KINDS);
+    }
 
     #[test]
     fn blank_summaries_are_rejected() {

@@ -23,12 +23,10 @@
 //! or `temperature` gets the request re-sent once with the parameter adjusted, inside the same
 //! deadline, as a safety net for model names the rule does not know.
 //!
-//! [`transport`] holds the pooled JSON client shared with the `anthropic` backend.
+//! HTTP, timeouts and error mapping come from the shared `compactor-transport` crate.
 //!
 //! [`Caller::api`]: compactor_plugin_api::Caller::api
 #![deny(missing_docs)]
-
-pub mod transport;
 
 use std::fmt;
 use std::path::PathBuf;
@@ -41,11 +39,11 @@ use compactor_plugin_api::{
     Api, BoxFuture, Caller, SummarizeError, Summarizer, Summary, SummaryRequest,
 };
 
-use crate::transport::{output_budget, Auth, HttpClient};
+use compactor_transport::{self as transport, output_budget, Auth, HttpClient};
 
-/// The system message sent with every summary request.
-pub const SYSTEM_PROMPT: &str = "You write compaction summaries of coding-agent conversations. \
-Follow the task in the user's message exactly and answer with the summary only.";
+/// The system message sent with every summary request (the contract's, shared by every LLM
+/// backend).
+pub use compactor_plugin_api::SYSTEM_PROMPT;
 
 /// Settings of one `openai` backend. `Debug` never prints the key.
 #[derive(Clone, Default)]

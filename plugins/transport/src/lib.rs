@@ -1,14 +1,20 @@
-//! A small JSON-over-HTTP(S) client for summarizer backends that call an LLM endpoint.
+//! compactor's HTTP(S) transport: the TLS settings of every outbound connection, and a small
+//! pooled JSON-over-HTTP(S) client for summarizer backends that call an LLM endpoint.
 //!
-//! One [`HttpClient`] holds one pooled hyper-util client (rustls with the `ring` provider,
-//! webpki and native roots plus an optional extra CA file), so a backend instance reuses its
-//! connections. [`HttpClient::post_json`] sends one JSON body and maps every way the exchange
-//! can fail onto [`SummarizeError`]: deadline → `Timeout`, connect/IO → `Transport`, non-2xx →
-//! `Status` with the provider's own message (bounded, secrets removed), unreadable JSON →
-//! `InvalidOutput`. The `anthropic` backend uses it too.
+//! [`tls_config`] builds the client TLS settings compactor uses everywhere (rustls with the
+//! `ring` provider; webpki roots, the system's roots and an optional extra CA file), so the
+//! proxy's upstream pool and the summarizers trust the same roots; it fails with this crate's
+//! own [`TlsError`]. One [`HttpClient`] holds one pooled hyper-util client over those settings,
+//! so a backend instance reuses its connections. [`HttpClient::post_json`] sends one JSON body
+//! and maps every way the exchange can fail onto the summarizer contract's [`SummarizeError`]:
+//! deadline → `Timeout`, connect/IO → `Transport`, non-2xx → `Status` with the provider's own
+//! message (bounded, secrets removed), unreadable JSON → `InvalidOutput`. The `openai` and
+//! `anthropic` backends use it, and the helpers they share (endpoint, model and output budget
+//! of a summary request) live here with it.
+#![deny(missing_docs)]
 
 use std::error::Error as StdError;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -51,7 +57,8 @@ impl HttpClient {
     /// Builds a client trusting webpki's roots, the system's roots (best effort) and, when
     /// given, every certificate of the PEM file `extra_ca_file`.
     pub fn new(extra_ca_file: Option<&Path>) -> Result<HttpClient, SummarizeError> {
-        Ok(HttpClient::with_tls_config(tls_config(extra_ca_file)?))
+        let tls = tls_config(extra_ca_file).map_err(|e| SummarizeError::Config(e.to_string()))?;
+        Ok(HttpClient::with_tls_config(tls))
     }
 
     /// Builds a client from a ready rustls configuration (its ALPN list must be empty).
@@ -273,9 +280,27 @@ pub fn error_chain(e: &dyn StdError) -> String {
     out
 }
 
+/// Why [`tls_config`] could not build the TLS settings: the only error this crate owns (the
+/// client's exchanges fail with the summarizer contract's [`SummarizeError`], since only
+/// summarizers use them).
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    /// The extra CA file could not be read or holds a certificate rustls rejects.
+    #[error("CA file {path}: {reason}")]
+    CaFile {
+        /// The file as configured.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// rustls refused the protocol versions of its own provider (a build problem).
+    #[error("TLS setup: {0}")]
+    Setup(String),
+}
+
 /// The client TLS settings compactor uses for every `https` endpoint: webpki's roots, the
 /// system's (best effort) and the PEM certificates of `extra_ca_file`.
-pub fn tls_config(extra_ca_file: Option<&Path>) -> Result<rustls::ClientConfig, SummarizeError> {
+pub fn tls_config(extra_ca_file: Option<&Path>) -> Result<rustls::ClientConfig, TlsError> {
     let mut roots = rustls::RootCertStore::empty();
     roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
     // Native roots are best effort: a machine without a system store still has webpki's.
@@ -283,8 +308,9 @@ pub fn tls_config(extra_ca_file: Option<&Path>) -> Result<rustls::ClientConfig, 
         let _ = roots.add(cert);
     }
     if let Some(path) = extra_ca_file {
-        let bad = |e: &dyn std::fmt::Display| {
-            SummarizeError::Config(format!("CA file {}: {e}", path.display()))
+        let bad = |e: &dyn std::fmt::Display| TlsError::CaFile {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
         };
         for cert in CertificateDer::pem_file_iter(path).map_err(|e| bad(&e))? {
             roots.add(cert.map_err(|e| bad(&e))?).map_err(|e| bad(&e))?;
@@ -293,7 +319,7 @@ pub fn tls_config(extra_ca_file: Option<&Path>) -> Result<rustls::ClientConfig, 
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     Ok(rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .map_err(|e| SummarizeError::Config(format!("TLS setup: {e}")))?
+        .map_err(|e| TlsError::Setup(e.to_string()))?
         .with_root_certificates(roots)
         .with_no_client_auth())
 }
@@ -327,6 +353,25 @@ mod tests {
         assert_eq!(output_budget(4096, 1000), 1000);
         assert_eq!(output_budget(4096, 0), 4096);
         assert_eq!(output_budget(0, 2000), 2000);
+    }
+
+    #[test]
+    fn an_unreadable_ca_file_is_a_tls_error_naming_the_file() {
+        let path = Path::new("/nonexistent/compactor-test-ca.pem");
+        match tls_config(Some(path)) {
+            Err(e @ TlsError::CaFile { .. }) => {
+                assert!(e
+                    .to_string()
+                    .starts_with("CA file /nonexistent/compactor-test-ca.pem: "));
+            }
+            other => panic!("expected a CA file error, got {:?}", other.map(|_| ())),
+        }
+        // The summarizers' client reports it as a configuration problem, same text.
+        match HttpClient::new(Some(path)) {
+            Err(SummarizeError::Config(m)) => assert!(m.starts_with("CA file "), "{m}"),
+            other => panic!("expected a config error, got {other:?}"),
+        }
+        assert!(tls_config(None).is_ok());
     }
 
     #[test]
