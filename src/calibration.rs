@@ -4,7 +4,7 @@
 //! compactor estimates tokens at a fixed ratio per character (see
 //! [`crate::estimate`]); real tokenizers differ by model and by content (code,
 //! JSON and non-Latin text tokenize differently). Each response's `usage` (read by
-//! [`crate::usage`]) gives the actual input tokens of the forwarded request; [`Calibration`]
+//! the `usage` module) gives the actual input tokens of the forwarded request; [`Calibration`]
 //! keeps, per model, an exponentially weighted mean of `actual ÷ estimated` and hands it out
 //! as a [`Calibration::factor`] to multiply estimates by.
 //!

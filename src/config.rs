@@ -197,6 +197,9 @@ fn yes() -> bool {
     true
 }
 
+/// Default of `compaction.max_tracked_files`: files kept in each list.
+pub const DEFAULT_MAX_TRACKED_FILES: usize = 50;
+
 /// `[compaction]`
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -376,7 +379,7 @@ impl Default for CompactionConfig {
             default_context_window: 128_000,
             breaker_cooldown_secs: Seconds::from_secs(300),
             calibration: true,
-            max_tracked_files: crate::compaction::files::DEFAULT_MAX_TRACKED_FILES,
+            max_tracked_files: DEFAULT_MAX_TRACKED_FILES,
         }
     }
 }

@@ -187,7 +187,7 @@ pub struct Metrics {
     /// `compactor_build_info{version}`
     build_info: IntGaugeVec,
     /// `compactor_compactions_total{trigger,outcome}`
-    pub compactions: IntCounterVec,
+    compactions: IntCounterVec,
     /// `compactor_compaction_duration_seconds`
     pub compaction_duration: Histogram,
     /// `compactor_request_tokens_estimated`
@@ -199,7 +199,7 @@ pub struct Metrics {
     /// `compactor_summarizer_duration_seconds{backend}`
     summarizer_duration: HistogramVec,
     /// `compactor_checkpoint_lookups_total{result}`
-    pub checkpoint_lookups: IntCounterVec,
+    checkpoint_lookups: IntCounterVec,
     /// `compactor_sessions`
     pub sessions: IntGauge,
     /// `compactor_store_evictions_total`: raised through [`Metrics::observe_store_evictions`].
@@ -213,13 +213,13 @@ pub struct Metrics {
     overhead: HistogramVec,
     /// `compactor_request_tokens{dialect,stage}`: estimated input tokens as received and as
     /// forwarded (`stage` ∈ [`TOKEN_STAGES`]).
-    pub request_tokens: HistogramVec,
+    request_tokens: HistogramVec,
     /// `compactor_compaction_ratio`: forwarded ÷ received estimated tokens of compacted
     /// requests.
-    pub compaction_ratio: Histogram,
+    compaction_ratio: Histogram,
     /// `compactor_context_utilization_ratio{dialect}`: estimated input tokens ÷ the model's
     /// context window.
-    pub context_utilization: HistogramVec,
+    context_utilization: HistogramVec,
     /// `compactor_upstream_usage_tokens_total{kind}`: tokens the upstream reported in `usage`
     /// (`kind` ∈ [`UsageKind`]).
     upstream_usage_tokens: IntCounterVec,

@@ -33,7 +33,7 @@ use crate::calibration::Calibration;
 use crate::compaction::engine::{CompactError, Compaction, CompactionInput, Engine, Prior};
 use crate::compaction::prompt::summary_message;
 use crate::compaction::trigger::{CompactionOutcome, Limits, Trigger};
-use crate::compaction::{CompactionResult, COMPACTION_CIRCUIT_BREAKER_THRESHOLD};
+use crate::compaction::{CompactionResult, MAX_ATTEMPTS_PER_REQUEST};
 use crate::config::Config;
 use crate::dialect::{DialectError, DialectKind, Scan};
 use crate::metrics::Metrics;
@@ -187,7 +187,7 @@ impl Pipeline {
         // A waiter waits as long as the leader may take: every attempt it may make.
         let flight_wait = engine
             .summary_timeout()
-            .saturating_mul(COMPACTION_CIRCUIT_BREAKER_THRESHOLD);
+            .saturating_mul(MAX_ATTEMPTS_PER_REQUEST);
         Pipeline {
             engine,
             metrics,
@@ -259,7 +259,7 @@ impl Pipeline {
             .catch_unwind()
             .await;
         handled.unwrap_or_else(|_| {
-            self.record_label("none", CompactionOutcome::Panic.label());
+            self.metrics.compaction_panicked();
             tracing::error!("compaction panicked; forwarding the original request unchanged");
             Processed::default()
         })
@@ -277,7 +277,7 @@ impl Pipeline {
         let scan = match dialect.scan(body, self.engine.estimator()) {
             Ok(scan) => scan,
             Err(DialectError::ServerState) => {
-                self.record_label("none", "server_state");
+                self.metrics.server_state_passthrough();
                 return Processed::default();
             }
             Err(e) => {
@@ -347,24 +347,12 @@ impl Pipeline {
             }
             Outcome::Unchanged | Outcome::Failed => received,
         };
-        let d = scan.dialect().label();
-        let window = request.limits.context_window;
-        let m = &self.metrics;
-        m.request_tokens
-            .with_label_values(&[d, "received"])
-            .observe(received as f64);
-        m.request_tokens
-            .with_label_values(&[d, "forwarded"])
-            .observe(forwarded as f64);
-        if window > 0 {
-            m.context_utilization
-                .with_label_values(&[d])
-                .observe(received as f64 / window as f64);
-        }
-        if forwarded != received && received > 0 {
-            m.compaction_ratio
-                .observe(forwarded as f64 / received as f64);
-        }
+        self.metrics.chat_request_tokens(
+            scan.dialect(),
+            received,
+            forwarded,
+            request.limits.context_window,
+        );
         processed.estimate = Some(ForwardedEstimate {
             model: scan.model.clone(),
             tokens: forwarded,
@@ -374,7 +362,7 @@ impl Pipeline {
     /// The longest checkpoint the request's history matches, counted as a hit or a miss.
     async fn lookup(&self, tenant: TenantId, raw: &[&RawValue]) -> Option<Arc<Checkpoint>> {
         let found = self.find_checkpoint(tenant, raw).await;
-        self.count_lookup(found.is_some());
+        self.metrics.checkpoint_lookup(found.is_some());
         found
     }
 
@@ -411,13 +399,6 @@ impl Pipeline {
                 None
             }
         }
-    }
-
-    fn count_lookup(&self, hit: bool) {
-        self.metrics
-            .checkpoint_lookups
-            .with_label_values(&[if hit { "hit" } else { "miss" }])
-            .inc();
     }
 
     /// Splices a checkpoint in and compacts when due.
@@ -857,14 +838,7 @@ impl Pipeline {
     }
 
     fn record(&self, trigger: Trigger, outcome: CompactionOutcome) {
-        self.record_label(trigger.label(), outcome.label());
-    }
-
-    fn record_label(&self, trigger: &str, outcome: &str) {
-        self.metrics
-            .compactions
-            .with_label_values(&[trigger, outcome])
-            .inc();
+        self.metrics.compaction(trigger, outcome);
     }
 }
 

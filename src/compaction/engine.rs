@@ -8,7 +8,7 @@
 //! memory and manual compaction reuse it unchanged.
 //!
 //! Attempt limit (docs/architecture.md, *Attempt limit*): at most
-//! [`COMPACTION_CIRCUIT_BREAKER_THRESHOLD`] summarizer calls per request. When a rewrite would
+//! [`MAX_ATTEMPTS_PER_REQUEST`] summarizer calls per request. When a rewrite would
 //! still trip the trigger, the next attempt halves the preserve budget (below the configured
 //! floor if need be; the boundary rules still apply) and summarises only the additional turns,
 //! refining the previous attempt's summary; an attempt that would send the summarizer the same
@@ -21,8 +21,8 @@
 //! [`own_words`]) are pinned verbatim at the end of every summary that covers the turn holding
 //! them, and a summary that is blank once that pin is removed is a blank summary.
 //!
-//! Applying a compaction to a request (peek, checkpoint lookup, single flight, rewrite, store)
-//! is [`crate::pipeline`]'s job; the engine never fails a request either: every problem is a
+//! Applying a compaction to a request (scan, checkpoint lookup, single flight, splice, store)
+//! is the pipeline's job (`src/pipeline.rs`, a layer above); the engine never fails a request either: every problem is a
 //! [`CompactError`], and the pipeline forwards the original bytes.
 
 use std::sync::Arc;
@@ -48,7 +48,7 @@ use crate::transcript::{Message, Part, Role, Transcript};
 
 /// Most summarizer calls (compaction attempts) while handling one request; not the
 /// per-session breaker (docs/architecture.md, *Attempt limit*).
-pub const COMPACTION_CIRCUIT_BREAKER_THRESHOLD: u32 = 3;
+pub const MAX_ATTEMPTS_PER_REQUEST: u32 = 3;
 
 /// What a previous compaction of the same conversation left behind.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -95,7 +95,7 @@ pub struct Compaction {
     pub summary_message: String,
     /// What the compaction produced.
     pub result: CompactionResult,
-    /// Summarizer calls made (1 to [`COMPACTION_CIRCUIT_BREAKER_THRESHOLD`]).
+    /// Summarizer calls made (1 to [`MAX_ATTEMPTS_PER_REQUEST`]).
     pub attempts: u32,
 }
 
@@ -269,7 +269,7 @@ impl Engine {
         let mut best: Option<Compaction> = None;
         let mut failure: Option<CompactError> = None;
 
-        for attempt in 1..=COMPACTION_CIRCUIT_BREAKER_THRESHOLD {
+        for attempt in 1..=MAX_ATTEMPTS_PER_REQUEST {
             let tail = TailLimits {
                 budget: base_budget >> (attempt - 1),
                 max_messages: tail_cap,
@@ -554,7 +554,7 @@ mod tests {
 
     #[test]
     fn attempt_limit_is_3() {
-        assert_eq!(COMPACTION_CIRCUIT_BREAKER_THRESHOLD, 3);
+        assert_eq!(MAX_ATTEMPTS_PER_REQUEST, 3);
     }
 
     #[tokio::test]
@@ -658,10 +658,7 @@ mod tests {
             .await
             .expect("compacts");
         let requests = fake.requests();
-        assert_eq!(
-            c.attempts, COMPACTION_CIRCUIT_BREAKER_THRESHOLD,
-            "stops after three"
-        );
+        assert_eq!(c.attempts, MAX_ATTEMPTS_PER_REQUEST, "stops after three");
         assert_eq!(requests.len() as u32, c.attempts);
         assert!(
             c.result.summary.starts_with('c'),

@@ -149,8 +149,7 @@ fn classify(name: &str) -> Option<ToolKind> {
     })
 }
 
-/// Default of `compaction.max_tracked_files`: files kept in each list.
-pub const DEFAULT_MAX_TRACKED_FILES: usize = 50;
+pub use crate::config::DEFAULT_MAX_TRACKED_FILES;
 
 /// Accumulates the files read and modified.
 #[derive(Debug, Clone)]

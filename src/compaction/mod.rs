@@ -1,7 +1,8 @@
 //! The compaction engine: decides when a conversation is too long, and replaces its older
 //! turns with a summary. It works on the neutral [`crate::transcript`] only; reading and
-//! writing wire JSON is [`crate::dialect`]'s job, and applying a compaction to a request
-//! (sessions, checkpoints, single flight) is [`crate::pipeline`]'s.
+//! writing wire JSON is the dialects' job (`src/dialect/`, beside this module), and applying a
+//! compaction to a request (sessions, checkpoints, single flight) is the pipeline's, a layer
+//! above.
 //!
 //! One module per concept: [`models`] (context windows by model name or glob), [`trigger`]
 //! (when to compact, metric labels), [`boundary`] (which recent turns stay verbatim), [`mask`]
@@ -19,7 +20,7 @@ pub mod shell;
 pub mod trigger;
 
 pub use engine::{
-    CompactError, Compaction, CompactionInput, Engine, Prior, COMPACTION_CIRCUIT_BREAKER_THRESHOLD,
+    CompactError, Compaction, CompactionInput, Engine, Prior, MAX_ATTEMPTS_PER_REQUEST,
 };
 pub use trigger::{CompactionOutcome, Limits, Trigger};
 

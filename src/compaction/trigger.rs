@@ -49,7 +49,7 @@ pub enum CompactionOutcome {
     Failed,
     /// The summarizer returned an empty or whitespace-only summary.
     Blank,
-    /// The session's circuit breaker skipped compaction.
+    /// The per-session breaker skipped compaction.
     Breaker,
     /// Compaction panicked (a bug); the original request was forwarded.
     Panic,

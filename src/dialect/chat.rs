@@ -5,11 +5,11 @@
 //!   refusals, tool outputs, images) plus the tool definitions, without building a `Value` or
 //!   copying a string. The no-compaction path ends here and the proxy forwards the original
 //!   bytes.
-//! - [`message`] builds one neutral message, only when a compaction is due or a stored summary
+//! - `message` builds one neutral message, only when a compaction is due or a stored summary
 //!   is spliced in (`system`/`developer`, `user`, `assistant` with `tool_calls`, legacy
 //!   `function_call`, `tool` and legacy `function` results, `reasoning_content`/`reasoning`,
 //!   content strings or part arrays of `text`, `image_url`, `refusal` and opaque parts).
-//! - [`rewrite`] replaces the compacted messages by one `user` message holding the summary and
+//! - `rewrite` replaces the compacted messages by one `user` message holding the summary and
 //!   copies every other byte of the body as received.
 
 use std::fmt;

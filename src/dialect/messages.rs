@@ -9,13 +9,13 @@
 //!   read as text. The top-level `system` (string or blocks) and `tools` are counted as fixed
 //!   tokens. Roles other than `user`/`assistant` make the body not a Messages request (it
 //!   passes through).
-//! - [`message`] (only when a compaction is due or a stored summary is spliced in): one
+//! - `message` (only when a compaction is due or a stored summary is spliced in): one
 //!   neutral message per wire message: `text` → text, `image` → image, `tool_use` → a
 //!   tool call (id, name, input as sent), `tool_result` → a [`Part::ToolResult`] (call id,
 //!   content, `is_error`), `thinking` → reasoning, anything else → opaque. Messages keep their
 //!   wire role, so a user message of `tool_result` blocks stays one message answering every
 //!   parallel call of the assistant message before it.
-//! - [`rewrite`]: `system`, `tools`, `tool_choice`, `metadata`, `thinking` and every unknown
+//! - `rewrite`: `system`, `tools`, `tool_choice`, `metadata`, `thinking` and every unknown
 //!   field byte for byte; `messages` becomes one user message holding the
 //!   summary, then the preserved tail verbatim. Roles must alternate, so when the tail starts
 //!   with a user message the summary is merged into it as a leading text block (its other

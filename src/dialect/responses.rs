@@ -7,7 +7,7 @@
 //!   arguments, tool outputs, reasoning summaries, images at a fixed cost, and the string
 //!   leaves of any other item; ids, statuses, annotations and `encrypted_content` are not read
 //!   as text. `instructions` and `tools` are counted as fixed tokens.
-//! - [`message`] (only when a compaction is due or a stored summary is spliced in): one
+//! - `message` (only when a compaction is due or a stored summary is spliced in): one
 //!   neutral message per input item:
 //!   `message` items by role (`system`/`developer` lead the conversation and are never
 //!   compacted), `function_call` and `custom_tool_call` (and any other `*_call` item with a
@@ -15,7 +15,7 @@
 //!   assistant tool calls, `*_call_output` items with a `call_id` → tool results answering
 //!   them, `reasoning` → assistant reasoning (its summary and content texts), anything else →
 //!   opaque assistant items.
-//! - [`rewrite`]: every field but `input` byte for byte (`instructions`,
+//! - `rewrite`: every field but `input` byte for byte (`instructions`,
 //!   `tools`, `reasoning`, `store`, `include`, unknown fields); `input` becomes the leading
 //!   system/developer items verbatim, one user `message` item holding the summary, then the
 //!   preserved tail verbatim.

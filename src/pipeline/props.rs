@@ -490,7 +490,7 @@ proptest! {
                 prop_assert!(serde_json::from_slice::<Value>(&out).is_ok());
             }
         }
-        let panics = metrics.compactions.with_label_values(&["none", "panic"]).get();
+        let panics = metrics.compactions_counted("none", "panic");
         prop_assert_eq!(panics, 0);
     }
 

@@ -1,4 +1,4 @@
-//! The per-session circuit breaker: a conversation whose compactions keep failing stops
+//! The per-session breaker: a conversation whose compactions keep failing stops
 //! compacting for a while instead of paying for a failing summarizer on every request.
 //!
 //! After [`SESSION_BREAKER_THRESHOLD`] consecutive failures the breaker opens: no automatic
