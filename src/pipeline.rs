@@ -27,7 +27,6 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use compactor_plugin_api::{Caller, SummarizeError, Summarizer};
 use futures_util::FutureExt as _;
-use serde_json::value::RawValue;
 
 use crate::calibration::Calibration;
 use crate::compaction::engine::{CompactError, Compaction, CompactionInput, Engine, Prior};
@@ -294,7 +293,7 @@ impl Pipeline {
             .messages
             .iter()
             .take(SESSION_ID_MESSAGES)
-            .map(|m| m.get())
+            .copied()
             .collect();
         let session = session_id(&tenant, context.session_header, &first);
         let latest = LatestRequest {
@@ -360,7 +359,7 @@ impl Pipeline {
     }
 
     /// The longest checkpoint the request's history matches, counted as a hit or a miss.
-    async fn lookup(&self, tenant: TenantId, raw: &[&RawValue]) -> Option<Arc<Checkpoint>> {
+    async fn lookup(&self, tenant: TenantId, raw: &[&str]) -> Option<Arc<Checkpoint>> {
         let found = self.find_checkpoint(tenant, raw).await;
         self.metrics.checkpoint_lookup(found.is_some());
         found
@@ -372,11 +371,7 @@ impl Pipeline {
     /// Only prefixes that leave at least one message after them are considered: a checkpoint
     /// covering the whole request cannot be spliced (a tail must remain), and taking it for a
     /// match would make a request that needs compaction look already served.
-    async fn find_checkpoint(
-        &self,
-        tenant: TenantId,
-        raw: &[&RawValue],
-    ) -> Option<Arc<Checkpoint>> {
+    async fn find_checkpoint(&self, tenant: TenantId, raw: &[&str]) -> Option<Arc<Checkpoint>> {
         let reach = self.store.max_covered(tenant).await.unwrap_or_else(|e| {
             tracing::warn!(error = %e, "checkpoint lookup failed; treating as a miss");
             0

@@ -16,67 +16,54 @@ use std::fmt;
 
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
-use serde_json::value::RawValue;
+
 use serde_json::Value;
 
 use super::json::{as_tokens, leaf_chars, skip_scalars, OneOf, StrChars, StrCharsVisitor};
+use super::split::{decode, field, object_fields, present, read_array};
 use super::{DialectError, DialectKind, Scan, ScanFields};
 use crate::estimate::{count_chars, Counts, LazyEstimator};
 use crate::transcript::{Message, Part, Role, ToolCall};
 
 /// Reads a request once: its messages as raw slices of `body`, each counted (see
 /// [`super::Scan`]).
-pub fn scan<'a>(body: &'a [u8], estimator: &LazyEstimator) -> Result<Scan<'a>, DialectError> {
-    let wire: ScanWire<'a> = serde_json::from_slice(body)?;
-    let messages = wire
-        .messages
-        .ok_or(DialectError::NoConversation("messages"))?;
-    let mut tokens = Vec::with_capacity(messages.len());
-    for raw in &messages {
-        let MessageStats(counts) = serde_json::from_str(raw.get())?;
-        tokens.push(estimator.counts(counts));
+pub fn scan<'a>(body: &'a str, estimator: &LazyEstimator) -> Result<Scan<'a>, DialectError> {
+    let mut conversation = None;
+    let fields = object_fields(body, "messages", |rest| {
+        let (read, len) = read_array::<MessageStats>(rest)?;
+        conversation = read;
+        Ok(len)
+    })?;
+    field(&fields, "messages")?;
+    let (messages, stats) = conversation.ok_or(DialectError::NoConversation("messages"))?;
+    let tokens = stats.into_iter().map(|s| estimator.counts(s.0)).collect();
+    let max_completion: Option<Value> = decode(&fields, "max_completion_tokens")?;
+    let max_tokens: Option<Value> = decode(&fields, "max_tokens")?;
+    let mut fixed_tokens = 0usize;
+    for name in ["tools", "functions"] {
+        if let Some(raw) = present(&fields, name)? {
+            fixed_tokens = fixed_tokens.saturating_add(estimator.text(raw));
+        }
     }
     let fields = ScanFields {
-        model: wire.model,
-        requested_output: as_tokens(wire.max_completion_tokens.as_ref())
-            .or_else(|| as_tokens(wire.max_tokens.as_ref())),
-        fixed_tokens: [wire.tools, wire.functions]
-            .into_iter()
-            .flatten()
-            .map(|raw| estimator.text(raw.get()))
-            .fold(0, usize::saturating_add),
+        model: decode(&fields, "model")?,
+        requested_output: as_tokens(max_completion.as_ref())
+            .or_else(|| as_tokens(max_tokens.as_ref())),
+        fixed_tokens,
         input_is_string: false,
     };
     Ok(Scan::new(
         DialectKind::ChatCompletions,
-        body,
+        body.as_bytes(),
         messages,
         tokens,
         fields,
     ))
 }
 
-/// The top-level fields a scan reads; serde skips the rest without copying. A repeated
-/// `messages` is an error (ambiguous: never rewritten).
-#[derive(Deserialize)]
-struct ScanWire<'a> {
-    #[serde(default)]
-    model: Option<String>,
-    #[serde(default)]
-    max_tokens: Option<Value>,
-    #[serde(default)]
-    max_completion_tokens: Option<Value>,
-    #[serde(borrow, default)]
-    messages: Option<Vec<&'a RawValue>>,
-    #[serde(borrow, default)]
-    tools: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    functions: Option<&'a RawValue>,
-}
-
 /// One wire message in neutral form.
-pub(super) fn message(raw: &RawValue, index: usize) -> Result<Message, DialectError> {
-    let v: Value = serde_json::from_str(raw.get())?;
+pub(super) fn message(raw: &str, index: usize) -> Result<Message, DialectError> {
+    let v: Value = serde_json::from_str(raw)?;
     message_from_value(&v, index)
 }
 
@@ -237,7 +224,9 @@ fn part_from_value(part: &Value) -> Part {
 /// The top-level fields of a JSON object in order, values raw (for tests that compare
 /// requests field by field).
 #[cfg(test)]
-pub(crate) fn top_level_fields(body: &[u8]) -> Result<Vec<(String, &RawValue)>, DialectError> {
+pub(crate) fn top_level_fields(
+    body: &[u8],
+) -> Result<Vec<(String, &serde_json::value::RawValue)>, DialectError> {
     let super::json::OrderedObject(fields) = serde_json::from_slice(body)?;
     Ok(fields)
 }
@@ -473,6 +462,10 @@ mod tests {
 
     fn parse(body: &[u8]) -> Result<Parsed<'_>, DialectError> {
         DialectKind::ChatCompletions.parse(body)
+    }
+
+    fn scan<'a>(body: &'a [u8], est: &LazyEstimator) -> Result<Scan<'a>, DialectError> {
+        DialectKind::ChatCompletions.scan(body, est)
     }
     use crate::estimate::IMAGE_TOKENS;
     use serde_json::json;

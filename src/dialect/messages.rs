@@ -29,6 +29,7 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 
 use super::json::{as_tokens, leaf_chars, node_counts, ContentSeed, OneOf, OrderedObject, Rules};
+use super::split::{decode, field, object_fields, present, read_array};
 use super::{DialectError, DialectKind, Scan, ScanFields};
 use crate::estimate::{Counts, LazyEstimator};
 use crate::transcript::{Message, Part, Role, ToolCall, ToolResult};
@@ -56,57 +57,40 @@ const ROLES: &[&str] = &["user", "assistant"];
 
 /// Reads a request once: its messages as raw slices of `body`, each counted (see
 /// [`super::Scan`]).
-pub fn scan<'a>(body: &'a [u8], estimator: &LazyEstimator) -> Result<Scan<'a>, DialectError> {
-    let wire: ScanWire<'a> = serde_json::from_slice(body)?;
-    let messages = wire
-        .messages
-        .ok_or(DialectError::NoConversation("messages"))?;
-    let mut tokens = Vec::with_capacity(messages.len());
-    for raw in &messages {
-        let MessageStats(counts) = serde_json::from_str(raw.get())?;
-        tokens.push(estimator.counts(counts));
-    }
-    let system = wire.system.map(|s| s.0).unwrap_or_default();
+pub fn scan<'a>(body: &'a str, estimator: &LazyEstimator) -> Result<Scan<'a>, DialectError> {
+    let mut conversation = None;
+    let fields = object_fields(body, "messages", |rest| {
+        let (read, len) = read_array::<MessageStats>(rest)?;
+        conversation = read;
+        Ok(len)
+    })?;
+    field(&fields, "messages")?;
+    let (messages, stats) = conversation.ok_or(DialectError::NoConversation("messages"))?;
+    let tokens = stats.into_iter().map(|s| estimator.counts(s.0)).collect();
+    let system = match present(&fields, "system")? {
+        Some(raw) => {
+            let mut de = serde_json::Deserializer::from_str(raw);
+            let counts = de::DeserializeSeed::deserialize(ContentSeed(&RULES), &mut de)?;
+            de.end()?;
+            counts
+        }
+        None => Counts::default(),
+    };
+    let tools = present(&fields, "tools")?.map_or(0, |t| estimator.text(t));
+    let max_tokens: Option<Value> = decode(&fields, "max_tokens")?;
     let fields = ScanFields {
-        model: wire.model,
-        requested_output: as_tokens(wire.max_tokens.as_ref()),
-        fixed_tokens: estimator
-            .counts(system)
-            .saturating_add(wire.tools.map_or(0, |t| estimator.text(t.get()))),
+        model: decode(&fields, "model")?,
+        requested_output: as_tokens(max_tokens.as_ref()),
+        fixed_tokens: estimator.counts(system).saturating_add(tools),
         input_is_string: false,
     };
     Ok(Scan::new(
         DialectKind::Messages,
-        body,
+        body.as_bytes(),
         messages,
         tokens,
         fields,
     ))
-}
-
-/// The top-level fields a scan reads; serde skips the rest without copying. A repeated
-/// `messages` is an error (ambiguous: never rewritten).
-#[derive(Deserialize)]
-struct ScanWire<'a> {
-    #[serde(default)]
-    model: Option<String>,
-    #[serde(default)]
-    max_tokens: Option<Value>,
-    #[serde(borrow, default)]
-    messages: Option<Vec<&'a RawValue>>,
-    #[serde(default)]
-    system: Option<SystemCounts>,
-    #[serde(borrow, default)]
-    tools: Option<&'a RawValue>,
-}
-
-/// The top-level `system`: a string or text blocks.
-struct SystemCounts(Counts);
-
-impl<'de> Deserialize<'de> for SystemCounts {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        de::DeserializeSeed::deserialize(ContentSeed(&RULES), d).map(SystemCounts)
-    }
 }
 
 /// What the model reads of one message; the role must be `user` or `assistant`.
@@ -170,10 +154,10 @@ struct WireMessage<'a> {
 }
 
 /// One wire message in neutral form.
-pub(super) fn message(raw: &RawValue, index: usize) -> Result<Message, DialectError> {
+pub(super) fn message(raw: &str, index: usize) -> Result<Message, DialectError> {
     let bad = |reason| DialectError::BadMessage { index, reason };
     let wire: WireMessage<'_> =
-        serde_json::from_str(raw.get()).map_err(|_| bad("not a message object"))?;
+        serde_json::from_str(raw).map_err(|_| bad("not a message object"))?;
     let role = match wire.role.as_str() {
         "user" => Role::User,
         "assistant" => Role::Assistant,
@@ -335,7 +319,7 @@ pub(super) fn rewrite(
     };
     let extra = summary_message.len();
     match merge_into {
-        Some(first) => scan.splice(head, boundary, true, extra + first.get().len(), |out| {
+        Some(first) => scan.splice(head, boundary, true, extra + first.len(), |out| {
             merged_user_message(out, first, summary_message)
         }),
         None => scan.splice(head, boundary, false, extra, |out| {
@@ -353,10 +337,10 @@ pub(super) fn rewrite(
 /// Writes the user message `raw` with a text block holding `summary` before its content.
 fn merged_user_message(
     out: &mut Vec<u8>,
-    raw: &RawValue,
+    raw: &str,
     summary: &str,
 ) -> Result<(), serde_json::Error> {
-    let fields: OrderedObject<'_> = serde_json::from_str(raw.get())?;
+    let fields: OrderedObject<'_> = serde_json::from_str(raw)?;
     let Some(at) = fields.position("content") else {
         return Err(serde::ser::Error::custom("user message without content"));
     };
@@ -395,6 +379,10 @@ mod tests {
 
     fn parse(body: &[u8]) -> Result<Parsed<'_>, DialectError> {
         DialectKind::Messages.parse(body)
+    }
+
+    fn scan<'a>(body: &'a [u8], est: &LazyEstimator) -> Result<Scan<'a>, DialectError> {
+        DialectKind::Messages.scan(body, est)
     }
     use crate::dialect::json::OrderedObject;
     use crate::estimate::IMAGE_TOKENS;

@@ -20,10 +20,9 @@ pub mod chat;
 pub(crate) mod json;
 pub mod messages;
 pub mod responses;
+mod split;
 
 use std::ops::Range;
-
-use serde_json::value::RawValue;
 
 use crate::estimate::LazyEstimator;
 use crate::transcript::{Message, Role, Transcript};
@@ -35,6 +34,15 @@ pub enum DialectError {
     /// Not JSON, or JSON of an unexpected shape.
     #[error("invalid request body: {0}")]
     Json(#[from] serde_json::Error),
+    /// The body is not JSON where the scan looked (no valid UTF-8, or broken structure).
+    #[error("invalid request body at byte {at}")]
+    Malformed {
+        /// Where the scan stopped.
+        at: usize,
+    },
+    /// A top-level field the scan reads appears twice.
+    #[error("request repeats `{0}`")]
+    Repeated(String),
     /// The body has no single conversation field: `messages`, or `input` for Responses.
     #[error("request has no single `{0}`")]
     NoConversation(&'static str),
@@ -79,7 +87,7 @@ pub struct Scan<'a> {
     /// Responses: `input` is one string, written back as a user message item on rewrite.
     input_is_string: bool,
     /// The wire messages (Responses: input items) as raw JSON slices of the body, in order.
-    pub messages: Vec<&'a RawValue>,
+    pub messages: Vec<&'a str>,
     /// Estimated tokens of each message.
     pub message_tokens: Vec<usize>,
     /// The `model` field.
@@ -97,7 +105,7 @@ impl<'a> Scan<'a> {
     fn new(
         dialect: DialectKind,
         body: &'a [u8],
-        messages: Vec<&'a RawValue>,
+        messages: Vec<&'a str>,
         message_tokens: Vec<usize>,
         fields: ScanFields,
     ) -> Scan<'a> {
@@ -148,10 +156,13 @@ impl<'a> Scan<'a> {
 
     /// Message `index` in neutral form (its estimate from the scan).
     pub fn message(&self, index: usize) -> Result<Message, DialectError> {
-        let raw = self.messages.get(index).ok_or(DialectError::BadMessage {
-            index,
-            reason: "no such message",
-        })?;
+        let raw = self
+            .messages
+            .get(index)
+            .ok_or_else(|| DialectError::BadMessage {
+                index,
+                reason: "no such message",
+            })?;
         let mut message = match self.dialect {
             DialectKind::ChatCompletions => chat::message(raw, index)?,
             DialectKind::Messages => messages::message(raw, index)?,
@@ -211,8 +222,8 @@ impl<'a> Scan<'a> {
     fn span(&self, index: usize) -> Result<Range<usize>, DialectError> {
         self.messages
             .get(index)
-            .and_then(|raw| span_in(self.body, raw.get()))
-            .ok_or(DialectError::BadMessage {
+            .and_then(|raw| span_in(self.body, raw))
+            .ok_or_else(|| DialectError::BadMessage {
                 index,
                 reason: "not a slice of the body",
             })
@@ -300,10 +311,13 @@ impl DialectKind {
         body: &'a [u8],
         estimator: &LazyEstimator,
     ) -> Result<Scan<'a>, DialectError> {
+        let text = std::str::from_utf8(body).map_err(|e| DialectError::Malformed {
+            at: e.valid_up_to(),
+        })?;
         match self {
-            DialectKind::ChatCompletions => chat::scan(body, estimator),
-            DialectKind::Messages => messages::scan(body, estimator),
-            DialectKind::Responses => responses::scan(body, estimator),
+            DialectKind::ChatCompletions => chat::scan(text, estimator),
+            DialectKind::Messages => messages::scan(text, estimator),
+            DialectKind::Responses => responses::scan(text, estimator),
         }
     }
 
@@ -407,10 +421,8 @@ mod tests {
             assert_eq!(scan.head_len().expect("head"), head, "{body}");
             let out = scan.rewrite(head, head + 2, "SUMMARY").expect("rewrite");
             let out = String::from_utf8(out).expect("utf-8");
-            let start = body.find(scan.messages[head].get()).expect("head message");
-            let end = body
-                .find(scan.messages[head + 2].get())
-                .expect("tail message");
+            let start = body.find(scan.messages[head]).expect("head message");
+            let end = body.find(scan.messages[head + 2]).expect("tail message");
             assert_eq!(out[..start], body[..start], "{dialect:?}: bytes before");
             assert!(
                 out.ends_with(&body[end..]),

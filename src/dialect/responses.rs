@@ -22,14 +22,16 @@
 //!
 //! [`DialectError::ServerState`]: super::DialectError::ServerState
 
-use serde::de::{Deserializer, SeqAccess, Visitor};
+use serde::de::{DeserializeSeed, Deserializer};
 use serde::{Deserialize, Serialize};
-use serde_json::value::RawValue;
+
 use serde_json::Value;
 
+use super::json::NodeSeed;
 use super::json::{as_tokens, leaf_chars, node_counts, Rules, StrChars};
+use super::split::{decode, object_fields, present, read_array, value_len};
 use super::{DialectError, DialectKind, Scan, ScanFields};
-use crate::estimate::{count_chars, LazyEstimator};
+use crate::estimate::{Counts, LazyEstimator};
 use crate::transcript::{Message, Part, Role, ToolCall};
 
 /// How Responses input is counted.
@@ -57,98 +59,54 @@ pub(crate) static RULES: Rules = Rules {
 /// Reads a request once: its input items as raw slices of `body`, each counted (see
 /// [`super::Scan`]). A request whose history lives on the provider is
 /// [`DialectError::ServerState`].
-pub fn scan<'a>(body: &'a [u8], estimator: &LazyEstimator) -> Result<Scan<'a>, DialectError> {
-    let wire: ScanWire<'a> = serde_json::from_slice(body)?;
-    if server_state(
-        wire.previous_response_id.as_ref(),
-        wire.conversation.as_ref(),
-    ) {
+pub fn scan<'a>(body: &'a str, estimator: &LazyEstimator) -> Result<Scan<'a>, DialectError> {
+    let mut read_items = None;
+    let fields = object_fields(body, "input", |rest| {
+        if !rest.starts_with('[') {
+            return value_len(rest);
+        }
+        let (read, len) = read_array::<ItemCounts>(rest)?;
+        read_items = read;
+        Ok(len)
+    })?;
+    let previous: Option<Value> = decode(&fields, "previous_response_id")?;
+    let conversation: Option<Value> = decode(&fields, "conversation")?;
+    if server_state(previous.as_ref(), conversation.as_ref()) {
         return Err(DialectError::ServerState);
     }
-    let (items, tokens, input_is_string) = match wire.input {
-        None => return Err(DialectError::NoConversation("input")),
-        Some(Input::Items(items)) => {
-            let mut tokens = Vec::with_capacity(items.len());
-            for raw in &items {
-                tokens.push(estimator.counts(node_counts(raw.get(), &RULES)?));
-            }
-            (items, tokens, false)
-        }
-        Some(Input::Text(chars)) => {
-            // A string `input` is one user message; its raw JSON is read again (a rare,
-            // single-turn request) because the splice needs its bytes.
-            #[derive(Deserialize)]
-            struct Raw<'a> {
-                #[serde(borrow)]
-                input: &'a RawValue,
-            }
-            let Raw { input } = serde_json::from_slice(body)?;
-            (vec![input], vec![estimator.chars(chars)], true)
-        }
+    let input = present(&fields, "input")?.ok_or(DialectError::NoConversation("input"))?;
+    let (items, tokens, input_is_string) = if let Some((items, counts)) = read_items {
+        let tokens = counts.into_iter().map(|c| estimator.counts(c.0)).collect();
+        (items, tokens, false)
+    } else {
+        // A string `input` is one user message (anything else is not a Responses request).
+        let text: String = serde_json::from_str(input)?;
+        (vec![input], vec![estimator.text(&text)], true)
     };
+    let instructions = decode::<StrChars>(&fields, "instructions")?.map_or(0, |s| s.0);
+    let tools = present(&fields, "tools")?.map_or(0, |t| estimator.text(t));
+    let max_output: Option<Value> = decode(&fields, "max_output_tokens")?;
     let fields = ScanFields {
-        model: wire.model,
-        requested_output: as_tokens(wire.max_output_tokens.as_ref()),
-        fixed_tokens: estimator
-            .chars(wire.instructions.map_or(0, |s| s.0))
-            .saturating_add(wire.tools.map_or(0, |t| estimator.text(t.get()))),
+        model: decode(&fields, "model")?,
+        requested_output: as_tokens(max_output.as_ref()),
+        fixed_tokens: estimator.chars(instructions).saturating_add(tools),
         input_is_string,
     };
     Ok(Scan::new(
         DialectKind::Responses,
-        body,
+        body.as_bytes(),
         items,
         tokens,
         fields,
     ))
 }
 
-/// The top-level fields a scan reads; serde skips the rest without copying. A repeated
-/// `input` is an error (ambiguous: never rewritten).
-#[derive(Deserialize)]
-struct ScanWire<'a> {
-    #[serde(default)]
-    model: Option<String>,
-    #[serde(default)]
-    max_output_tokens: Option<Value>,
-    #[serde(default)]
-    previous_response_id: Option<Value>,
-    #[serde(default)]
-    conversation: Option<Value>,
-    #[serde(default)]
-    instructions: Option<StrChars>,
-    #[serde(borrow, default)]
-    input: Option<Input<'a>>,
-    #[serde(borrow, default)]
-    tools: Option<&'a RawValue>,
-}
+/// What the model reads of one input item, counted as a node.
+struct ItemCounts(Counts);
 
-/// `input`: an array of items, or one string (its characters).
-enum Input<'a> {
-    Items(Vec<&'a RawValue>),
-    Text(usize),
-}
-
-impl<'de: 'a, 'a> Deserialize<'de> for Input<'a> {
+impl<'de> Deserialize<'de> for ItemCounts {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V<'a>(std::marker::PhantomData<&'a ()>);
-        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
-            type Value = Input<'a>;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a string or an array of input items")
-            }
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Input<'a>, E> {
-                Ok(Input::Text(count_chars(v)))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Input<'a>, A::Error> {
-                let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(64));
-                while let Some(item) = seq.next_element::<&'de RawValue>()? {
-                    items.push(item);
-                }
-                Ok(Input::Items(items))
-            }
-        }
-        d.deserialize_any(V(std::marker::PhantomData))
+        DeserializeSeed::deserialize(NodeSeed(&RULES), d).map(ItemCounts)
     }
 }
 
@@ -160,9 +118,9 @@ fn server_state(previous: Option<&Value>, conversation: Option<&Value>) -> bool 
 }
 
 /// A string `input` as its one neutral message.
-pub(super) fn string_input(raw: &RawValue) -> Result<Message, DialectError> {
+pub(super) fn string_input(raw: &str) -> Result<Message, DialectError> {
     let text: String =
-        serde_json::from_str(raw.get()).map_err(|_| DialectError::NoConversation("input"))?;
+        serde_json::from_str(raw).map_err(|_| DialectError::NoConversation("input"))?;
     Ok(Message::new(Role::User, vec![Part::Text(text)]))
 }
 
@@ -176,9 +134,9 @@ fn text_of(v: Option<&Value>) -> Option<String> {
 
 /// One input item as a neutral message.
 /// One input item in neutral form.
-pub(super) fn message(raw: &RawValue, index: usize) -> Result<Message, DialectError> {
+pub(super) fn message(raw: &str, index: usize) -> Result<Message, DialectError> {
     let bad = |reason| DialectError::BadMessage { index, reason };
-    let v: Value = serde_json::from_str(raw.get())?;
+    let v: Value = serde_json::from_str(raw)?;
     let obj = v.as_object().ok_or(bad("not an object"))?;
     let str_field = |k: &str| obj.get(k).and_then(Value::as_str);
     let kind = match str_field("type") {
@@ -188,7 +146,7 @@ pub(super) fn message(raw: &RawValue, index: usize) -> Result<Message, DialectEr
     };
     let call_id = str_field("call_id").map(str::to_string);
     let opaque = || -> Result<Vec<Part>, DialectError> {
-        let counts = node_counts(raw.get(), &RULES)?;
+        let counts = node_counts(raw, &RULES)?;
         let mut parts = vec![Part::Opaque {
             kind: kind.to_string(),
             chars: counts.chars,
@@ -351,7 +309,7 @@ pub(super) fn rewrite(
         serde_json::to_writer(&mut *out, &summary)?;
         for item in tail {
             out.extend_from_slice(br#",{"type":"message","role":"user","content":"#);
-            out.extend_from_slice(item.get().as_bytes());
+            out.extend_from_slice(item.as_bytes());
             out.push(b'}');
         }
         out.push(b']');
@@ -366,6 +324,10 @@ mod tests {
 
     fn parse(body: &[u8]) -> Result<Parsed<'_>, DialectError> {
         DialectKind::Responses.parse(body)
+    }
+
+    fn scan<'a>(body: &'a [u8], est: &LazyEstimator) -> Result<Scan<'a>, DialectError> {
+        DialectKind::Responses.scan(body, est)
     }
     use crate::estimate::IMAGE_TOKENS;
     use serde_json::json;

@@ -12,7 +12,6 @@ use std::fmt;
 
 use compactor_plugin_api::Caller;
 use serde::{Serialize, Serializer};
-use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 
 use super::canonical::canonical_into;
@@ -156,12 +155,12 @@ impl fmt::Display for ChainHash {
 /// `h_1..h_n` of `messages` for `tenant`: element `k-1` covers `messages[0..k)`.
 ///
 /// Fails when a message is not JSON (the caller then treats the request as uncompactable).
-pub fn chain(tenant: &TenantId, messages: &[&RawValue]) -> Result<Vec<ChainHash>, CanonicalError> {
+pub fn chain(tenant: &TenantId, messages: &[&str]) -> Result<Vec<ChainHash>, CanonicalError> {
     let mut hashes = Vec::with_capacity(messages.len());
     let mut buf = Vec::new();
     let mut h = ChainHash::start(tenant);
     for message in messages {
-        canonical_into(message.get(), &mut buf)?;
+        canonical_into(message, &mut buf)?;
         h = h.next(&buf);
         hashes.push(h);
     }
@@ -218,13 +217,13 @@ fn session_id_byte(b: u8) -> bool {
 mod tests {
     use super::*;
 
-    fn raw(s: &str) -> Box<RawValue> {
-        RawValue::from_string(s.to_string()).unwrap()
+    fn raw(s: &str) -> Box<serde_json::value::RawValue> {
+        serde_json::value::RawValue::from_string(s.to_string()).unwrap()
     }
 
     fn hashes(tenant: &TenantId, msgs: &[&str]) -> Vec<ChainHash> {
-        let owned: Vec<Box<RawValue>> = msgs.iter().map(|m| raw(m)).collect();
-        let refs: Vec<&RawValue> = owned.iter().map(|b| b.as_ref()).collect();
+        let owned: Vec<Box<serde_json::value::RawValue>> = msgs.iter().map(|m| raw(m)).collect();
+        let refs: Vec<&str> = owned.iter().map(|b| b.get()).collect();
         chain(tenant, &refs).unwrap()
     }
 

@@ -556,7 +556,6 @@ impl Inner {
 mod tests {
     use bytes::Bytes;
     use compactor_plugin_api::Caller;
-    use serde_json::value::RawValue;
 
     use super::*;
     use crate::dialect::DialectKind;
@@ -603,14 +602,11 @@ mod tests {
 
     /// The chain of user messages with these contents.
     fn chain_of(tenant: &TenantId, contents: &[String]) -> Vec<ChainHash> {
-        let owned: Vec<Box<RawValue>> = contents
+        let owned: Vec<String> = contents
             .iter()
-            .map(|c| {
-                let json = serde_json::json!({"role": "user", "content": c}).to_string();
-                RawValue::from_string(json).unwrap()
-            })
+            .map(|c| serde_json::json!({"role": "user", "content": c}).to_string())
             .collect();
-        let refs: Vec<&RawValue> = owned.iter().map(|m| m.as_ref()).collect();
+        let refs: Vec<&str> = owned.iter().map(String::as_str).collect();
         chain(tenant, &refs).unwrap()
     }
 

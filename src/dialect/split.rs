@@ -1,0 +1,362 @@
+//! The structural pass of a scan: a JSON body split into its top-level fields and a
+//! conversation array into its elements, as slices of the body, without decoding anything.
+//!
+//! A chat body is mostly strings (message text, tool output). serde_json skipping them to
+//! capture raw values checks every byte twice and stops at every escape; this pass finds string
+//! ends with `memchr` and tracks nesting only between strings, so it costs a fraction of a
+//! decoding pass. It does not validate what it skips: every message is then read by its
+//! dialect's counter (serde_json, which rejects what is not JSON), and the top-level fields the
+//! scan reads are decoded one by one. A field nobody reads is forwarded as the client sent it,
+//! so an error in it reaches the provider exactly as it would have without compactor.
+//! Malformed structure is an error, never a panic or a slice out of bounds.
+
+use std::borrow::Cow;
+
+use super::DialectError;
+
+/// One top-level field: its key (unescaped) and its value as sent.
+#[derive(Debug)]
+pub(crate) struct Field<'a> {
+    pub key: Cow<'a, str>,
+    pub value: &'a str,
+}
+
+/// The top-level fields of a JSON object, in order. The value of the field named
+/// `conversation` (a chat body's bulk) is not skipped but handed to `read_conversation` with
+/// the rest of the body from its first byte; it answers how many bytes the value took, so
+/// that value is read exactly once.
+pub(crate) fn object_fields<'a>(
+    body: &'a str,
+    conversation: &str,
+    mut read_conversation: impl FnMut(&'a str) -> Result<usize, DialectError>,
+) -> Result<Vec<Field<'a>>, DialectError> {
+    let b = body.as_bytes();
+    let mut i = skip_ws(b, 0);
+    expect(b, i, b'{')?;
+    i = skip_ws(b, i + 1);
+    let mut fields = Vec::with_capacity(16);
+    if b.get(i) == Some(&b'}') {
+        return end(b, i + 1).map(|()| fields);
+    }
+    loop {
+        expect(b, i, b'"')?;
+        let key_end = skip_string(b, i)?;
+        let key = key_text(body, i, key_end)?;
+        i = skip_ws(b, key_end);
+        expect(b, i, b':')?;
+        let start = skip_ws(b, i + 1);
+        let value_end = if key == conversation {
+            let rest = body.get(start..).ok_or_else(|| malformed(start))?;
+            start.saturating_add(read_conversation(rest)?)
+        } else {
+            skip_value(b, start)?
+        };
+        fields.push(Field {
+            key,
+            value: slice(body, start, value_end)?,
+        });
+        i = skip_ws(b, value_end);
+        match b.get(i) {
+            Some(b',') => i = skip_ws(b, i + 1),
+            Some(b'}') => return end(b, i + 1).map(|()| fields),
+            _ => return Err(malformed(i)),
+        }
+    }
+}
+
+/// Reads the array at the start of `text` element by element, each decoded as `T` in place
+/// (a dialect's counter), collecting each element's slice and value: the array is read once.
+/// Answers them and the bytes the array took; a `null` is no array (`None`).
+#[allow(clippy::type_complexity)]
+pub(crate) fn read_array<'a, T: serde::Deserialize<'a>>(
+    text: &'a str,
+) -> Result<(Option<(Vec<&'a str>, Vec<T>)>, usize), DialectError> {
+    let b = text.as_bytes();
+    if b.starts_with(b"null") {
+        return Ok((None, 4));
+    }
+    expect(b, 0, b'[')?;
+    let mut i = skip_ws(b, 1);
+    let mut elements = Vec::with_capacity(64);
+    let mut values = Vec::with_capacity(64);
+    if b.get(i) == Some(&b']') {
+        return Ok((Some((elements, values)), i + 1));
+    }
+    loop {
+        let rest = text.get(i..).ok_or_else(|| malformed(i))?;
+        let mut stream = serde_json::Deserializer::from_str(rest).into_iter::<T>();
+        values.push(stream.next().ok_or_else(|| malformed(i))??);
+        // The stream stops right after the element: it looks no further than a delimiter.
+        let len = stream.byte_offset();
+        elements.push(slice(text, i, i + len)?);
+        i = skip_ws(b, i + len);
+        match b.get(i) {
+            Some(b',') => i = skip_ws(b, i + 1),
+            Some(b']') => return Ok((Some((elements, values)), i + 1)),
+            _ => return Err(malformed(i)),
+        }
+    }
+}
+
+/// The field named `name`: `None` when absent; a repeated field is an error (which of the two
+/// a provider reads is not compactor's guess to make).
+pub(crate) fn field<'a>(fields: &[Field<'a>], name: &str) -> Result<Option<&'a str>, DialectError> {
+    let mut found = fields.iter().filter(|f| f.key == name);
+    match (found.next(), found.next()) {
+        (Some(f), None) => Ok(Some(f.value)),
+        (None, _) => Ok(None),
+        (Some(_), Some(_)) => Err(DialectError::Repeated(name.to_string())),
+    }
+}
+
+/// The field named `name` unless absent or `null` (serde's `Option` reads both as `None`).
+pub(crate) fn present<'a>(
+    fields: &[Field<'a>],
+    name: &str,
+) -> Result<Option<&'a str>, DialectError> {
+    Ok(field(fields, name)?.filter(|v| *v != "null"))
+}
+
+/// The field named `name` decoded as `T` (`None` when absent or `null`).
+pub(crate) fn decode<T: serde::de::DeserializeOwned>(
+    fields: &[Field<'_>],
+    name: &str,
+) -> Result<Option<T>, DialectError> {
+    present(fields, name)?
+        .map(serde_json::from_str)
+        .transpose()
+        .map_err(DialectError::from)
+}
+
+/// How many bytes the JSON value at the start of `text` takes (not validated).
+pub(crate) fn value_len(text: &str) -> Result<usize, DialectError> {
+    skip_value(text.as_bytes(), 0)
+}
+
+fn malformed(at: usize) -> DialectError {
+    DialectError::Malformed { at }
+}
+
+fn slice(text: &str, start: usize, end: usize) -> Result<&str, DialectError> {
+    // Every boundary this module finds is at an ASCII byte, hence a character boundary.
+    text.get(start..end).ok_or_else(|| malformed(start))
+}
+
+fn key_text(body: &str, start: usize, end: usize) -> Result<Cow<'_, str>, DialectError> {
+    let token = slice(body, start, end)?;
+    let inner = &token[1..token.len() - 1];
+    if inner.contains('\\') {
+        Ok(Cow::Owned(serde_json::from_str::<String>(token)?))
+    } else {
+        Ok(Cow::Borrowed(inner))
+    }
+}
+
+fn expect(b: &[u8], i: usize, want: u8) -> Result<(), DialectError> {
+    if b.get(i) == Some(&want) {
+        Ok(())
+    } else {
+        Err(malformed(i))
+    }
+}
+
+/// Only whitespace may follow the value.
+fn end(b: &[u8], i: usize) -> Result<(), DialectError> {
+    let i = skip_ws(b, i);
+    if i == b.len() {
+        Ok(())
+    } else {
+        Err(malformed(i))
+    }
+}
+
+fn skip_ws(b: &[u8], mut i: usize) -> usize {
+    while matches!(b.get(i), Some(b' ' | b'\n' | b'\r' | b'\t')) {
+        i += 1;
+    }
+    i
+}
+
+/// The end (exclusive) of the string starting at `b[i] == '"'`.
+///
+/// Tool output is dense with escapes (a `\n` or `\"` every few dozen bytes), so the search
+/// for the next quote or backslash is a word at a time rather than a vector search with its
+/// set-up cost per call.
+fn skip_string(b: &[u8], start: usize) -> Result<usize, DialectError> {
+    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+    const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
+    const QUOTES: u64 = u64::from_ne_bytes([b'"'; 8]);
+    const BACKSLASHES: u64 = u64::from_ne_bytes([b'\\'; 8]);
+    let mut i = start + 1;
+    loop {
+        while let Some(Ok(chunk)) = b.get(i..i + 8).map(<[u8; 8]>::try_from) {
+            let word = u64::from_le_bytes(chunk);
+            let (q, s) = (word ^ QUOTES, word ^ BACKSLASHES);
+            // The lowest byte that is zero in `q` or `s` sets its high bit here (bytes above
+            // it may be false positives, which the byte check below never reaches).
+            let hits = (q.wrapping_sub(ONES) & !q | s.wrapping_sub(ONES) & !s) & HIGHS;
+            if hits != 0 {
+                i += (hits.trailing_zeros() / 8) as usize;
+                break;
+            }
+            i += 8;
+        }
+        match b.get(i) {
+            Some(b'"') => return Ok(i + 1),
+            // A backslash escapes the next byte (`\u` is followed by plain hex digits).
+            Some(b'\\') => i += 2,
+            Some(_) => i += 1,
+            None => return Err(malformed(start)),
+        }
+    }
+}
+
+/// The end (exclusive) of the value starting at `b[i]`.
+fn skip_value(b: &[u8], i: usize) -> Result<usize, DialectError> {
+    match b.get(i) {
+        Some(b'"') => skip_string(b, i),
+        Some(b'{' | b'[') => skip_nested(b, i),
+        Some(_) => {
+            // A number or a literal: up to the next delimiter.
+            let len = b[i..]
+                .iter()
+                .position(|c| matches!(c, b',' | b'}' | b']' | b' ' | b'\n' | b'\r' | b'\t'))
+                .unwrap_or(b.len() - i);
+            if len == 0 {
+                Err(malformed(i))
+            } else {
+                Ok(i + len)
+            }
+        }
+        None => Err(malformed(i)),
+    }
+}
+
+/// The end (exclusive) of the object or array starting at `b[i]`: brackets are counted
+/// between strings, which are skipped whole.
+fn skip_nested(b: &[u8], start: usize) -> Result<usize, DialectError> {
+    let mut depth = 0usize;
+    let mut i = start;
+    while let Some(&c) = b.get(i) {
+        match c {
+            b'"' => {
+                i = skip_string(b, i)?;
+                continue;
+            }
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' => {
+                depth = depth.checked_sub(1).ok_or_else(|| malformed(i))?;
+                if depth == 0 {
+                    return Ok(i + 1);
+                }
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    Err(malformed(start))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use serde::de::IgnoredAny;
+    use serde_json::Value;
+
+    #[test]
+    fn splits_fields_and_elements_as_sent() {
+        let body = " {\"a\" : [1, {\"x\":\"]}\\\"\"}] ,\"b\\u0063\":\"s\\\\\",\n\"n\":-1.5e3,\"t\":true,\"z\":null} ";
+        let mut read = None;
+        let fields = object_fields(body, "a", |rest| {
+            let (elements, len) = read_array::<IgnoredAny>(rest)?;
+            read = elements.map(|(e, _)| e);
+            Ok(len)
+        })
+        .expect("fields");
+        let keys: Vec<&str> = fields.iter().map(|f| f.key.as_ref()).collect();
+        assert_eq!(keys, ["a", "bc", "n", "t", "z"]);
+        assert_eq!(fields[0].value, "[1, {\"x\":\"]}\\\"\"}]");
+        assert_eq!(fields[1].value, "\"s\\\\\"");
+        assert_eq!(fields[2].value, "-1.5e3");
+        assert_eq!(read.expect("elements"), ["1", "{\"x\":\"]}\\\"\"}"]);
+        let (empty, len) = read_array::<IgnoredAny>("[ ] ,").expect("empty");
+        assert_eq!((empty.map(|(e, _)| e.len()), len), (Some(0), 3));
+        assert_eq!(read_array::<IgnoredAny>("null}").expect("null").1, 4);
+        assert!(matches!(
+            field(
+                &object_fields(r#"{"m":1,"m":2}"#, "", |_| Ok(0)).expect("fields"),
+                "m"
+            ),
+            Err(DialectError::Repeated(_))
+        ));
+    }
+
+    #[test]
+    fn malformed_structure_is_an_error() {
+        for bad in [
+            "",
+            "{",
+            "[",
+            "{\"a\"",
+            "{\"a\":}",
+            "{\"a\":1,}",
+            "{\"a\":1} x",
+            "{\"a\":\"open}",
+            "{\"a\":[1,2}",
+            "{\"a\":]}",
+            "{\"a\":\"\\",
+            "{a:1}",
+            "[1 2]",
+            "{\"a\":1 \"b\":2}",
+        ] {
+            let split = object_fields(bad, "a", |rest| read_array::<IgnoredAny>(rest).map(|r| r.1));
+            assert!(split.is_err(), "{bad:?}");
+        }
+    }
+
+    fn json_value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            "[a-z\"\\\\{}\\[\\],:é\u{1} ]{0,8}".prop_map(Value::String),
+        ];
+        leaf.prop_recursive(4, 32, 6, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..5).prop_map(Value::Array),
+                prop::collection::vec(("[a-c\"\\\\]{0,3}", inner), 0..5)
+                    .prop_map(|kv| Value::Object(kv.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest! {
+        /// Valid JSON, compact or pretty: the fields and elements are exactly the values serde
+        /// reads.
+        #[test]
+        fn agrees_with_serde(fields in prop::collection::vec(("[a-c]{1,2}", json_value()), 0..6), pretty in any::<bool>()) {
+            let object = Value::Object(fields.into_iter().collect());
+            let text = if pretty {
+                serde_json::to_string_pretty(&object).expect("pretty")
+            } else {
+                serde_json::to_string(&object).expect("compact")
+            };
+            let split = object_fields(&text, "", |_| Ok(0)).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let Value::Object(map) = &object else { unreachable!() };
+            prop_assert_eq!(split.len(), map.len());
+            for f in &split {
+                let value: Value = serde_json::from_str(f.value).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                prop_assert_eq!(Some(&value), map.get(f.key.as_ref()));
+                if let Value::Array(items) = &value {
+                    let (read, len) = read_array::<Value>(f.value).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                    prop_assert_eq!(len, f.value.len());
+                    let (elements, values) = read.expect("an array");
+                    prop_assert_eq!(&values, items);
+                    let parsed: Vec<Value> = elements.iter().map(|e| serde_json::from_str(e).expect("element")).collect();
+                    prop_assert_eq!(&parsed, items);
+                }
+            }
+        }
+    }
+}
