@@ -20,7 +20,7 @@ pub mod chat;
 pub(crate) mod json;
 pub mod messages;
 pub mod responses;
-mod split;
+pub(crate) mod split;
 
 use std::ops::Range;
 
@@ -156,13 +156,10 @@ impl<'a> Scan<'a> {
 
     /// Message `index` in neutral form (its estimate from the scan).
     pub fn message(&self, index: usize) -> Result<Message, DialectError> {
-        let raw = self
-            .messages
-            .get(index)
-            .ok_or_else(|| DialectError::BadMessage {
-                index,
-                reason: "no such message",
-            })?;
+        let raw = self.messages.get(index).ok_or(DialectError::BadMessage {
+            index,
+            reason: "no such message",
+        })?;
         let mut message = match self.dialect {
             DialectKind::ChatCompletions => chat::message(raw, index)?,
             DialectKind::Messages => messages::message(raw, index)?,
@@ -223,7 +220,7 @@ impl<'a> Scan<'a> {
         self.messages
             .get(index)
             .and_then(|raw| span_in(self.body, raw))
-            .ok_or_else(|| DialectError::BadMessage {
+            .ok_or(DialectError::BadMessage {
                 index,
                 reason: "not a slice of the body",
             })

@@ -3,7 +3,7 @@
 //!
 //! A chat body is mostly strings (message text, tool output). serde_json skipping them to
 //! capture raw values checks every byte twice and stops at every escape; this pass finds string
-//! ends with `memchr` and tracks nesting only between strings, so it costs a fraction of a
+//! ends a word at a time and tracks nesting only between strings, so it costs a fraction of a
 //! decoding pass. It does not validate what it skips: every message is then read by its
 //! dialect's counter (serde_json, which rejects what is not JSON), and the top-level fields the
 //! scan reads are decoded one by one. A field nobody reads is forwarded as the client sent it,
@@ -178,37 +178,48 @@ fn skip_ws(b: &[u8], mut i: usize) -> usize {
 }
 
 /// The end (exclusive) of the string starting at `b[i] == '"'`.
-///
-/// Tool output is dense with escapes (a `\n` or `\"` every few dozen bytes), so the search
-/// for the next quote or backslash is a word at a time rather than a vector search with its
-/// set-up cost per call.
 fn skip_string(b: &[u8], start: usize) -> Result<usize, DialectError> {
+    let mut i = start + 1;
+    loop {
+        i += quote_or_backslash(b.get(i..).unwrap_or_default()).ok_or_else(|| malformed(start))?;
+        match b[i] {
+            b'"' => return Ok(i + 1),
+            // A backslash escapes the next byte (`\u` is followed by plain hex digits).
+            _ => i += 2,
+        }
+    }
+}
+
+/// The index of the first `"` or `\\` in `b`.
+///
+/// Tool output is dense with escapes (a `\n` or `\"` every few dozen bytes), so the search is
+/// a word at a time rather than a vector search with its set-up cost per call.
+pub(crate) fn quote_or_backslash(b: &[u8]) -> Option<usize> {
     const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
     const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
     const QUOTES: u64 = u64::from_ne_bytes([b'"'; 8]);
     const BACKSLASHES: u64 = u64::from_ne_bytes([b'\\'; 8]);
-    let mut i = start + 1;
-    loop {
-        while let Some(Ok(chunk)) = b.get(i..i + 8).map(<[u8; 8]>::try_from) {
-            let word = u64::from_le_bytes(chunk);
-            let (q, s) = (word ^ QUOTES, word ^ BACKSLASHES);
-            // The lowest byte that is zero in `q` or `s` sets its high bit here (bytes above
-            // it may be false positives, which the byte check below never reaches).
-            let hits = (q.wrapping_sub(ONES) & !q | s.wrapping_sub(ONES) & !s) & HIGHS;
-            if hits != 0 {
-                i += (hits.trailing_zeros() / 8) as usize;
-                break;
-            }
-            i += 8;
+    let mut chunks = b.chunks_exact(8);
+    let mut i = 0;
+    for chunk in chunks.by_ref() {
+        let Ok(bytes) = <[u8; 8]>::try_from(chunk) else {
+            break;
+        };
+        let word = u64::from_le_bytes(bytes);
+        let (q, s) = (word ^ QUOTES, word ^ BACKSLASHES);
+        // The lowest byte that is zero in `q` or `s` sets its high bit here (bytes above it
+        // may be false positives; only the lowest is used).
+        let hits = (q.wrapping_sub(ONES) & !q | s.wrapping_sub(ONES) & !s) & HIGHS;
+        if hits != 0 {
+            return Some(i + (hits.trailing_zeros() / 8) as usize);
         }
-        match b.get(i) {
-            Some(b'"') => return Ok(i + 1),
-            // A backslash escapes the next byte (`\u` is followed by plain hex digits).
-            Some(b'\\') => i += 2,
-            Some(_) => i += 1,
-            None => return Err(malformed(start)),
-        }
+        i += 8;
     }
+    chunks
+        .remainder()
+        .iter()
+        .position(|c| matches!(c, b'"' | b'\\'))
+        .map(|at| i + at)
 }
 
 /// The end (exclusive) of the value starting at `b[i]`.
@@ -290,6 +301,23 @@ mod tests {
             ),
             Err(DialectError::Repeated(_))
         ));
+    }
+
+    #[test]
+    fn quotes_and_backslashes_are_found_at_any_offset() {
+        for len in 0..40 {
+            for at in 0..len {
+                for c in [b'"', b'\\'] {
+                    let mut b = vec![b'a'; len];
+                    b[at] = c;
+                    if at + 1 < len {
+                        b[at + 1] = b'"';
+                    }
+                    assert_eq!(quote_or_backslash(&b), Some(at), "{len} {at}");
+                }
+            }
+            assert_eq!(quote_or_backslash(&vec![0xe9; len]), None);
+        }
     }
 
     #[test]

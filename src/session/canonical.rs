@@ -12,6 +12,8 @@
 
 use std::borrow::Cow;
 
+use crate::dialect::split::quote_or_backslash;
+
 /// Canonicalising found bytes that are not JSON.
 #[derive(Debug, thiserror::Error)]
 pub enum CanonicalError {
@@ -38,6 +40,8 @@ pub fn canonical_into(json: &str, out: &mut Vec<u8>) -> Result<(), CanonicalErro
         text: json,
         s: json.as_bytes(),
         i: 0,
+        entries: Vec::new(),
+        scratch: Vec::new(),
     };
     c.value(out)?;
     c.ws();
@@ -52,6 +56,11 @@ struct Canon<'a> {
     text: &'a str,
     s: &'a [u8],
     i: usize,
+    /// The entries of the objects being written, innermost last (one allocation per call,
+    /// not per object).
+    entries: Vec<Entry<'a>>,
+    /// A copy of an object's entries while they are written back in key order.
+    scratch: Vec<u8>,
 }
 
 /// One object entry written in input order: its unescaped key and where its key and value
@@ -118,7 +127,7 @@ impl<'a> Canon<'a> {
         let mut escaped = false;
         loop {
             let rest = self.s.get(self.i..).ok_or_else(|| self.malformed())?;
-            let Some(at) = memchr::memchr2(b'"', b'\\', rest) else {
+            let Some(at) = quote_or_backslash(rest) else {
                 return Err(self.malformed());
             };
             self.i += at;
@@ -190,7 +199,7 @@ impl<'a> Canon<'a> {
     }
 
     /// Writes the entries in input order, then, unless their keys already are sorted and
-    /// distinct, rewrites the object from that copy in key order.
+    /// distinct, writes them again from a copy in key order.
     fn object(&mut self, out: &mut Vec<u8>) -> Result<(), CanonicalError> {
         self.i += 1;
         let start = out.len();
@@ -201,7 +210,7 @@ impl<'a> Canon<'a> {
             out.push(b'}');
             return Ok(());
         }
-        let mut entries: Vec<Entry<'a>> = Vec::new();
+        let base = self.entries.len();
         loop {
             self.ws();
             if self.peek() != Some(b'"') {
@@ -213,7 +222,7 @@ impl<'a> Canon<'a> {
             self.expect(b':')?;
             out.push(b':');
             self.value(out)?;
-            entries.push(Entry {
+            self.entries.push(Entry {
                 key: key.unescaped()?,
                 written: at..out.len(),
             });
@@ -230,33 +239,32 @@ impl<'a> Canon<'a> {
                 _ => return Err(self.malformed()),
             }
         }
+        let entries = &mut self.entries[base..];
         let ordered = entries
             .windows(2)
             .all(|w| w[0].key.as_bytes() < w[1].key.as_bytes());
-        if ordered {
-            out.push(b'}');
-            return Ok(());
-        }
-        // Stable sort, then keep the last of equal keys (serde_json's map keeps the last).
-        let mut order: Vec<usize> = (0..entries.len()).collect();
-        order.sort_by(|a, b| entries[*a].key.as_bytes().cmp(entries[*b].key.as_bytes()));
-        let written = out.split_off(start);
-        out.push(b'{');
-        let mut first = true;
-        for (n, &e) in order.iter().enumerate() {
-            let next_same = order
-                .get(n + 1)
-                .is_some_and(|&f| entries[f].key == entries[e].key);
-            if next_same {
-                continue;
+        if !ordered {
+            // Stable, so of equal keys the last stays last, and only it is written (serde_json's
+            // map keeps the last).
+            entries.sort_by(|a, b| a.key.as_bytes().cmp(b.key.as_bytes()));
+            self.scratch.clear();
+            self.scratch.extend_from_slice(&out[start..]);
+            out.truncate(start);
+            out.push(b'{');
+            let mut first = true;
+            for (n, e) in entries.iter().enumerate() {
+                if entries.get(n + 1).is_some_and(|next| next.key == e.key) {
+                    continue;
+                }
+                if !first {
+                    out.push(b',');
+                }
+                first = false;
+                let range = e.written.start - start..e.written.end - start;
+                out.extend_from_slice(&self.scratch[range]);
             }
-            if !first {
-                out.push(b',');
-            }
-            first = false;
-            let range = &entries[e].written;
-            out.extend_from_slice(&written[range.start - start..range.end - start]);
         }
+        self.entries.truncate(base);
         out.push(b'}');
         Ok(())
     }
@@ -298,7 +306,8 @@ fn write_string(s: RawString<'_>, out: &mut Vec<u8>) -> Result<(), CanonicalErro
     out.push(b'"');
     let mut i = 0;
     while i < inner.len() {
-        let Some(at) = memchr::memchr(b'\\', &inner[i..]) else {
+        // The inner text holds no bare quote: the first hit is a backslash.
+        let Some(at) = quote_or_backslash(&inner[i..]) else {
             out.extend_from_slice(&inner[i..]);
             break;
         };
