@@ -53,12 +53,12 @@ pub async fn compact(
     let pipeline = Pipeline::new(config, summarizer, metrics);
     let engine = pipeline.engine();
     let name = match dialect {
-        DialectKind::ChatCompletions => "Chat Completions",
-        DialectKind::Messages => "Anthropic Messages",
-        DialectKind::Responses => "Responses",
+        DialectKind::ChatCompletions => "a Chat Completions",
+        DialectKind::Messages => "an Anthropic Messages",
+        DialectKind::Responses => "a Responses",
     };
     let not_understood =
-        |e| Error::BadRequestBody(format!("not a {name} request compactor can read: {e}"));
+        |e| Error::BadRequestBody(format!("not {name} request compactor can read: {e}"));
 
     let scan = dialect
         .scan(body, engine.estimator())

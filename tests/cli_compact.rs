@@ -277,3 +277,115 @@ fn a_failed_compaction_prints_the_original_and_exits_2() {
     assert!(err.contains("trigger: messages"), "{err}");
     assert!(err.contains("compaction failed (blank)"), "{err}");
 }
+
+/// An Anthropic Messages request in Claude Code's shape (system blocks with `cache_control`,
+/// user turns of blocks) and a Responses request in Codex's (input items with function calls,
+/// `store: false`): `--dialect` reads each, compacts it, and forwards every field but the
+/// conversation byte for byte.
+#[test]
+fn messages_and_responses_requests_are_compacted_with_their_dialect() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = write(dir.path(), "compactor.toml", CONFIG.as_bytes());
+    let words = "the parser drops trailing commas in nested arrays ".repeat(12);
+
+    let mut turns = Vec::new();
+    for i in 0..8 {
+        turns.push(json!({"role": "user", "content": [
+            {"type": "text", "text": format!("<system-reminder>ctx {i}</system-reminder>")},
+            {"type": "text", "text": format!("step {i}: {words}")}]}));
+        turns.push(json!({"role": "assistant", "content": [
+            {"type": "text", "text": format!("done {i}: {words}")}]}));
+    }
+    turns.push(json!({"role": "user", "content": "Now run the tests."}));
+    let system =
+        r#"[{"type":"text","text":"You are Claude Code.","cache_control":{"type":"ephemeral"}}]"#;
+    let messages_body = format!(
+        r#"{{"model":"claude-sonnet-4-5","max_tokens":1024,"system":{system},"messages":{}, "stream":true}}"#,
+        serde_json::to_string(&turns).expect("turns")
+    );
+
+    let mut items = vec![json!({"type": "message", "role": "developer", "content": "Be brief."})];
+    for i in 0..7 {
+        items.push(json!({"type": "message", "role": "user", "content": [
+            {"type": "input_text", "text": format!("task {i}: {words}")}]}));
+        items.push(
+            json!({"type": "reasoning", "id": format!("rs_{i}"), "summary": [],
+            "encrypted_content": "gAAAA".repeat(20)}),
+        );
+        items.push(
+            json!({"type": "function_call", "call_id": format!("call_{i}"),
+            "name": "shell", "arguments": "{\"command\":[\"ls\"]}"}),
+        );
+        items.push(
+            json!({"type": "function_call_output", "call_id": format!("call_{i}"),
+            "output": words.clone()}),
+        );
+    }
+    items.push(json!({"type": "message", "role": "user", "content": [
+        {"type": "input_text", "text": "Summarise the failures."}]}));
+    let responses_body = format!(
+        r#"{{"model":"gpt-5-codex","instructions":"You are Codex.","input":{},"store":false,"include":["reasoning.encrypted_content"]}}"#,
+        serde_json::to_string(&items).expect("items")
+    );
+
+    for (dialect, body, conversation, kept) in [
+        (
+            "messages",
+            &messages_body,
+            "messages",
+            format!(r#""system":{system}"#),
+        ),
+        (
+            "responses",
+            &responses_body,
+            "input",
+            r#""store":false,"include":["reasoning.encrypted_content"]"#.to_string(),
+        ),
+    ] {
+        let file = write(dir.path(), &format!("{dialect}.json"), body.as_bytes());
+        let out = compactor(
+            dir.path(),
+            &["compact", "--config", &config, "--dialect", dialect, &file],
+            b"",
+        );
+        let err = stderr(&out);
+        assert!(out.status.success(), "{dialect}: {err}");
+        assert!(err.contains("trigger: messages\n"), "{dialect}: {err}");
+        let text = String::from_utf8(out.stdout.clone()).expect("utf-8");
+        assert!(
+            text.contains(&kept),
+            "{dialect}: fields kept byte for byte: {text}"
+        );
+        let forwarded: Value = serde_json::from_str(&text).expect("stdout is JSON");
+        let original: Value = serde_json::from_str(body).expect("JSON");
+        let (before, after) = (
+            original[conversation].as_array().expect("conversation"),
+            forwarded[conversation].as_array().expect("conversation"),
+        );
+        assert!(after.len() < before.len(), "{dialect}: smaller");
+        assert_eq!(
+            after.last(),
+            before.last(),
+            "{dialect}: the latest turn verbatim"
+        );
+        match dialect {
+            "messages" => support::anthropic_rules::check_messages(&forwarded, 200_000),
+            _ => support::responses_rules::check_responses(&forwarded, 200_000),
+        }
+        .unwrap_or_else(|e| panic!("{dialect}: {e:?}"));
+    }
+
+    // A Chat Completions body is not an Anthropic Messages request (a `system` role).
+    let chat = serde_json::to_vec(&fixture_request(TASK_DOMINATED)).expect("chat");
+    let out = compactor(
+        dir.path(),
+        &["compact", "--config", &config, "--dialect", "messages"],
+        &chat,
+    );
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("not an Anthropic Messages request"),
+        "{}",
+        stderr(&out)
+    );
+}
