@@ -38,7 +38,7 @@ use crate::dialect::{DialectError, DialectKind, Scan};
 use crate::metrics::Metrics;
 use crate::session::hash::SESSION_ID_MESSAGES;
 use crate::session::{
-    chain, session_id, Checkpoint, LatestRequest, MemoryStore, SessionStore, SingleFlight,
+    session_id, ChainMemo, Checkpoint, LatestRequest, MemoryStore, SessionStore, SingleFlight,
     StoreLimits, TenantId,
 };
 use crate::transcript::Transcript;
@@ -160,6 +160,9 @@ pub struct Pipeline {
     store: Arc<dyn SessionStore>,
     flights: SingleFlight<FlightKey, ()>,
     flight_wait: Duration,
+    /// Chain hashes of histories already seen, so a long conversation's next request hashes
+    /// only its new messages.
+    memo: ChainMemo,
     enabled: bool,
 }
 
@@ -195,6 +198,7 @@ impl Pipeline {
             store,
             flights: SingleFlight::new(),
             flight_wait,
+            memo: ChainMemo::default(),
             enabled: config.compaction.enabled,
         }
     }
@@ -380,7 +384,7 @@ impl Pipeline {
         if hashed == 0 {
             return None;
         }
-        match chain(&tenant, &raw[..hashed]) {
+        match self.memo.chain(&tenant, &raw[..hashed]) {
             Ok(hashes) => self
                 .store
                 .longest_checkpoint(tenant, &hashes)
@@ -682,7 +686,11 @@ impl Pipeline {
         compaction: &Compaction,
     ) -> Option<Arc<Checkpoint>> {
         let prefix = request.scan.messages.get(..compaction.boundary)?;
-        let hash = match chain(&request.tenant, prefix).map(|h| h.last().copied()) {
+        let hash = match self
+            .memo
+            .chain(&request.tenant, prefix)
+            .map(|h| h.last().copied())
+        {
             Ok(Some(hash)) => hash,
             Ok(None) => return None,
             Err(e) => {

@@ -160,11 +160,20 @@ pub fn chain(tenant: &TenantId, messages: &[&str]) -> Result<Vec<ChainHash>, Can
     let mut buf = Vec::new();
     let mut h = ChainHash::start(tenant);
     for message in messages {
-        canonical_into(message, &mut buf)?;
-        h = h.next(&buf);
+        h = canonical_chain_step(&h, message, &mut buf)?;
         hashes.push(h);
     }
     Ok(hashes)
+}
+
+/// `h_{k+1}` from `h_k` and message `k` (its JSON text), canonicalised in `buf`.
+pub(crate) fn canonical_chain_step(
+    h: &ChainHash,
+    message: &str,
+    buf: &mut Vec<u8>,
+) -> Result<ChainHash, CanonicalError> {
+    canonical_into(message, buf)?;
+    Ok(h.next(buf))
 }
 
 /// The short id of a conversation, for the admin API, logs and the response header.

@@ -2,8 +2,9 @@
 //! what was already compacted (docs/architecture.md, *Sessions in a stateless proxy*).
 //!
 //! Providers are stateless and agents resend the whole history, so compactor identifies a
-//! conversation prefix by content ([`hash`]: canonical JSON chained per message from a tenant
-//! hash), remembers "the first *k* messages are replaced by summary *S*" as checkpoints in a
+//! conversation prefix by content ([`hash`]: canonical JSON ([`canonical`]) chained per message
+//! from a tenant hash, with [`memo`] remembering the hashes of histories already seen),
+//! remembers "the first *k* messages are replaced by summary *S*" as checkpoints in a
 //! [`SessionStore`] ([`store`] is the contract, [`memory`] the bounded in-memory backend),
 //! makes sure one prefix is compacted once at a time ([`flight`]), and stops compacting a
 //! session whose compactions keep failing ([`breaker`]). These are primitives: the proxy and
@@ -13,12 +14,14 @@ pub mod breaker;
 pub mod canonical;
 pub mod flight;
 pub mod hash;
+pub mod memo;
 pub mod memory;
 pub mod store;
 
 pub use breaker::{Breaker, BreakerState, SESSION_BREAKER_THRESHOLD};
 pub use flight::{Flight, FlightError, SingleFlight};
 pub use hash::{canonical_json, chain, session_id, CanonicalError, ChainHash, TenantId};
+pub use memo::ChainMemo;
 pub use memory::{Clock, MemoryStore};
 pub use store::{
     Checkpoint, LatestRequest, SessionInfo, SessionStore, StoreError, StoreLimits, StoreStats,

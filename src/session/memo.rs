@@ -1,0 +1,182 @@
+//! Chain hashes remembered by the bytes they were computed from.
+//!
+//! Every request of a long conversation carries the same history again, and finding its
+//! checkpoint means chain-hashing that history ([`super::hash::chain`]: canonical JSON and
+//! SHA-256 per message). [`ChainMemo`] remembers each computed `h_k` under a fingerprint of the
+//! raw bytes of messages `0..k` (a keyed SipHash chained over them, for that tenant), so the
+//! next request pays one fast fingerprint per message and canonicalises and hashes only the
+//! messages it has not seen. The fingerprint stands for the bytes, not their canonical form:
+//! a client that re-serialises its history differently misses the memo and gets the same
+//! canonical hashes the slow way. The key is random per process, so fingerprints cannot be
+//! steered into a collision; the table is bounded and emptied when full.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::{Mutex, PoisonError};
+
+use super::hash::{canonical_chain_step, CanonicalError, ChainHash, TenantId};
+
+/// Entries kept before the table is emptied (about 20 MB).
+pub const MEMO_CAPACITY: usize = 1 << 18;
+
+/// Remembered chain hashes, shared by every request of the process.
+#[derive(Debug)]
+pub struct ChainMemo {
+    key: std::collections::hash_map::RandomState,
+    table: Mutex<HashMap<(TenantId, u64), ChainHash>>,
+    capacity: usize,
+}
+
+impl Default for ChainMemo {
+    fn default() -> Self {
+        ChainMemo::with_capacity(MEMO_CAPACITY)
+    }
+}
+
+impl ChainMemo {
+    /// An empty memo holding at most `capacity` hashes.
+    pub fn with_capacity(capacity: usize) -> ChainMemo {
+        ChainMemo {
+            key: std::collections::hash_map::RandomState::new(),
+            table: Mutex::new(HashMap::new()),
+            capacity,
+        }
+    }
+
+    /// The chain hashes of `messages` for `tenant`, exactly as [`super::hash::chain`] computes
+    /// them, reusing those remembered for the same bytes.
+    pub fn chain(
+        &self,
+        tenant: &TenantId,
+        messages: &[&str],
+    ) -> Result<Vec<ChainHash>, CanonicalError> {
+        let mut prints = Vec::with_capacity(messages.len());
+        let mut print = 0u64;
+        for message in messages {
+            let mut h = self.key.build_hasher();
+            h.write_u64(print);
+            h.write(&tenant.0);
+            h.write(message.as_bytes());
+            print = h.finish();
+            prints.push(print);
+        }
+        let mut hashes = Vec::with_capacity(messages.len());
+        {
+            let table = self.table.lock().unwrap_or_else(PoisonError::into_inner);
+            for print in &prints {
+                match table.get(&(*tenant, *print)) {
+                    Some(h) => hashes.push(*h),
+                    None => break,
+                }
+            }
+        }
+        let known = hashes.len();
+        let mut buf = Vec::new();
+        let mut h = hashes
+            .last()
+            .copied()
+            .unwrap_or_else(|| ChainHash::start(tenant));
+        for message in &messages[known..] {
+            h = canonical_chain_step(&h, message, &mut buf)?;
+            hashes.push(h);
+        }
+        if known < hashes.len() {
+            let mut table = self.table.lock().unwrap_or_else(PoisonError::into_inner);
+            if table.len() + (hashes.len() - known) > self.capacity {
+                table.clear();
+            }
+            for (print, h) in prints[known..].iter().zip(&hashes[known..]) {
+                table.insert((*tenant, *print), *h);
+            }
+        }
+        Ok(hashes)
+    }
+
+    /// Hashes remembered.
+    pub fn len(&self) -> usize {
+        self.table
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+
+    /// Whether nothing is remembered.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::session::hash::chain;
+
+    fn messages(n: usize, tag: &str) -> Vec<String> {
+        (0..n)
+            .map(|i| format!(r#"{{"role":"user","content":"{tag} {i} \n \"q\""}}"#))
+            .collect()
+    }
+
+    fn refs(owned: &[String]) -> Vec<&str> {
+        owned.iter().map(String::as_str).collect()
+    }
+
+    #[test]
+    fn remembered_hashes_are_the_chain_hashes() {
+        let memo = ChainMemo::default();
+        let t = TenantId::from_credential("k");
+        let owned = messages(30, "a");
+        let all = refs(&owned);
+        // First the history up to 20, then the whole of it: the second call reuses 20.
+        assert_eq!(
+            memo.chain(&t, &all[..20]).unwrap(),
+            chain(&t, &all[..20]).unwrap()
+        );
+        assert_eq!(memo.len(), 20);
+        assert_eq!(memo.chain(&t, &all).unwrap(), chain(&t, &all).unwrap());
+        assert_eq!(memo.len(), 30);
+        // Same again: nothing new to remember.
+        assert_eq!(memo.chain(&t, &all).unwrap(), chain(&t, &all).unwrap());
+        assert_eq!(memo.len(), 30);
+    }
+
+    #[test]
+    fn an_edited_message_or_another_tenant_is_hashed_afresh() {
+        let memo = ChainMemo::default();
+        let t = TenantId::from_credential("k");
+        let owned = messages(10, "a");
+        let all = refs(&owned);
+        memo.chain(&t, &all).unwrap();
+        // The same length, one byte different, in the middle: the hashes from there on change.
+        let mut edited = owned.clone();
+        edited[4] = edited[4].replace("a 4", "b 4");
+        let edited_refs = refs(&edited);
+        let got = memo.chain(&t, &edited_refs).unwrap();
+        assert_eq!(got, chain(&t, &edited_refs).unwrap());
+        assert_eq!(got[..4], chain(&t, &all).unwrap()[..4]);
+        assert_ne!(got[4], chain(&t, &all).unwrap()[4]);
+        // A re-serialisation of the same messages misses the memo but hashes alike.
+        let spaced: Vec<String> = owned.iter().map(|m| m.replace(':', " : ")).collect();
+        assert_eq!(
+            memo.chain(&t, &refs(&spaced)).unwrap(),
+            chain(&t, &all).unwrap()
+        );
+        let other = TenantId::from_credential("other");
+        assert_eq!(
+            memo.chain(&other, &all).unwrap(),
+            chain(&other, &all).unwrap()
+        );
+    }
+
+    #[test]
+    fn the_table_is_bounded() {
+        let memo = ChainMemo::with_capacity(25);
+        let t = TenantId::from_credential("k");
+        for tag in ["a", "b", "c"] {
+            let owned = messages(10, tag);
+            memo.chain(&t, &refs(&owned)).unwrap();
+            assert!(memo.len() <= 25, "{}", memo.len());
+        }
+        assert!(memo.chain(&t, &["not json"]).is_err());
+    }
+}
