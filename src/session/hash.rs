@@ -185,7 +185,7 @@ pub(crate) fn canonical_chain_step(
 ///   [`SESSION_ID_MESSAGES`] of `first_messages`, so every request of one conversation gets
 ///   the same id. Pass the system prompt first when the dialect keeps it outside the message
 ///   array, or two conversations opening with the same user message share an id. Each message
-///   is its JSON text (a [`RawValue`]'s `get()`).
+///   is its JSON text, as sent.
 pub fn session_id(
     tenant: &TenantId,
     header_value: Option<&str>,
