@@ -220,5 +220,32 @@ fn hot_path(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, compaction, hot_path);
+/// A small chat request (4 messages, ~1 KB) with a credential: the per-request cost of the chat
+/// path (scan, session id, store, lookup, trigger, metrics) that every agent call pays.
+fn small_request(c: &mut Criterion) {
+    let (compactor, rt) = setup();
+    let caller = Caller {
+        credentials: vec![("authorization".into(), "Bearer sk-bench".into())],
+        ..Caller::default()
+    };
+    let body = Bytes::from(request("gpt-4o-mini", conversation(4, 200)));
+    let context = RequestContext {
+        caller: &caller,
+        session_header: None,
+    };
+    let mut group = c.benchmark_group("small_chat");
+    group.throughput(Throughput::Bytes(body.len() as u64));
+    group.bench_function("compactor_handle", |b| {
+        b.iter(|| {
+            black_box(rt.block_on(compactor.handle(
+                DialectKind::ChatCompletions,
+                black_box(&body),
+                &context,
+            )))
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, compaction, hot_path, small_request);
 criterion_main!(benches);
