@@ -477,15 +477,6 @@ mod tests {
         );
         assert!(matches!(&m[9].parts[0], Part::Opaque { kind, .. } if kind == "web_search_call"));
         assert_eq!(m[1].parts[1], Part::Image);
-        // Files read and modified through Codex's tools.
-        let mut files = crate::compaction::files::FileTracker::new();
-        m.iter().for_each(|m| files.observe_message(m));
-        assert_eq!(files.read_files(), ["a.rs".to_string()]);
-        assert_eq!(
-            files.modified_files(),
-            ["c.rs".to_string(), "b.rs".to_string()],
-            "most recent first"
-        );
         assert!(matches!(
             parse(br#"{"input":[{"type":"message","role":"narrator","content":"x"}]}"#),
             Err(DialectError::BadMessage { index: 0, .. })

@@ -455,3 +455,37 @@ fn swe_agent_text_mode_fixtures_are_tracked() {
 fn s(v: &[&str]) -> Vec<String> {
     v.iter().map(|x| x.to_string()).collect()
 }
+
+/// Files read and modified through Codex's tools (shell, `apply_patch`, local shell), as the
+/// Responses dialect reads them and the file tracker lists them.
+#[test]
+fn codex_tool_calls_are_tracked_as_files() {
+    let body = json!({"model": "gpt-5-codex", "input": [
+        {"type": "function_call", "call_id": "call_1", "name": "shell",
+         "arguments": "{\"command\":[\"cat\",\"a.rs\"]}"},
+        {"type": "function_call_output", "call_id": "call_1", "output": "fn a() {}"},
+        {"type": "custom_tool_call", "call_id": "call_2", "name": "apply_patch",
+         "input": "*** Begin Patch\n*** Add File: b.rs\n+x\n*** End Patch"},
+        {"type": "custom_tool_call_output", "call_id": "call_2", "output": "ok"},
+        {"type": "local_shell_call", "call_id": "call_3", "status": "completed",
+         "action": {"type": "exec", "command": ["bash", "-lc", "rm c.rs"]}},
+        {"type": "local_shell_call_output", "call_id": "call_3", "output": ""},
+        {"role": "user", "content": "next?"}
+    ]})
+    .to_string();
+    let parsed = DialectKind::Responses
+        .parse(body.as_bytes())
+        .expect("a Responses body");
+    let mut files = crate::compaction::files::FileTracker::new();
+    parsed
+        .transcript
+        .messages
+        .iter()
+        .for_each(|m| files.observe_message(m));
+    assert_eq!(files.read_files(), ["a.rs".to_string()]);
+    assert_eq!(
+        files.modified_files(),
+        ["c.rs".to_string(), "b.rs".to_string()],
+        "most recent first"
+    );
+}
