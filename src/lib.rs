@@ -8,28 +8,28 @@
 //! written by a pluggable summarizer before forwarding. Any failure forwards the original.
 //!
 //! # Layout
-//! Layers, bottom-up; no module imports one above it (docs/architecture.md, *Layers*).
-//! - [`config`]: the only reader of files and environment; [`metrics`]: the only place that
-//!   names metrics; [`error`]: the error enum whose variants know their HTTP status.
+//! Layers, bottom-up; no module imports one above it (docs/architecture.md, *Layers*;
+//! `tests/layers.rs` checks it).
+//! - [`config`]: the only reader of files and environment; [`timing`]: the stopwatch of the
+//!   time compactor itself adds to a request.
 //! - [`transcript`] and [`estimate`]: the base layer: the neutral conversation model and the
 //!   token estimate.
-//! - [`dialect`]: one module per wire format, to and from the neutral transcript; beside it,
-//!   importing neither way, [`compaction`]: the engine (trigger, boundary, mask, prompt, files,
-//!   engine).
-//! - [`session`]: chain hashing, checkpoints, session stores, single flight, per-session breaker.
-//! - [`pipeline`]: the request-level flow: checkpoint lookup, single flight, splice, store.
-//! - [`proxy`]: the only place that orders the steps of a request.
-//! - [`admin`]: `/metrics`, `/livez`, `/readyz`, the sessions API.
-//! - [`server`]: listeners (proxy + admin), accept loops, TLS, graceful shutdown.
-//! - [`app`]: the application value a request needs, swapped whole on reload.
-//! - [`reload`]: hot reload of the configuration on SIGHUP or file change.
-//! - [`upstream`]: pooled HTTP client, URI/Host rewrite, hop-by-hop headers.
-//! - [`usage`]: response bodies passed through unbuffered while their `usage` is read.
-//! - [`calibration`]: per-model moving ratio of actual to estimated input tokens.
-//! - [`summarizer`]: the one place that maps backend names to summarizer plugins.
-//! - [`replay`]: `compactor replay`: recorded conversations replayed offline through the
-//!   compactor, as a per-step table and an SVG chart, for tuning thresholds.
-//! - [`timing`]: the stopwatch of the time compactor itself adds to a request.
+//! - [`dialect`]: one module per wire format, read in one scan and written back by splicing
+//!   bytes; beside it, importing neither way, [`compaction`]: the engine (trigger, boundary,
+//!   mask, prompt, files, engine).
+//! - [`session`]: canonical JSON, chain hashing, checkpoints, session stores, single flight,
+//!   per-session breaker; [`metrics`]: the only place that names metrics; [`calibration`]:
+//!   per-model moving ratio of actual to estimated input tokens.
+//! - [`pipeline`]: the request-level flow: scan, checkpoint lookup, single flight, splice,
+//!   store; [`usage`]: response bodies passed through unbuffered while their `usage` is read;
+//!   [`summarizer`]: the one place that maps backend names to summarizer plugins;
+//!   [`overflow`]: a provider's refusal of a request for its length, recognised.
+//! - [`proxy`]: the only place that orders the steps of a request; [`admin`]: `/metrics`,
+//!   `/livez`, `/readyz`, the sessions API; [`server`]: listeners, accept loops, TLS, graceful
+//!   shutdown; [`app`]: the application value a request needs, swapped whole on reload;
+//!   [`reload`]: hot reload; [`upstream`]: pooled HTTP client, URI/Host rewrite, hop-by-hop
+//!   headers; [`error`]: the error enum whose variants know their HTTP status; [`replay`] and
+//!   [`compact`]: the offline tools.
 
 pub mod admin;
 pub mod app;
@@ -41,6 +41,7 @@ pub mod dialect;
 pub mod error;
 pub mod estimate;
 pub mod metrics;
+pub mod overflow;
 pub mod pipeline;
 pub mod proxy;
 pub mod reload;

@@ -17,6 +17,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("metrics", 3),
     ("calibration", 3),
     ("pipeline", 4),
+    ("overflow", 4),
     ("usage", 4),
     ("summarizer", 4),
     ("proxy", 5),
