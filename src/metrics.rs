@@ -88,6 +88,13 @@ const RELOAD_RESULTS: [&str; 2] = ["ok", "error"];
 /// Values of the `result` label of `compactor_checkpoint_lookups_total`.
 const LOOKUP_RESULTS: [&str; 2] = ["hit", "miss"];
 
+/// Values of the `outcome` label of `compactor_retries_total`: sent again compacted, or
+/// answered with the provider's refusal because no smaller request could be made.
+const RETRY_OUTCOMES: [&str; 2] = ["retried", "not_compacted"];
+
+/// The `reason` label of `compactor_retries_total`.
+const RETRY_REASON_OVERFLOW: &str = "context_length";
+
 /// Values of the `method` label of `compactor_requests_total` ([`method_label`]).
 const METHOD_VALUES: [&str; 8] = [
     "GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS", "other",
@@ -200,6 +207,8 @@ pub struct Metrics {
     summarizer_duration: HistogramVec,
     /// `compactor_checkpoint_lookups_total{result}`
     checkpoint_lookups: IntCounterVec,
+    /// `compactor_retries_total{reason,outcome}`
+    retries: IntCounterVec,
     /// `compactor_sessions`
     pub sessions: IntGauge,
     /// `compactor_store_evictions_total`: raised through [`Metrics::observe_store_evictions`].
@@ -348,6 +357,12 @@ impl Metrics {
                 "Checkpoint lookups of chat requests by result (hit or miss).",
                 &["result"],
             )?,
+            retries: counter_vec(
+                r,
+                "compactor_retries_total",
+                "Chat requests the provider refused for their length, by whether they were compacted and sent again.",
+                &["reason", "outcome"],
+            )?,
             sessions: register(
                 r,
                 IntGauge::new("compactor_sessions", "Sessions held by the session store.")?,
@@ -475,6 +490,10 @@ impl Metrics {
         for result in LOOKUP_RESULTS {
             self.checkpoint_lookups.with_label_values(&[result]);
         }
+        for outcome in RETRY_OUTCOMES {
+            self.retries
+                .with_label_values(&[RETRY_REASON_OVERFLOW, outcome]);
+        }
         for dialect in DIALECTS {
             self.context_utilization
                 .with_label_values(&[dialect.label()]);
@@ -566,6 +585,19 @@ impl Metrics {
         self.compactions
             .get_metric_with_label_values(&[trigger, outcome])
             .map_or(0, |c| c.get())
+    }
+
+    /// The provider refused a chat request for its length: it was compacted and sent again
+    /// (`retried`), or no smaller request could be made (`not_compacted`).
+    pub fn overflow_retry(&self, retried: bool) {
+        let outcome = if retried {
+            RETRY_OUTCOMES[0]
+        } else {
+            RETRY_OUTCOMES[1]
+        };
+        self.retries
+            .with_label_values(&[RETRY_REASON_OVERFLOW, outcome])
+            .inc();
     }
 
     /// A chat request's checkpoint lookup found a stored summary (`hit`) or not.

@@ -36,6 +36,7 @@ use crate::compaction::{CompactionResult, MAX_ATTEMPTS_PER_REQUEST};
 use crate::config::Config;
 use crate::dialect::{DialectError, DialectKind, Scan};
 use crate::metrics::Metrics;
+use crate::overflow::Overflow;
 use crate::session::hash::SESSION_ID_MESSAGES;
 use crate::session::{
     session_id, ChainMemo, Checkpoint, LatestRequest, MemoryStore, SessionStore, SingleFlight,
@@ -718,6 +719,109 @@ impl Pipeline {
             Ok(()) => Some(checkpoint),
             Err(e) => {
                 tracing::warn!(error = %e, "storing the checkpoint failed; the next request compacts again");
+                None
+            }
+        }
+    }
+
+    /// Compacts a chat request the provider refused for its length, to send it once more:
+    /// forced, to the window the refusal named (if any), and smaller than what was refused
+    /// (`forwarded`, the estimate of the body that was sent). The checkpoint is stored, so the
+    /// conversation's next requests splice it. `None` when no smaller request can be made
+    /// (counted); never fails otherwise, and a panic is caught and counted.
+    pub async fn compact_after_refusal(
+        &self,
+        dialect: DialectKind,
+        body: &Bytes,
+        context: &RequestContext<'_>,
+        refusal: Overflow,
+        forwarded: usize,
+    ) -> Option<Bytes> {
+        let compacted = AssertUnwindSafe(
+            self.compact_after_refusal_unguarded(dialect, body, context, refusal, forwarded),
+        )
+        .catch_unwind()
+        .await;
+        compacted.unwrap_or_else(|_| {
+            self.record(Trigger::Overflow, CompactionOutcome::Panic);
+            tracing::error!("compaction after a refusal for length panicked");
+            None
+        })
+    }
+
+    async fn compact_after_refusal_unguarded(
+        &self,
+        dialect: DialectKind,
+        body: &Bytes,
+        context: &RequestContext<'_>,
+        refusal: Overflow,
+        forwarded: usize,
+    ) -> Option<Bytes> {
+        let scan = dialect.scan(body, self.engine.estimator()).ok()?;
+        let Ok(transcript) = scan.transcript() else {
+            self.record(Trigger::Overflow, CompactionOutcome::Failed);
+            return None;
+        };
+        let tenant = TenantId::from_caller(context.caller);
+        let first: Vec<&str> = scan
+            .messages
+            .iter()
+            .take(SESSION_ID_MESSAGES)
+            .copied()
+            .collect();
+        let session = session_id(&tenant, context.session_header, &first);
+        let limits = self
+            .limits(scan.model.as_deref(), scan.requested_output)
+            .after_refusal(
+                self.engine.settings(),
+                refusal.window,
+                refusal.requested,
+                forwarded,
+            );
+        let request = Request {
+            scan: &scan,
+            caller: context.caller,
+            tenant,
+            session: &session,
+            limits,
+        };
+        let checkpoint = self.lookup(tenant, &scan.messages).await;
+        let splice = match checkpoint.map(|c| self.splice(&scan, c)) {
+            Some(Ok(splice)) => splice,
+            None | Some(Err(_)) => None,
+        };
+        let started = Instant::now();
+        let result = self
+            .compact_and_store(&request, &transcript, splice.as_ref(), None)
+            .await;
+        self.metrics
+            .compaction_duration
+            .observe(started.elapsed().as_secs_f64());
+        match result {
+            Ok(Compacted {
+                body, compaction, ..
+            }) if compaction.result.post_tokens < forwarded => {
+                self.record(Trigger::Overflow, CompactionOutcome::Compacted);
+                self.log_compaction(
+                    &session,
+                    Trigger::Overflow,
+                    scan.len(),
+                    &compaction,
+                    started,
+                );
+                Some(Bytes::from(body))
+            }
+            Ok(_) => {
+                self.record(Trigger::Overflow, CompactionOutcome::Failed);
+                tracing::warn!(
+                    session,
+                    "compaction after a refusal for length was not smaller than what was refused"
+                );
+                None
+            }
+            Err(e) => {
+                self.record(Trigger::Overflow, e.outcome());
+                tracing::warn!(session, error = %e, "compaction after a refusal for length failed");
                 None
             }
         }

@@ -37,6 +37,9 @@ use crate::usage::{self, Encoding, Format, Observed};
 
 /// Response header: whether the forwarded request carries a summary, new or reused.
 pub const HEADER_COMPACTED: &str = "x-compactor-compacted";
+/// `true` when the provider refused the request for its length and the response answers the
+/// compacted request sent again.
+pub const HEADER_RETRIED: &str = "x-compactor-retried";
 /// Response header: the conversation's session id.
 pub const HEADER_SESSION: &str = "x-compactor-session";
 /// Response header: estimated input tokens as received.
@@ -118,25 +121,39 @@ async fn forward(
     // Headers for the client's response: set for every chat call, empty otherwise.
     let mut chat_headers = HeaderMap::new();
     let mut estimate = None;
+    let mut retry = None;
     let body = match dialect {
         Some(dialect) if app.config.compaction.enabled => {
             let original =
                 read_body(body, &parts.headers, app.config.server.max_body_bytes).await?;
             let caller = caller(&parts.headers, &resolved, dialect);
+            let session_header = parts
+                .headers
+                .get(app.config.session.header.as_str())
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string);
             let context = RequestContext {
                 caller: &caller,
-                session_header: parts
-                    .headers
-                    .get(app.config.session.header.as_str())
-                    .and_then(|v| v.to_str().ok()),
+                session_header: session_header.as_deref(),
             };
             let processed = app.compactor.handle(dialect, &original, &context).await;
             overhead.exclude(processed.summarizer_time);
             estimate = processed.estimate.clone();
-            let forwarded = annotate(&mut chat_headers, processed, original);
+            let forwarded_tokens = estimate.as_ref().map_or(0, |e| e.tokens);
+            let forwarded = annotate(&mut chat_headers, processed, original.clone());
             parts
                 .headers
                 .insert(header::CONTENT_LENGTH, HeaderValue::from(forwarded.len()));
+            retry = Some(Retry {
+                dialect,
+                original,
+                caller,
+                session_header,
+                forwarded_tokens,
+                method: parts.method.clone(),
+                uri: parts.uri.clone(),
+                headers: parts.headers.clone(),
+            });
             Full::new(forwarded)
                 .map_err(|never| match never {})
                 .boxed_unsync()
@@ -149,19 +166,25 @@ async fn forward(
     };
 
     let sent = Instant::now();
-    let response = overhead
-        .wait(app.upstream.send(Request::from_parts(parts, body)))
-        .await
-        .map_err(|e| {
-            app.metrics.upstream_error(e.kind());
-            Error::from(e)
-        })?;
+    let response = send(app, Request::from_parts(parts, body), overhead).await?;
     app.metrics.upstream_answered(sent.elapsed());
+    let response = match retry {
+        Some(retry) if maybe_refusal(&response) => {
+            let retried = retry_after_refusal(app, response, retry, overhead).await?;
+            if retried.again {
+                chat_headers.insert(HEADER_RETRIED, HeaderValue::from_static("true"));
+                chat_headers.insert(HEADER_COMPACTED, HeaderValue::from_static("true"));
+                // The usage of the retried request is not the estimate's to compare with.
+                estimate = None;
+            }
+            retried.response
+        }
+        _ => response.map(|b| b.map_err(BoxError::from).boxed_unsync()),
+    };
 
     let (mut parts, body) = response.into_parts();
     strip_hop_by_hop(&mut parts.headers);
     parts.headers.extend(chat_headers);
-    let body = body.map_err(BoxError::from).boxed_unsync();
     // Successful chat responses are watched for the provider's `usage` as they stream by.
     let scan = match &estimate {
         Some(_) if parts.status.is_success() => {
@@ -184,6 +207,126 @@ async fn forward(
         _ => body,
     };
     Ok(Response::from_parts(parts, body))
+}
+
+/// Sends a request upstream, counting a failure by its kind.
+async fn send(
+    app: &App,
+    request: Request<ProxyBody>,
+    overhead: &mut Overhead,
+) -> Result<Response<Incoming>, Error> {
+    overhead
+        .wait(app.upstream.send(request))
+        .await
+        .map_err(|e| {
+            app.metrics.upstream_error(e.kind());
+            Error::from(e)
+        })
+}
+
+/// What a chat request keeps to be sent again if the provider refuses it for its length.
+struct Retry {
+    dialect: DialectKind,
+    original: Bytes,
+    caller: Caller,
+    session_header: Option<String>,
+    /// Estimated tokens of the body that was sent.
+    forwarded_tokens: usize,
+    method: http::Method,
+    uri: http::Uri,
+    headers: HeaderMap,
+}
+
+/// The largest error body read to recognise a refusal for length; anything longer passes
+/// through unread.
+const REFUSAL_BODY_LIMIT: u64 = 64 * 1024;
+
+/// Whether a response may be a refusal for length: a status providers use for it, with a
+/// declared body small enough to read whole (a streamed refusal always has one).
+fn maybe_refusal(response: &Response<Incoming>) -> bool {
+    let status = response.status().as_u16();
+    let small = response
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .is_some_and(|n| n <= REFUSAL_BODY_LIMIT);
+    matches!(status, 400 | 413 | 422 | 500) && small
+}
+
+/// The response the client gets after a possible refusal, and whether it answers a
+/// second, compacted request.
+struct Retried {
+    response: Response<ProxyBody>,
+    again: bool,
+}
+
+/// Reads a small error response; when it is a refusal for length, compacts the request and
+/// sends it once more. Whatever cannot be retried goes to the client exactly as the provider
+/// sent it.
+async fn retry_after_refusal(
+    app: &App,
+    response: Response<Incoming>,
+    retry: Retry,
+    overhead: &mut Overhead,
+) -> Result<Retried, Error> {
+    let (parts, body) = response.into_parts();
+    let bytes = match Limited::new(body, REFUSAL_BODY_LIMIT as usize)
+        .collect()
+        .await
+    {
+        Ok(collected) => collected.to_bytes(),
+        Err(e) => return Err(Error::UpstreamUnavailable(e.to_string())),
+    };
+    let status = parts.status.as_u16();
+    let refused = |bytes: Bytes| Retried {
+        response: Response::from_parts(
+            parts,
+            Full::new(bytes)
+                .map_err(|never| match never {})
+                .boxed_unsync(),
+        ),
+        again: false,
+    };
+    let Some(refusal) = crate::overflow::recognise(status, &bytes) else {
+        return Ok(refused(bytes));
+    };
+    let context = RequestContext {
+        caller: &retry.caller,
+        session_header: retry.session_header.as_deref(),
+    };
+    let started = Instant::now();
+    let compacted = app
+        .compactor
+        .compact_after_refusal(
+            retry.dialect,
+            &retry.original,
+            &context,
+            refusal,
+            retry.forwarded_tokens,
+        )
+        .await;
+    overhead.exclude(started.elapsed());
+    app.metrics.overflow_retry(compacted.is_some());
+    let Some(smaller) = compacted else {
+        return Ok(refused(bytes));
+    };
+    let mut request = Request::new(
+        Full::new(smaller.clone())
+            .map_err(|never| match never {})
+            .boxed_unsync(),
+    );
+    *request.method_mut() = retry.method;
+    *request.uri_mut() = retry.uri;
+    *request.headers_mut() = retry.headers;
+    request
+        .headers_mut()
+        .insert(header::CONTENT_LENGTH, HeaderValue::from(smaller.len()));
+    let response = send(app, request, overhead).await?;
+    Ok(Retried {
+        response: response.map(|b| b.map_err(BoxError::from).boxed_unsync()),
+        again: true,
+    })
 }
 
 /// Fills the `x-compactor-*` response headers from the compaction outcome and returns the

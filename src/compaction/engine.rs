@@ -185,6 +185,11 @@ impl Engine {
         &self.estimator
     }
 
+    /// The `[compaction]` settings the engine runs with.
+    pub fn settings(&self) -> &CompactionConfig {
+        &self.config
+    }
+
     /// The models table.
     pub fn models(&self) -> &ModelTable {
         &self.models

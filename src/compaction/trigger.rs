@@ -23,11 +23,18 @@ pub enum Trigger {
     Tokens,
     /// Requested through the admin API (`POST /session/{id}/summarize`).
     Manual,
+    /// The provider refused the request for its length; compacted to retry it.
+    Overflow,
 }
 
 impl Trigger {
     /// Every trigger (the metrics pre-initialise their label values).
-    pub const ALL: [Trigger; 3] = [Trigger::Messages, Trigger::Tokens, Trigger::Manual];
+    pub const ALL: [Trigger; 4] = [
+        Trigger::Messages,
+        Trigger::Tokens,
+        Trigger::Manual,
+        Trigger::Overflow,
+    ];
 
     /// The label value.
     pub fn label(self) -> &'static str {
@@ -35,6 +42,7 @@ impl Trigger {
             Trigger::Messages => "messages",
             Trigger::Tokens => "tokens",
             Trigger::Manual => "manual",
+            Trigger::Overflow => "overflow",
         }
     }
 }
@@ -122,6 +130,33 @@ impl Limits {
             // `as` saturates.
             token_threshold: (self.token_threshold as f64 / factor).floor() as usize,
             ..self
+        }
+    }
+
+    /// These limits made to fit a provider's refusal for length: the window it named (when
+    /// it named one), and a token threshold scaled by how much more the provider counted than
+    /// the estimate (`requested` against `estimated`), never above three quarters of what was
+    /// refused, so the retry is smaller than the request that failed.
+    pub fn after_refusal(
+        self,
+        config: &CompactionConfig,
+        window: Option<usize>,
+        requested: Option<usize>,
+        estimated: usize,
+    ) -> Limits {
+        let base = match window {
+            Some(w) if w > 0 => Limits::new(config, w, Some(self.reserved_output)),
+            _ => self,
+        };
+        let scaled = match requested {
+            Some(r) if r > estimated && estimated > 0 => {
+                (base.token_threshold as f64 * estimated as f64 / r as f64) as usize
+            }
+            _ => base.token_threshold,
+        };
+        Limits {
+            token_threshold: scaled.min(estimated.saturating_mul(3) / 4),
+            ..base
         }
     }
 

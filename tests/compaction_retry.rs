@@ -1,0 +1,222 @@
+//! Compact and retry, through the real proxy: a chat request the provider refuses for its
+//! length (its window smaller than compactor thought: no trigger fired) is compacted and sent
+//! once more before any byte reaches the client, streaming requests too; the client gets the
+//! answer to the smaller request. A refusal for any other reason, or one compaction cannot
+//! cure, reaches the client exactly as the provider sent it.
+
+mod support;
+
+use bytes::Bytes;
+use serde_json::{json, Value};
+use support::summary_calls::is_summary_request;
+use support::{upstream_toml, Exchange, MockUpstream, Recorded, Reply, TestClient, TestProxy};
+
+/// No trigger fires (a large message limit, the default window); the `extractive` summarizer
+/// needs no network.
+const CONFIG: &str = "[compaction]\nmax_messages = 1000\nmin_preserve_tokens = 20\n\
+                      max_preserve_tokens = 200\n[summarizer]\nbackend = \"extractive\"\n";
+
+/// The provider's real window, in messages: above it, requests are refused.
+const WINDOW_MESSAGES: usize = 12;
+
+fn conversation(n: usize) -> Vec<Value> {
+    let mut m = vec![json!({"role": "system", "content": "You are a careful assistant."})];
+    for i in 0..n {
+        let role = if i % 2 == 0 { "user" } else { "assistant" };
+        m.push(json!({"role": role, "content": format!("turn {i}: {}", "words ".repeat(30))}));
+    }
+    m
+}
+
+fn messages_of(r: &Recorded) -> usize {
+    let v: Value = serde_json::from_slice(&r.body).expect("JSON");
+    v["messages"].as_array().map_or(0, Vec::len)
+}
+
+fn refusal() -> Reply {
+    Reply::json(
+        400,
+        &json!({"error": {"message": "This model's maximum context length is 4096 tokens. However, your messages resulted in 6100 tokens. Please reduce the length of the messages.", "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}}),
+    )
+}
+
+fn answer(stream: bool) -> Reply {
+    if stream {
+        Reply::sse(&[
+            r#"{"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"fits"}}]}"#,
+            "[DONE]",
+        ])
+    } else {
+        Reply::json(
+            200,
+            &json!({"id": "c", "object": "chat.completion",
+                    "choices": [{"index": 0, "finish_reason": "stop",
+                                 "message": {"role": "assistant", "content": "fits"}}]}),
+        )
+    }
+}
+
+/// A provider that refuses chat requests of more than [`WINDOW_MESSAGES`] messages.
+async fn provider(refuse: impl Fn() -> Reply + Send + Sync + 'static) -> MockUpstream {
+    let mock = MockUpstream::start().await;
+    mock.set_handler(move |r| {
+        let v: Value = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
+        let stream = v["stream"] == true;
+        if is_summary_request(r) || messages_of(r) <= WINDOW_MESSAGES {
+            answer(stream)
+        } else {
+            refuse()
+        }
+    });
+    mock
+}
+
+async fn send(proxy: &TestProxy, body: &Value) -> Exchange {
+    TestClient::http1()
+        .exchange(
+            "POST",
+            &proxy.url("/v1/chat/completions"),
+            &[
+                ("content-type", "application/json"),
+                ("authorization", "Bearer sk-retry"),
+            ],
+            Bytes::from(body.to_string()),
+        )
+        .await
+}
+
+async fn metric(proxy: &TestProxy, name: &str, labels: &[(&str, &str)]) -> f64 {
+    proxy.metric(name, labels).await.unwrap_or(0.0)
+}
+
+#[tokio::test]
+async fn a_refusal_for_length_is_compacted_and_retried_streaming_or_not() {
+    for stream in [false, true] {
+        let mock = provider(refusal).await;
+        let proxy = TestProxy::start(&format!("{}{CONFIG}", upstream_toml(&mock.url()))).await;
+        let body = json!({"model": "gpt-4o", "stream": stream, "messages": conversation(19)});
+        let got = send(&proxy, &body).await;
+        assert_eq!(got.status, 200, "stream {stream}: {:?}", got.body);
+        assert_eq!(got.header("x-compactor-retried"), Some("true"));
+        assert_eq!(got.header("x-compactor-compacted"), Some("true"));
+        let text = String::from_utf8_lossy(&got.body);
+        assert!(text.contains("fits"), "the answer to the retry: {text}");
+        assert!(!text.contains("context_length_exceeded"), "{text}");
+
+        let chats: Vec<Recorded> = mock
+            .requests()
+            .into_iter()
+            .filter(|r| !is_summary_request(r))
+            .collect();
+        assert_eq!(chats.len(), 2, "the original, then the retry");
+        assert_eq!(messages_of(&chats[0]), 20, "sent as received first");
+        assert!(messages_of(&chats[1]) <= WINDOW_MESSAGES, "the retry fits");
+        let retried: Value = serde_json::from_slice(&chats[1].body).expect("JSON");
+        assert_eq!(retried["messages"][0], body["messages"][0], "system kept");
+        assert_eq!(
+            retried["messages"].as_array().and_then(|m| m.last()),
+            body["messages"].as_array().and_then(|m| m.last()),
+            "latest turn verbatim"
+        );
+        assert_eq!(retried["stream"], stream);
+
+        assert_eq!(
+            metric(
+                &proxy,
+                "compactor_retries_total",
+                &[("reason", "context_length"), ("outcome", "retried")]
+            )
+            .await,
+            1.0
+        );
+        assert_eq!(
+            metric(
+                &proxy,
+                "compactor_compactions_total",
+                &[("trigger", "overflow"), ("outcome", "compacted")]
+            )
+            .await,
+            1.0
+        );
+        // The checkpoint was stored: the next request of the conversation is spliced at once
+        // and never refused.
+        let mut next = body.clone();
+        next["messages"].as_array_mut().expect("messages").extend([
+            json!({"role": "assistant", "content": "ok"}),
+            json!({"role": "user", "content": "and now?"}),
+        ]);
+        let got = send(&proxy, &next).await;
+        assert_eq!(got.status, 200);
+        assert_eq!(got.header("x-compactor-retried"), None);
+        assert_eq!(
+            mock.requests()
+                .iter()
+                .filter(|r| !is_summary_request(r))
+                .count(),
+            3
+        );
+        proxy.shutdown().await;
+    }
+}
+
+#[tokio::test]
+async fn other_refusals_and_incurable_ones_reach_the_client_unchanged() {
+    // Not about length: passed on as sent, no retry.
+    let not_length = || {
+        Reply::json(400, &json!({"error": {"message": "Invalid value for 'temperature'", "code": "invalid_value"}}))
+            .with_header("x-provider", "p")
+    };
+    let mock = provider(not_length).await;
+    let proxy = TestProxy::start(&format!("{}{CONFIG}", upstream_toml(&mock.url()))).await;
+    let body = json!({"model": "gpt-4o", "messages": conversation(19)});
+    let got = send(&proxy, &body).await;
+    assert_eq!(got.status, 400);
+    assert_eq!(got.header("x-provider"), Some("p"));
+    assert_eq!(got.json()["error"]["code"], "invalid_value");
+    assert_eq!(got.header("x-compactor-retried"), None);
+    assert_eq!(mock.request_count(), 1);
+    proxy.shutdown().await;
+
+    // About length, but nothing can be compacted (two messages): the refusal as sent.
+    let mock = provider(refusal).await;
+    mock.set_handler(|_| refusal());
+    let proxy = TestProxy::start(&format!("{}{CONFIG}", upstream_toml(&mock.url()))).await;
+    let short = json!({"model": "gpt-4o", "messages": conversation(1)});
+    let got = send(&proxy, &short).await;
+    assert_eq!(got.status, 400);
+    assert_eq!(got.json()["error"]["code"], "context_length_exceeded");
+    assert_eq!(mock.request_count(), 1, "nothing to retry with");
+    assert_eq!(
+        metric(
+            &proxy,
+            "compactor_retries_total",
+            &[("reason", "context_length"), ("outcome", "not_compacted")]
+        )
+        .await,
+        1.0
+    );
+    proxy.shutdown().await;
+
+    // A retry that is refused again: its answer goes to the client, and there is no third try.
+    let mock = provider(refusal).await;
+    mock.set_handler(|r| {
+        if is_summary_request(r) {
+            answer(false)
+        } else {
+            refusal()
+        }
+    });
+    let proxy = TestProxy::start(&format!("{}{CONFIG}", upstream_toml(&mock.url()))).await;
+    let got = send(&proxy, &body).await;
+    assert_eq!(got.status, 400);
+    assert_eq!(got.json()["error"]["code"], "context_length_exceeded");
+    assert_eq!(got.header("x-compactor-retried"), Some("true"));
+    assert_eq!(
+        mock.requests()
+            .iter()
+            .filter(|r| !is_summary_request(r))
+            .count(),
+        2
+    );
+    proxy.shutdown().await;
+}
