@@ -237,21 +237,66 @@ struct Retry {
     headers: HeaderMap,
 }
 
-/// The largest error body read to recognise a refusal for length; anything longer passes
-/// through unread.
+/// The most of an error body read to recognise a refusal for length; a longer body passes
+/// through (what was read first included).
 const REFUSAL_BODY_LIMIT: u64 = 64 * 1024;
 
-/// Whether a response may be a refusal for length: a status providers use for it, with a
-/// declared body small enough to read whole (a streamed refusal always has one).
+/// Whether a response may be a refusal for length: a status providers use for it, and no
+/// declared body too long to be one.
 fn maybe_refusal(response: &Response<Incoming>) -> bool {
     let status = response.status().as_u16();
-    let small = response
+    let too_long = response
         .headers()
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok())
-        .is_some_and(|n| n <= REFUSAL_BODY_LIMIT);
-    matches!(status, 400 | 413 | 422 | 500) && small
+        .is_some_and(|n| n > REFUSAL_BODY_LIMIT);
+    matches!(status, 400 | 413 | 422 | 500) && !too_long
+}
+
+/// An error body read to recognise a refusal: whole, or its first bytes (more than a refusal
+/// would hold) with the rest still to come.
+enum ErrorBody {
+    Whole(Bytes),
+    Partial(Bytes, Incoming),
+}
+
+async fn read_error_body(mut body: Incoming) -> Result<ErrorBody, hyper::Error> {
+    let mut read = Vec::new();
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame?.into_data() {
+            read.extend_from_slice(&data);
+        }
+        if read.len() as u64 > REFUSAL_BODY_LIMIT {
+            return Ok(ErrorBody::Partial(Bytes::from(read), body));
+        }
+    }
+    Ok(ErrorBody::Whole(Bytes::from(read)))
+}
+
+/// A body whose first bytes were already read: they come first, then the rest as it arrives.
+struct Prefixed {
+    prefix: Option<Bytes>,
+    rest: Incoming,
+}
+
+impl Body for Prefixed {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        if let Some(prefix) = self.prefix.take() {
+            return Poll::Ready(Some(Ok(Frame::data(prefix))));
+        }
+        Pin::new(&mut self.rest).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.prefix.is_none() && self.rest.is_end_stream()
+    }
 }
 
 /// The response the client gets after a possible refusal, and whether it answers a
@@ -271,11 +316,19 @@ async fn retry_after_refusal(
     overhead: &mut Overhead,
 ) -> Result<Retried, Error> {
     let (parts, body) = response.into_parts();
-    let bytes = match Limited::new(body, REFUSAL_BODY_LIMIT as usize)
-        .collect()
-        .await
-    {
-        Ok(collected) => collected.to_bytes(),
+    let bytes = match read_error_body(body).await {
+        Ok(ErrorBody::Whole(bytes)) => bytes,
+        // Longer than any refusal: passed on as it comes, the bytes read first included.
+        Ok(ErrorBody::Partial(prefix, rest)) => {
+            let body = Prefixed {
+                prefix: Some(prefix),
+                rest,
+            };
+            return Ok(Retried {
+                response: Response::from_parts(parts, body.map_err(BoxError::from).boxed_unsync()),
+                again: false,
+            });
+        }
         Err(e) => return Err(Error::UpstreamUnavailable(e.to_string())),
     };
     let status = parts.status.as_u16();

@@ -220,3 +220,47 @@ async fn other_refusals_and_incurable_ones_reach_the_client_unchanged() {
     );
     proxy.shutdown().await;
 }
+
+/// A refusal sent without a `Content-Length` (chunked) is read and retried; an error body
+/// longer than any refusal passes through byte for byte, the part read first included.
+#[tokio::test]
+async fn chunked_refusals_are_read_and_long_error_bodies_pass_whole() {
+    let chunked_refusal = || {
+        let Reply::Full { body, .. } = refusal() else {
+            unreachable!("refusal() is a full JSON reply")
+        };
+        let (a, b) = body.split_at(body.len() / 2);
+        Reply::Chunks {
+            status: 400,
+            headers: vec![("content-type".into(), "application/json".into())],
+            chunks: vec![Bytes::copy_from_slice(a), Bytes::copy_from_slice(b)],
+        }
+    };
+    let mock = provider(chunked_refusal).await;
+    let proxy = TestProxy::start(&format!("{}{CONFIG}", upstream_toml(&mock.url()))).await;
+    let body = json!({"model": "gpt-4o", "messages": conversation(19)});
+    let got = send(&proxy, &body).await;
+    assert_eq!(got.status, 200, "{:?}", got.body);
+    assert_eq!(got.header("x-compactor-retried"), Some("true"));
+    proxy.shutdown().await;
+
+    let long: Vec<Bytes> = (0..10)
+        .map(|i| Bytes::from(format!("{i}{}", "context_length_exceeded ".repeat(500))))
+        .collect();
+    let whole: Vec<u8> = long.iter().flat_map(|c| c.to_vec()).collect();
+    assert!(whole.len() > 64 * 1024);
+    let mock = MockUpstream::start().await;
+    let chunks = long.clone();
+    mock.set_handler(move |_| Reply::Chunks {
+        status: 400,
+        headers: vec![("content-type".into(), "text/plain".into())],
+        chunks: chunks.clone(),
+    });
+    let proxy = TestProxy::start(&format!("{}{CONFIG}", upstream_toml(&mock.url()))).await;
+    let got = send(&proxy, &body).await;
+    assert_eq!(got.status, 400);
+    assert_eq!(got.body.as_ref(), whole.as_slice(), "every byte, in order");
+    assert_eq!(got.header("x-compactor-retried"), None);
+    assert_eq!(mock.request_count(), 1);
+    proxy.shutdown().await;
+}
