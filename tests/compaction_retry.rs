@@ -264,3 +264,108 @@ async fn chunked_refusals_are_read_and_long_error_bodies_pass_whole() {
     assert_eq!(mock.request_count(), 1);
     proxy.shutdown().await;
 }
+
+/// Anthropic Messages (Claude Code's shape) and OpenAI Responses (Codex's) refusals for length
+/// are retried through their own dialects: valid, smaller, the latest turn verbatim.
+#[tokio::test]
+async fn messages_and_responses_refusals_are_retried_in_their_dialect() {
+    let words = "the parser drops trailing commas ".repeat(6);
+    let mut turns = Vec::new();
+    for i in 0..9 {
+        turns.push(json!({"role": "user", "content": [
+            {"type": "text", "text": format!("<system-reminder>ctx {i}</system-reminder>")},
+            {"type": "text", "text": format!("step {i}: {words}")}]}));
+        turns.push(json!({"role": "assistant", "content": [{"type": "text", "text": format!("done {i}: {}", words.repeat(8))}]}));
+    }
+    turns.push(json!({"role": "user", "content": "now run the tests"}));
+    let messages_body = json!({"model": "claude-sonnet-4-5", "max_tokens": 1024,
+        "system": [{"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}}],
+        "messages": turns});
+    let mut items = vec![json!({"type": "message", "role": "developer", "content": "Be brief."})];
+    for i in 0..6 {
+        items.push(json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": format!("task {i}: {words}")}]}));
+        items.push(json!({"type": "function_call", "call_id": format!("call_{i}"), "name": "shell", "arguments": "{\"command\":[\"ls\"]}"}));
+        items.push(json!({"type": "function_call_output", "call_id": format!("call_{i}"), "output": words.repeat(8)}));
+    }
+    items.push(json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "summarise"}]}));
+    let responses_body = json!({"model": "gpt-5-codex", "store": false, "input": items});
+
+    let anthropic_refusal = json!({"type": "error", "error": {"type": "invalid_request_error",
+        "message": "prompt is too long: 208317 tokens > 200000 maximum"}});
+    let responses_refusal = json!({"error": {"message": "Your input exceeds the context window of this model. Please adjust your input and try again.",
+        "type": "invalid_request_error", "param": "input", "code": "context_length_exceeded"}});
+    for (path, field, body, refusal, limit) in [
+        (
+            "/v1/messages",
+            "messages",
+            messages_body,
+            anthropic_refusal,
+            10,
+        ),
+        (
+            "/v1/responses",
+            "input",
+            responses_body,
+            responses_refusal,
+            12,
+        ),
+    ] {
+        let mock = MockUpstream::start().await;
+        let refused = refusal.clone();
+        mock.set_handler(move |r| {
+            let v: Value = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
+            if is_summary_request(r) || v[field].as_array().map_or(0, Vec::len) <= limit {
+                Reply::json(200, &json!({"id": "ok", "content": "fits", "output": []}))
+            } else {
+                Reply::json(400, &refused)
+            }
+        });
+        let proxy = TestProxy::start(&format!("{}{CONFIG}", upstream_toml(&mock.url()))).await;
+        let got = TestClient::http1()
+            .exchange(
+                "POST",
+                &proxy.url(path),
+                &[
+                    ("content-type", "application/json"),
+                    ("x-api-key", "sk-retry"),
+                ],
+                Bytes::from(body.to_string()),
+            )
+            .await;
+        assert_eq!(got.status, 200, "{path}: {:?}", got.body);
+        assert_eq!(got.header("x-compactor-retried"), Some("true"), "{path}");
+        let sent: Vec<Value> = mock
+            .requests()
+            .iter()
+            .filter(|r| !is_summary_request(r))
+            .map(|r| serde_json::from_slice(&r.body).expect("JSON"))
+            .collect();
+        assert_eq!(sent.len(), 2, "{path}");
+        let (before, after) = (
+            body[field].as_array().expect("conversation"),
+            sent[1][field].as_array().expect("conversation"),
+        );
+        assert!(after.len() <= limit, "{path}: {} items", after.len());
+        match path {
+            "/v1/messages" => {
+                // Roles alternate, so the summary leads the last user message, whose own
+                // words follow it unchanged.
+                let last = after.last().expect("a last message");
+                let blocks = last["content"].as_array().expect("blocks");
+                assert_eq!(
+                    blocks.last().map(|b| &b["text"]),
+                    Some(&json!("now run the tests"))
+                );
+                assert_eq!(sent[1]["system"], body["system"]);
+                support::anthropic_rules::check_messages(&sent[1], 200_000)
+            }
+            _ => {
+                assert_eq!(after.last(), before.last(), "{path}: latest turn verbatim");
+                assert_eq!(sent[1]["store"], false);
+                support::responses_rules::check_responses(&sent[1], 200_000)
+            }
+        }
+        .unwrap_or_else(|e| panic!("{path}: {e:?}"));
+        proxy.shutdown().await;
+    }
+}
