@@ -294,13 +294,7 @@ impl Pipeline {
             .observe(scan.tokens as f64);
 
         let tenant = TenantId::from_caller(context.caller);
-        let first: Vec<&str> = scan
-            .messages
-            .iter()
-            .take(SESSION_ID_MESSAGES)
-            .copied()
-            .collect();
-        let session = session_id(&tenant, context.session_header, &first);
+        let session = session_of(&scan, &tenant, context.session_header);
         let latest = LatestRequest {
             dialect,
             body: body.clone(),
@@ -611,11 +605,7 @@ impl Pipeline {
     /// forwarded silently.
     async fn after_wait(&self, request: &Request<'_, '_>, trigger: Trigger) -> Outcome {
         let scan = request.scan;
-        let checkpoint = self.lookup(request.tenant, &scan.messages).await;
-        let splice = match checkpoint.map(|c| self.splice(scan, c)) {
-            Some(Ok(splice)) => splice,
-            None | Some(Err(_)) => None,
-        };
+        let splice = self.stored_splice(request.tenant, scan).await;
         let (count, tokens) = self.view_size(scan, splice.as_ref());
         let outcome = self.reuse(scan, splice.as_ref(), tokens);
         if request.limits.check(count, tokens).is_none() {
@@ -633,6 +623,31 @@ impl Pipeline {
             Outcome::Unchanged => Outcome::Failed,
             reused => reused,
         }
+    }
+
+    /// The stored checkpoint that can stand in for a prefix of `scan`, if any.
+    async fn stored_splice(&self, tenant: TenantId, scan: &Scan<'_>) -> Option<Splice> {
+        let checkpoint = self.lookup(tenant, &scan.messages).await?;
+        self.splice(scan, checkpoint).ok().flatten()
+    }
+
+    /// A compaction that is not the trigger's (manual, or after a refusal for length):
+    /// beyond any stored checkpoint, timed from `started`.
+    async fn compact_now(
+        &self,
+        request: &Request<'_, '_>,
+        transcript: &Transcript,
+        instructions: Option<&str>,
+        started: Instant,
+    ) -> Result<Compacted, Failure> {
+        let splice = self.stored_splice(request.tenant, request.scan).await;
+        let result = self
+            .compact_and_store(request, transcript, splice.as_ref(), instructions)
+            .await;
+        self.metrics
+            .compaction_duration
+            .observe(started.elapsed().as_secs_f64());
+        result
     }
 
     /// Compacts (beyond any spliced prefix), rewrites, and stores the new checkpoint.
@@ -763,13 +778,7 @@ impl Pipeline {
             return None;
         };
         let tenant = TenantId::from_caller(context.caller);
-        let first: Vec<&str> = scan
-            .messages
-            .iter()
-            .take(SESSION_ID_MESSAGES)
-            .copied()
-            .collect();
-        let session = session_id(&tenant, context.session_header, &first);
+        let session = session_of(&scan, &tenant, context.session_header);
         let limits = self
             .limits(scan.model.as_deref(), scan.requested_output)
             .after_refusal(
@@ -785,19 +794,8 @@ impl Pipeline {
             session: &session,
             limits,
         };
-        let checkpoint = self.lookup(tenant, &scan.messages).await;
-        let splice = match checkpoint.map(|c| self.splice(&scan, c)) {
-            Some(Ok(splice)) => splice,
-            None | Some(Err(_)) => None,
-        };
         let started = Instant::now();
-        let result = self
-            .compact_and_store(&request, &transcript, splice.as_ref(), None)
-            .await;
-        self.metrics
-            .compaction_duration
-            .observe(started.elapsed().as_secs_f64());
-        match result {
+        match self.compact_now(&request, &transcript, None, started).await {
             Ok(Compacted {
                 body, compaction, ..
             }) if compaction.result.post_tokens < forwarded => {
@@ -872,19 +870,11 @@ impl Pipeline {
             session: id,
             limits: self.limits(scan.model.as_deref(), scan.requested_output),
         };
-        let checkpoint = self.lookup(request.tenant, &scan.messages).await;
-        let splice = match checkpoint.map(|c| self.splice(&scan, c)) {
-            Some(Ok(splice)) => splice,
-            None | Some(Err(_)) => None,
-        };
         let started = Instant::now();
-        let result = self
-            .compact_and_store(&request, &transcript, splice.as_ref(), instructions)
-            .await;
-        self.metrics
-            .compaction_duration
-            .observe(started.elapsed().as_secs_f64());
-        match result {
+        match self
+            .compact_now(&request, &transcript, instructions, started)
+            .await
+        {
             Ok(Compacted {
                 compaction, stored, ..
             }) => {
@@ -947,6 +937,17 @@ impl Pipeline {
     fn record(&self, trigger: Trigger, outcome: CompactionOutcome) {
         self.metrics.compaction(trigger, outcome);
     }
+}
+
+/// The session id of a scanned request: the header when sent, else from its first messages.
+fn session_of(scan: &Scan<'_>, tenant: &TenantId, header: Option<&str>) -> String {
+    let first: Vec<&str> = scan
+        .messages
+        .iter()
+        .take(SESSION_ID_MESSAGES)
+        .copied()
+        .collect();
+    session_id(tenant, header, &first)
 }
 
 /// What the proxy should forward.

@@ -302,7 +302,7 @@ pub(super) fn rewrite(
         });
     }
     // The whole `input` value is replaced: the splice covers its one item, the string.
-    let (_, tail) = (&scan.messages[..head], &scan.messages[boundary..]);
+    let tail = &scan.messages[boundary..];
     let extra = summary_message.len() + scan.body().len() + 96;
     scan.splice(0, scan.len(), false, extra, |out| {
         out.push(b'[');
