@@ -2,6 +2,8 @@
 //!
 //! - `GET /livez`, `GET /readyz`: probes (never need the token);
 //! - `GET /metrics`: Prometheus text (store gauges refreshed at scrape time);
+//! - `GET /models`: the context windows the trigger uses: learned from providers (newest
+//!   first, with their source) and configured in `[models]`, and the default;
 //! - `GET /sessions`: the sessions held, newest first;
 //! - `GET /session/{id}`: one session's compaction count, covered messages, token figures,
 //!   files and current summary;
@@ -48,6 +50,7 @@ pub async fn handle(app: Arc<App>, request: Request<Incoming>) -> Response<Full<
             text(StatusCode::OK, "ok\n".into(), "text/plain")
         }
         (&Method::GET, "/metrics", _) => metrics(&app).await,
+        (&Method::GET, "/models", _) => models(&app).await,
         (&Method::GET, "/sessions", _) => match app
             .compactor
             .store()
@@ -87,6 +90,29 @@ async fn metrics(app: &App) -> Response<Full<Bytes>> {
         app.metrics.render(),
         "text/plain; version=0.0.4; charset=utf-8",
     )
+}
+
+/// Learned windows first (they win over the table for their model), then the table.
+async fn models(app: &App) -> Response<Full<Bytes>> {
+    let learned = match app.compactor.windows().await {
+        Ok(learned) => learned,
+        Err(e) => return store_error(e),
+    };
+    let learned = learned.into_iter().map(|(model, w)| {
+        json!({
+            "model": model,
+            "context_window": w.context_window,
+            "source": w.source,
+            "learned_unix": w.learned_unix,
+        })
+    });
+    let configured = app.config.models.iter().map(|(model, m)| {
+        json!({ "model": model, "context_window": m.context_window, "source": "configured" })
+    });
+    ok_json(json!({
+        "default_context_window": app.config.compaction.default_context_window,
+        "models": learned.chain(configured).collect::<Vec<_>>(),
+    }))
 }
 
 async fn summarize(app: &App, id: &str, instructions: Option<&str>) -> Response<Full<Bytes>> {

@@ -20,6 +20,7 @@ use prometheus::{
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+use crate::compaction::models::WindowSource;
 use crate::compaction::trigger::{CompactionOutcome, Trigger};
 use crate::dialect::DialectKind;
 
@@ -209,6 +210,8 @@ pub struct Metrics {
     checkpoint_lookups: IntCounterVec,
     /// `compactor_retries_total{reason,outcome}`
     retries: IntCounterVec,
+    /// `compactor_context_window_learned_total{source}`
+    windows_learned: IntCounterVec,
     /// `compactor_sessions`
     pub sessions: IntGauge,
     /// `compactor_store_evictions_total`: raised through [`Metrics::observe_store_evictions`].
@@ -363,6 +366,12 @@ impl Metrics {
                 "Chat requests the provider refused for their length, by whether they were compacted and sent again.",
                 &["reason", "outcome"],
             )?,
+            windows_learned: counter_vec(
+                r,
+                "compactor_context_window_learned_total",
+                "Context windows learned from providers (a refusal that named one, or usage above the window assumed), by source.",
+                &["source"],
+            )?,
             sessions: register(
                 r,
                 IntGauge::new("compactor_sessions", "Sessions held by the session store.")?,
@@ -494,6 +503,9 @@ impl Metrics {
             self.retries
                 .with_label_values(&[RETRY_REASON_OVERFLOW, outcome]);
         }
+        for source in WindowSource::ALL {
+            self.windows_learned.with_label_values(&[source.label()]);
+        }
         for dialect in DIALECTS {
             self.context_utilization
                 .with_label_values(&[dialect.label()]);
@@ -597,6 +609,13 @@ impl Metrics {
         };
         self.retries
             .with_label_values(&[RETRY_REASON_OVERFLOW, outcome])
+            .inc();
+    }
+
+    /// A model's context window was learned (or changed) from a provider.
+    pub fn window_learned(&self, source: WindowSource) {
+        self.windows_learned
+            .with_label_values(&[source.label()])
             .inc();
     }
 

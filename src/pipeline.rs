@@ -30,6 +30,7 @@ use futures_util::FutureExt as _;
 
 use crate::calibration::Calibration;
 use crate::compaction::engine::{CompactError, Compaction, CompactionInput, Engine, Prior};
+use crate::compaction::models::{LearnedWindow, WindowSource};
 use crate::compaction::prompt::summary_message;
 use crate::compaction::trigger::{CompactionOutcome, Limits, Trigger};
 use crate::compaction::{CompactionResult, MAX_ATTEMPTS_PER_REQUEST};
@@ -40,7 +41,7 @@ use crate::overflow::Overflow;
 use crate::session::hash::SESSION_ID_MESSAGES;
 use crate::session::{
     session_id, ChainMemo, Checkpoint, LatestRequest, MemoryStore, SessionStore, SingleFlight,
-    StoreLimits, TenantId,
+    StoreError, StoreLimits, TenantId,
 };
 use crate::transcript::Transcript;
 
@@ -74,6 +75,9 @@ pub struct ForwardedEstimate {
     pub model: Option<String>,
     /// Estimated input tokens of the body forwarded (raw, never calibrated).
     pub tokens: usize,
+    /// The context window the request was checked against (usage beyond it teaches a larger
+    /// one).
+    pub context_window: usize,
 }
 
 /// The answer to a manual compaction (`POST /session/{id}/summarize`).
@@ -215,16 +219,60 @@ impl Pipeline {
         &self.calibration
     }
 
-    /// The limits of a request, with the token threshold in raw estimate units: divided by
-    /// the model's calibration factor when calibration is on. The trigger and the engine both
-    /// compare raw estimates with these limits, so a rewrite the engine sizes to fit does not
-    /// trip the trigger again on the next request.
-    fn limits(&self, model: Option<&str>, requested_output: Option<usize>) -> Limits {
-        let limits = self.engine.limits(model, requested_output);
+    /// The limits of a request: for the window learned for its model when there is one (a
+    /// provider's own figure beats the table), with the token threshold in raw estimate units:
+    /// divided by the model's calibration factor when calibration is on. The trigger and the
+    /// engine both compare raw estimates with these limits, so a rewrite the engine sizes to
+    /// fit does not trip the trigger again on the next request.
+    async fn limits(&self, model: Option<&str>, requested_output: Option<usize>) -> Limits {
+        let learned = match model {
+            Some(model) => self.learned_window(model).await,
+            None => None,
+        };
+        let limits = match learned {
+            Some(w) => Limits::new(self.engine.settings(), w.context_window, requested_output),
+            None => self.engine.limits(model, requested_output),
+        };
         match model {
             Some(model) if self.calibrate => limits.calibrated(self.calibration.factor(model)),
             _ => limits,
         }
+    }
+
+    /// The window learned for `model`; a store that cannot answer is as if nothing was learned.
+    async fn learned_window(&self, model: &str) -> Option<LearnedWindow> {
+        self.store.learned_window(model).await.unwrap_or_else(|e| {
+            tracing::debug!(error = %e, "learned windows unavailable; using the models table");
+            None
+        })
+    }
+
+    /// Remembers a window a provider showed for `model` (counted when it changed what was
+    /// known), so the trigger uses it from the next request on, wherever the store is shared.
+    pub async fn learn_window(&self, model: &str, context_window: usize, source: WindowSource) {
+        let window = LearnedWindow {
+            context_window,
+            source,
+            learned_unix: crate::session::store::unix_now(),
+        };
+        match self.store.learn_window(model, window).await {
+            Ok(true) => {
+                self.metrics.window_learned(source);
+                tracing::info!(
+                    model,
+                    context_window,
+                    source = source.label(),
+                    "context window learned"
+                );
+            }
+            Ok(false) => {}
+            Err(e) => tracing::warn!(error = %e, "learned window not stored"),
+        }
+    }
+
+    /// The windows learned from providers, most recently learned first (`GET /models`).
+    pub async fn windows(&self) -> Result<Vec<(String, LearnedWindow)>, StoreError> {
+        self.store.learned_windows().await
     }
 
     /// The engine, for callers that compact parsed transcripts themselves.
@@ -314,7 +362,9 @@ impl Pipeline {
             caller: context.caller,
             tenant,
             session: &session,
-            limits: self.limits(scan.model.as_deref(), scan.requested_output),
+            limits: self
+                .limits(scan.model.as_deref(), scan.requested_output)
+                .await,
         };
         let trigger = request.limits.check(scan.len(), scan.tokens);
         let mut summarizer_time = Duration::ZERO;
@@ -354,6 +404,7 @@ impl Pipeline {
         processed.estimate = Some(ForwardedEstimate {
             model: scan.model.clone(),
             tokens: forwarded,
+            context_window: request.limits.context_window,
         });
     }
 
@@ -779,8 +830,12 @@ impl Pipeline {
         };
         let tenant = TenantId::from_caller(context.caller);
         let session = session_of(&scan, &tenant, context.session_header);
+        if let (Some(model), Some(window)) = (scan.model.as_deref(), refusal.window) {
+            self.learn_window(model, window, WindowSource::Error).await;
+        }
         let limits = self
             .limits(scan.model.as_deref(), scan.requested_output)
+            .await
             .after_refusal(
                 self.engine.settings(),
                 refusal.window,
@@ -868,7 +923,9 @@ impl Pipeline {
             caller: &latest.caller,
             tenant: TenantId::from_caller(&latest.caller),
             session: id,
-            limits: self.limits(scan.model.as_deref(), scan.requested_output),
+            limits: self
+                .limits(scan.model.as_deref(), scan.requested_output)
+                .await,
         };
         let started = Instant::now();
         match self

@@ -27,13 +27,14 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 
 use crate::app::App;
+use crate::compaction::models::WindowSource;
 use crate::dialect::DialectKind;
 use crate::error::Error;
 use crate::metrics::{method_label, route_label, Metrics};
-use crate::pipeline::{Outcome, Processed, RequestContext};
+use crate::pipeline::{ForwardedEstimate, Outcome, Processed, RequestContext};
 use crate::timing::Overhead;
 use crate::upstream::{prepare_headers, strip_hop_by_hop, BoxError, ProxyBody, Resolved};
-use crate::usage::{self, Encoding, Format, Observed};
+use crate::usage::{self, Encoding, Format, Observed, Usage};
 
 /// Response header: whether the forwarded request carries a summary, new or reused.
 pub const HEADER_COMPACTED: &str = "x-compactor-compacted";
@@ -107,7 +108,7 @@ pub async fn handle(
 }
 
 async fn forward(
-    app: &App,
+    app: &Arc<App>,
     request: Request<Incoming>,
     resolved: Resolved,
     dialect: Option<DialectKind>,
@@ -194,12 +195,19 @@ async fn forward(
     };
     let body = match (estimate, scan) {
         (Some(estimate), Some((format, encoding))) => {
-            let record = usage::recorder(
+            let recorder = usage::recorder(
                 app.metrics.clone(),
                 app.compactor.calibration().clone(),
-                estimate.model,
+                estimate.model.clone(),
                 Some(estimate.tokens as u64),
             );
+            let app = app.clone();
+            let record: usage::OnUsage = Box::new(move |usage| {
+                if let Some(usage) = &usage {
+                    learn_from_usage(&app, &estimate, usage);
+                }
+                recorder(usage);
+            });
             Observed::new(body, Some(format), record)
                 .encoded(encoding)
                 .boxed_unsync()
@@ -207,6 +215,29 @@ async fn forward(
         _ => body,
     };
     Ok(Response::from_parts(parts, body))
+}
+
+/// A successful request whose `usage` (input plus output) is more than the window it was
+/// checked against proves the model's window is at least that: learned, off the response
+/// path. Rare (a window the table has too small), so the check comes first.
+fn learn_from_usage(app: &Arc<App>, estimate: &ForwardedEstimate, usage: &Usage) {
+    let used = usage.input.saturating_add(usage.output);
+    let Some(model) = estimate.model.clone() else {
+        return;
+    };
+    if used <= estimate.context_window as u64 {
+        return;
+    }
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let app = app.clone();
+    let used = usize::try_from(used).unwrap_or(usize::MAX);
+    runtime.spawn(async move {
+        app.compactor
+            .learn_window(&model, used, WindowSource::Usage)
+            .await;
+    });
 }
 
 /// Sends a request upstream, counting a failure by its kind.

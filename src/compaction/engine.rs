@@ -204,15 +204,15 @@ impl Engine {
         )
     }
 
-    /// The summarizer's budget for a request to `model` in `api`: (most prompt tokens, most
+    /// The summarizer's budget for a request in `api` to a model with `window` tokens (the
+    /// window its limits were made with, learned or from the table): (most prompt tokens, most
     /// output tokens). The summarizer is assumed to have the request model's window (it uses
     /// the request's model unless configured otherwise); the output budget is the one of the
     /// backend that will answer for `api` (`auto` picks by API, so an Anthropic request gets
     /// `summarizer.anthropic.max_tokens`), [`DEFAULT_SUMMARY_TOKENS`] for backends without
     /// one, capped at a quarter of that window: on a small model, a summary as long as half the
     /// window leaves too little room for the verbatim tail and the prompt.
-    pub fn summarizer_budget(&self, model: Option<&str>, api: Api) -> (usize, u32) {
-        let window = self.models.context_window(model);
+    pub fn summarizer_budget(&self, window: usize, api: Api) -> (usize, u32) {
         let cap = u32::try_from(window / 4).unwrap_or(u32::MAX);
         let own = self
             .summarizer
@@ -247,7 +247,7 @@ impl Engine {
         let limits = input.limits;
         let base_budget = preserve_budget(&self.config, limits.usable_window());
         // Room the summary message may take: the summary's output budget plus its framing.
-        let (_, max_output) = self.summarizer_budget(input.model, input.caller.api);
+        let (_, max_output) = self.summarizer_budget(input.limits.context_window, input.caller.api);
         let summary_reserve = (max_output as usize)
             .saturating_add(self.estimator.text(SUMMARY_INTRO))
             .saturating_add(64);
@@ -415,7 +415,8 @@ impl Engine {
             mask_observations(&mut entries, PRESERVE_RECENT_OUTPUTS);
         }
         truncate_entries(&mut entries);
-        let (max_prompt, max_output) = self.summarizer_budget(input.model, input.caller.api);
+        let (max_prompt, max_output) =
+            self.summarizer_budget(input.limits.context_window, input.caller.api);
         let prompt_input = PromptInput {
             prior_summary,
             read_files: tracker.read_files(),
@@ -835,11 +836,12 @@ mod tests {
         // window.
         let e = engine(toml, FakeSummarizer::text("s"));
         assert_eq!(
-            e.summarizer_budget(Some("small"), Api::Messages),
+            e.summarizer_budget(e.models().context_window(Some("small")), Api::Messages),
             (2_250, 750)
         );
         assert_eq!(
-            e.summarizer_budget(None, Api::ChatCompletions).1,
+            e.summarizer_budget(e.models().context_window(None), Api::ChatCompletions)
+                .1,
             DEFAULT_SUMMARY_TOKENS
         );
     }

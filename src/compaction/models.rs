@@ -6,8 +6,15 @@
 //! routed through an aggregator (`openai/gpt-4o`, `anthropic/claude-sonnet-4`) that matches
 //! nothing is retried with the part after its last `/`. Anything unmatched gets
 //! `compaction.default_context_window`.
+//!
+//! The table is what the operator wrote; providers sometimes know better. A window a provider
+//! names when it refuses a request for its length, or one its `usage` shows to be too small, is
+//! a [`LearnedWindow`]: the session store keeps those per model ([`model_key`]), and the
+//! pipeline prefers them to the table.
 
 use std::collections::{BTreeMap, HashMap};
+
+use serde::Serialize;
 
 use crate::config::ModelConfig;
 
@@ -69,6 +76,80 @@ impl ModelTable {
             .iter()
             .find(|(pattern, _)| glob_match(pattern, name))
             .map(|(_, w)| *w)
+    }
+}
+
+/// Longest model name kept as a key of a learned window (longer names are cut at a character
+/// boundary: model names come from clients).
+pub const MAX_MODEL_KEY_LEN: usize = 128;
+
+/// The key a model's learned window is kept under: trimmed, ASCII-lowercased, at most
+/// [`MAX_MODEL_KEY_LEN`] bytes.
+pub fn model_key(model: &str) -> String {
+    let mut key = model.trim().to_ascii_lowercase();
+    if key.len() > MAX_MODEL_KEY_LEN {
+        let mut cut = MAX_MODEL_KEY_LEN;
+        while !key.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        key.truncate(cut);
+    }
+    key
+}
+
+/// How compactor learned a model's context window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WindowSource {
+    /// The provider named it when it refused a request for its length.
+    Error,
+    /// The provider's `usage` counted more tokens (input plus output) in one successful
+    /// request than the window compactor assumed, so the window is at least that.
+    Usage,
+}
+
+impl WindowSource {
+    /// Every source (the metrics pre-initialise their label values).
+    pub const ALL: [WindowSource; 2] = [WindowSource::Error, WindowSource::Usage];
+
+    /// The `source` label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            WindowSource::Error => "error",
+            WindowSource::Usage => "usage",
+        }
+    }
+}
+
+/// A model's context window as a provider showed it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct LearnedWindow {
+    /// The window, in the provider's tokens.
+    pub context_window: usize,
+    /// How it was learned.
+    pub source: WindowSource,
+    /// When (seconds since the Unix epoch).
+    pub learned_unix: u64,
+}
+
+impl LearnedWindow {
+    /// What is known after learning `self` where `known` was known before; `None` when
+    /// nothing changes.
+    ///
+    /// A window named in a refusal is the provider's own statement and replaces what was known.
+    /// A window seen in `usage` is only a floor (the request fitted, so the window is at least
+    /// that big): it raises what is known, never lowers it.
+    pub fn merged_into(self, known: Option<LearnedWindow>) -> Option<LearnedWindow> {
+        let Some(known) = known else {
+            return (self.context_window > 0).then_some(self);
+        };
+        let changes = match self.source {
+            WindowSource::Error => {
+                self.context_window != known.context_window || known.source != WindowSource::Error
+            }
+            WindowSource::Usage => self.context_window > known.context_window,
+        };
+        (changes && self.context_window > 0).then_some(self)
     }
 }
 
@@ -165,6 +246,54 @@ mod tests {
             "full name matches first"
         );
         assert_eq!(t.lookup("x/unknown"), None);
+    }
+
+    fn learned(context_window: usize, source: WindowSource) -> LearnedWindow {
+        LearnedWindow {
+            context_window,
+            source,
+            learned_unix: 1,
+        }
+    }
+
+    #[test]
+    fn a_refusal_replaces_what_was_known_and_usage_only_raises_it() {
+        let error = |w| learned(w, WindowSource::Error);
+        let usage = |w| learned(w, WindowSource::Usage);
+        assert_eq!(error(16_385).merged_into(None), Some(error(16_385)));
+        assert_eq!(
+            error(8_192).merged_into(Some(error(16_385))),
+            Some(error(8_192))
+        );
+        assert_eq!(
+            error(16_385).merged_into(Some(error(16_385))),
+            None,
+            "nothing new"
+        );
+        assert_eq!(
+            error(20_000).merged_into(Some(usage(20_000))),
+            Some(error(20_000))
+        );
+        assert_eq!(
+            usage(20_000).merged_into(Some(error(16_385))),
+            Some(usage(20_000))
+        );
+        assert_eq!(
+            usage(10_000).merged_into(Some(error(16_385))),
+            None,
+            "a floor never lowers"
+        );
+        assert_eq!(usage(0).merged_into(None), None);
+        assert_eq!(error(0).merged_into(Some(error(5))), None);
+    }
+
+    #[test]
+    fn model_keys_are_trimmed_lowercased_and_bounded() {
+        assert_eq!(model_key(" GPT-4o "), "gpt-4o");
+        let long = "é".repeat(100);
+        let key = model_key(&long);
+        assert!(key.len() <= MAX_MODEL_KEY_LEN);
+        assert_eq!(key.chars().count(), MAX_MODEL_KEY_LEN / 2);
     }
 
     #[test]

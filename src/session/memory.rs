@@ -22,6 +22,8 @@ use super::store::{
     unix_now, Checkpoint, LatestRequest, SessionInfo, SessionStore, StoreError, StoreLimits,
     StoreStats, SESSION_OVERHEAD_BYTES,
 };
+use super::windows::LearnedWindows;
+use crate::compaction::models::LearnedWindow;
 
 /// Checkpoints kept per session; the oldest beyond this are dropped (the newest covers the
 /// longest prefix, older ones only serve retried or forked requests).
@@ -40,6 +42,9 @@ pub struct MemoryStore {
     breaker_cooldown: Duration,
     clock: Clock,
     inner: Mutex<Inner>,
+    /// Apart from the sessions: read on every request, learned rarely, and never evicted with
+    /// a session.
+    windows: Mutex<LearnedWindows>,
 }
 
 impl fmt::Debug for MemoryStore {
@@ -59,6 +64,7 @@ impl MemoryStore {
             breaker_cooldown: DEFAULT_BREAKER_COOLDOWN,
             clock: Arc::new(Instant::now),
             inner: Mutex::new(Inner::default()),
+            windows: Mutex::default(),
         }
     }
 
@@ -92,6 +98,11 @@ impl MemoryStore {
     /// All counters at once (after dropping expired sessions).
     pub fn stats(&self) -> StoreStats {
         self.fresh().stats()
+    }
+
+    fn windows(&self) -> MutexGuard<'_, LearnedWindows> {
+        // Each learn leaves the table consistent before anything can panic.
+        self.windows.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -300,6 +311,25 @@ impl SessionStore for MemoryStore {
 
     fn stats(&self) -> BoxFuture<'_, Result<StoreStats, StoreError>> {
         Box::pin(std::future::ready(Ok(MemoryStore::stats(self))))
+    }
+
+    fn learned_window<'a>(
+        &'a self,
+        model: &'a str,
+    ) -> BoxFuture<'a, Result<Option<LearnedWindow>, StoreError>> {
+        Box::pin(std::future::ready(Ok(self.windows().get(model))))
+    }
+
+    fn learn_window<'a>(
+        &'a self,
+        model: &'a str,
+        window: LearnedWindow,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(std::future::ready(Ok(self.windows().learn(model, window))))
+    }
+
+    fn learned_windows(&self) -> BoxFuture<'_, Result<Vec<(String, LearnedWindow)>, StoreError>> {
+        Box::pin(std::future::ready(Ok(self.windows().list())))
     }
 }
 

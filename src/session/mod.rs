@@ -7,7 +7,8 @@
 //! remembers "the first *k* messages are replaced by summary *S*" as checkpoints in a
 //! [`SessionStore`] ([`store`] is the contract, [`memory`] the bounded in-memory backend),
 //! makes sure one prefix is compacted once at a time ([`flight`]), and stops compacting a
-//! session whose compactions keep failing ([`breaker`]). These are primitives: the proxy and
+//! session whose compactions keep failing ([`breaker`]). The store also keeps the context
+//! windows providers revealed per model ([`windows`]), so they are shared wherever the store is. These are primitives: the proxy and
 //! the compaction engine decide when to use them.
 
 pub mod breaker;
@@ -17,6 +18,7 @@ pub mod hash;
 pub mod memo;
 pub mod memory;
 pub mod store;
+pub mod windows;
 
 pub use breaker::{Breaker, BreakerState, SESSION_BREAKER_THRESHOLD};
 pub use flight::{Flight, FlightError, SingleFlight};

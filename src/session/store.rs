@@ -19,6 +19,7 @@ use serde::{Serialize, Serializer};
 
 use super::breaker::BreakerState;
 use super::hash::{ChainHash, TenantId};
+use crate::compaction::models::LearnedWindow;
 use crate::dialect::DialectKind;
 
 /// Fixed per-checkpoint overhead added to its text when sizing a store.
@@ -248,6 +249,24 @@ pub trait SessionStore: Send + Sync {
         id: &'a str,
         succeeded: bool,
     ) -> BoxFuture<'a, Result<bool, StoreError>>;
+
+    /// The context window learned for `model` (any tenant's requests teach it: a window is the
+    /// provider's, not the caller's), if any. Read on every chat request.
+    fn learned_window<'a>(
+        &'a self,
+        model: &'a str,
+    ) -> BoxFuture<'a, Result<Option<LearnedWindow>, StoreError>>;
+
+    /// Learns a context window for `model` ([`LearnedWindow::merged_into`] says what replaces
+    /// what). True when it changed what was known (count it).
+    fn learn_window<'a>(
+        &'a self,
+        model: &'a str,
+        window: LearnedWindow,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+
+    /// Every learned window by model key, most recently learned first (admin `GET /models`).
+    fn learned_windows(&self) -> BoxFuture<'_, Result<Vec<(String, LearnedWindow)>, StoreError>>;
 }
 
 /// Seconds since the Unix epoch (0 if the clock is before it), for `created_unix` and friends.
