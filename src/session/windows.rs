@@ -61,7 +61,7 @@ impl LearnedWindows {
             .iter()
             .map(|(k, (w, tick))| (*tick, k.clone(), *w))
             .collect();
-        all.sort_by(|a, b| b.0.cmp(&a.0));
+        all.sort_by_key(|(tick, _, _)| std::cmp::Reverse(*tick));
         all.into_iter().map(|(_, k, w)| (k, w)).collect()
     }
 }
