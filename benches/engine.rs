@@ -88,13 +88,13 @@ fn request(model: &str, messages: Vec<Value>) -> Vec<u8> {
     .into_bytes()
 }
 
-fn fresh_compactor() -> Pipeline {
+fn fresh_compactor() -> Arc<Pipeline> {
     let config = Config::from_toml("").expect("default config");
     let metrics = Arc::new(Metrics::new().expect("metrics"));
-    Pipeline::new(&config, Arc::new(InstantSummarizer), metrics)
+    Arc::new(Pipeline::new(&config, Arc::new(InstantSummarizer), metrics))
 }
 
-fn setup() -> (Pipeline, tokio::runtime::Runtime) {
+fn setup() -> (Arc<Pipeline>, tokio::runtime::Runtime) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()

@@ -21,7 +21,7 @@ pub struct App {
     /// The upstream routing table and pooled client.
     pub upstream: Upstream,
     /// The compaction engine.
-    pub compactor: Pipeline,
+    pub compactor: Arc<Pipeline>,
 }
 
 impl App {
@@ -32,13 +32,15 @@ impl App {
     pub fn reconfigure(&self, config: Config) -> Result<App, Error> {
         config.validate()?;
         let summarizer = summarizer::build(&config, self.metrics.clone())?;
-        let compactor = Pipeline::with_store(
-            &config,
-            summarizer,
-            self.metrics.clone(),
-            self.compactor.store().clone(),
-        )
-        .with_calibration(self.compactor.calibration().clone());
+        let compactor = Arc::new(
+            Pipeline::with_store(
+                &config,
+                summarizer,
+                self.metrics.clone(),
+                self.compactor.store().clone(),
+            )
+            .succeeding(&self.compactor),
+        );
         let upstream = if config.upstream == self.config.upstream {
             self.upstream.with_routes(&config)?
         } else {
@@ -57,7 +59,7 @@ impl App {
         config.validate()?;
         let metrics = Arc::new(Metrics::new()?);
         let summarizer = summarizer::build(&config, metrics.clone())?;
-        let compactor = Pipeline::new(&config, summarizer, metrics.clone());
+        let compactor = Arc::new(Pipeline::new(&config, summarizer, metrics.clone()));
         let upstream = Upstream::new(&config)?;
         Ok(App {
             config,

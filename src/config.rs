@@ -216,6 +216,10 @@ pub struct CompactionConfig {
     pub mask_observations: bool,
     /// Compact when estimated input tokens reach this share of the usable window.
     pub trigger_ratio: f64,
+    /// Start the summary in the background when a conversation reaches this share of the
+    /// trigger (tokens and messages alike), so the request that crosses the trigger finds it
+    /// made; 0 turns background summaries off.
+    pub background_ratio: f64,
     /// Preserve budget as a share of the usable window (then clamped to min/max preserve).
     pub preserve_ratio: f64,
     /// Context window assumed for models missing from the models table.
@@ -240,6 +244,9 @@ pub struct SummarizerConfig {
     pub fallback: Vec<String>,
     /// How long one summary may take, per backend attempt.
     pub timeout_secs: Seconds,
+    /// Most summaries made in the background at once; beyond it a conversation is summarised
+    /// when it crosses the trigger, as without background summaries.
+    pub max_concurrent: usize,
     /// `[summarizer.openai]`
     pub openai: OpenAiSummarizerConfig,
     /// `[summarizer.anthropic]`
@@ -375,6 +382,7 @@ impl Default for CompactionConfig {
             max_preserve_tokens: 15_000,
             mask_observations: true,
             trigger_ratio: 0.85,
+            background_ratio: 0.7,
             preserve_ratio: 0.25,
             default_context_window: 128_000,
             breaker_cooldown_secs: Seconds::from_secs(300),
@@ -390,6 +398,7 @@ impl Default for SummarizerConfig {
             backend: "auto".into(),
             fallback: Vec::new(),
             timeout_secs: Seconds::from_secs(60),
+            max_concurrent: 4,
             openai: OpenAiSummarizerConfig {
                 max_tokens: 4_096,
                 ..Default::default()
@@ -488,6 +497,15 @@ impl Config {
             if ratio.is_nan() || ratio <= 0.0 || ratio > 1.0 {
                 return Err(invalid(key, "must be in (0, 1]"));
             }
+        }
+        if c.background_ratio.is_nan() || !(0.0..1.0).contains(&c.background_ratio) {
+            return Err(invalid(
+                "compaction.background_ratio",
+                "must be in [0, 1) (0 turns background summaries off)",
+            ));
+        }
+        if self.summarizer.max_concurrent == 0 {
+            return Err(invalid("summarizer.max_concurrent", "must be positive"));
         }
         if c.min_preserve_tokens > c.max_preserve_tokens {
             return Err(invalid(

@@ -21,7 +21,7 @@ use prometheus::{
 };
 
 use crate::compaction::models::WindowSource;
-use crate::compaction::trigger::{CompactionOutcome, Trigger};
+use crate::compaction::trigger::{BackgroundOutcome, CompactionOutcome, Trigger};
 use crate::dialect::DialectKind;
 
 /// Latency buckets for whole requests and upstream waits (seconds).
@@ -198,6 +198,10 @@ pub struct Metrics {
     compactions: IntCounterVec,
     /// `compactor_compaction_duration_seconds`
     pub compaction_duration: Histogram,
+    /// `compactor_summarizer_wait_seconds`
+    pub summarizer_wait: Histogram,
+    /// `compactor_background_compactions_total{outcome}`
+    background_compactions: IntCounterVec,
     /// `compactor_request_tokens_estimated`
     pub request_tokens_estimated: Histogram,
     /// `compactor_tokens_saved_total`
@@ -327,6 +331,18 @@ impl Metrics {
                 "compactor_compaction_duration_seconds",
                 "Time spent compacting one request, summarizer included.",
                 WORK_BUCKETS,
+            )?,
+            summarizer_wait: histogram(
+                r,
+                "compactor_summarizer_wait_seconds",
+                "Time a chat request over the trigger waited for a summary before it was forwarded (0 when a background summary was ready).",
+                LATENCY_BUCKETS,
+            )?,
+            background_compactions: counter_vec(
+                r,
+                "compactor_background_compactions_total",
+                "Summaries made off the request path, by outcome.",
+                &["outcome"],
             )?,
             request_tokens_estimated: histogram(
                 r,
@@ -503,6 +519,10 @@ impl Metrics {
             self.retries
                 .with_label_values(&[RETRY_REASON_OVERFLOW, outcome]);
         }
+        for outcome in BackgroundOutcome::ALL {
+            self.background_compactions
+                .with_label_values(&[outcome.label()]);
+        }
         for source in WindowSource::ALL {
             self.windows_learned.with_label_values(&[source.label()]);
         }
@@ -609,6 +629,13 @@ impl Metrics {
         };
         self.retries
             .with_label_values(&[RETRY_REASON_OVERFLOW, outcome])
+            .inc();
+    }
+
+    /// A background summary ended (or was not started) this way.
+    pub fn background_compaction(&self, outcome: BackgroundOutcome) {
+        self.background_compactions
+            .with_label_values(&[outcome.label()])
             .inc();
     }
 

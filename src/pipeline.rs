@@ -32,7 +32,7 @@ use crate::calibration::Calibration;
 use crate::compaction::engine::{CompactError, Compaction, CompactionInput, Engine, Prior};
 use crate::compaction::models::{LearnedWindow, WindowSource};
 use crate::compaction::prompt::summary_message;
-use crate::compaction::trigger::{CompactionOutcome, Limits, Trigger};
+use crate::compaction::trigger::{BackgroundOutcome, CompactionOutcome, Limits, Trigger};
 use crate::compaction::{CompactionResult, MAX_ATTEMPTS_PER_REQUEST};
 use crate::config::Config;
 use crate::dialect::{DialectError, DialectKind, Scan};
@@ -41,7 +41,7 @@ use crate::overflow::Overflow;
 use crate::session::hash::SESSION_ID_MESSAGES;
 use crate::session::{
     session_id, ChainMemo, Checkpoint, LatestRequest, MemoryStore, SessionStore, SingleFlight,
-    StoreError, StoreLimits, TenantId,
+    Staged, StoreError, StoreLimits, TenantId,
 };
 use crate::transcript::Transcript;
 
@@ -106,6 +106,8 @@ struct FlightKey {
 /// One chat request on its way through the pipeline: what every step after the scan reads.
 struct Request<'r, 'b> {
     scan: &'r Scan<'b>,
+    /// The bytes `scan` reads (a background summary takes its own reference).
+    body: &'r Bytes,
     caller: &'r Caller,
     tenant: TenantId,
     session: &'r str,
@@ -148,6 +150,19 @@ impl Compacted {
     }
 }
 
+/// What a background summary needs: its own reference to the body and the request's
+/// context.
+struct BackgroundJob {
+    dialect: DialectKind,
+    body: Bytes,
+    caller: Caller,
+    session: String,
+    limits: Limits,
+    key: FlightKey,
+    /// The watermark it crossed (`messages` or `tokens`): the trigger it is counted under.
+    trigger: Trigger,
+}
+
 /// A stored checkpoint applied to a request: messages `[head..covered)` become `message`.
 struct Splice {
     head: usize,
@@ -163,8 +178,11 @@ pub struct Pipeline {
     calibration: Arc<Calibration>,
     calibrate: bool,
     store: Arc<dyn SessionStore>,
-    flights: SingleFlight<FlightKey, ()>,
+    flights: Arc<SingleFlight<FlightKey, ()>>,
     flight_wait: Duration,
+    background: Arc<Background>,
+    /// `compaction.background_ratio`.
+    background_ratio: f64,
     /// Chain hashes of histories already seen, so a long conversation's next request hashes
     /// only its new messages.
     memo: ChainMemo,
@@ -201,17 +219,39 @@ impl Pipeline {
             calibration: Arc::new(Calibration::new()),
             calibrate: config.compaction.calibration,
             store,
-            flights: SingleFlight::new(),
+            flights: Arc::new(SingleFlight::new()),
             flight_wait,
+            background: Arc::new(Background::new(config.summarizer.max_concurrent)),
+            background_ratio: config.compaction.background_ratio,
             memo: ChainMemo::default(),
             enabled: config.compaction.enabled,
         }
     }
 
-    /// Shares a calibration table (kept across reloads, fed by observed usage).
-    pub fn with_calibration(mut self, calibration: Arc<Calibration>) -> Self {
-        self.calibration = calibration;
+    /// Shares what outlives a reload with the pipeline this one replaces: the calibration
+    /// table, the compactions in flight (a request after the reload waits for one started
+    /// before it instead of starting a second) and the background summaries (so shutdown
+    /// abandons them all). The store is passed to [`Pipeline::with_store`].
+    pub fn succeeding(mut self, old: &Pipeline) -> Self {
+        self.calibration = old.calibration.clone();
+        self.flights = old.flights.clone();
+        self.background = old.background.clone();
         self
+    }
+
+    /// Shutdown: abandons every background summary (counted); none stores anything.
+    pub fn abandon_background(&self) {
+        let abandoned = self.background.abandon();
+        for _ in 0..abandoned {
+            self.metrics
+                .background_compaction(BackgroundOutcome::Abandoned);
+        }
+    }
+
+    /// Waits until no background summary runs (replay: an agent's think time outlasting a
+    /// summary).
+    pub async fn background_idle(&self) {
+        self.background.idle().await;
     }
 
     /// The per-model calibration table.
@@ -286,7 +326,12 @@ impl Pipeline {
     }
 
     /// [`Pipeline::handle`] without a session header, returning only the outcome.
-    pub async fn process(&self, dialect: DialectKind, body: &[u8], caller: &Caller) -> Outcome {
+    pub async fn process(
+        self: &Arc<Self>,
+        dialect: DialectKind,
+        body: &[u8],
+        caller: &Caller,
+    ) -> Outcome {
         let context = RequestContext {
             caller,
             session_header: None,
@@ -300,7 +345,7 @@ impl Pipeline {
     /// down with it: a panic anywhere in compaction (a bug) is caught here, counted as
     /// `{trigger="none",outcome="panic"}`, and the original bytes are forwarded.
     pub async fn handle(
-        &self,
+        self: &Arc<Self>,
         dialect: DialectKind,
         body: &Bytes,
         context: &RequestContext<'_>,
@@ -318,7 +363,7 @@ impl Pipeline {
     }
 
     async fn handle_unguarded(
-        &self,
+        self: &Arc<Self>,
         dialect: DialectKind,
         body: &Bytes,
         context: &RequestContext<'_>,
@@ -359,6 +404,7 @@ impl Pipeline {
         let checkpoint = self.lookup(tenant, &scan.messages).await;
         let request = Request {
             scan: &scan,
+            body,
             caller: context.caller,
             tenant,
             session: &session,
@@ -366,10 +412,9 @@ impl Pipeline {
                 .limits(scan.model.as_deref(), scan.requested_output)
                 .await,
         };
-        let trigger = request.limits.check(scan.len(), scan.tokens);
         let mut summarizer_time = Duration::ZERO;
-        let outcome = if checkpoint.is_some() || trigger.is_some() {
-            self.rewrite_path(&request, trigger, checkpoint, &mut summarizer_time)
+        let outcome = if checkpoint.is_some() || self.may_compact(&request) {
+            self.rewrite_path(&request, checkpoint, &mut summarizer_time)
                 .await
         } else {
             Outcome::Unchanged
@@ -446,23 +491,70 @@ impl Pipeline {
         }
     }
 
-    /// Splices a checkpoint in and compacts when due.
+    /// Whether a request with no checkpoint is over the trigger or the background watermark
+    /// (the cheap test that keeps most requests off the rewrite path).
+    fn may_compact(&self, request: &Request<'_, '_>) -> bool {
+        let limits = request
+            .limits
+            .watermark(self.background_ratio)
+            .unwrap_or(request.limits);
+        limits
+            .check(request.scan.len(), request.scan.tokens)
+            .is_some()
+    }
+
+    /// Splices a checkpoint in, and compacts when due: with a staged checkpoint if one is
+    /// ready, else by waiting for the summary of the prefix (made by a background task or
+    /// another request) or making it. Below the trigger but over the background watermark, the
+    /// summary is started in the background and the request goes on at once.
     async fn rewrite_path(
-        &self,
+        self: &Arc<Self>,
         request: &Request<'_, '_>,
-        due: Option<Trigger>,
-        checkpoint: Option<Arc<Checkpoint>>,
+        found: Option<Arc<Checkpoint>>,
         summarizer_time: &mut Duration,
     ) -> Outcome {
-        let splice = match checkpoint.map(|c| self.splice(request.scan, c)) {
+        // A staged checkpoint stands in only for a request over the trigger without it; until
+        // then the checkpoint it refines is the one in use.
+        let (checkpoint, staged) = match found {
+            Some(c) if c.staged.is_some() => {
+                (c.staged.as_ref().and_then(|s| s.base.clone()), Some(c))
+            }
+            other => (other, None),
+        };
+        let mut splice = match checkpoint.map(|c| self.splice(request.scan, c)) {
             None => None,
             Some(Ok(splice)) => splice,
-            Some(Err(e)) => return self.not_understood(due, &e),
+            Some(Err(e)) => {
+                let due = request
+                    .limits
+                    .check(request.scan.len(), request.scan.tokens);
+                return self.not_understood(due, &e);
+            }
         };
-        let (count, tokens) = self.view_size(request.scan, splice.as_ref());
+        let (count, mut tokens) = self.view_size(request.scan, splice.as_ref());
         let Some(trigger) = request.limits.check(count, tokens) else {
+            if staged.is_none() {
+                self.start_background(request, splice.as_ref(), count, tokens);
+            }
             return self.reuse(request.scan, splice.as_ref(), tokens);
         };
+        if let Some(staged) = staged {
+            match self.splice(request.scan, staged) {
+                Ok(Some(ready)) => {
+                    let (count, ready_tokens) = self.view_size(request.scan, Some(&ready));
+                    self.promote(request, &ready).await;
+                    if request.limits.check(count, ready_tokens).is_none() {
+                        self.metrics.summarizer_wait.observe(0.0);
+                        return self.reuse(request.scan, Some(&ready), ready_tokens);
+                    }
+                    // Still over: compact further, refining the staged summary.
+                    splice = Some(ready);
+                    tokens = ready_tokens;
+                }
+                Ok(None) => {}
+                Err(e) => return self.not_understood(Some(trigger), &e),
+            }
+        }
         let allowed = self
             .store
             .compaction_allowed(request.tenant, request.session)
@@ -507,6 +599,9 @@ impl Pipeline {
             })
             .await;
         *summarizer_time += started.elapsed();
+        self.metrics
+            .summarizer_wait
+            .observe(started.elapsed().as_secs_f64());
         // A request that waited, or found a newer checkpoint, uses what the other one stored.
         let result = match (flight, led) {
             (Ok(f), Some(result)) if f.led => result,
@@ -657,6 +752,10 @@ impl Pipeline {
     async fn after_wait(&self, request: &Request<'_, '_>, trigger: Trigger) -> Outcome {
         let scan = request.scan;
         let splice = self.stored_splice(request.tenant, scan).await;
+        if let Some(s) = &splice {
+            // What it waited for may have been a background summary: needed now.
+            self.promote(request, s).await;
+        }
         let (count, tokens) = self.view_size(scan, splice.as_ref());
         let outcome = self.reuse(scan, splice.as_ref(), tokens);
         if request.limits.check(count, tokens).is_none() {
@@ -709,6 +808,31 @@ impl Pipeline {
         splice: Option<&Splice>,
         instructions: Option<&str>,
     ) -> Result<Compacted, Failure> {
+        let compaction = self
+            .compact_view(request, transcript, splice, instructions)
+            .await?;
+        let body = request.scan.rewrite(
+            transcript.head_len(),
+            compaction.boundary,
+            &compaction.summary_message,
+        )?;
+        let stored = self.store_checkpoint(request, &compaction, None).await;
+        Ok(Compacted {
+            body,
+            compaction,
+            stored,
+        })
+    }
+
+    /// Compacts the request beyond any spliced prefix: the engine's result, its boundary
+    /// counted in the request's own messages.
+    async fn compact_view(
+        &self,
+        request: &Request<'_, '_>,
+        transcript: &Transcript,
+        splice: Option<&Splice>,
+        instructions: Option<&str>,
+    ) -> Result<Compaction, CompactError> {
         let scan = request.scan;
         let head = transcript.head_len();
         // The engine sees the conversation without the covered prefix; the prior summary
@@ -737,13 +861,197 @@ impl Pipeline {
             })
             .await?;
         compaction.boundary += offset;
-        let body = scan.rewrite(head, compaction.boundary, &compaction.summary_message)?;
-        let stored = self.store_checkpoint(request, &compaction).await;
-        Ok(Compacted {
-            body,
-            compaction,
-            stored,
-        })
+        Ok(compaction)
+    }
+
+    /// Starts the summary of a request over the background watermark (below the trigger) off
+    /// the request path, unless background summaries are off, one of this prefix is already
+    /// being made or was tried before (a failed one is not retried: the request crossing the
+    /// trigger compacts), or all `summarizer.max_concurrent` slots are taken (counted `busy`).
+    fn start_background(
+        self: &Arc<Self>,
+        request: &Request<'_, '_>,
+        splice: Option<&Splice>,
+        count: usize,
+        tokens: usize,
+    ) {
+        let Some(trigger) = request
+            .limits
+            .watermark(self.background_ratio)
+            .and_then(|soft| soft.check(count, tokens))
+        else {
+            return;
+        };
+        let key = FlightKey {
+            tenant: request.tenant,
+            session: request.session.to_string(),
+            covered: splice.map_or(0, |s| s.covered),
+        };
+        if self.flights.is_running(&key) || !self.background.first_attempt(&key) {
+            return;
+        }
+        let job = BackgroundJob {
+            dialect: request.scan.dialect(),
+            body: request.body.clone(),
+            caller: request.caller.clone(),
+            session: request.session.to_string(),
+            limits: request.limits,
+            key,
+            trigger,
+        };
+        let this = self.clone();
+        let started = self
+            .background
+            .spawn(async move { this.compact_in_background(job).await });
+        if !started {
+            self.metrics.background_compaction(BackgroundOutcome::Busy);
+        }
+    }
+
+    /// A background summary: made as the request path would make it, within the single
+    /// flight of its prefix (so a request crossing the trigger meanwhile waits for it instead
+    /// of starting a second), and stored staged unless the conversation was edited meanwhile.
+    async fn compact_in_background(self: Arc<Self>, job: BackgroundJob) {
+        let started = Instant::now();
+        let mut outcome = BackgroundOutcome::Failed;
+        let slot = &mut outcome;
+        let job_ref = &job;
+        let this: &Pipeline = &self;
+        let flight = self
+            .flights
+            .run(job.key.clone(), self.flight_wait, move || async move {
+                *slot = this.background_summary(job_ref).await;
+            })
+            .await;
+        if flight.is_ok_and(|f| !f.led) {
+            // Another compaction of the prefix ran first: nothing left to do.
+            outcome = BackgroundOutcome::Skipped;
+        }
+        self.metrics.background_compaction(outcome);
+        if outcome == BackgroundOutcome::Stored {
+            self.record(job.trigger, CompactionOutcome::Compacted);
+            self.metrics
+                .compaction_duration
+                .observe(started.elapsed().as_secs_f64());
+        }
+        tracing::info!(
+            session = job.session,
+            trigger = job.trigger.label(),
+            outcome = outcome.label(),
+            duration_ms = started.elapsed().as_millis() as u64,
+            "background compaction"
+        );
+    }
+
+    async fn background_summary(&self, job: &BackgroundJob) -> BackgroundOutcome {
+        let Ok(scan) = job.dialect.scan(&job.body, self.engine.estimator()) else {
+            return BackgroundOutcome::Failed;
+        };
+        let Ok(transcript) = scan.transcript() else {
+            return BackgroundOutcome::Failed;
+        };
+        let request = Request {
+            scan: &scan,
+            body: &job.body,
+            caller: &job.caller,
+            tenant: job.key.tenant,
+            session: &job.session,
+            limits: job.limits,
+        };
+        // The checkpoint in use when the job started; one that covers more (another summary
+        // finished first) leaves nothing to do.
+        let found = self.find_checkpoint(request.tenant, &scan.messages).await;
+        let base = match found {
+            Some(c) if c.covered > job.key.covered || c.staged.is_some() => {
+                return BackgroundOutcome::Skipped
+            }
+            other => other,
+        };
+        let splice = match base.map(|c| self.splice(&scan, c)) {
+            Some(Ok(Some(s))) => Some(s),
+            Some(_) => return BackgroundOutcome::Failed,
+            None => None,
+        };
+        // The session's breaker is left to the request path: a background summary is tried
+        // once per prefix (see `start_background`), so a failing one costs one call.
+        let compacted = self
+            .compact_view(&request, &transcript, splice.as_ref(), None)
+            .await;
+        let compaction = match compacted {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(session = job.session, error = %e, "background compaction failed");
+                return BackgroundOutcome::Failed;
+            }
+        };
+        if self.edited_since(&request, compaction.boundary).await {
+            return BackgroundOutcome::Discarded;
+        }
+        let staged = Staged {
+            base: splice.map(|s| s.checkpoint),
+        };
+        match self
+            .store_checkpoint(&request, &compaction, Some(staged))
+            .await
+        {
+            Some(_) => BackgroundOutcome::Stored,
+            None => BackgroundOutcome::Failed,
+        }
+    }
+
+    /// Whether the session's latest request no longer starts with the first `covered`
+    /// messages of `request` (the person edited or rewound the conversation while its summary
+    /// was being made): such a summary would never be spliced.
+    async fn edited_since(&self, request: &Request<'_, '_>, covered: usize) -> bool {
+        let latest = match self.store.latest_request(request.session).await {
+            Ok(Some(latest)) if TenantId::from_caller(&latest.caller) == request.tenant => latest,
+            _ => return false,
+        };
+        let Ok(now) = latest.dialect.scan(&latest.body, self.engine.estimator()) else {
+            return true;
+        };
+        let (Some(then), Some(now)) = (
+            request.scan.messages.get(..covered),
+            now.messages.get(..covered),
+        ) else {
+            return true;
+        };
+        let last = |messages: &[&str]| {
+            self.memo
+                .chain(&request.tenant, messages)
+                .ok()
+                .and_then(|h| h.last().copied())
+        };
+        last(then) != last(now)
+    }
+
+    /// Stores a staged checkpoint again as one in use, now that a request needed it, so the
+    /// conversation's next requests splice it whatever their size.
+    async fn promote(&self, request: &Request<'_, '_>, splice: &Splice) {
+        if splice.checkpoint.staged.is_none() {
+            return;
+        }
+        let Some(prefix) = request.scan.messages.get(..splice.covered) else {
+            return;
+        };
+        let Ok(Some(hash)) = self
+            .memo
+            .chain(&request.tenant, prefix)
+            .map(|h| h.last().copied())
+        else {
+            return;
+        };
+        let in_use = Arc::new(Checkpoint {
+            staged: None,
+            ..(*splice.checkpoint).clone()
+        });
+        if let Err(e) = self
+            .store
+            .put_checkpoint(request.tenant, hash, in_use)
+            .await
+        {
+            tracing::warn!(error = %e, "promoting a background summary failed");
+        }
     }
 
     /// Stores the checkpoint of a compaction under the chain hash of the prefix it covers.
@@ -751,6 +1059,7 @@ impl Pipeline {
         &self,
         request: &Request<'_, '_>,
         compaction: &Compaction,
+        staged: Option<Staged>,
     ) -> Option<Arc<Checkpoint>> {
         let prefix = request.scan.messages.get(..compaction.boundary)?;
         let hash = match self
@@ -776,6 +1085,7 @@ impl Pipeline {
             post_tokens: r.post_tokens,
             compaction_num: r.compaction_num,
             created_unix: crate::session::store::unix_now(),
+            staged,
         });
         match self
             .store
@@ -844,6 +1154,7 @@ impl Pipeline {
             );
         let request = Request {
             scan: &scan,
+            body,
             caller: context.caller,
             tenant,
             session: &session,
@@ -920,6 +1231,7 @@ impl Pipeline {
         };
         let request = Request {
             scan: &scan,
+            body: &latest.body,
             caller: &latest.caller,
             tenant: TenantId::from_caller(&latest.caller),
             session: id,
@@ -1035,6 +1347,10 @@ pub enum Outcome {
     /// original bytes.
     Failed,
 }
+
+mod background;
+
+use background::Background;
 
 #[cfg(test)]
 mod dialect_props;

@@ -386,7 +386,11 @@ impl Replayer {
             &self.config,
             metrics.clone(),
         )?));
-        let compactor = Pipeline::new(&self.config, counting.clone(), metrics.clone());
+        let compactor = Arc::new(Pipeline::new(
+            &self.config,
+            counting.clone(),
+            metrics.clone(),
+        ));
         let estimator = compactor.engine().estimator();
         let mut rows = Vec::with_capacity(recording.steps.len());
         let mut compactions = 0;
@@ -414,9 +418,13 @@ impl Replayer {
                 caller: &caller,
                 session_header: None,
             };
-            let before = missed_counts(&metrics);
+            let before = automatic_counts(&metrics);
             let processed = compactor.handle(step.dialect, &step.body, &context).await;
-            let after = missed_counts(&metrics);
+            // An agent thinks longer than a summary takes: a background summary started by
+            // this request is done before the next one (and the replay is deterministic).
+            compactor.background_idle().await;
+            let after = automatic_counts(&metrics);
+            compactions += usize::try_from(after.2 - before.2).unwrap_or(usize::MAX);
             let missed = if after.0 > before.0 {
                 Some(Missed::Failed)
             } else if after.1 > before.1 {
@@ -433,14 +441,11 @@ impl Replayer {
                     body,
                     result,
                     trigger,
-                } => {
-                    compactions += 1;
-                    Event::Compacted {
-                        num: result.compaction_num,
-                        trigger: *trigger,
-                        forwarded_messages: messages_in(step.dialect, body),
-                    }
-                }
+                } => Event::Compacted {
+                    num: result.compaction_num,
+                    trigger: *trigger,
+                    forwarded_messages: messages_in(step.dialect, body),
+                },
                 Outcome::Reused { body, result } => Event::Reused {
                     num: result.compaction_num,
                     forwarded_messages: messages_in(step.dialect, body),
@@ -480,8 +485,6 @@ impl Replayer {
     }
 }
 
-/// Automatic compactions counted so far that failed (`failed`, `blank`) and that the breaker
-/// skipped.
 /// Messages in a forwarded body (0 when its dialect cannot read it).
 fn messages_in(dialect: DialectKind, body: &[u8]) -> usize {
     dialect
@@ -489,7 +492,9 @@ fn messages_in(dialect: DialectKind, body: &[u8]) -> usize {
         .map_or(0, |s| s.len())
 }
 
-fn missed_counts(metrics: &Metrics) -> (u64, u64) {
+/// Automatic compactions counted so far that failed (`failed`, `blank`), that the breaker
+/// skipped, and that were made (on the request path or in the background).
+fn automatic_counts(metrics: &Metrics) -> (u64, u64, u64) {
     let count = |outcomes: &[&str]| -> u64 {
         [Trigger::Messages, Trigger::Tokens]
             .iter()
@@ -503,6 +508,7 @@ fn missed_counts(metrics: &Metrics) -> (u64, u64) {
             CompactionOutcome::Blank.label(),
         ]),
         count(&[CompactionOutcome::Breaker.label()]),
+        count(&[CompactionOutcome::Compacted.label()]),
     )
 }
 
@@ -623,7 +629,7 @@ mod tests {
     #[tokio::test]
     async fn a_replay_compacts_once_per_compaction_and_reuses_between() {
         let config = Config::from_toml(
-            "[compaction]\nmax_messages = 8\nmin_preserve_tokens = 50\nmax_preserve_tokens = 300\n",
+            "[compaction]\nmax_messages = 8\nbackground_ratio = 0\nmin_preserve_tokens = 50\nmax_preserve_tokens = 300\n",
         )
         .expect("config");
         let replayer = Replayer::new(config, None).expect("replayer");

@@ -2,8 +2,9 @@
 //! and cleartext HTTP/2 on the same port, optionally behind TLS), and shuts down gracefully.
 //!
 //! Shutdown follows one path whatever triggers it: stop accepting (the listeners are dropped,
-//! so new connections are refused), ask every open connection to finish its in-flight
-//! requests and streams, and wait at most `server.shutdown_grace_secs` for them.
+//! so new connections are refused), abandon the summaries being made in the background, ask
+//! every open connection to finish its in-flight requests and streams, and wait at most
+//! `server.shutdown_grace_secs` for them.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -132,6 +133,9 @@ impl Server {
 
         drop(proxy);
         drop(admin);
+        // Summaries made ahead of need are not worth holding shutdown for: abandoned at once
+        // (requests waiting for one are released and forwarded as they can be).
+        app.current().compactor.abandon_background();
         let grace = app.current().config.shutdown_grace();
         tracing::info!(
             connections = graceful.count(),

@@ -133,9 +133,12 @@ pub(crate) fn config(toml: &str) -> Config {
 pub(crate) fn compactor(
     config: &Config,
     summarizer: Arc<FakeSummarizer>,
-) -> (Pipeline, Arc<Metrics>) {
+) -> (Arc<Pipeline>, Arc<Metrics>) {
     let metrics = Arc::new(Metrics::new().unwrap_or_else(|e| panic!("metrics: {e}")));
-    (Pipeline::new(config, summarizer, metrics.clone()), metrics)
+    (
+        Arc::new(Pipeline::new(config, summarizer, metrics.clone())),
+        metrics,
+    )
 }
 
 pub(crate) fn caller() -> Caller {

@@ -229,7 +229,7 @@ fn responses_stream(text: &str) -> Reply {
 /// with their small windows.
 fn proxy_toml(mock: &MockUpstream, compaction: &str, backend: &str) -> String {
     format!(
-        "{}[compaction]\ncalibration = false\n{compaction}\
+        "{}[compaction]\ncalibration = false\nbackground_ratio = 0\n{compaction}\
          [summarizer]\nbackend = \"{backend}\"\n\
          [models.\"{CLAUDE_MODEL}\"]\ncontext_window = {CLAUDE_WINDOW}\n\
          [models.\"{CODEX_MODEL}\"]\ncontext_window = {CODEX_WINDOW}\n",

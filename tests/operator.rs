@@ -37,7 +37,7 @@ fn completion_with_usage(request: &Recorded, factor: usize) -> Reply {
 
 fn proxy_config(mock: &MockUpstream, calibration: bool) -> String {
     format!(
-        "{}[compaction]\ncalibration = {calibration}\nmin_preserve_tokens = 100\n\
+        "{}[compaction]\ncalibration = {calibration}\nbackground_ratio = 0\nmin_preserve_tokens = 100\n\
          [summarizer]\nbackend = \"extractive\"\n\
          [models.\"calib-model\"]\ncontext_window = 10000\n",
         upstream_toml(&mock.url())

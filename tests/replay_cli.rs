@@ -23,13 +23,13 @@ const LONGER: [&str; 3] = [
 /// Thresholds lowered so the fixtures (a few thousand tokens) compact, with a verbatim tail
 /// small enough that every compaction shrinks the request.
 const TUNED: &str =
-    "[compaction]\nmax_messages = 20\nmin_preserve_tokens = 50\nmax_preserve_tokens = 400\n";
+    "[compaction]\nmax_messages = 20\nbackground_ratio = 0\nmin_preserve_tokens = 50\nmax_preserve_tokens = 400\n";
 
 /// Too aggressive for the `extractive` summarizer: after the first compaction each new one
 /// covers one or two short messages and the refined summary outgrows them, so compactions
 /// fail and the session's breaker opens. The replay must show that, not hide it.
 const AGGRESSIVE: &str =
-    "[compaction]\nmax_messages = 4\nmin_preserve_tokens = 10\nmax_preserve_tokens = 50\n";
+    "[compaction]\nmax_messages = 4\nbackground_ratio = 0\nmin_preserve_tokens = 10\nmax_preserve_tokens = 50\n";
 
 /// The requests an agent sends while producing `messages`, counted independently of the
 /// code under test: one before each assistant message, one more when the history does not

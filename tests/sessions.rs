@@ -267,7 +267,7 @@ async fn admin_session(proxy: &TestProxy, id: &str) -> Value {
 
 fn proxy_toml(mock: &MockUpstream, max_messages: usize) -> String {
     format!(
-        "{}[compaction]\nmax_messages = {max_messages}\n",
+        "{}[compaction]\nmax_messages = {max_messages}\nbackground_ratio = 0\n",
         upstream_toml(&mock.url())
     )
 }

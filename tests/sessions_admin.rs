@@ -415,7 +415,7 @@ async fn the_least_recently_used_sessions_are_evicted_under_max_bytes() {
     let mock = MockUpstream::start().await;
     let provider = Provider::install(&mock);
     let proxy = TestProxy::start(&format!(
-        "{}[compaction]\nmax_messages = 4\n[store]\nmax_bytes = {MAX_BYTES}\n",
+        "{}[compaction]\nmax_messages = 4\nbackground_ratio = 0\n[store]\nmax_bytes = {MAX_BYTES}\n",
         upstream_toml(&mock.url())
     ))
     .await;

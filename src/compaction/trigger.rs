@@ -165,6 +165,22 @@ impl Limits {
         self.context_window.saturating_sub(self.reserved_output)
     }
 
+    /// The soft watermark below these limits at which a summary is started in the background
+    /// (`compaction.background_ratio` of the token threshold and of `max_messages`); `None`
+    /// when background summaries are off.
+    pub fn watermark(&self, ratio: f64) -> Option<Limits> {
+        if !(ratio > 0.0 && ratio < 1.0) {
+            return None;
+        }
+        // `as` saturates.
+        let scale = |n: usize| (n as f64 * ratio).floor() as usize;
+        Some(Limits {
+            token_threshold: scale(self.token_threshold),
+            max_messages: scale(self.max_messages).max(1),
+            ..*self
+        })
+    }
+
     /// Which trigger fires for a request of `messages` messages and `tokens` estimated tokens.
     pub fn check(&self, messages: usize, tokens: usize) -> Option<Trigger> {
         if messages > self.max_messages {
@@ -173,6 +189,48 @@ impl Limits {
             Some(Trigger::Tokens)
         } else {
             None
+        }
+    }
+}
+
+/// How a background summary ended: the `outcome` label of
+/// `compactor_background_compactions_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackgroundOutcome {
+    /// Stored as a staged checkpoint for the request that crosses the trigger.
+    Stored,
+    /// The summarizer failed, or nothing could be compacted.
+    Failed,
+    /// The conversation was edited while it was made: thrown away.
+    Discarded,
+    /// Not needed after all: another summary of the prefix was stored first.
+    Skipped,
+    /// Not started: `summarizer.max_concurrent` summaries were already running.
+    Busy,
+    /// Aborted by shutdown.
+    Abandoned,
+}
+
+impl BackgroundOutcome {
+    /// Every outcome (the metrics pre-initialise their label values).
+    pub const ALL: [BackgroundOutcome; 6] = [
+        BackgroundOutcome::Stored,
+        BackgroundOutcome::Failed,
+        BackgroundOutcome::Discarded,
+        BackgroundOutcome::Skipped,
+        BackgroundOutcome::Busy,
+        BackgroundOutcome::Abandoned,
+    ];
+
+    /// The label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            BackgroundOutcome::Stored => "stored",
+            BackgroundOutcome::Failed => "failed",
+            BackgroundOutcome::Discarded => "discarded",
+            BackgroundOutcome::Skipped => "skipped",
+            BackgroundOutcome::Busy => "busy",
+            BackgroundOutcome::Abandoned => "abandoned",
         }
     }
 }
@@ -215,6 +273,21 @@ mod tests {
         let l = Limits::new(&config(), 8_192, Some(1_000_000));
         assert_eq!(l.reserved_output, 4_096);
         assert_eq!(l.token_threshold, 6_963 - 4_096);
+    }
+
+    #[test]
+    fn the_watermark_scales_both_triggers_and_zero_turns_it_off() {
+        let l = Limits::new(&config(), 128_000, None);
+        let w = l.watermark(0.7).expect("on");
+        assert_eq!(w.token_threshold, 76_160);
+        assert_eq!(w.max_messages, 56);
+        assert_eq!(w.context_window, l.context_window);
+        assert_eq!(w.check(56, 76_159), None);
+        assert_eq!(w.check(57, 0), Some(Trigger::Messages));
+        assert_eq!(w.check(2, 76_160), Some(Trigger::Tokens));
+        assert_eq!(l.watermark(0.0), None);
+        assert_eq!(l.watermark(1.0), None);
+        assert_eq!(l.watermark(f64::NAN), None);
     }
 
     #[test]

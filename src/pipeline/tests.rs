@@ -10,7 +10,7 @@ use crate::testing::{
 };
 use serde_json::{json, Value};
 
-async fn send(c: &Pipeline, messages: &[Value]) -> Outcome {
+async fn send(c: &Arc<Pipeline>, messages: &[Value]) -> Outcome {
     c.process(
         DialectKind::ChatCompletions,
         &body("tiny", messages.to_vec()),

@@ -139,6 +139,11 @@ where
         lock(&self.flights).len()
     }
 
+    /// Whether a run for `key` is in flight now.
+    pub fn is_running(&self, key: &K) -> bool {
+        lock(&self.flights).contains_key(key)
+    }
+
     /// How many callers are waiting for `key`'s run (0 when none is in flight).
     pub fn waiters(&self, key: &K) -> usize {
         lock(&self.flights)

@@ -138,10 +138,18 @@ impl MemoryStore {
         }
         let now = (self.clock)();
         let mut inner = self.fresh();
+        // A staged checkpoint stored again in use is the same compaction, not a new one.
+        let promotion = inner.checkpoints.get(&hash).is_some_and(|old| {
+            old.checkpoint.staged.is_some()
+                && checkpoint.staged.is_none()
+                && old.checkpoint.summary == checkpoint.summary
+        });
         inner.remove_checkpoint(&hash);
         let key = SessionKey::new(tenant, &checkpoint.session_id);
         let entry = inner.entry(&key, now, self.breaker_cooldown);
-        entry.compactions = entry.compactions.saturating_add(1);
+        if !promotion {
+            entry.compactions = entry.compactions.saturating_add(1);
+        }
         entry.messages_seen = entry.messages_seen.max(checkpoint.covered);
         entry.latest = Some(checkpoint.clone());
         entry.checkpoints.push_back(hash);
@@ -657,6 +665,7 @@ mod tests {
             post_tokens: 2_000,
             compaction_num: 1,
             created_unix: 0,
+            staged: None,
         })
     }
 

@@ -26,5 +26,6 @@ pub use hash::{canonical_json, chain, session_id, CanonicalError, ChainHash, Ten
 pub use memo::ChainMemo;
 pub use memory::{Clock, MemoryStore};
 pub use store::{
-    Checkpoint, LatestRequest, SessionInfo, SessionStore, StoreError, StoreLimits, StoreStats,
+    Checkpoint, LatestRequest, SessionInfo, SessionStore, Staged, StoreError, StoreLimits,
+    StoreStats,
 };

@@ -49,6 +49,24 @@ pub struct Checkpoint {
     pub compaction_num: u32,
     /// When it was made (seconds since the Unix epoch).
     pub created_unix: u64,
+    /// Made in the background ahead of need: see [`Staged`]. `None` for a checkpoint in use.
+    #[serde(rename = "staged", serialize_with = "serialize_staged")]
+    pub staged: Option<Staged>,
+}
+
+/// A checkpoint made in the background, before its conversation needed it
+/// (`compaction.background_ratio`). Splicing it changes what the provider sees (and its prompt
+/// cache), so it is spliced only into a request that crosses the trigger without it, which
+/// promotes it to a checkpoint in use; until then requests are served as if it did not exist,
+/// with `base`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Staged {
+    /// The checkpoint in use when it was made (the one it refines), if any.
+    pub base: Option<Arc<Checkpoint>>,
+}
+
+fn serialize_staged<S: Serializer>(staged: &Option<Staged>, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_bool(staged.is_some())
 }
 
 impl Checkpoint {
@@ -310,6 +328,7 @@ mod tests {
             post_tokens: 200,
             compaction_num: 1,
             created_unix: 7,
+            staged: None,
         };
         let info = SessionInfo {
             id: "s".into(),

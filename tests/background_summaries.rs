@@ -1,0 +1,330 @@
+//! Background summaries, through the real proxy: a conversation past the soft watermark
+//! (`compaction.background_ratio` of the trigger) goes upstream at once while its summary is
+//! made off the request path; the request that later crosses the trigger splices it without
+//! waiting, or waits for it when it is still being made (never starting a second); a history
+//! edited meanwhile throws the background result away.
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use serde_json::{json, Value};
+use support::summary_calls::{completion, summary_prompt};
+use support::{
+    upstream_toml, Exchange, MockUpstream, Recorded, Reply, StreamSender, TestClient, TestProxy,
+};
+
+/// Compact above 10 messages, so the watermark (0.7) is above 7; summaries from the mock.
+fn config(mock: &MockUpstream) -> String {
+    format!(
+        "{}[compaction]\nmax_messages = 10\nmin_preserve_tokens = 20\nmax_preserve_tokens = 200\n\
+         [summarizer]\nbackend = \"openai\"\nmax_concurrent = 1\n",
+        upstream_toml(&mock.url())
+    )
+}
+
+/// A provider whose summaries (`SUMMARY-<n>`) are held until the test releases them.
+#[derive(Default)]
+struct Provider {
+    summaries: Mutex<usize>,
+    held: Mutex<Vec<(StreamSender, Bytes)>>,
+}
+
+impl Provider {
+    async fn start() -> (MockUpstream, Arc<Provider>) {
+        let mock = MockUpstream::start().await;
+        let provider = Arc::new(Provider::default());
+        let p = provider.clone();
+        mock.set_handler(move |r| p.answer(r));
+        (mock, provider)
+    }
+
+    fn answer(&self, r: &Recorded) -> Reply {
+        let v: Value = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
+        if summary_prompt(&v).is_none() {
+            return Reply::json(200, &completion("Next step."));
+        }
+        let n = {
+            let mut summaries = self.summaries.lock().expect("lock");
+            *summaries += 1;
+            *summaries
+        };
+        let answer = Bytes::from(completion(&format!("SUMMARY-{n}")).to_string());
+        let (reply, tx) = Reply::stream_channel(
+            200,
+            vec![("content-type".into(), "application/json".into())],
+        );
+        self.held.lock().expect("lock").push((tx, answer));
+        reply
+    }
+
+    fn summaries(&self) -> usize {
+        *self.summaries.lock().expect("lock")
+    }
+
+    /// Sends every held summary.
+    async fn release(&self) {
+        let held = std::mem::take(&mut *self.held.lock().expect("lock"));
+        for (tx, answer) in held {
+            tx.send(answer).await.expect("summarizer still waiting");
+        }
+    }
+}
+
+/// A system message and `n - 1` alternating turns; `edit` changes turn 2's words.
+fn conversation(n: usize, edit: bool) -> Vec<Value> {
+    let mut m = vec![json!({"role": "system", "content": "You are a careful assistant."})];
+    for i in 1..n {
+        let role = if i % 2 == 1 { "user" } else { "assistant" };
+        let words = if edit && i == 2 {
+            "edited words"
+        } else {
+            "words"
+        };
+        m.push(json!({"role": role, "content": format!("turn {i}: {}", words.repeat(20))}));
+    }
+    m
+}
+
+async fn send(proxy: &TestProxy, messages: &[Value]) -> Exchange {
+    TestClient::http1()
+        .exchange(
+            "POST",
+            &proxy.url("/v1/chat/completions"),
+            &[
+                ("content-type", "application/json"),
+                ("authorization", "Bearer sk-background"),
+                ("x-session-id", "conversation-1"),
+            ],
+            Bytes::from(json!({"model": "gpt-4o", "messages": messages}).to_string()),
+        )
+        .await
+}
+
+/// The agent's chat requests the mock received (summaries left out).
+fn chats(mock: &MockUpstream) -> Vec<Value> {
+    mock.requests()
+        .iter()
+        .filter_map(|r| serde_json::from_slice::<Value>(&r.body).ok())
+        .filter(|v| summary_prompt(v).is_none())
+        .collect()
+}
+
+fn text_of(v: &Value) -> String {
+    v["messages"].to_string()
+}
+
+async fn metric(proxy: &TestProxy, name: &str, labels: &[(&str, &str)]) -> f64 {
+    proxy.metric(name, labels).await.unwrap_or(-1.0)
+}
+
+/// Waits until the mock has received `n` summarizer calls.
+async fn summary_requested(mock: &MockUpstream, provider: &Provider, n: usize) {
+    while provider.summaries() < n {
+        let seen = mock.request_count();
+        mock.wait_for_requests(seen + 1).await;
+    }
+}
+
+#[tokio::test]
+async fn a_summary_made_in_the_background_is_spliced_without_waiting() {
+    let (mock, provider) = Provider::start().await;
+    let proxy = TestProxy::start(&config(&mock)).await;
+
+    // Past the watermark (9 > 7), under the trigger: forwarded as sent, while the summary is
+    // still being made (it is held).
+    let early = conversation(9, false);
+    let got = send(&proxy, &early).await;
+    assert_eq!(got.status, 200);
+    assert_eq!(got.header("x-compactor-compacted"), Some("false"));
+    assert_eq!(
+        chats(&mock).last().map(text_of),
+        Some(json!(early).to_string())
+    );
+    summary_requested(&mock, &provider, 1).await;
+    provider.release().await;
+    proxy
+        .wait_metric(
+            "compactor_background_compactions_total",
+            &[("outcome", "stored")],
+            1.0,
+        )
+        .await;
+
+    // Still under the trigger: the staged summary is not spliced yet (the provider's cache of
+    // this prefix keeps hitting).
+    let growing = conversation(10, false);
+    let got = send(&proxy, &growing).await;
+    assert_eq!(got.header("x-compactor-compacted"), Some("false"));
+    assert_eq!(
+        chats(&mock).last().map(text_of),
+        Some(json!(growing).to_string())
+    );
+
+    // Crossing the trigger (11 > 10): spliced at once, no second summary.
+    let crossing = conversation(11, false);
+    let got = send(&proxy, &crossing).await;
+    assert_eq!(got.status, 200);
+    assert_eq!(got.header("x-compactor-compacted"), Some("true"));
+    assert_eq!(got.header("x-compactor-compaction-num"), Some("1"));
+    let forwarded = chats(&mock).last().cloned().expect("forwarded");
+    assert!(text_of(&forwarded).contains("SUMMARY-1"), "{forwarded}");
+    let kept = forwarded["messages"].as_array().map_or(0, Vec::len);
+    assert!(kept <= 10, "under the trigger after the splice: {kept}");
+    assert_eq!(
+        forwarded["messages"].as_array().and_then(|m| m.last()),
+        crossing.last(),
+        "latest turn verbatim"
+    );
+    assert_eq!(provider.summaries(), 1);
+    assert_eq!(
+        metric(
+            &proxy,
+            "compactor_summarizer_wait_seconds_bucket",
+            &[("le", "0.001")]
+        )
+        .await,
+        1.0,
+        "the crossing request waited for no summary"
+    );
+
+    // Promoted: the next request splices it too (whatever its size), and it was one
+    // compaction. (The next stage's summary may be under way in the background already.)
+    let got = send(&proxy, &conversation(12, false)).await;
+    assert_eq!(got.header("x-compactor-compaction-num"), Some("1"));
+    let forwarded = chats(&mock).last().cloned().expect("forwarded");
+    assert!(text_of(&forwarded).contains("SUMMARY-1"), "{forwarded}");
+    assert_eq!(
+        metric(
+            &proxy,
+            "compactor_compactions_total",
+            &[("trigger", "messages"), ("outcome", "compacted")]
+        )
+        .await,
+        1.0
+    );
+}
+
+#[tokio::test]
+async fn a_request_crossing_the_trigger_while_the_summary_is_made_waits_for_it() {
+    let (mock, provider) = Provider::start().await;
+    let proxy = Arc::new(TestProxy::start(&config(&mock)).await);
+    let got = send(&proxy, &conversation(9, false)).await;
+    assert_eq!(got.header("x-compactor-compacted"), Some("false"));
+    summary_requested(&mock, &provider, 1).await;
+
+    let crossing = conversation(11, false);
+    let p = proxy.clone();
+    let c = crossing.clone();
+    let pending = tokio::spawn(async move { send(&p, &c).await });
+    // The crossing request is inside the proxy and has not gone upstream: it waits for the
+    // background summary rather than making its own.
+    proxy
+        .wait_metric("compactor_in_flight_requests", &[], 1.0)
+        .await;
+    assert_eq!(
+        chats(&mock).len(),
+        1,
+        "only the early request went upstream"
+    );
+    assert!(!pending.is_finished());
+    provider.release().await;
+
+    let got = pending.await.expect("request task");
+    assert_eq!(got.status, 200);
+    assert_eq!(got.header("x-compactor-compacted"), Some("true"));
+    let forwarded = chats(&mock).last().cloned().expect("forwarded");
+    assert!(text_of(&forwarded).contains("SUMMARY-1"), "{forwarded}");
+    assert_eq!(provider.summaries(), 1, "one summary for one compaction");
+    assert_eq!(
+        metric(
+            &proxy,
+            "compactor_background_compactions_total",
+            &[("outcome", "stored")]
+        )
+        .await,
+        1.0
+    );
+}
+
+#[tokio::test]
+async fn an_edited_history_discards_the_background_summary() {
+    let (mock, provider) = Provider::start().await;
+    let proxy = TestProxy::start(&config(&mock)).await;
+    send(&proxy, &conversation(9, false)).await;
+    summary_requested(&mock, &provider, 1).await;
+
+    // The person edits an early turn while the summary is being made.
+    let got = send(&proxy, &conversation(9, true)).await;
+    assert_eq!(got.header("x-compactor-compacted"), Some("false"));
+    provider.release().await;
+    proxy
+        .wait_metric(
+            "compactor_background_compactions_total",
+            &[("outcome", "discarded")],
+            1.0,
+        )
+        .await;
+
+    // The edited conversation crossing the trigger gets a summary of its own history.
+    let summaries = provider.summaries();
+    let crossing = conversation(11, true);
+    let p = send(&proxy, &crossing);
+    let (got, ()) = tokio::join!(p, async {
+        summary_requested(&mock, &provider, summaries + 1).await;
+        provider.release().await;
+    });
+    assert_eq!(got.status, 200);
+    assert_eq!(got.header("x-compactor-compacted"), Some("true"));
+    let forwarded = text_of(&chats(&mock).last().cloned().expect("forwarded"));
+    assert!(!forwarded.contains("SUMMARY-1"), "discarded: {forwarded}");
+    assert!(
+        forwarded.contains(&format!("SUMMARY-{}", summaries + 1)),
+        "{forwarded}"
+    );
+}
+
+#[tokio::test]
+async fn beyond_max_concurrent_a_background_summary_is_not_started() {
+    let (mock, provider) = Provider::start().await;
+    let proxy = TestProxy::start(&config(&mock)).await;
+    send(&proxy, &conversation(9, false)).await;
+    summary_requested(&mock, &provider, 1).await;
+
+    // Another conversation past the watermark while the only slot is taken.
+    let other: Vec<Value> = conversation(9, false)
+        .into_iter()
+        .map(|mut m| {
+            if let Some(text) = m["content"].as_str() {
+                m["content"] = json!(format!("other {text}"));
+            }
+            m
+        })
+        .collect();
+    let got = TestClient::http1()
+        .exchange(
+            "POST",
+            &proxy.url("/v1/chat/completions"),
+            &[
+                ("content-type", "application/json"),
+                ("authorization", "Bearer sk-background"),
+                ("x-session-id", "conversation-2"),
+            ],
+            Bytes::from(json!({"model": "gpt-4o", "messages": other}).to_string()),
+        )
+        .await;
+    assert_eq!(got.status, 200);
+    assert_eq!(got.header("x-compactor-compacted"), Some("false"));
+    assert_eq!(
+        metric(
+            &proxy,
+            "compactor_background_compactions_total",
+            &[("outcome", "busy")]
+        )
+        .await,
+        1.0
+    );
+    assert_eq!(provider.summaries(), 1);
+    provider.release().await;
+}
