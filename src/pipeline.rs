@@ -157,6 +157,7 @@ struct BackgroundJob {
     body: Bytes,
     caller: Caller,
     session: String,
+    /// What the summary is made for ([`Limits::for_background`]).
     limits: Limits,
     key: FlightKey,
     /// The watermark it crossed (`messages` or `tokens`): the trigger it is counted under.
@@ -895,7 +896,7 @@ impl Pipeline {
             body: request.body.clone(),
             caller: request.caller.clone(),
             session: request.session.to_string(),
-            limits: request.limits,
+            limits: request.limits.for_background(self.background_ratio),
             key,
             trigger,
         };

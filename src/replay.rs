@@ -168,8 +168,13 @@ impl StepRow {
             Some(Missed::Failed) => " (new compaction failed)",
             Some(Missed::Breaker) => " (compaction due, breaker open)",
         };
+        let background = if self.background {
+            ", summary made in the background"
+        } else {
+            ""
+        };
         match &self.event {
-            Event::Unchanged => format!("unchanged{missed}"),
+            Event::Unchanged => format!("unchanged{missed}{background}"),
             Event::PassedThrough => "passed through (dialect not compacted)".into(),
             Event::Compacted {
                 num,
@@ -182,7 +187,9 @@ impl StepRow {
             Event::Reused {
                 num,
                 forwarded_messages,
-            } => format!("summary #{num} reused{missed}, {forwarded_messages} messages forwarded"),
+            } => format!(
+                "summary #{num} reused{missed}, {forwarded_messages} messages forwarded{background}"
+            ),
             Event::Failed => "compaction failed, forwarded unchanged".into(),
         }
     }
@@ -217,6 +224,9 @@ pub struct StepRow {
     pub event: Event,
     /// A compaction that was due but did not happen, if any.
     pub missed: Option<Missed>,
+    /// Whether this step started a summary made in the background (awaited before the next
+    /// step, as an agent's think time would).
+    pub background: bool,
 }
 
 /// The replay of one recording.
@@ -424,7 +434,8 @@ impl Replayer {
             // this request is done before the next one (and the replay is deterministic).
             compactor.background_idle().await;
             let after = automatic_counts(&metrics);
-            compactions += usize::try_from(after.2 - before.2).unwrap_or(usize::MAX);
+            let made = usize::try_from(after.2.saturating_sub(before.2)).unwrap_or(usize::MAX);
+            compactions += made;
             let missed = if after.0 > before.0 {
                 Some(Missed::Failed)
             } else if after.1 > before.1 {
@@ -458,6 +469,7 @@ impl Replayer {
                 forwarded,
                 compactions,
                 summarizer_calls: counting.calls(),
+                background: made > usize::from(matches!(event, Event::Compacted { .. })),
                 event,
                 missed,
             });
@@ -534,6 +546,7 @@ mod tests {
             summarizer_calls: step / 2,
             event,
             missed: None,
+            background: false,
         }
     }
 

@@ -29,7 +29,12 @@ const WINDOW: usize = 4_000;
 
 /// The defaults (a verbatim tail of at least 2,000 tokens) are sized for 128k windows; a
 /// 4,000-token window needs a smaller tail, as an operator serving such a model would set.
-const SMALL_TAIL: &str = "[compaction]\nmin_preserve_tokens = 500\nmax_preserve_tokens = 1500\n";
+///
+/// Background summaries are off: each step's summarizer calls are attributed to the step that
+/// made them, which a summary made off the request path would blur (tests/background_summaries.rs
+/// covers those).
+const SMALL_TAIL: &str =
+    "[compaction]\nmin_preserve_tokens = 500\nmax_preserve_tokens = 1500\nbackground_ratio = 0\n";
 
 /// What the `openai` summarizer's mock provider answers.
 const MOCK_SUMMARY: &str = "MOCK-SUMMARY-4471: the agent is working through the task; \
@@ -345,7 +350,7 @@ async fn a_refinement_that_shrinks_the_spliced_request_is_used() {
     let refused = strict_provider(&mock, SMALL_WINDOW, summary);
     let proxy = TestProxy::start(&format!(
         "{}[models.\"gpt-4o\"]\ncontext_window = {SMALL_WINDOW}\n\
-         [compaction]\nmin_preserve_tokens = 200\nmax_preserve_tokens = 200\n\
+         [compaction]\nmin_preserve_tokens = 200\nmax_preserve_tokens = 200\nbackground_ratio = 0\n\
          [summarizer.openai]\nmax_tokens = 600\n",
         upstream_toml(&mock.url())
     ))

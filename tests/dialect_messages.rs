@@ -147,7 +147,9 @@ fn proxy_toml(mock: &MockUpstream, window: Option<usize>) -> String {
             }
         }
     }
-    toml.push_str("[summarizer]\nbackend = \"extractive\"\n");
+    // Background summaries off: the replays count summaries against the compacted requests
+    // they produced, step by step.
+    toml.push_str("[compaction]\nbackground_ratio = 0\n[summarizer]\nbackend = \"extractive\"\n");
     toml
 }
 

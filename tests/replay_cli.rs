@@ -22,8 +22,14 @@ const LONGER: [&str; 3] = [
 
 /// Thresholds lowered so the fixtures (a few thousand tokens) compact, with a verbatim tail
 /// small enough that every compaction shrinks the request.
+/// Background summaries are off: the table pins the request-path sequence (the replay with
+/// them on is checked by `background_summaries_replay_with_one_call_per_compaction`).
 const TUNED: &str =
     "[compaction]\nmax_messages = 20\nbackground_ratio = 0\nmin_preserve_tokens = 50\nmax_preserve_tokens = 400\n";
+
+/// [`TUNED`] with background summaries on, as by default.
+const TUNED_BACKGROUND: &str =
+    "[compaction]\nmax_messages = 20\nbackground_ratio = 0.7\nmin_preserve_tokens = 50\nmax_preserve_tokens = 400\n";
 
 /// Too aggressive for the `extractive` summarizer: after the first compaction each new one
 /// covers one or two short messages and the refined summary outgrows them, so compactions
@@ -443,4 +449,49 @@ fn check_well_formed(doc: &str) -> Result<Vec<String>, String> {
         .filter(|n| n.is_element())
         .map(|n| n.tag_name().name().to_string())
         .collect())
+}
+
+#[test]
+fn background_summaries_replay_with_one_call_per_compaction() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = write(dir.path(), "replay.toml", TUNED_BACKGROUND);
+    let paths: Vec<String> = TRANSCRIPTS
+        .iter()
+        .map(|f| transcript_path(f).display().to_string())
+        .collect();
+    let mut args = vec!["replay", "--config", config.as_str()];
+    args.extend(paths.iter().map(String::as_str));
+    let (sections, stdout) = run_ok(dir.path(), &args);
+    assert_eq!(sections.len(), TRANSCRIPTS.len(), "{stdout}");
+    for (name, section) in TRANSCRIPTS.iter().zip(&sections) {
+        let last = section.rows.last().expect("rows");
+        assert_eq!(summary_number(&section.summary, "failed compactions"), 0);
+        // Summaries made ahead of need are each stored, never wasted here: one call each.
+        assert_eq!(last.calls, last.compactions, "{name}:\n{stdout}");
+        let mut previous = 0;
+        for row in &section.rows {
+            // A compaction is made where the table says a background summary started.
+            let made = row.outcome.ends_with("summary made in the background");
+            assert_eq!(
+                row.compactions,
+                previous + usize::from(made),
+                "{name}:\n{stdout}"
+            );
+            assert!(
+                !row.outcome.starts_with("compacted #"),
+                "{name}: every compaction was made ahead of need, none on a request:\n{stdout}"
+            );
+            previous = row.compactions;
+        }
+        if LONGER.contains(name) {
+            assert!(last.compactions >= 1, "{name}:\n{stdout}");
+            assert!(
+                section
+                    .rows
+                    .iter()
+                    .any(|r| r.outcome.starts_with("summary #")),
+                "{name}: the request crossing the trigger splices the summary:\n{stdout}"
+            );
+        }
+    }
 }

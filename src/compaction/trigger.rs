@@ -11,6 +11,9 @@
 
 use crate::config::CompactionConfig;
 
+/// Smallest share of the limits a background summary is made for ([`Limits::for_background`]).
+pub const MIN_BACKGROUND_SCALE: f64 = 0.2;
+
 /// Default `compaction.max_messages`: compact when a request holds more messages than this.
 pub const DEFAULT_MAX_MESSAGES: usize = 80;
 
@@ -169,16 +172,36 @@ impl Limits {
     /// (`compaction.background_ratio` of the token threshold and of `max_messages`); `None`
     /// when background summaries are off.
     pub fn watermark(&self, ratio: f64) -> Option<Limits> {
-        if !(ratio > 0.0 && ratio < 1.0) {
-            return None;
+        (ratio > 0.0 && ratio < 1.0).then(|| self.scaled(ratio))
+    }
+
+    /// The limits a background summary is made for. The conversation grows by `1 − ratio` of
+    /// the trigger between the watermark and the request that splices the summary, so the
+    /// summary keeps a shorter verbatim tail: made for `max_messages` scaled by `2·ratio − 1`
+    /// (at least [`MIN_BACKGROUND_SCALE`]), the spliced request lands near half the message
+    /// limit, as a compaction on the request path does, instead of starting the next one at
+    /// once. The token threshold stays: the token tail is the preserve budget (at most
+    /// `max_preserve_tokens`), already far below the watermark, and a tighter threshold would
+    /// only make the engine try again with a smaller tail (another summarizer call).
+    pub fn for_background(&self, ratio: f64) -> Limits {
+        // Rounded so 0.7 gives 0.4, not 0.39999999999999997.
+        let factor = ((2.0 * ratio - 1.0) * 1e6).round() / 1e6;
+        Limits {
+            max_messages: self.scaled(factor.max(MIN_BACKGROUND_SCALE)).max_messages,
+            ..*self
         }
+    }
+
+    /// The token threshold and message limit scaled by `factor` (the window and the reserved
+    /// output stay).
+    fn scaled(&self, factor: f64) -> Limits {
         // `as` saturates.
-        let scale = |n: usize| (n as f64 * ratio).floor() as usize;
-        Some(Limits {
+        let scale = |n: usize| (n as f64 * factor).floor() as usize;
+        Limits {
             token_threshold: scale(self.token_threshold),
             max_messages: scale(self.max_messages).max(1),
             ..*self
-        })
+        }
     }
 
     /// Which trigger fires for a request of `messages` messages and `tokens` estimated tokens.
@@ -285,6 +308,13 @@ mod tests {
         assert_eq!(w.check(56, 76_159), None);
         assert_eq!(w.check(57, 0), Some(Trigger::Messages));
         assert_eq!(w.check(2, 76_160), Some(Trigger::Tokens));
+        let b = l.for_background(0.7);
+        assert_eq!((b.token_threshold, b.max_messages), (l.token_threshold, 32));
+        assert_eq!(
+            l.for_background(0.5).max_messages,
+            16,
+            "never below a fifth"
+        );
         assert_eq!(l.watermark(0.0), None);
         assert_eq!(l.watermark(1.0), None);
         assert_eq!(l.watermark(f64::NAN), None);

@@ -423,6 +423,7 @@ mod tests {
                     summarizer_calls: compactions,
                     event,
                     missed: failed_at.contains(&step).then_some(Missed::Failed),
+                    background: false,
                 }
             })
             .collect();
