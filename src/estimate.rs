@@ -172,6 +172,18 @@ impl Classes {
     /// (summing straight into `usize` would widen every lane to 64 bits and process a few
     /// bytes per step).
     fn of(bytes: &[u8]) -> Classes {
+        // Most text an agent sends is ASCII: one word-at-a-time check spares counting the
+        // three classes of non-ASCII bytes.
+        if bytes.is_ascii() {
+            Classes::count::<true>(bytes)
+        } else {
+            Classes::count::<false>(bytes)
+        }
+    }
+
+    /// The pass itself; with `ASCII_ONLY` the non-ASCII classes are not counted (and
+    /// `ascii` is the length).
+    fn count<const ASCII_ONLY: bool>(bytes: &[u8]) -> Classes {
         let mut total = Classes::default();
         for chunk in bytes.chunks(CHUNK) {
             let (mut letters, mut blanks, mut newlines, mut digits) = (0u8, 0u8, 0u8, 0u8);
@@ -182,12 +194,18 @@ impl Classes {
                 blanks += u8::from(b == b' ') | u8::from(b == b'\t');
                 newlines += u8::from(b == b'\n') | u8::from(b == b'\r');
                 digits += u8::from(b.wrapping_sub(b'0') < 10);
-                ascii += u8::from(b < 0x80);
-                // A character's first byte is 0xC0 or above; continuation bytes are 0x80..0xC0.
-                non_ascii += u8::from(b >= 0xC0);
-                // 0xE3..=0xEF starts U+3000..U+FFFF: CJK punctuation, kana, CJK ideographs,
-                // Yi, hangul, private use and the fullwidth forms (U+FF00..).
-                cjk += u8::from(b.wrapping_sub(0xE3) < 13);
+                if !ASCII_ONLY {
+                    ascii += u8::from(b < 0x80);
+                    // A character's first byte is 0xC0 or above; continuation bytes are
+                    // 0x80..0xC0.
+                    non_ascii += u8::from(b >= 0xC0);
+                    // 0xE3..=0xEF starts U+3000..U+FFFF: CJK punctuation, kana, CJK
+                    // ideographs, Yi, hangul, private use and the fullwidth forms (U+FF00..).
+                    cjk += u8::from(b.wrapping_sub(0xE3) < 13);
+                }
+            }
+            if ASCII_ONLY {
+                ascii = chunk.len() as u8;
             }
             total.letters += usize::from(letters);
             total.blanks += usize::from(blanks);
@@ -295,6 +313,10 @@ mod tests {
                     + NEWLINE_WEIGHT);
             assert_eq!(text_weight(&s), expected, "prefix {prefix}");
             assert_eq!(count_chars(&s), s.chars().count(), "prefix {prefix}");
+            // The same without its non-ASCII characters takes the ASCII-only pass.
+            let ascii: String = s.chars().filter(char::is_ascii).collect();
+            let non_ascii = 50 * (2 * OTHER_WEIGHT + CJK_WEIGHT);
+            assert_eq!(text_weight(&ascii), expected - non_ascii, "prefix {prefix}");
         }
     }
 
