@@ -3,7 +3,7 @@
 //! iteration really compacts); the same conversations once a checkpoint exists (hash the
 //! history, splice the stored summary), with the hashing alone beside it; and the no-compaction hot path for a ~500 KB request
 //! side by side with a bare `serde_json::Value` parse + serialise of the same bytes; and the
-//! token estimate alone over 200 KB of text.
+//! token estimate alone over 200 KB of text, beside the bare character count.
 //!
 //! Run: `cargo bench --bench engine -- --warm-up-time 1 --measurement-time 3`
 
@@ -13,7 +13,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use compactor::config::Config;
 use compactor::dialect::DialectKind;
-use compactor::estimate::LazyEstimator;
+use compactor::estimate::{count_chars, LazyEstimator};
 use compactor::metrics::Metrics;
 use compactor::pipeline::{Outcome, Pipeline, RequestContext};
 use compactor::session::hash::{chain, TenantId};
@@ -269,6 +269,10 @@ fn parse(input: &str) -> Result<Ast, Error> { let x = input.len() * 2; }\n\
     for (name, text) in [("ascii", &ascii), ("mixed", &mixed)] {
         group.throughput(Throughput::Bytes(text.len() as u64));
         group.bench_function(name, |b| b.iter(|| black_box(est.text(black_box(text)))));
+        // The character count alone (the estimate before it weighed classes), for scale.
+        group.bench_function(format!("{name}_count_chars"), |b| {
+            b.iter(|| black_box(count_chars(black_box(text))))
+        });
     }
     group.finish();
 }
