@@ -2,7 +2,8 @@
 //! conversations (with a summarizer that answers instantly, each on a fresh compactor so every
 //! iteration really compacts); the same conversations once a checkpoint exists (hash the
 //! history, splice the stored summary), with the hashing alone beside it; and the no-compaction hot path for a ~500 KB request
-//! side by side with a bare `serde_json::Value` parse + serialise of the same bytes.
+//! side by side with a bare `serde_json::Value` parse + serialise of the same bytes; and the
+//! token estimate alone over 200 KB of text, beside the bare character count.
 //!
 //! Run: `cargo bench --bench engine -- --warm-up-time 1 --measurement-time 3`
 
@@ -12,7 +13,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use compactor::config::Config;
 use compactor::dialect::DialectKind;
-use compactor::estimate::LazyEstimator;
+use compactor::estimate::{count_chars, LazyEstimator};
 use compactor::metrics::Metrics;
 use compactor::pipeline::{Outcome, Pipeline, RequestContext};
 use compactor::session::hash::{chain, TenantId};
@@ -247,5 +248,34 @@ fn small_request(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, compaction, hot_path, small_request);
+/// The token estimate alone over ~200 KB of text, the size of a large request body: once pure
+/// ASCII (prose, code and JSON tool output, the common case) and once with some accented and
+/// CJK text mixed in (the non-ASCII path).
+fn estimate(c: &mut Criterion) {
+    let ascii_piece = "The parser reads the whole file before it checks anything. \
+fn parse(input: &str) -> Result<Ast, Error> { let x = input.len() * 2; }\n\
+{\"path\": \"src/lib.rs\", \"lines\": [12, 48], \"status\": \"ok\"}\n\
+00000010: 4865 6c6c 6f2c 2077 6f72 6c64 210a 0000  Hello, world!...\n";
+    let mixed_piece = "Café déjà vu, naïve résumé. 日本語のテキストと中文文本。 Привет, мир.\n";
+    let ascii: String = ascii_piece.chars().cycle().take(200_000).collect();
+    let mixed: String = ascii_piece
+        .chars()
+        .chain(mixed_piece.chars())
+        .cycle()
+        .take(200_000)
+        .collect();
+    let est = LazyEstimator::default();
+    let mut group = c.benchmark_group("estimate_200kb");
+    for (name, text) in [("ascii", &ascii), ("mixed", &mixed)] {
+        group.throughput(Throughput::Bytes(text.len() as u64));
+        group.bench_function(name, |b| b.iter(|| black_box(est.text(black_box(text)))));
+        // The character count alone (the estimate before it weighed classes), for scale.
+        group.bench_function(format!("{name}_count_chars"), |b| {
+            b.iter(|| black_box(count_chars(black_box(text))))
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, compaction, hot_path, small_request, estimate);
 criterion_main!(benches);

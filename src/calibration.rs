@@ -1,12 +1,11 @@
 //! Calibration: how far the character-based estimate is from the provider's real count, per
 //! model.
 //!
-//! compactor estimates tokens at a fixed ratio per character (see
-//! [`crate::estimate`]); real tokenizers differ by model and by content (code,
-//! JSON and non-Latin text tokenize differently). Each response's `usage` (read by
-//! the `usage` module) gives the actual input tokens of the forwarded request; [`Calibration`]
-//! keeps, per model, an exponentially weighted mean of `actual ÷ estimated` and hands it out
-//! as a [`Calibration::factor`] to multiply estimates by.
+//! compactor estimates tokens from fixed weights per character class, fitted against one
+//! tokenizer (see [`crate::estimate`]); real tokenizers differ by model. Each response's
+//! `usage` (read by the `usage` module) gives the actual input tokens of the forwarded
+//! request; [`Calibration`] keeps, per model, an exponentially weighted mean of
+//! `actual ÷ estimated` and hands it out as a [`Calibration::factor`] to multiply estimates by.
 //!
 //! - Observations must pair the *raw* (uncalibrated) estimate with the actual count, so the
 //!   factor never feeds back into itself.

@@ -14,7 +14,7 @@
 
 use std::collections::HashMap;
 
-use crate::estimate::{count_chars, Counts, LazyEstimator};
+use crate::estimate::{text_weight, Counts, LazyEstimator};
 
 /// Who wrote a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,13 +66,13 @@ pub enum Part {
     ToolResult(ToolResult),
     /// Visible reasoning.
     Reasoning(String),
-    /// Anything else (audio, files, unknown part types): its type and how many characters
-    /// the model reads of it.
+    /// Anything else (audio, files, unknown part types): its type and the weight of what the
+    /// model reads of it.
     Opaque {
         /// The part's type, e.g. `input_audio`.
         kind: String,
-        /// Characters counted for the estimate.
-        chars: usize,
+        /// Text weight counted for the estimate ([`crate::estimate::text_weight`]).
+        weight: usize,
     },
 }
 
@@ -368,16 +368,16 @@ pub fn parts_counts(parts: &[Part]) -> Counts {
     for part in parts {
         match part {
             Part::Text(text) | Part::Reasoning(text) => {
-                counts.chars = counts.chars.saturating_add(count_chars(text))
+                counts.text = counts.text.saturating_add(text_weight(text))
             }
             Part::Image => counts.images = counts.images.saturating_add(1),
             Part::ToolCall(call) => {
-                counts.chars = counts
-                    .chars
-                    .saturating_add(count_chars(&call.name) + count_chars(&call.arguments))
+                counts.text = counts
+                    .text
+                    .saturating_add(text_weight(&call.name) + text_weight(&call.arguments))
             }
             Part::ToolResult(result) => counts.add(parts_counts(&result.content)),
-            Part::Opaque { chars, .. } => counts.chars = counts.chars.saturating_add(*chars),
+            Part::Opaque { weight, .. } => counts.text = counts.text.saturating_add(*weight),
         }
     }
     counts
@@ -521,7 +521,7 @@ pub(crate) mod tests {
         // A tool result's content counts toward the estimate.
         assert_eq!(
             t.messages[2].tokens,
-            LazyEstimator::default().chars(3 + 3 + 4)
+            LazyEstimator::default().text("outoutnote")
         );
     }
 
@@ -534,7 +534,7 @@ pub(crate) mod tests {
             vec![
                 Part::Opaque {
                     kind: "redacted_thinking".into(),
-                    chars: 8,
+                    weight: 8,
                 },
                 call("a", "bash", "{}"),
             ],
@@ -571,17 +571,18 @@ pub(crate) mod tests {
                 Part::Image,
                 Part::Opaque {
                     kind: "input_audio".into(),
-                    chars: 8,
+                    weight: 80,
                 },
             ],
         );
         assert_eq!(
             m.counts(),
             Counts {
-                chars: 4 + 4 + 4 + 7 + 8,
+                text: text_weight("abcdefghbash{\"c\":1}") + 80,
                 images: 1
             }
         );
+        // 13 letters, 5 symbols, a digit and the opaque part's 80: 6.55 tokens.
         assert_eq!(LazyEstimator::default().counts(m.counts()), 7 + 765);
     }
 }

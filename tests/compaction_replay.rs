@@ -316,14 +316,15 @@ async fn replays_fit_the_window_with_the_zero_config_openai_summarizer() {
 }
 
 /// `n` turns after a short system prompt, alternating user / assistant, 400 characters each
-/// (100 tokens for compactor's estimator and the mock alike).
+/// (100 tokens for compactor's estimator and the mock alike: the mock counts four characters
+/// per token, and this mix of letters, spaces, digits and a comma weighs as much).
 fn long_turns(n: usize) -> Vec<Value> {
     let mut m = vec![json!({"role": "system", "content": "Be brief."})];
     for i in 0..n {
         let role = if i % 2 == 0 { "user" } else { "assistant" };
         let text: String = format!("{role} turn {i}: ")
             .chars()
-            .chain("lorem ipsum dolor sit amet ".chars().cycle())
+            .chain("lorem ipsum dolor sit amet, 42 ".chars().cycle())
             .take(400)
             .collect();
         m.push(json!({"role": role, "content": text}));
@@ -342,8 +343,8 @@ async fn a_refinement_that_shrinks_the_spliced_request_is_used() {
     const SMALL_WINDOW: usize = 3_000;
     // ~1,200 tokens: large next to the turns each refinement adds.
     let summary: &'static str = Box::leak(
-        "Summary: the user and the assistant exchanged numbered turns. "
-            .repeat(78)
+        "Summary (turns 1-38): the user and the assistant exchanged turns. "
+            .repeat(73)
             .into_boxed_str(),
     );
     let mock = MockUpstream::start().await;

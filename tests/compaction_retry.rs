@@ -23,7 +23,7 @@ fn conversation(n: usize) -> Vec<Value> {
     let mut m = vec![json!({"role": "system", "content": "You are a careful assistant."})];
     for i in 0..n {
         let role = if i % 2 == 0 { "user" } else { "assistant" };
-        m.push(json!({"role": role, "content": format!("turn {i}: {}", "words ".repeat(30))}));
+        m.push(json!({"role": role, "content": format!("turn {i}: {}", "words ".repeat(40))}));
     }
     m
 }

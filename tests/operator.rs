@@ -10,12 +10,15 @@ use support::{upstream_toml, MockUpstream, Recorded, Reply, TestClient, TestProx
 
 const CHAT: &str = "/v1/chat/completions";
 
-/// A conversation of `turns` user/assistant turns of `chars` characters each.
+/// A conversation of `turns` user/assistant turns of `chars` characters each: runs of 15
+/// letters and a digit, which compactor's estimate weighs at a quarter token per character,
+/// as the mock counts.
 fn conversation(topic: &str, turns: usize, chars: usize) -> Value {
     let mut messages = vec![json!({"role": "system", "content": format!("Topic: {topic}.")})];
+    let text: String = "yyyyyyyyyyyyyyy1".chars().cycle().take(chars).collect();
     for i in 0..turns {
         let role = if i % 2 == 0 { "user" } else { "assistant" };
-        messages.push(json!({"role": role, "content": "y".repeat(chars)}));
+        messages.push(json!({"role": role, "content": text}));
     }
     json!({"model": "calib-model", "messages": messages})
 }

@@ -15,7 +15,7 @@ use std::fmt::Write as _;
 
 use compactor_plugin_api::{split_user_text, Entry, Part as EntryPart, Role as EntryRole};
 
-use crate::estimate::{count_chars, LazyEstimator};
+use crate::estimate::{text_weight, LazyEstimator};
 use crate::transcript::{Message, Part, Role};
 
 /// Text (and reasoning) parts are cut to this many characters in the prompt.
@@ -284,13 +284,15 @@ pub fn build_prompt(
     estimator: &LazyEstimator,
 ) -> Result<BuiltPrompt, PromptError> {
     let rendered: Vec<String> = entries.iter().map(render_entry).collect();
-    let fixed = render(input, &[], 0).len_chars();
-    let notice_chars = count_chars(&omission_notice(entries.len())) + 1;
-    let limit_chars = estimator.chars_for_tokens(max_tokens);
+    // The weight of concatenated text is the sum of the pieces' weights, so the prompt's
+    // weight is followed as entries are left out, without rendering it again.
+    let fixed = text_weight(&render(input, &[], 0).text);
+    let notice_weight = text_weight(&omission_notice(entries.len())) + text_weight("\n");
+    let limit = estimator.weight_for_tokens(max_tokens);
 
     let mut total = rendered
         .iter()
-        .fold(fixed, |acc, r| acc.saturating_add(count_chars(r)));
+        .fold(fixed, |acc, r| acc.saturating_add(text_weight(r)));
     let mut keep = vec![true; entries.len()];
     let mut omitted = 0;
     let roles: Vec<EntryRole> = entries.iter().map(|e| e.role).collect();
@@ -299,12 +301,12 @@ pub fn build_prompt(
         .into_iter()
         .flat_map(|role| (0..roles.len()).filter(move |&i| roles[i] == role));
     for i in by_age_assistants_first {
-        if total <= limit_chars {
+        if total <= limit {
             break;
         }
-        total = total.saturating_sub(count_chars(&rendered[i]));
+        total = total.saturating_sub(text_weight(&rendered[i]));
         if omitted == 0 {
-            total = total.saturating_add(notice_chars);
+            total = total.saturating_add(notice_weight);
         }
         keep[i] = false;
         omitted += 1;
@@ -336,12 +338,6 @@ pub fn build_prompt(
 
 struct Rendered {
     text: String,
-}
-
-impl Rendered {
-    fn len_chars(&self) -> usize {
-        count_chars(&self.text)
-    }
 }
 
 fn omission_notice(omitted: usize) -> String {

@@ -19,10 +19,10 @@ use serde::{Deserialize, Serialize};
 
 use serde_json::Value;
 
-use super::json::{as_tokens, leaf_chars, skip_scalars, OneOf, StrChars, StrCharsVisitor};
+use super::json::{as_tokens, leaf_weight, skip_scalars, OneOf, StrWeight, StrWeightVisitor};
 use super::split::{decode, field, object_fields, present, read_array};
 use super::{DialectError, DialectKind, Scan, ScanFields};
-use crate::estimate::{count_chars, Counts, LazyEstimator};
+use crate::estimate::{text_weight, Counts, LazyEstimator};
 use crate::transcript::{Message, Part, Role, ToolCall};
 
 /// Reads a request once: its messages as raw slices of `body`, each counted (see
@@ -112,7 +112,7 @@ fn message_from_value(v: &Value, index: usize) -> Result<Message, DialectError> 
             Some(Value::String(s)) => parts.push(Part::Reasoning(s.clone())),
             Some(other) => parts.push(Part::Opaque {
                 kind: key.into(),
-                chars: leaf_chars(other),
+                weight: leaf_weight(other),
             }),
         }
     }
@@ -122,7 +122,7 @@ fn message_from_value(v: &Value, index: usize) -> Result<Message, DialectError> 
         Some(Value::Array(items)) => parts.extend(items.iter().map(part_from_value)),
         Some(other) => parts.push(Part::Opaque {
             kind: "content".into(),
-            chars: leaf_chars(other),
+            weight: leaf_weight(other),
         }),
     }
     match obj.get("refusal") {
@@ -130,7 +130,7 @@ fn message_from_value(v: &Value, index: usize) -> Result<Message, DialectError> 
         Some(Value::String(s)) => parts.push(Part::Text(s.clone())),
         Some(other) => parts.push(Part::Opaque {
             kind: "refusal".into(),
-            chars: leaf_chars(other),
+            weight: leaf_weight(other),
         }),
     }
     if let Some(calls) = obj.get("tool_calls").and_then(Value::as_array) {
@@ -192,7 +192,7 @@ fn part_from_value(part: &Value) -> Part {
             Value::String(s) => Part::Text(s.clone()),
             other => Part::Opaque {
                 kind: "unknown".into(),
-                chars: leaf_chars(other),
+                weight: leaf_weight(other),
             },
         };
     };
@@ -209,10 +209,10 @@ fn part_from_value(part: &Value) -> Part {
         }
         _ => Part::Opaque {
             kind: kind.unwrap_or("unknown").to_string(),
-            chars: obj
+            weight: obj
                 .iter()
                 .filter(|(k, _)| !matches!(k.as_str(), "type" | "cache_control" | "image_url"))
-                .map(|(_, v)| leaf_chars(v))
+                .map(|(_, v)| leaf_weight(v))
                 .sum(),
         },
     }
@@ -232,8 +232,8 @@ pub(crate) fn top_level_fields(
 }
 
 // ---------------------------------------------------------------------------------------------
-// Zero-copy counting (hot path). Every visitor counts characters of strings as serde_json
-// hands them over (borrowed, or from its scratch buffer when unescaping) and allocates nothing.
+// Zero-copy counting (hot path). Every visitor weighs strings as serde_json hands them over
+// (borrowed, or from its scratch buffer when unescaping) and allocates nothing.
 
 /// What the model reads of one message.
 struct MessageStats(Counts);
@@ -271,12 +271,12 @@ impl<'de> Deserialize<'de> for MessageStats {
                     match field {
                         MessageField::Content => counts.add(map.next_value::<ContentCounts>()?.0),
                         MessageField::ToolCalls => {
-                            counts.chars += map.next_value::<ToolCallsChars>()?.0
+                            counts.text += map.next_value::<ToolCallsWeight>()?.0
                         }
                         MessageField::FunctionCall
                         | MessageField::ReasoningContent
                         | MessageField::Reasoning
-                        | MessageField::Refusal => counts.chars += map.next_value::<StrChars>()?.0,
+                        | MessageField::Refusal => counts.text += map.next_value::<StrWeight>()?.0,
                         MessageField::Other => {
                             map.next_value::<IgnoredAny>()?;
                         }
@@ -291,9 +291,9 @@ impl<'de> Deserialize<'de> for MessageStats {
 
 /// `tool_calls`: the string leaves of each call's `function` (name, arguments) or `custom`
 /// (name, input) object; ids and types are not read by the model as text.
-struct ToolCallsChars(usize);
+struct ToolCallsWeight(usize);
 
-impl<'de> Deserialize<'de> for ToolCallsChars {
+impl<'de> Deserialize<'de> for ToolCallsWeight {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct V;
         impl<'de> Visitor<'de> for V {
@@ -306,19 +306,19 @@ impl<'de> Deserialize<'de> for ToolCallsChars {
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<usize, A::Error> {
                 let mut n = 0usize;
-                while let Some(ToolCallChars(c)) = seq.next_element()? {
+                while let Some(ToolCallWeight(c)) = seq.next_element()? {
                     n = n.saturating_add(c);
                 }
                 Ok(n)
             }
         }
-        d.deserialize_any(V).map(ToolCallsChars)
+        d.deserialize_any(V).map(ToolCallsWeight)
     }
 }
 
-struct ToolCallChars(usize);
+struct ToolCallWeight(usize);
 
-impl<'de> Deserialize<'de> for ToolCallChars {
+impl<'de> Deserialize<'de> for ToolCallWeight {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct V;
         impl<'de> Visitor<'de> for V {
@@ -331,7 +331,7 @@ impl<'de> Deserialize<'de> for ToolCallChars {
                 while let Some(key) = map.next_key::<CallField>()? {
                     match key {
                         CallField::Function | CallField::Custom => {
-                            n = n.saturating_add(map.next_value::<StrChars>()?.0)
+                            n = n.saturating_add(map.next_value::<StrWeight>()?.0)
                         }
                         CallField::Other => {
                             map.next_value::<IgnoredAny>()?;
@@ -341,7 +341,7 @@ impl<'de> Deserialize<'de> for ToolCallChars {
                 Ok(n)
             }
         }
-        d.deserialize_map(V).map(ToolCallChars)
+        d.deserialize_map(V).map(ToolCallWeight)
     }
 }
 
@@ -367,7 +367,7 @@ impl<'de> Deserialize<'de> for ContentCounts {
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<Counts, E> {
                 Ok(Counts {
-                    chars: count_chars(v),
+                    text: text_weight(v),
                     images: 0,
                 })
             }
@@ -380,15 +380,15 @@ impl<'de> Deserialize<'de> for ContentCounts {
                 Ok(counts)
             }
             fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Counts, A::Error> {
-                let chars = StrCharsVisitor.visit_map(map)?;
-                Ok(Counts { chars, images: 0 })
+                let weight = StrWeightVisitor.visit_map(map)?;
+                Ok(Counts::text(weight))
             }
         }
         d.deserialize_any(V).map(ContentCounts)
     }
 }
 
-/// One content part: an image costs a fixed amount; anything else, the characters of its
+/// One content part: an image costs a fixed amount; anything else, the weight of its
 /// string fields other than `type` and `cache_control`.
 struct PartCounts(Counts);
 
@@ -412,14 +412,14 @@ impl<'de> Deserialize<'de> for PartCounts {
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<Counts, E> {
                 Ok(Counts {
-                    chars: count_chars(v),
+                    text: text_weight(v),
                     images: 0,
                 })
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Counts, A::Error> {
                 let mut typed: Option<bool> = None;
                 let mut has_image_url = false;
-                let mut chars = 0usize;
+                let mut weight = 0usize;
                 while let Some(key) = map.next_key::<PartField>()? {
                     match key {
                         PartField::Type => typed = Some(map.next_value_seed(OneOf(IMAGE_TYPES))?),
@@ -431,23 +431,20 @@ impl<'de> Deserialize<'de> for PartCounts {
                             map.next_value::<IgnoredAny>()?;
                         }
                         PartField::Other => {
-                            chars = chars.saturating_add(map.next_value::<StrChars>()?.0)
+                            weight = weight.saturating_add(map.next_value::<StrWeight>()?.0)
                         }
                     }
                 }
                 let image = typed.unwrap_or(has_image_url);
                 Ok(if image {
-                    Counts {
-                        chars: 0,
-                        images: 1,
-                    }
+                    Counts { text: 0, images: 1 }
                 } else {
-                    Counts { chars, images: 0 }
+                    Counts::text(weight)
                 })
             }
             fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Counts, A::Error> {
-                let chars = StrCharsVisitor.visit_seq(seq)?;
-                Ok(Counts { chars, images: 0 })
+                let weight = StrWeightVisitor.visit_seq(seq)?;
+                Ok(Counts::text(weight))
             }
             skip_scalars!(Counts, Counts::default());
         }
@@ -503,11 +500,14 @@ mod tests {
         let tools = r#"[{"type":"function","function":{"name":"bash"}}]"#;
         assert_eq!(p.fixed_tokens, est().text(tools));
         let expected = p.fixed_tokens
-            + 1                       // "abcd"
-            + 2 + IMAGE_TOKENS        // "abcdefgh" + image
-            + 5                       // "abcd" + "bash" + {"c":"ls"} = 4 + 4 + 10 chars
-            + 1                       // 4 chars of CJK
-            + 1; // "" + "no!"
+            + est().text("abcd")
+            + est().text("abcdefgh") + IMAGE_TOKENS
+            + est().text(r#"abcdbash{"c":"ls"}"#) // reasoning, tool name and arguments
+            + est().text("日本語日")
+            + est().text("no!"); // "" + "no!"
+                                 // By class: 4 letters; 8 letters; 11 letters and 7 symbols (5.21 tokens); 4 CJK
+                                 // characters (2.88); 2 letters and a symbol.
+        assert_eq!(expected - p.fixed_tokens, 1 + 2 + IMAGE_TOKENS + 6 + 3 + 1);
         assert_eq!(p.tokens, expected);
     }
 
@@ -551,8 +551,14 @@ mod tests {
         let r = parse(body.as_bytes()).expect("parses");
         assert_eq!(p.tokens, r.scan.tokens, "peek and parse agree");
         let m = &r.transcript.messages;
-        assert!(matches!(&m[0].parts[0], Part::Opaque { kind, chars: 7 } if kind == "input_audio"));
-        assert!(matches!(&m[1].parts[0], Part::Opaque { kind, chars: 4 } if kind == "reasoning"));
+        let weight = text_weight("abcdwav");
+        assert!(
+            matches!(&m[0].parts[0], Part::Opaque { kind, weight: w } if kind == "input_audio" && *w == weight)
+        );
+        let weight = text_weight("abcd");
+        assert!(
+            matches!(&m[1].parts[0], Part::Opaque { kind, weight: w } if kind == "reasoning" && *w == weight)
+        );
         assert!(
             matches!(&m[1].parts[2], Part::ToolCall(c) if c.name == "ed" && c.arguments == "ab")
         );

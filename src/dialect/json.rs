@@ -5,12 +5,14 @@
 //!
 //! Counting follows one rule for every content node (an Anthropic message or content block, a
 //! Responses input item or content part): a node whose `type` names an image costs one image;
-//! any other node counts the characters of its string leaves, except under keys the model does
-//! not read as text (ids, signatures, cache markers, statuses), with the dialect's *nested*
-//! keys (`content`, `output`, ...) counted recursively as nodes (so images inside a tool
-//! result count as images) and its *raw* keys (Anthropic's `input` object) counted as the JSON
-//! text sent. Keys are classified and strings counted as serde_json hands them over: nothing is
-//! allocated or copied.
+//! any other node counts the weight ([`crate::estimate::text_weight`]) of its string leaves,
+//! except under keys the model does not read as text (ids, signatures, cache markers,
+//! statuses), with the dialect's *nested* keys (`content`, `output`, ...) counted recursively
+//! as nodes (so images inside a tool result count as images) and its *raw* keys (Anthropic's
+//! `input` object) counted as the JSON text sent, `\uXXXX` escapes of non-ASCII characters
+//! aside ([`crate::estimate::json_weight`]). Keys are classified and strings counted as
+//! serde_json hands them over: nothing is allocated or copied, except a raw value holding
+//! `\u` escapes, written once without them.
 
 use std::fmt;
 
@@ -19,7 +21,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use crate::estimate::{count_chars, Counts};
+use crate::estimate::{json_weight, text_weight, Counts};
 
 /// The [`Visitor`] methods for the JSON scalars the model does not read (booleans, numbers,
 /// `null`): each answers `$value`. Strings, arrays and objects stay with each visitor.
@@ -57,12 +59,12 @@ pub(crate) struct Rules {
     pub image_types: &'static [&'static str],
 }
 
-/// Characters of every string leaf (not keys) of a parsed value.
-pub(crate) fn leaf_chars(v: &Value) -> usize {
+/// Weight of every string leaf (not keys) of a parsed value.
+pub(crate) fn leaf_weight(v: &Value) -> usize {
     match v {
-        Value::String(s) => count_chars(s),
-        Value::Array(items) => items.iter().map(leaf_chars).fold(0, usize::saturating_add),
-        Value::Object(map) => map.values().map(leaf_chars).fold(0, usize::saturating_add),
+        Value::String(s) => text_weight(s),
+        Value::Array(items) => items.iter().map(leaf_weight).fold(0, usize::saturating_add),
+        Value::Object(map) => map.values().map(leaf_weight).fold(0, usize::saturating_add),
         _ => 0,
     }
 }
@@ -220,29 +222,29 @@ impl<'de> Visitor<'de> for OneOf {
     }
 }
 
-/// Characters of all string leaves of any value (object keys excluded).
-pub(crate) struct StrChars(pub usize);
+/// Weight of all string leaves of any value (object keys excluded).
+pub(crate) struct StrWeight(pub usize);
 
-impl<'de> Deserialize<'de> for StrChars {
+impl<'de> Deserialize<'de> for StrWeight {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(StrCharsVisitor).map(StrChars)
+        d.deserialize_any(StrWeightVisitor).map(StrWeight)
     }
 }
 
-pub(crate) struct StrCharsVisitor;
+pub(crate) struct StrWeightVisitor;
 
-impl<'de> Visitor<'de> for StrCharsVisitor {
+impl<'de> Visitor<'de> for StrWeightVisitor {
     type Value = usize;
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("any JSON value")
     }
     fn visit_str<E: de::Error>(self, v: &str) -> Result<usize, E> {
-        Ok(count_chars(v))
+        Ok(text_weight(v))
     }
     skip_scalars!(usize, 0);
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<usize, A::Error> {
         let mut n = 0usize;
-        while let Some(StrChars(c)) = seq.next_element()? {
+        while let Some(StrWeight(c)) = seq.next_element()? {
             n = n.saturating_add(c);
         }
         Ok(n)
@@ -250,7 +252,7 @@ impl<'de> Visitor<'de> for StrCharsVisitor {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<usize, A::Error> {
         let mut n = 0usize;
         while map.next_key::<IgnoredAny>()?.is_some() {
-            n = n.saturating_add(map.next_value::<StrChars>()?.0);
+            n = n.saturating_add(map.next_value::<StrWeight>()?.0);
         }
         Ok(n)
     }
@@ -273,7 +275,7 @@ impl<'de> Visitor<'de> for ContentSeed {
         f.write_str("content")
     }
     fn visit_str<E: de::Error>(self, v: &str) -> Result<Counts, E> {
-        Ok(chars(count_chars(v)))
+        Ok(Counts::text(text_weight(v)))
     }
     skip_scalars!(Counts, Counts::default());
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Counts, A::Error> {
@@ -288,7 +290,7 @@ impl<'de> Visitor<'de> for ContentSeed {
     }
 }
 
-/// One content node (a block, a part, an item): an image, or the characters the model reads.
+/// One content node (a block, a part, an item): an image, or the weight of what the model reads.
 #[derive(Clone, Copy)]
 pub(crate) struct NodeSeed(pub &'static Rules);
 
@@ -305,11 +307,11 @@ impl<'de> Visitor<'de> for NodeSeed {
         f.write_str("a content node")
     }
     fn visit_str<E: de::Error>(self, v: &str) -> Result<Counts, E> {
-        Ok(chars(count_chars(v)))
+        Ok(Counts::text(text_weight(v)))
     }
     skip_scalars!(Counts, Counts::default());
     fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Counts, A::Error> {
-        StrCharsVisitor.visit_seq(seq).map(chars)
+        StrWeightVisitor.visit_seq(seq).map(Counts::text)
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Counts, A::Error> {
         let rules = self.0;
@@ -324,24 +326,17 @@ impl<'de> Visitor<'de> for NodeSeed {
                 KeyKind::Nested => counts.add(map.next_value_seed(ContentSeed(rules))?),
                 KeyKind::Raw => {
                     let raw: &'de RawValue = map.next_value()?;
-                    counts.add(chars(count_chars(raw.get())));
+                    counts.add(Counts::text(json_weight(raw.get())));
                 }
-                KeyKind::Other => counts.add(chars(map.next_value::<StrChars>()?.0)),
+                KeyKind::Other => counts.add(Counts::text(map.next_value::<StrWeight>()?.0)),
             }
         }
         Ok(if image {
-            Counts {
-                chars: 0,
-                images: 1,
-            }
+            Counts { text: 0, images: 1 }
         } else {
             counts
         })
     }
-}
-
-fn chars(chars: usize) -> Counts {
-    Counts { chars, images: 0 }
 }
 
 #[cfg(test)]
@@ -362,7 +357,7 @@ mod tests {
             "input":{"a": "b"},"extra":["cd", 5, null]}"#;
         let c = node_counts(raw, &RULES).expect("counts");
         assert_eq!(c.images, 1);
-        assert_eq!(c.chars, 4 + r#"{"a": "b"}"#.len() + 2);
+        assert_eq!(c.text, text_weight(r#"abcd{"a": "b"}cd"#));
         assert!(node_counts("[1,", &RULES).is_err());
     }
 

@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use super::json::{as_tokens, leaf_chars, node_counts, ContentSeed, OneOf, OrderedObject, Rules};
+use super::json::{as_tokens, leaf_weight, node_counts, ContentSeed, OneOf, OrderedObject, Rules};
 use super::split::{decode, field, object_fields, present, read_array};
 use super::{DialectError, DialectKind, Scan, ScanFields};
 use crate::estimate::{Counts, LazyEstimator};
@@ -231,7 +231,7 @@ fn block_parts(raw: &RawValue, parts: &mut Vec<Part>) -> Result<(), DialectError
             Value::String(s) => Part::Text(s),
             other => Part::Opaque {
                 kind: "unknown".into(),
-                chars: leaf_chars(&other),
+                weight: leaf_weight(&other),
             },
         });
         return Ok(());
@@ -268,7 +268,7 @@ fn block_parts(raw: &RawValue, parts: &mut Vec<Part>) -> Result<(), DialectError
             let counts = node_counts(raw.get(), &RULES)?;
             parts.push(Part::Opaque {
                 kind,
-                chars: counts.chars,
+                weight: counts.text,
             });
             parts.extend(std::iter::repeat_n(Part::Image, counts.images));
         }
@@ -439,12 +439,12 @@ mod tests {
         let input = r#"{"file_path":"a"}"#;
         let expected = p.fixed_tokens
             + 2                                       // "abcdefgh"
-            + est().chars(4 + 2 + 4 + input.len())    // thinking, text, tool name + input
-            + est().chars(4 + 4) + IMAGE_TOKENS       // tool_result text + image, "more"
+            + est().text(&format!("abcdokRead{input}")) // thinking, text, tool name + input
+            + est().text("abcdmore") + IMAGE_TOKENS       // tool_result text + image, "more"
             // redacted data, server tool name + input, result url + title + content (a nested
             // node's `type` is not read)
-            + est().chars(8 + 10 + r#"{"query":"q"}"#.len() + 3)
-            + est().chars("text".len() + "text/plain".len() + 4); // document source leaves
+            + est().text(r#"abcdabcdweb_search{"query":"q"}ute"#)
+            + est().text("texttext/plaindoc!"); // document source leaves
         let r = parse(body.as_bytes()).expect("parses");
         let per: Vec<usize> = r.transcript.messages.iter().map(|m| m.tokens).collect();
         assert_eq!(p.tokens, expected, "{per:?}");

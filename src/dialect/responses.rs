@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::json::NodeSeed;
-use super::json::{as_tokens, leaf_chars, node_counts, Rules, StrChars};
+use super::json::{as_tokens, leaf_weight, node_counts, Rules, StrWeight};
 use super::split::{decode, object_fields, present, read_array, value_len};
 use super::{DialectError, DialectKind, Scan, ScanFields};
 use crate::estimate::{Counts, LazyEstimator};
@@ -83,13 +83,13 @@ pub fn scan<'a>(body: &'a str, estimator: &LazyEstimator) -> Result<Scan<'a>, Di
         let text: String = serde_json::from_str(input)?;
         (vec![input], vec![estimator.text(&text)], true)
     };
-    let instructions = decode::<StrChars>(&fields, "instructions")?.map_or(0, |s| s.0);
+    let instructions = decode::<StrWeight>(&fields, "instructions")?.map_or(0, |s| s.0);
     let tools = present(&fields, "tools")?.map_or(0, |t| estimator.text(t));
     let max_output: Option<Value> = decode(&fields, "max_output_tokens")?;
     let fields = ScanFields {
         model: decode(&fields, "model")?,
         requested_output: as_tokens(max_output.as_ref()),
-        fixed_tokens: estimator.chars(instructions).saturating_add(tools),
+        fixed_tokens: estimator.weight(instructions).saturating_add(tools),
         input_is_string,
     };
     Ok(Scan::new(
@@ -149,7 +149,7 @@ pub(super) fn message(raw: &str, index: usize) -> Result<Message, DialectError> 
         let counts = node_counts(raw, &RULES)?;
         let mut parts = vec![Part::Opaque {
             kind: kind.to_string(),
-            chars: counts.chars,
+            weight: counts.text,
         }];
         parts.extend(std::iter::repeat_n(Part::Image, counts.images));
         Ok(parts)
@@ -183,7 +183,7 @@ pub(super) fn message(raw: &str, index: usize) -> Result<Message, DialectError> 
             if parts.is_empty() {
                 parts.push(Part::Opaque {
                     kind: "reasoning".into(),
-                    chars: 0,
+                    weight: 0,
                 });
             }
             Message::new(Role::Assistant, parts)
@@ -231,7 +231,7 @@ fn part_from_value(part: &Value) -> Part {
             Value::String(s) => Part::Text(s.clone()),
             other => Part::Opaque {
                 kind: "unknown".into(),
-                chars: leaf_chars(other),
+                weight: leaf_weight(other),
             },
         };
     };
@@ -254,11 +254,11 @@ fn part_from_value(part: &Value) -> Part {
         _ => {}
     }
     // Counted off the parsed part: these rules read no raw JSON text.
-    let chars = serde::de::DeserializeSeed::deserialize(super::json::NodeSeed(&RULES), part)
-        .map_or(0, |c| c.chars);
+    let weight = serde::de::DeserializeSeed::deserialize(super::json::NodeSeed(&RULES), part)
+        .map_or(0, |c| c.text);
     Part::Opaque {
         kind: kind.to_string(),
-        chars,
+        weight,
     }
 }
 
@@ -388,18 +388,18 @@ mod tests {
         assert_eq!(
             per,
             vec![
-                2,                          // "rules"
-                1 + IMAGE_TOKENS,           // text + image
-                1,                          // reasoning summary only
-                est().chars(5 + 25),        // name + arguments
-                est().chars(9),             // output
-                est().chars(11 + 50),       // name + input
-                1,                          // "ok"
-                est().chars(4 + 4 + 3 + 8), // action leaves
-                0,                          // empty output
-                est().chars(6 + 4),         // action leaves
-                1,                          // "done", annotations not read
-                2,                          // "next?"
+                est().text("rules"),
+                est().text("abcd") + IMAGE_TOKENS, // text + image
+                est().text("abcd"),                // reasoning summary only
+                est().text(r#"shell{"command":["cat","a.rs"]}"#), // name + arguments
+                est().text("fn a() {}"),           // output
+                est().text("apply_patch*** Begin Patch\n*** Add File: b.rs\n+x\n*** End Patch"),
+                est().text("ok"),
+                est().text("execbash-lcrm c.rs"), // action leaves
+                0,                                // empty output
+                est().text("searchrust"),         // action leaves
+                est().text("done"),               // annotations not read
+                est().text("next?"),
             ]
         );
     }

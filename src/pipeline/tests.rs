@@ -191,7 +191,7 @@ async fn rewrites_still_over_the_trigger_open_the_session_breaker() {
     // the summarizer calls after three.
     let fake = FakeSummarizer::text("S.");
     let (c, metrics) = compactor(&config(SMALL), fake.clone());
-    let big = json!({"role": "user", "content": "z".repeat(4_000)});
+    let big = json!({"role": "user", "content": "z".repeat(5_000)}); // 1,000 tokens
     let mut calls = Vec::new();
     for k in 0..5 {
         let mut m = chat(12 + 2 * k);
