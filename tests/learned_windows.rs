@@ -19,7 +19,7 @@ const CONFIG: &str = "[compaction]\nmax_messages = 1000\nmin_preserve_tokens = 2
 /// falls to the 128k default).
 const REAL_WINDOW: usize = 1_000;
 
-/// A conversation of `n` turns of about 60 estimated tokens each.
+/// A conversation of `n` turns of about 230 characters each.
 fn conversation(topic: &str, n: usize) -> Vec<Value> {
     let mut m = vec![json!({"role": "system", "content": "You are a careful assistant."})];
     for i in 0..n {
@@ -118,8 +118,8 @@ async fn a_window_named_in_a_refusal_is_used_by_the_trigger_from_then_on() {
         "the table is listed: {before}"
     );
 
-    // First conversation: 1,100 estimated tokens, under the default window's trigger, over
-    // the provider's real window. Refused, compacted, retried.
+    // First conversation: about a thousand tokens, far under the default window's trigger,
+    // over the provider's real window. Refused, compacted, retried.
     let first = json!({"model": "Local-Model", "messages": conversation("alpha", 18)});
     let got = send(&proxy, &first).await;
     assert_eq!(got.status, 200, "{:?}", got.body);
@@ -201,8 +201,8 @@ async fn usage_beyond_the_configured_window_raises_it() {
     let used = entry["context_window"].as_u64().expect("a number");
     assert!(used > 3_000, "input plus output: {used}");
 
-    // 1,100 estimated tokens: over the configured window's trigger (850), well under the
-    // learned one's. Forwarded whole.
+    // Over the configured window's trigger (850 estimated tokens), well under the learned
+    // one's. Forwarded whole.
     let larger = json!({"model": "tiny", "messages": conversation("delta", 18)});
     let got = send(&proxy, &larger).await;
     assert_eq!(got.status, 200);
