@@ -68,6 +68,24 @@ impl From<figment::Error> for ConfigError {
     }
 }
 
+/// The prefix of configuration variables.
+const ENV_PREFIX: &str = "COMPACTOR_";
+
+/// `COMPACTOR_*` variables in the environment that are not `COMPACTOR_<SECTION>__<KEY>`, and so
+/// are not read as configuration (worth a warning: a misspelt separator would otherwise be
+/// silently lost).
+pub fn ignored_env_vars() -> Vec<String> {
+    let mut ignored: Vec<String> = std::env::vars_os()
+        .filter_map(|(name, _)| name.into_string().ok())
+        .filter(|name| {
+            name.strip_prefix(ENV_PREFIX)
+                .is_some_and(|rest| !rest.contains("__"))
+        })
+        .collect();
+    ignored.sort();
+    ignored
+}
+
 /// Keys whose values are secrets: never printed, and read from the environment verbatim.
 fn is_secret_key(key: &str) -> bool {
     let key = key.to_ascii_lowercase();
@@ -78,8 +96,14 @@ fn is_secret_key(key: &str) -> bool {
 /// number), so secrets are merged as the exact strings they are: a numeric admin token works
 /// and keeps its leading zeros. Keys are lowercased, except the variable names under
 /// `summarizer.exec.env`, which the program sees as written.
+///
+/// Only names of that shape are config: a script's own `COMPACTOR_BIN` or `COMPACTOR_HOME` is
+/// none of compactor's business and is ignored ([`ignored_env_vars`] names them for a warning);
+/// an unknown key inside a section is still an error.
 fn merge_env(figment: Figment) -> Figment {
-    let env = Env::prefixed("COMPACTOR_").split("__");
+    let env = Env::prefixed(ENV_PREFIX)
+        .split("__")
+        .filter(|key| key.as_str().contains('.'));
     let secrets: Vec<(String, String)> = env
         .clone()
         .lowercase(false)

@@ -122,10 +122,23 @@ fn main() -> ExitCode {
     }
 }
 
+/// Tells the operator about `COMPACTOR_*` variables that are not configuration.
+fn warn_ignored_env(logging: bool) {
+    for name in compactor::config::ignored_env_vars() {
+        let why = "not a COMPACTOR_<SECTION>__<KEY> variable, so not configuration";
+        if logging {
+            tracing::warn!(variable = name, "ignoring {name}: {why}");
+        } else {
+            eprintln!("warning: ignoring {name}: {why}");
+        }
+    }
+}
+
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::CheckConfig { config } => {
             let config = Config::load(config.as_deref())?;
+            warn_ignored_env(false);
             compactor::App::new(config.clone()).context("building components")?;
             print!("{}", config.redacted().to_toml());
             Ok(ExitCode::SUCCESS)
@@ -133,6 +146,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Serve { config: path } => {
             let config = Config::load(path.as_deref())?;
             init_tracing(config.server.log_format, "info");
+            warn_ignored_env(true);
             let runtime = tokio::runtime::Runtime::new().context("starting the runtime")?;
             runtime.block_on(async {
                 let server = Server::bind(config).await.context("starting the server")?;

@@ -205,3 +205,37 @@ fn a_badly_typed_secret_is_named_but_never_printed() {
     assert!(!stderr(&out).contains("918273645"), "{}", stderr(&out));
     assert!(!stdout(&out).contains("918273645"));
 }
+
+#[test]
+fn compactor_variables_that_are_not_section_keys_are_ignored_with_a_warning() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // A wrapper script's own variables: not configuration, and no reason to refuse to start.
+    let out = compactor(
+        dir.path(),
+        &["check-config"],
+        &[
+            ("COMPACTOR_BIN", "/usr/local/bin/compactor"),
+            ("COMPACTOR_HOME", "/srv/compactor"),
+            ("COMPACTOR_SERVER__MAX_BODY_BYTES", "4321"),
+        ],
+    );
+    let config = effective(&out);
+    assert_eq!(
+        config["server"]["max_body_bytes"].as_integer(),
+        Some(4321),
+        "section keys are still read"
+    );
+    let err = stderr(&out);
+    assert!(err.contains("ignoring COMPACTOR_BIN"), "{err}");
+    assert!(err.contains("ignoring COMPACTOR_HOME"), "{err}");
+    assert!(!err.contains("MAX_BODY_BYTES"), "{err}");
+
+    // An unknown key inside a known section is still an error.
+    let out = compactor(
+        dir.path(),
+        &["check-config"],
+        &[("COMPACTOR_BIN", "x"), ("COMPACTOR_SERVER__NOPE", "1")],
+    );
+    assert!(!out.status.success(), "{}", stdout(&out));
+    assert!(stderr(&out).contains("nope"), "{}", stderr(&out));
+}
