@@ -169,6 +169,12 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     /// How long shutdown waits for in-flight requests and streams.
     pub shutdown_grace_secs: Seconds,
+    /// How long a client may take to send a request's head and body (between two frames of a
+    /// body streamed through), and how long a connection with no request in progress stays
+    /// open.
+    pub client_timeout_secs: Seconds,
+    /// Most client connections held on the proxy listener; beyond it accepting waits.
+    pub max_connections: usize,
     /// `text` or `json`.
     pub log_format: LogFormat,
     /// PEM certificate chain for inbound TLS; set together with `tls_key`.
@@ -378,6 +384,8 @@ impl Default for ServerConfig {
             admin_listen: SocketAddr::from(([127, 0, 0, 1], 9787)),
             max_body_bytes: 32 * 1024 * 1024,
             shutdown_grace_secs: Seconds::from_secs(30),
+            client_timeout_secs: Seconds::from_secs(30),
+            max_connections: 4_096,
             log_format: LogFormat::Text,
             tls_cert: None,
             tls_key: None,
@@ -510,6 +518,12 @@ impl Config {
                 "`server.tls_cert` and `server.tls_key` must be set together",
             ));
         }
+        if self.server.max_connections == 0 {
+            return Err(invalid("server.max_connections", "must be positive"));
+        }
+        if self.client_timeout().is_zero() {
+            return Err(invalid("server.client_timeout_secs", "must be positive"));
+        }
         if self.server.max_body_bytes == 0 {
             return Err(invalid("server.max_body_bytes", "must be positive"));
         }
@@ -594,6 +608,11 @@ impl Config {
     /// The shutdown drain period.
     pub fn shutdown_grace(&self) -> Duration {
         self.server.shutdown_grace_secs.duration()
+    }
+
+    /// How long a client may take to send a request, or leave its connection idle.
+    pub fn client_timeout(&self) -> Duration {
+        self.server.client_timeout_secs.duration()
     }
 
     /// The upstream connect timeout.

@@ -25,6 +25,10 @@ pub enum Error {
     /// The client's request body could not be read.
     #[error("reading request body: {0}")]
     BadRequestBody(String),
+    /// The client did not send its request body within `server.client_timeout_secs` (for a
+    /// body streamed through: between two chunks).
+    #[error("request body not received within {0:?}")]
+    ClientTimeout(std::time::Duration),
     /// The request's URI cannot be mapped onto the upstream.
     #[error("invalid request target: {0}")]
     BadTarget(String),
@@ -52,6 +56,7 @@ impl Error {
             Error::UpstreamUnavailable(_) => StatusCode::BAD_GATEWAY,
             Error::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
             Error::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Error::ClientTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Error::BadRequestBody(_) | Error::BadTarget(_) => StatusCode::BAD_REQUEST,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -79,6 +84,11 @@ impl Error {
                 "the request body could not be read".into(),
                 "invalid_request_error",
                 "bad_request_body",
+            ),
+            Error::ClientTimeout(_) => (
+                "the request body was not received in time".into(),
+                "invalid_request_error",
+                "request_timeout",
             ),
             Error::BadTarget(_) => (
                 "the request target cannot be forwarded".into(),

@@ -23,7 +23,7 @@ use bytes::Bytes;
 use compactor_plugin_api::Caller;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, Response};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Full};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 
 use crate::app::App;
@@ -35,6 +35,8 @@ use crate::pipeline::{ForwardedEstimate, Outcome, Processed, RequestContext};
 use crate::timing::Overhead;
 use crate::upstream::{prepare_headers, strip_hop_by_hop, BoxError, ProxyBody, Resolved};
 use crate::usage::{self, Encoding, Format, Observed, Usage};
+
+mod client_body;
 
 /// Response header: whether the forwarded request carries a summary, new or reused.
 pub const HEADER_COMPACTED: &str = "x-compactor-compacted";
@@ -125,8 +127,13 @@ async fn forward(
     let mut retry = None;
     let body = match dialect {
         Some(dialect) if app.config.compaction.enabled => {
-            let original =
-                read_body(body, &parts.headers, app.config.server.max_body_bytes).await?;
+            let original = client_body::read(
+                body,
+                &parts.headers,
+                app.config.server.max_body_bytes,
+                app.config.client_timeout(),
+            )
+            .await?;
             let caller = caller(&parts.headers, &resolved, dialect);
             let session_header = parts
                 .headers
@@ -161,9 +168,9 @@ async fn forward(
         }
         Some(_) => {
             chat_headers.insert(HEADER_COMPACTED, HeaderValue::from_static("false"));
-            body.map_err(BoxError::from).boxed_unsync()
+            client_body::streamed(body, app.config.client_timeout())
         }
-        None => body.map_err(BoxError::from).boxed_unsync(),
+        None => client_body::streamed(body, app.config.client_timeout()),
     };
 
     let sent = Instant::now();
@@ -444,23 +451,6 @@ fn annotate(headers: &mut HeaderMap, processed: Processed, original: Bytes) -> B
         (None, None) => {}
     }
     body
-}
-
-/// Reads a request body whole, refusing more than `limit` bytes (early, from
-/// `Content-Length`, when the client declares it).
-async fn read_body(body: Incoming, headers: &HeaderMap, limit: usize) -> Result<Bytes, Error> {
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit as u64) {
-        return Err(Error::BodyTooLarge { limit });
-    }
-    match Limited::new(body, limit).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(Error::BodyTooLarge { limit }),
-        Err(e) => Err(Error::BadRequestBody(e.to_string())),
-    }
 }
 
 /// What a summarizer needs to call the caller's own provider.

@@ -114,6 +114,14 @@ fn restart_needed(old: &Config, new: &Config) -> Vec<&'static str> {
             o.tls_cert != n.tls_cert || o.tls_key != n.tls_key,
         ),
         ("server.log_format", o.log_format != n.log_format),
+        (
+            "server.max_connections",
+            o.max_connections != n.max_connections,
+        ),
+        (
+            "summarizer.max_concurrent",
+            old.summarizer.max_concurrent != new.summarizer.max_concurrent,
+        ),
         ("store", old.store != new.store),
     ]
     .into_iter()

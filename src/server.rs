@@ -14,10 +14,11 @@ use std::time::Duration;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
 use crate::app::{App, AppHandle};
@@ -25,8 +26,17 @@ use crate::config::Config;
 use crate::error::Error;
 use crate::{admin, proxy};
 
-/// How long a client may take to send request headers or finish a TLS handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
+mod activity;
+
+use activity::Activity;
+
+/// Connections the admin listener holds at most, apart from the proxy's: a proxy full of
+/// clients never keeps `/livez` from answering.
+const ADMIN_CONNECTIONS: usize = 16;
+
+/// File descriptors kept for everything but client connections (listeners, upstream
+/// connections, the summarizer's, files) when `server.max_connections` is fitted to the limit.
+const RESERVED_FDS: u64 = 256;
 
 /// A bound, not yet running compactor.
 pub struct Server {
@@ -93,25 +103,34 @@ impl Server {
             admin,
             tls,
         } = self;
+        let client_timeout = app.current().config.client_timeout();
         let mut builder = auto::Builder::new(TokioExecutor::new());
         builder
             .http1()
             .timer(TokioTimer::new())
-            .header_read_timeout(HANDSHAKE_TIMEOUT);
-        let graceful = GracefulShutdown::new();
-        tracing::info!(addr = %proxy.local_addr()?, tls = tls.is_some(), "proxy listening");
+            .header_read_timeout(client_timeout);
+        let max_connections = connection_limit(app.current().config.server.max_connections);
+        let proxy_slots = Arc::new(Semaphore::new(max_connections));
+        let admin_slots = Arc::new(Semaphore::new(ADMIN_CONNECTIONS));
+        // Every connection holds a sender; the drain ends when the last one is dropped.
+        let (drain_tx, mut drain_rx) = mpsc::channel::<()>(1);
+        let (shutdown_tx, shutdown_rx) = watch::channel(false);
+        tracing::info!(addr = %proxy.local_addr()?, tls = tls.is_some(), max_connections, "proxy listening");
         tracing::info!(addr = %admin.local_addr()?, "admin listening");
 
         tokio::pin!(shutdown);
         loop {
-            let (stream, peer, listener) = tokio::select! {
+            // A full proxy waits for a slot before accepting (the kernel's backlog holds the
+            // rest); the admin listener keeps accepting meanwhile. Both arms are cancel-safe:
+            // a slot taken by an arm that loses the race is returned when it is dropped.
+            let (stream, peer, listener, slot) = tokio::select! {
                 () = &mut shutdown => break,
-                accepted = proxy.accept() => match accepted {
-                    Ok((s, p)) => (s, p, Listener::Proxy),
+                (slot, accepted) = accept(&proxy, &proxy_slots) => match accepted {
+                    Ok((s, p)) => (s, p, Listener::Proxy, slot),
                     Err(e) => { accept_failed(e).await; continue; }
                 },
-                accepted = admin.accept() => match accepted {
-                    Ok((s, p)) => (s, p, Listener::Admin),
+                (slot, accepted) = accept(&admin, &admin_slots) => match accepted {
+                    Ok((s, p)) => (s, p, Listener::Admin, slot),
                     Err(e) => { accept_failed(e).await; continue; }
                 },
             };
@@ -120,15 +139,15 @@ impl Server {
                 Listener::Proxy => tls.clone(),
                 Listener::Admin => None,
             };
-            tokio::spawn(serve_connection(
-                app.clone(),
-                builder.clone(),
-                graceful.watcher(),
-                stream,
-                peer,
-                listener,
-                tls,
-            ));
+            let connection = Connection {
+                app: app.clone(),
+                builder: builder.clone(),
+                shutdown: shutdown_rx.clone(),
+                client_timeout: app.current().config.client_timeout(),
+                _slot: slot,
+                _drain: drain_tx.clone(),
+            };
+            tokio::spawn(connection.serve(stream, peer, listener, tls));
         }
 
         drop(proxy);
@@ -138,48 +157,90 @@ impl Server {
         app.current().compactor.abandon_background();
         let grace = app.current().config.shutdown_grace();
         tracing::info!(
-            connections = graceful.count(),
+            connections = max_connections - proxy_slots.available_permits(),
             grace_secs = grace.as_secs_f64(),
             "shutting down: draining"
         );
-        match tokio::time::timeout(grace, graceful.shutdown()).await {
-            Ok(()) => tracing::info!("drain complete: every connection finished"),
+        let _ = shutdown_tx.send(true);
+        drop(drain_tx);
+        match tokio::time::timeout(grace, drain_rx.recv()).await {
+            Ok(_) => tracing::info!("drain complete: every connection finished"),
             Err(_) => tracing::warn!("drain timed out: closing the remaining connections"),
         }
         Ok(())
     }
 }
 
-async fn serve_connection(
+/// Waits for a free slot, then accepts one connection.
+async fn accept(
+    listener: &TcpListener,
+    slots: &Arc<Semaphore>,
+) -> (
+    Option<OwnedSemaphorePermit>,
+    std::io::Result<(TcpStream, SocketAddr)>,
+) {
+    // The semaphore is never closed, so `acquire_owned` does not fail; were it to, accepting
+    // without a slot is the safe side.
+    let slot = slots.clone().acquire_owned().await.ok();
+    (slot, listener.accept().await)
+}
+
+/// `server.max_connections`, lowered to what the file-descriptor limit allows after raising the
+/// soft limit to the hard one (logged: a proxy that runs out of descriptors refuses everyone).
+fn connection_limit(configured: usize) -> usize {
+    let fds = match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(limit) => limit,
+        Err(e) => {
+            tracing::warn!(error = %e, "could not raise the file-descriptor limit");
+            return configured;
+        }
+    };
+    let fitting = fds
+        .saturating_sub(RESERVED_FDS + ADMIN_CONNECTIONS as u64)
+        // Each proxied request may hold an upstream connection beside the client's.
+        / 2;
+    let limit = configured
+        .min(usize::try_from(fitting).unwrap_or(usize::MAX))
+        .max(1);
+    if limit < configured {
+        tracing::warn!(
+            file_descriptors = fds,
+            configured,
+            max_connections = limit,
+            "server.max_connections lowered to fit the file-descriptor limit"
+        );
+    } else {
+        tracing::info!(file_descriptors = fds, "file-descriptor limit");
+    }
+    limit
+}
+
+/// One client connection and what it holds: a slot of its listener and a drain sender, both
+/// released when it ends.
+struct Connection {
     app: Arc<AppHandle>,
     builder: auto::Builder<TokioExecutor>,
-    watcher: hyper_util::server::graceful::Watcher,
-    stream: TcpStream,
-    peer: SocketAddr,
-    listener: Listener,
-    tls: Option<TlsAcceptor>,
-) {
-    let service = service_fn(move |request| {
-        let app = app.current();
-        async move {
-            Ok::<_, std::convert::Infallible>(match listener {
-                Listener::Proxy => proxy::handle(app, request, peer).await,
-                Listener::Admin => admin::handle(app, request).await.map(|b| {
-                    use http_body_util::BodyExt;
-                    b.map_err(|never| match never {}).boxed_unsync()
-                }),
-            })
-        }
-    });
-    let result = match tls {
-        None => {
-            let conn = builder.serve_connection(TokioIo::new(stream), service);
-            watcher.watch(conn.into_owned()).await
-        }
-        Some(acceptor) => {
-            let stream =
-                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-                    Ok(Ok(s)) => s,
+    shutdown: watch::Receiver<bool>,
+    client_timeout: Duration,
+    _slot: Option<OwnedSemaphorePermit>,
+    _drain: mpsc::Sender<()>,
+}
+
+impl Connection {
+    async fn serve(
+        self,
+        stream: TcpStream,
+        peer: SocketAddr,
+        listener: Listener,
+        tls: Option<TlsAcceptor>,
+    ) {
+        let result = match tls {
+            None => self.serve_io(TokioIo::new(stream), peer, listener).await,
+            Some(acceptor) => {
+                let accepted =
+                    tokio::time::timeout(self.client_timeout, acceptor.accept(stream)).await;
+                match accepted {
+                    Ok(Ok(s)) => self.serve_io(TokioIo::new(s), peer, listener).await,
                     Ok(Err(e)) => {
                         tracing::debug!(%peer, error = %e, "TLS handshake failed");
                         return;
@@ -188,13 +249,79 @@ async fn serve_connection(
                         tracing::debug!(%peer, "TLS handshake timed out");
                         return;
                     }
-                };
-            let conn = builder.serve_connection(TokioIo::new(stream), service);
-            watcher.watch(conn.into_owned()).await
+                }
+            }
+        };
+        if let Err(e) = result {
+            tracing::debug!(%peer, error = %e, "connection ended with an error");
         }
-    };
-    if let Err(e) = result {
-        tracing::debug!(%peer, error = %e, "connection ended with an error");
+    }
+
+    /// Serves HTTP on `io` until the client closes, the connection has been idle (no request
+    /// in progress) for `client_timeout`, or shutdown; the last two close it gracefully
+    /// (requests in progress finish; HTTP/2 gets a GOAWAY).
+    async fn serve_io<I>(
+        mut self,
+        io: I,
+        peer: SocketAddr,
+        listener: Listener,
+    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>>
+    where
+        I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    {
+        let activity = Activity::default();
+        let app = self.app.clone();
+        let requests = activity.clone();
+        let service = service_fn(move |request| {
+            let app = app.current();
+            let active = requests.start();
+            async move {
+                let response = match listener {
+                    Listener::Proxy => proxy::handle(app, request, peer).await,
+                    Listener::Admin => admin::handle(app, request).await.map(|b| {
+                        use http_body_util::BodyExt;
+                        b.map_err(|never| match never {}).boxed_unsync()
+                    }),
+                };
+                // The request is in progress until its response body has been sent.
+                Ok::<_, std::convert::Infallible>(response.map(|body| active.holding(body)))
+            }
+        });
+        let conn = self.builder.serve_connection(io, service);
+        tokio::pin!(conn);
+        let idle = tokio::time::sleep(self.client_timeout);
+        tokio::pin!(idle);
+        let mut closing = false;
+        loop {
+            tokio::select! {
+                result = conn.as_mut() => return result,
+                changed = self.shutdown.changed(), if !closing => {
+                    // A closed channel means the server is gone: close too.
+                    if changed.is_err() || *self.shutdown.borrow() {
+                        closing = true;
+                        conn.as_mut().graceful_shutdown();
+                        idle.as_mut().reset(Instant::now() + self.client_timeout);
+                    }
+                }
+                () = idle.as_mut() => {
+                    let deadline = activity.idle_deadline(self.client_timeout);
+                    match deadline {
+                        // Closing and still no request in progress a timeout later: a client
+                        // that does not finish the close (an HTTP/2 peer that never answers
+                        // the GOAWAY's ping) is dropped.
+                        Some(_) if closing => return Ok(()),
+                        Some(deadline) if deadline <= Instant::now() => {
+                            tracing::debug!(%peer, "idle connection closed");
+                            closing = true;
+                            conn.as_mut().graceful_shutdown();
+                            idle.as_mut().reset(Instant::now() + self.client_timeout);
+                        }
+                        Some(deadline) => idle.as_mut().reset(deadline),
+                        None => idle.as_mut().reset(Instant::now() + self.client_timeout),
+                    }
+                }
+            }
+        }
     }
 }
 

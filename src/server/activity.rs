@@ -1,0 +1,150 @@
+//! Whether a client connection has a request in progress, and since when it has not: what
+//! closing idle connections after `server.client_timeout_secs` needs.
+//!
+//! A request is in progress from the moment its head has been read until its response body has
+//! been sent (or dropped), so a long streamed answer never counts as idle while a keep-alive
+//! connection, an HTTP/2 connection without streams, or one that never sent a request does.
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use hyper::body::{Body, Frame, SizeHint};
+use tokio::time::Instant;
+
+use crate::upstream::{BoxError, ProxyBody};
+
+/// The requests in progress on one connection. Cheap to clone (shared).
+#[derive(Debug, Clone)]
+pub struct Activity(Arc<Inner>);
+
+#[derive(Debug)]
+struct Inner {
+    active: AtomicUsize,
+    /// When the last request in progress ended (or the connection opened).
+    idle_since: Mutex<Instant>,
+}
+
+impl Default for Activity {
+    fn default() -> Self {
+        Activity(Arc::new(Inner {
+            active: AtomicUsize::new(0),
+            idle_since: Mutex::new(Instant::now()),
+        }))
+    }
+}
+
+impl Activity {
+    /// A request starts; it is in progress until the returned guard is dropped.
+    pub fn start(&self) -> Active {
+        self.0.active.fetch_add(1, Ordering::AcqRel);
+        Active(self.0.clone())
+    }
+
+    /// When the connection will have been idle for `timeout`; `None` while a request is in
+    /// progress.
+    pub fn idle_deadline(&self, timeout: Duration) -> Option<Instant> {
+        if self.0.active.load(Ordering::Acquire) > 0 {
+            return None;
+        }
+        let since = *self
+            .0
+            .idle_since
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        Some(since + timeout)
+    }
+}
+
+/// A request in progress.
+#[derive(Debug)]
+pub struct Active(Arc<Inner>);
+
+impl Active {
+    /// Keeps the request in progress until `body` has been sent or dropped.
+    pub fn holding(self, body: ProxyBody) -> ProxyBody {
+        Holding {
+            inner: body,
+            _active: self,
+        }
+        .boxed_unsync()
+    }
+}
+
+impl Drop for Active {
+    fn drop(&mut self) {
+        // The time is written before the count drops, so a reader that sees 0 sees it.
+        *self
+            .0
+            .idle_since
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Instant::now();
+        self.0.active.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A response body that keeps its request in progress.
+struct Holding {
+    inner: ProxyBody,
+    _active: Active,
+}
+
+impl Body for Holding {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::Full;
+
+    #[tokio::test]
+    async fn a_connection_is_idle_only_without_requests_in_progress() {
+        let activity = Activity::default();
+        let timeout = Duration::from_secs(30);
+        let opened = activity.idle_deadline(timeout).expect("idle when opened");
+        let first = activity.start();
+        let second = activity.start();
+        assert_eq!(activity.idle_deadline(timeout), None);
+        drop(first);
+        assert_eq!(
+            activity.idle_deadline(timeout),
+            None,
+            "one still in progress"
+        );
+        let body = second.holding(
+            Full::new(Bytes::from_static(b"answer"))
+                .map_err(|never| match never {})
+                .boxed_unsync(),
+        );
+        assert_eq!(
+            activity.idle_deadline(timeout),
+            None,
+            "until the body is sent"
+        );
+        let sent = body.collect().await.expect("body").to_bytes();
+        assert_eq!(&sent[..], b"answer");
+        let after = activity.idle_deadline(timeout).expect("idle again");
+        assert!(after >= opened, "idle since the last request ended");
+    }
+}
