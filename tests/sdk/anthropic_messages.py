@@ -139,8 +139,11 @@ def long_conversation():
     return m
 
 
-out = {"plain": plain(TURN)}
-answer = [b for b in out["plain"]["content"]]
+out = {"sdk_version": anthropic.__version__}
+out["anthropic_version"] = client.default_headers["anthropic-version"]
+out["plain"] = plain(TURN)
+# The next request carries the answer back, and the result of its tool use.
+answer = out["plain"]["content"]
 use = next(b for b in answer if b["type"] == "tool_use")
 turn = TURN + [
     {"role": "assistant", "content": answer},

@@ -107,7 +107,7 @@ def streamed(messages):
 
 
 def long_conversation():
-    """A system prompt and 30 turns, a tool call among them, ending with the user's question."""
+    """33 messages: a system prompt, turns, a tool call and its result, the user's question."""
     m = [{"role": "system", "content": "You are a coding agent."}]
     for i in range(14):
         m.append({"role": "user", "content": f"Step {i}: look at module_{i}.py. " + "detail " * 30})
@@ -131,13 +131,23 @@ def long_conversation():
     return m
 
 
-out = {"plain": plain(TURN)}
+out = {"sdk_version": openai.__version__, "plain": plain(TURN)}
+# The next request carries the answer's tool call back, and its result.
+calls = out["plain"]["tool_calls"]
 turn = TURN + [
-    {"role": "assistant", "content": out["plain"]["content"], "tool_calls": [
-        {"id": c["id"], "type": "function",
-         "function": {"name": c["name"], "arguments": json.dumps(c["arguments"])}}
-        for c in out["plain"]["tool_calls"]]},
-    {"role": "tool", "tool_call_id": out["plain"]["tool_calls"][0]["id"], "content": "42 passed"},
+    {
+        "role": "assistant",
+        "content": out["plain"]["content"],
+        "tool_calls": [
+            {
+                "id": c["id"],
+                "type": "function",
+                "function": {"name": c["name"], "arguments": json.dumps(c["arguments"])},
+            }
+            for c in calls
+        ],
+    },
+    {"role": "tool", "tool_call_id": calls[0]["id"], "content": "42 passed"},
 ]
 out["streamed"] = streamed(turn)
 

@@ -139,18 +139,23 @@ def long_conversation():
     return items
 
 
-out = {"plain": plain(TURN)}
+out = {"sdk_version": openai.__version__, "plain": plain(TURN)}
 # The next request carries the answer's items back (reasoning with its encrypted content, the
 # call) and the call's output, as a stateless client does.
-turn = TURN + [
-    {"type": "reasoning", "id": r["id"], "summary": [], "encrypted_content": r["encrypted_content"]}
-    for r in out["plain"]["reasoning"]
-] + [
-    {"type": "function_call", "call_id": c["call_id"], "name": c["name"],
-     "arguments": json.dumps(c["arguments"])}
-    for c in out["plain"]["calls"]
-] + [{"type": "function_call_output", "call_id": out["plain"]["calls"][0]["call_id"],
-      "output": "3 passed"}]
+plain_out = out["plain"]
+turn = (
+    TURN
+    + [
+        {"type": "reasoning", "id": r["id"], "summary": [], "encrypted_content": r["encrypted_content"]}
+        for r in plain_out["reasoning"]
+    ]
+    + [
+        {"type": "function_call", "call_id": c["call_id"], "name": c["name"],
+         "arguments": json.dumps(c["arguments"])}
+        for c in plain_out["calls"]
+    ]
+    + [{"type": "function_call_output", "call_id": plain_out["calls"][0]["call_id"], "output": "3 passed"}]
+)
 out["streamed"] = streamed(turn)
 
 history = long_conversation()
