@@ -9,6 +9,7 @@ use crate::config::Config;
 use crate::error::Error;
 use crate::metrics::Metrics;
 use crate::pipeline::Pipeline;
+use crate::proxy::budget::BufferBudget;
 use crate::summarizer;
 use crate::upstream::Upstream;
 
@@ -22,6 +23,8 @@ pub struct App {
     pub upstream: Upstream,
     /// The compaction engine.
     pub compactor: Arc<Pipeline>,
+    /// `server.max_buffered_bytes`: chat bodies held at once (kept across reloads).
+    pub buffers: Arc<BufferBudget>,
 }
 
 impl App {
@@ -51,6 +54,7 @@ impl App {
             metrics: self.metrics.clone(),
             upstream,
             compactor,
+            buffers: self.buffers.clone(),
         })
     }
 
@@ -61,11 +65,13 @@ impl App {
         let summarizer = summarizer::build(&config, metrics.clone())?;
         let compactor = Arc::new(Pipeline::new(&config, summarizer, metrics.clone()));
         let upstream = Upstream::new(&config)?;
+        let buffers = BufferBudget::new(config.server.max_buffered_bytes);
         Ok(App {
             config,
             metrics,
             upstream,
             compactor,
+            buffers,
         })
     }
 }

@@ -167,6 +167,9 @@ pub struct ServerConfig {
     pub admin_listen: SocketAddr,
     /// Largest request body compactor reads into memory (chat requests); larger ones get 413.
     pub max_body_bytes: usize,
+    /// Most bytes of chat bodies held in memory at once, across requests; a body beyond it is
+    /// streamed upstream uncompacted.
+    pub max_buffered_bytes: usize,
     /// How long shutdown waits for in-flight requests and streams.
     pub shutdown_grace_secs: Seconds,
     /// How long a client may take to send a request's head and body (between two frames of a
@@ -383,6 +386,7 @@ impl Default for ServerConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 8787)),
             admin_listen: SocketAddr::from(([127, 0, 0, 1], 9787)),
             max_body_bytes: 32 * 1024 * 1024,
+            max_buffered_bytes: 128 * 1024 * 1024,
             shutdown_grace_secs: Seconds::from_secs(30),
             client_timeout_secs: Seconds::from_secs(30),
             max_connections: 4_096,
@@ -523,6 +527,9 @@ impl Config {
         }
         if self.client_timeout().is_zero() {
             return Err(invalid("server.client_timeout_secs", "must be positive"));
+        }
+        if self.server.max_buffered_bytes == 0 {
+            return Err(invalid("server.max_buffered_bytes", "must be positive"));
         }
         if self.server.max_body_bytes == 0 {
             return Err(invalid("server.max_body_bytes", "must be positive"));

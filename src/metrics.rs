@@ -200,6 +200,8 @@ pub struct Metrics {
     pub compaction_duration: Histogram,
     /// `compactor_summarizer_wait_seconds`
     pub summarizer_wait: Histogram,
+    /// `compactor_unbuffered_requests_total`
+    unbuffered_requests: IntCounter,
     /// `compactor_background_compactions_total{outcome}`
     background_compactions: IntCounterVec,
     /// `compactor_request_tokens_estimated`
@@ -337,6 +339,13 @@ impl Metrics {
                 "compactor_summarizer_wait_seconds",
                 "Time a chat request over the trigger waited for a summary before it was forwarded (0 when a background summary was ready).",
                 LATENCY_BUCKETS,
+            )?,
+            unbuffered_requests: register(
+                r,
+                IntCounter::new(
+                    "compactor_unbuffered_requests_total",
+                    "Chat requests streamed upstream uncompacted because server.max_buffered_bytes was held by other requests.",
+                )?,
             )?,
             background_compactions: counter_vec(
                 r,
@@ -630,6 +639,11 @@ impl Metrics {
         self.retries
             .with_label_values(&[RETRY_REASON_OVERFLOW, outcome])
             .inc();
+    }
+
+    /// A chat request was streamed upstream uncompacted: the buffer budget was spent.
+    pub fn unbuffered_request(&self) {
+        self.unbuffered_requests.inc();
     }
 
     /// A background summary ended (or was not started) this way.

@@ -36,6 +36,7 @@ use crate::timing::Overhead;
 use crate::upstream::{prepare_headers, strip_hop_by_hop, BoxError, ProxyBody, Resolved};
 use crate::usage::{self, Encoding, Format, Observed, Usage};
 
+pub mod budget;
 mod client_body;
 
 /// Response header: whether the forwarded request carries a summary, new or reused.
@@ -126,14 +127,23 @@ async fn forward(
     let mut estimate = None;
     let mut retry = None;
     let body = match dialect {
-        Some(dialect) if app.config.compaction.enabled => {
-            let original = client_body::read(
+        Some(dialect) if app.config.compaction.enabled => 'chat: {
+            let read = client_body::read(
                 body,
                 &parts.headers,
                 app.config.server.max_body_bytes,
                 app.config.client_timeout(),
+                &app.buffers,
             )
             .await?;
+            let (original, held) = match read {
+                client_body::Read::Whole(original, held) => (original, held),
+                client_body::Read::OverBudget(streaming) => {
+                    app.metrics.unbuffered_request();
+                    chat_headers.insert(HEADER_COMPACTED, HeaderValue::from_static("false"));
+                    break 'chat streaming.into_body(app.config.client_timeout());
+                }
+            };
             let caller = caller(&parts.headers, &resolved, dialect);
             let session_header = parts
                 .headers
@@ -155,6 +165,7 @@ async fn forward(
             retry = Some(Retry {
                 dialect,
                 original,
+                _held: held,
                 caller,
                 session_header,
                 forwarded_tokens,
@@ -266,6 +277,8 @@ async fn send(
 struct Retry {
     dialect: DialectKind,
     original: Bytes,
+    /// The original's share of `server.max_buffered_bytes`, held as long as it is.
+    _held: budget::Held,
     caller: Caller,
     session_header: Option<String>,
     /// Estimated tokens of the body that was sent.

@@ -1,5 +1,6 @@
-//! What is read from the client: a chat body read whole within `server.max_body_bytes` and
-//! `server.client_timeout_secs`, and any other body streamed through with the same timeout
+//! What is read from the client: a chat body read whole within `server.max_body_bytes`,
+//! `server.client_timeout_secs` and the buffer budget (`server.max_buffered_bytes`), and any
+//! other body (or a chat body the budget cannot hold) streamed through with the same timeout
 //! between two of its chunks.
 //!
 //! A client that stops sending mid-body must not hold a connection (and, on shutdown, the whole
@@ -11,57 +12,138 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderMap};
-use http_body_util::{BodyExt, Limited};
+use http_body_util::BodyExt;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use tokio::time::Sleep;
 
+use super::budget::{BufferBudget, Held};
 use crate::error::Error;
 use crate::upstream::{BoxError, ProxyBody};
 
+/// A chat body as read: whole, within the buffer budget, or (the budget being spent) what had
+/// arrived so far and the rest still to come, to be streamed through uncompacted.
+pub enum Read {
+    /// The whole body, and its share of the budget (hold it as long as the body).
+    Whole(Bytes, Held),
+    /// The budget could not hold it.
+    OverBudget(Streaming),
+}
+
+/// A body to stream through: what was read already, the rest, and the budget the part read
+/// holds until it is sent.
+pub struct Streaming {
+    prefix: Option<Bytes>,
+    rest: Incoming,
+    held: Option<Held>,
+}
+
 /// Reads a request body whole, refusing more than `limit` bytes (early, from `Content-Length`,
-/// when the client declares it) and a body not received within `timeout`.
+/// when the client declares it) and a body not received within `timeout`; holds its size in
+/// `budget` as it arrives, and gives up reading (not the request) when the budget is spent.
 pub async fn read(
-    body: Incoming,
+    mut body: Incoming,
     headers: &HeaderMap,
     limit: usize,
     timeout: Duration,
-) -> Result<Bytes, Error> {
+    budget: &Arc<BufferBudget>,
+) -> Result<Read, Error> {
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit as u64) {
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > limit) {
         return Err(Error::BodyTooLarge { limit });
     }
-    match tokio::time::timeout(timeout, Limited::new(body, limit).collect()).await {
-        Err(_) => Err(Error::ClientTimeout(timeout)),
-        Ok(Ok(collected)) => Ok(collected.to_bytes()),
-        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
-            Err(Error::BodyTooLarge { limit })
+    let Some(mut held) = budget.reserve(declared.unwrap_or(0)) else {
+        return Ok(Read::OverBudget(Streaming {
+            prefix: None,
+            rest: body,
+            held: None,
+        }));
+    };
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut chunks: Vec<Bytes> = Vec::new();
+    let mut len = 0usize;
+    loop {
+        let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
+            Err(_) => return Err(Error::ClientTimeout(timeout)),
+            Ok(None) => break,
+            Ok(Some(Err(e))) => return Err(Error::BadRequestBody(e.to_string())),
+            Ok(Some(Ok(frame))) => frame,
+        };
+        let Ok(data) = frame.into_data() else {
+            continue; // trailers: not part of the JSON
+        };
+        if len + data.len() > limit {
+            return Err(Error::BodyTooLarge { limit });
         }
-        Ok(Err(e)) => Err(Error::BadRequestBody(e.to_string())),
+        let beyond = (len + data.len()).saturating_sub(held.bytes());
+        if beyond > 0 && !held.grow(beyond) {
+            let total = len + data.len();
+            chunks.push(data);
+            return Ok(Read::OverBudget(Streaming {
+                prefix: Some(concat(chunks, total)),
+                rest: body,
+                held: Some(held),
+            }));
+        }
+        len += data.len();
+        chunks.push(data);
+    }
+    Ok(Read::Whole(concat(chunks, len), held))
+}
+
+/// The chunks as one buffer (without a copy when there is one).
+fn concat(mut chunks: Vec<Bytes>, len: usize) -> Bytes {
+    if chunks.len() == 1 {
+        return chunks.pop().unwrap_or_default();
+    }
+    let mut whole = BytesMut::with_capacity(len);
+    for chunk in chunks {
+        whole.extend_from_slice(&chunk);
+    }
+    whole.freeze()
+}
+
+impl Streaming {
+    /// Streams the body through, failing when the client sends nothing for `timeout` while
+    /// more is expected.
+    pub fn into_body(self, timeout: Duration) -> ProxyBody {
+        Streamed {
+            prefix: self.prefix,
+            inner: self.rest,
+            timeout,
+            stall: None,
+            _held: self.held,
+        }
+        .boxed_unsync()
     }
 }
 
 /// A body streamed through as it arrives, failing when the client sends nothing for `timeout`
 /// while more is expected.
 pub fn streamed(body: Incoming, timeout: Duration) -> ProxyBody {
-    Streamed {
-        inner: body,
-        timeout,
-        stall: None,
+    Streaming {
+        prefix: None,
+        rest: body,
+        held: None,
     }
-    .boxed_unsync()
+    .into_body(timeout)
 }
 
 struct Streamed {
+    prefix: Option<Bytes>,
     inner: Incoming,
     timeout: Duration,
     /// Armed only while the client keeps the body waiting: most bodies arrive whole in the
     /// first poll and never need a timer.
     stall: Option<Pin<Box<Sleep>>>,
+    /// The budget the prefix holds, returned when the body has been sent.
+    _held: Option<Held>,
 }
 
 impl Body for Streamed {
@@ -72,6 +154,9 @@ impl Body for Streamed {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if let Some(prefix) = self.prefix.take() {
+            return Poll::Ready(Some(Ok(Frame::data(prefix))));
+        }
         match Pin::new(&mut self.inner).poll_frame(cx) {
             Poll::Ready(frame) => {
                 self.stall = None;
@@ -94,10 +179,17 @@ impl Body for Streamed {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.prefix.is_none() && self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        let prefix = self.prefix.as_ref().map_or(0, |p| p.len() as u64);
+        let rest = self.inner.size_hint();
+        let mut hint = SizeHint::new();
+        hint.set_lower(rest.lower().saturating_add(prefix));
+        if let Some(upper) = rest.upper() {
+            hint.set_upper(upper.saturating_add(prefix));
+        }
+        hint
     }
 }
