@@ -53,7 +53,7 @@ const DIALECTS: [DialectKind; 3] = [
 ];
 
 /// Cases of each dialect's property in a default (CI) run.
-const SHORT_RUN: u32 = 48;
+const SHORT_RUN: u32 = 64;
 
 /// Limits small enough that nearly every conversation of four messages or more compacts.
 const TINY: &str = "[compaction]\nmax_messages = 3\nmin_preserve_tokens = 1\n\

@@ -450,11 +450,7 @@ fn find_array<'v>(v: &'v mut Value, k: &mut usize) -> Option<&'v mut Vec<Value>>
 fn apply_to_bytes(out: &mut Vec<u8>, m: &Mutation) {
     let len = out.len();
     match m {
-        Mutation::Flip { at, mask } => {
-            if len > 0 {
-                out[pick(*at, len)] ^= mask;
-            }
-        }
+        Mutation::Flip { at, mask } if len > 0 => out[pick(*at, len)] ^= mask,
         Mutation::Truncate(at) => out.truncate(pick(*at, len + 1)),
         Mutation::Insert { at, bytes } | Mutation::InsertRaw { at, raw: bytes } => {
             let i = pick(*at, len + 1);

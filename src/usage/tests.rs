@@ -98,7 +98,7 @@ const RESPONSES_SSE_USAGE: Usage = Usage {
     cache_write: 0,
 };
 
-fn samples() -> [(&'static str, Format, &'static str, Usage); 6] {
+pub(super) fn samples() -> [(&'static str, Format, &'static str, Usage); 6] {
     [
         ("chat json", Format::Json, CHAT_JSON, CHAT_USAGE),
         (
@@ -165,7 +165,7 @@ fn every_format_split_at_every_byte_boundary() {
 }
 
 /// Compresses `body` as a provider would for `Accept-Encoding: gzip` / `deflate`.
-fn compress(body: &[u8], encoding: Encoding) -> Vec<u8> {
+pub(super) fn compress(body: &[u8], encoding: Encoding) -> Vec<u8> {
     use std::io::Write;
     let level = flate2::Compression::default();
     match encoding {
@@ -491,7 +491,7 @@ impl Body for ChannelBody {
 }
 
 /// A body of fixed frames.
-struct Frames(VecDeque<Bytes>);
+pub(super) struct Frames(pub(super) VecDeque<Bytes>);
 
 impl Body for Frames {
     type Data = Bytes;
@@ -509,9 +509,9 @@ impl Body for Frames {
     }
 }
 
-type Calls = Arc<Mutex<Vec<Option<Usage>>>>;
+pub(super) type Calls = Arc<Mutex<Vec<Option<Usage>>>>;
 
-fn callback() -> (Calls, OnUsage) {
+pub(super) fn callback() -> (Calls, OnUsage) {
     let calls: Calls = Arc::default();
     let sink = calls.clone();
     (
@@ -520,7 +520,7 @@ fn callback() -> (Calls, OnUsage) {
     )
 }
 
-fn calls_of(calls: &Calls) -> Vec<Option<Usage>> {
+pub(super) fn calls_of(calls: &Calls) -> Vec<Option<Usage>> {
     calls.lock().expect("calls").clone()
 }
 
