@@ -224,6 +224,28 @@ fn sse_without_a_final_blank_line_still_counts() {
     );
 }
 
+/// A data line over the limit spoils its event however the stream is cut: whole, it was
+/// refused when read; cut inside it, it was dropped and the event's other data line parsed
+/// alone (found while writing `usage::fuzz`, whose inputs are too short to reach the limit).
+#[test]
+fn an_over_long_data_line_spoils_its_event_in_any_chunks() {
+    let long = "x".repeat(SSE_LINE_LIMIT + 10);
+    let body = format!("data: {{\"usage\":{{\"prompt_tokens\":5}}}}\ndata: {long}\n\n");
+    let b = body.as_bytes();
+    assert_eq!(scan(Format::Sse, [b]), None);
+    for at in [34, 37, 40, 100, SSE_LINE_LIMIT, b.len() - 2] {
+        let (x, y) = b.split_at(at);
+        assert_eq!(scan(Format::Sse, [x, y]), None, "cut at {at}");
+    }
+    // A data line just within the limits is kept, whole or cut.
+    let pad = "x".repeat(SSE_LINE_LIMIT - 64);
+    let fits = format!("data: {{\"usage\":{{\"prompt_tokens\":5}},\ndata: \"p\":\"{pad}\"}}\n\n");
+    let f = fits.as_bytes();
+    let usage = scan(Format::Sse, [f]);
+    assert_eq!(usage.map(|u| u.input), Some(5));
+    assert_eq!(scan(Format::Sse, [&f[..50], &f[50..]]), usage);
+}
+
 #[test]
 fn multi_line_sse_data_is_joined() {
     let body = "event: message_delta\ndata: {\"type\":\"message_delta\",\ndata:  \"usage\": {\"input_tokens\": 9, \"output_tokens\": 4}}\n\n";
