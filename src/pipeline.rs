@@ -1358,6 +1358,8 @@ mod dialect_props;
 #[cfg(test)]
 mod engine_tests;
 #[cfg(test)]
+mod fuzz;
+#[cfg(test)]
 mod props;
 #[cfg(test)]
 mod tests;

@@ -15,6 +15,8 @@ use crate::estimate::LazyEstimator;
 use crate::metrics::Metrics;
 use crate::pipeline::Pipeline;
 
+pub(crate) mod fuzz;
+
 /// What the fake answers.
 #[derive(Debug, Clone)]
 pub(crate) enum Reply {

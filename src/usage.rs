@@ -649,10 +649,10 @@ impl SseScan {
             rest = &rest[nl + 1..];
             if self.skipping {
                 self.skipping = false;
+            } else if self.line.len() + head.len() > SSE_LINE_LIMIT {
+                self.drop_line(head);
             } else if self.line.is_empty() {
                 self.line_done(head);
-            } else if self.line.len() + head.len() > SSE_LINE_LIMIT {
-                self.drop_line();
             } else {
                 let mut line = std::mem::take(&mut self.line);
                 line.extend_from_slice(head);
@@ -667,14 +667,24 @@ impl SseScan {
             return;
         }
         if self.line.len() + rest.len() > SSE_LINE_LIMIT {
-            self.drop_line();
+            self.drop_line(rest);
             self.skipping = true;
         } else {
             self.line.extend_from_slice(rest);
         }
     }
 
-    fn drop_line(&mut self) {
+    /// Drops the current line, too long to keep (`more` continues it). A line is dropped by
+    /// its length alone, and a dropped `data` line spoils its event, so whether the line came
+    /// whole or in pieces (as the network cut it) does not change what is found.
+    fn drop_line(&mut self, more: &[u8]) {
+        let held = self.line.len().min(5);
+        let mut start = self.line[..held].to_vec();
+        start.extend(more.iter().take(5 - held));
+        if start == b"data:" {
+            self.data_overflow = true;
+            self.data = Vec::new();
+        }
         self.line = Vec::new();
     }
 
@@ -754,5 +764,7 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     false
 }
 
+#[cfg(test)]
+mod fuzz;
 #[cfg(test)]
 mod tests;

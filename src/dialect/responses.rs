@@ -281,7 +281,8 @@ struct InputText<'a> {
 }
 
 /// `input[head..boundary]` replaced by one user message item holding `summary_message`. A
-/// string `input` becomes an array: the summary item, then the string as a user message item.
+/// string `input` becomes an array: the summary item, and the string as a user message item
+/// before it or after it as the plan keeps it (or not at all when compacted).
 pub(super) fn rewrite(
     scan: &Scan<'_>,
     head: usize,
@@ -301,16 +302,27 @@ pub(super) fn rewrite(
             serde_json::to_writer(out, &summary)
         });
     }
-    // The whole `input` value is replaced: the splice covers its one item, the string.
+    // The whole `input` value is replaced: the splice covers its one item, the string, which
+    // is written back as a user message item where the plan keeps it (before the summary when
+    // it is the head, after it when it is the tail).
+    let kept_head = &scan.messages[..head];
     let tail = &scan.messages[boundary..];
     let extra = summary_message.len() + scan.body().len() + 96;
     scan.splice(0, scan.len(), false, extra, |out| {
-        out.push(b'[');
-        serde_json::to_writer(&mut *out, &summary)?;
-        for item in tail {
-            out.extend_from_slice(br#",{"type":"message","role":"user","content":"#);
+        let string_item = |out: &mut Vec<u8>, item: &str| {
+            out.extend_from_slice(br#"{"type":"message","role":"user","content":"#);
             out.extend_from_slice(item.as_bytes());
             out.push(b'}');
+        };
+        out.push(b'[');
+        for item in kept_head {
+            string_item(out, item);
+            out.push(b',');
+        }
+        serde_json::to_writer(&mut *out, &summary)?;
+        for item in tail {
+            out.push(b',');
+            string_item(out, item);
         }
         out.push(b']');
         Ok(())
@@ -497,6 +509,22 @@ mod tests {
             out[1],
             json!({"type": "message", "role": "user", "content": "hello there"})
         );
+    }
+
+    /// Found by fuzzing (`pipeline::fuzz`): a plan keeping the string as the head
+    /// (`head = boundary = 1`) wrote the summary alone and dropped the string. The pipeline
+    /// never plans that (a user message is no head), but a rewrite must keep what its plan
+    /// keeps.
+    #[test]
+    fn a_string_input_kept_as_the_head_stays_before_the_summary() {
+        let body = br#"{"input":"hello","model":"m"}"#;
+        let r = parse(body).expect("parses");
+        let user = json!({"type": "message", "role": "user", "content": "hello"});
+        let summary = json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "S"}]});
+        let out = input_of(&r.scan.rewrite(1, 1, "S").expect("rewrites"));
+        assert_eq!(out, [user.clone(), summary.clone()]);
+        let out = input_of(&r.scan.rewrite(0, 1, "S").expect("rewrites"));
+        assert_eq!(out, [summary]);
     }
 
     #[test]

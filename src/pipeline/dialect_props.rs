@@ -493,6 +493,15 @@ fn anthropic_body(case: &AnthropicCase, messages: &[Value]) -> Vec<u8> {
     object(fields, &case.order)
 }
 
+/// An Anthropic Messages request valid for Anthropic (what the fuzz tests mutate), and
+/// whether it enables thinking.
+pub(super) fn valid_anthropic_request() -> impl Strategy<Value = (Vec<u8>, bool)> {
+    anthropic_case().prop_map(|case| {
+        let messages = render_anthropic(&case.exchanges, case.thinking, case.cut);
+        (anthropic_body(&case, &messages), case.thinking)
+    })
+}
+
 #[test]
 fn anthropic_rewrites_stay_valid_verbatim_and_smaller() {
     let rt = runtime();
@@ -841,6 +850,14 @@ fn responses_body(case: &ResponsesCase, input: &[Value]) -> Vec<u8> {
         ),
     ];
     object(fields, &case.order)
+}
+
+/// An OpenAI Responses request valid for OpenAI (what the fuzz tests mutate).
+pub(super) fn valid_responses_request() -> impl Strategy<Value = Vec<u8>> {
+    responses_case().prop_map(|case| {
+        let input = render_responses(case.developers, &case.items);
+        responses_body(&case, &input)
+    })
 }
 
 #[test]

@@ -245,6 +245,11 @@ fn request(case: &Case, messages: &[Value]) -> Vec<u8> {
     out.into_bytes()
 }
 
+/// A Chat Completions request valid for OpenAI (what the fuzz tests mutate).
+pub(super) fn valid_request() -> impl Strategy<Value = Vec<u8>> {
+    case().prop_map(|case| request(&case, &render(&case.systems, &case.turns)))
+}
+
 fn raw_messages(body: &[u8]) -> Vec<String> {
     let fields = top_level_fields(body).unwrap_or_default();
     let raw = fields

@@ -98,7 +98,7 @@ const RESPONSES_SSE_USAGE: Usage = Usage {
     cache_write: 0,
 };
 
-fn samples() -> [(&'static str, Format, &'static str, Usage); 6] {
+pub(super) fn samples() -> [(&'static str, Format, &'static str, Usage); 6] {
     [
         ("chat json", Format::Json, CHAT_JSON, CHAT_USAGE),
         (
@@ -165,7 +165,7 @@ fn every_format_split_at_every_byte_boundary() {
 }
 
 /// Compresses `body` as a provider would for `Accept-Encoding: gzip` / `deflate`.
-fn compress(body: &[u8], encoding: Encoding) -> Vec<u8> {
+pub(super) fn compress(body: &[u8], encoding: Encoding) -> Vec<u8> {
     use std::io::Write;
     let level = flate2::Compression::default();
     match encoding {
@@ -222,6 +222,28 @@ fn sse_without_a_final_blank_line_still_counts() {
             ..Usage::default()
         })
     );
+}
+
+/// A data line over the limit spoils its event however the stream is cut: whole, it was
+/// refused when read; cut inside it, it was dropped and the event's other data line parsed
+/// alone (found while writing `usage::fuzz`, whose inputs are too short to reach the limit).
+#[test]
+fn an_over_long_data_line_spoils_its_event_in_any_chunks() {
+    let long = "x".repeat(SSE_LINE_LIMIT + 10);
+    let body = format!("data: {{\"usage\":{{\"prompt_tokens\":5}}}}\ndata: {long}\n\n");
+    let b = body.as_bytes();
+    assert_eq!(scan(Format::Sse, [b]), None);
+    for at in [34, 37, 40, 100, SSE_LINE_LIMIT, b.len() - 2] {
+        let (x, y) = b.split_at(at);
+        assert_eq!(scan(Format::Sse, [x, y]), None, "cut at {at}");
+    }
+    // A data line just within the limits is kept, whole or cut.
+    let pad = "x".repeat(SSE_LINE_LIMIT - 64);
+    let fits = format!("data: {{\"usage\":{{\"prompt_tokens\":5}},\ndata: \"p\":\"{pad}\"}}\n\n");
+    let f = fits.as_bytes();
+    let usage = scan(Format::Sse, [f]);
+    assert_eq!(usage.map(|u| u.input), Some(5));
+    assert_eq!(scan(Format::Sse, [&f[..50], &f[50..]]), usage);
 }
 
 #[test]
@@ -491,7 +513,7 @@ impl Body for ChannelBody {
 }
 
 /// A body of fixed frames.
-struct Frames(VecDeque<Bytes>);
+pub(super) struct Frames(pub(super) VecDeque<Bytes>);
 
 impl Body for Frames {
     type Data = Bytes;
@@ -509,9 +531,9 @@ impl Body for Frames {
     }
 }
 
-type Calls = Arc<Mutex<Vec<Option<Usage>>>>;
+pub(super) type Calls = Arc<Mutex<Vec<Option<Usage>>>>;
 
-fn callback() -> (Calls, OnUsage) {
+pub(super) fn callback() -> (Calls, OnUsage) {
     let calls: Calls = Arc::default();
     let sink = calls.clone();
     (
@@ -520,7 +542,7 @@ fn callback() -> (Calls, OnUsage) {
     )
 }
 
-fn calls_of(calls: &Calls) -> Vec<Option<Usage>> {
+pub(super) fn calls_of(calls: &Calls) -> Vec<Option<Usage>> {
     calls.lock().expect("calls").clone()
 }
 
