@@ -665,10 +665,7 @@ impl Inner {
     /// creating sessions without end reaches its share and from then on replaces its own.
     fn enforce(&mut self, tenant: TenantId, limits: &StoreLimits) {
         let (tenant_sessions, tenant_bytes) = limits.tenant_share();
-        loop {
-            let Some(usage) = self.tenants.get_mut(&tenant) else {
-                break;
-            };
+        while let Some(usage) = self.tenants.get_mut(&tenant) {
             if usage.lru.len() <= tenant_sessions && usage.bytes <= tenant_bytes {
                 break;
             }
