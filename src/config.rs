@@ -366,6 +366,11 @@ pub struct SessionConfig {
 pub struct StoreConfig {
     /// Most sessions kept; the least recently used is evicted beyond this.
     pub max_sessions: usize,
+    /// Most sessions one tenant (credential) keeps, so one tenant cannot evict the rest: a
+    /// tenant beyond it loses its own least recently used. It also bounds the tenant's bytes
+    /// to the same fraction of `max_bytes`. Counted as at most `max_sessions` (a larger
+    /// value is not an error, so lowering `max_sessions` alone stays valid).
+    pub max_sessions_per_tenant: usize,
     /// Approximate bytes of summaries, file lists and latest requests kept.
     pub max_bytes: usize,
     /// Sessions unused for longer are forgotten.
@@ -464,6 +469,7 @@ impl Default for StoreConfig {
     fn default() -> Self {
         StoreConfig {
             max_sessions: 10_000,
+            max_sessions_per_tenant: 1_000,
             max_bytes: 256 * 1024 * 1024,
             ttl_secs: Seconds::from_secs(86_400),
         }
@@ -563,6 +569,9 @@ impl Config {
         }
         if self.store.max_sessions == 0 {
             return Err(invalid("store.max_sessions", "must be positive"));
+        }
+        if self.store.max_sessions_per_tenant == 0 {
+            return Err(invalid("store.max_sessions_per_tenant", "must be positive"));
         }
         if self.store.max_bytes == 0 {
             return Err(invalid("store.max_bytes", "must be positive"));
@@ -756,6 +765,13 @@ mod tests {
             err.to_string().contains("compaction.trigger_ratio"),
             "{err}"
         );
+        let err = Config::from_toml("[store]\nmax_sessions_per_tenant = 0\n").unwrap_err();
+        assert!(
+            err.to_string().contains("store.max_sessions_per_tenant"),
+            "{err}"
+        );
+        // Above `max_sessions` is the whole store, not an error.
+        Config::from_toml("[store]\nmax_sessions = 10\n").expect("valid");
     }
 
     #[test]

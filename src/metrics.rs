@@ -405,7 +405,7 @@ impl Metrics {
                 r,
                 IntCounter::new(
                     "compactor_store_evictions_total",
-                    "Sessions evicted from the store (capacity, bytes or TTL).",
+                    "Sessions evicted from the store (capacity, bytes, a tenant's share, or TTL).",
                 )?,
             )?,
             breaker_open: register(

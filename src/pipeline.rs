@@ -196,6 +196,7 @@ impl Pipeline {
         let store = MemoryStore::new(StoreLimits {
             max_sessions: config.store.max_sessions,
             max_bytes: config.store.max_bytes,
+            max_sessions_per_tenant: config.store.max_sessions_per_tenant,
             ttl: config.store_ttl(),
         })
         .with_breaker_cooldown(config.breaker_cooldown());

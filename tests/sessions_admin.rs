@@ -1,7 +1,8 @@
 //! Sessions seen from the operator's side, over real sockets: the admin session API and manual
 //! compaction (`POST /session/{id}/summarize`), the admin token, the per-session breaker after
-//! repeated summarizer failures, and eviction of the least recently used sessions under
-//! `store.max_bytes`.
+//! repeated summarizer failures, eviction of the least recently used sessions under
+//! `store.max_bytes`, and the per-tenant share (`store.max_sessions_per_tenant`) that keeps one
+//! tenant from evicting another's.
 //!
 //! One mock serves the agent's requests and the zero-config `openai` summarizer's calls (a
 //! last user message starting with `<task>`), answering the n-th summarizer call `SUMMARY-<n>`,
@@ -78,10 +79,21 @@ async fn chat(
     session: &str,
     messages: &[Value],
 ) -> Exchange {
+    chat_as(client, proxy, AUTH, session, messages).await
+}
+
+/// [`chat`] as the tenant of credential `auth`.
+async fn chat_as(
+    client: &TestClient,
+    proxy: &TestProxy,
+    auth: &str,
+    session: &str,
+    messages: &[Value],
+) -> Exchange {
     let body = serde_json::to_vec(&json!({"model": "gpt-4o", "messages": messages})).expect("body");
     let headers = [
         ("content-type", "application/json"),
-        ("authorization", AUTH),
+        ("authorization", auth),
         ("x-session-id", session),
     ];
     let ex = client
@@ -415,7 +427,10 @@ async fn the_least_recently_used_sessions_are_evicted_under_max_bytes() {
     let mock = MockUpstream::start().await;
     let provider = Provider::install(&mock);
     let proxy = TestProxy::start(&format!(
-        "{}[compaction]\nmax_messages = 4\nbackground_ratio = 0\n[store]\nmax_bytes = {MAX_BYTES}\n",
+        // One tenant here: its share is the whole store (the default share, a tenth of
+        // `max_bytes`, would not hold a single session).
+        "{}[compaction]\nmax_messages = 4\nbackground_ratio = 0\n\
+         [store]\nmax_bytes = {MAX_BYTES}\nmax_sessions_per_tenant = 10000\n",
         upstream_toml(&mock.url())
     ))
     .await;
@@ -493,6 +508,66 @@ async fn the_least_recently_used_sessions_are_evicted_under_max_bytes() {
     let ex = chat(&client, &proxy, "s1", &session_conversation(1)).await;
     assert_eq!(ex.header("x-compactor-compaction-num"), Some("1"));
     assert_eq!(provider.summaries(), SESSIONS + 1);
+    assert_eq!(provider.rejected(), 0);
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_tenant_flooding_sessions_evicts_only_its_own() {
+    const FLOOD: &str = "Bearer sk-flooding-tenant";
+    let mock = MockUpstream::start().await;
+    let provider = Provider::install(&mock);
+    // Room for four sessions, two per tenant: without the share, the flood's fourth session
+    // would evict the quiet tenant's.
+    let proxy = TestProxy::start(&format!(
+        "{}[compaction]\nmax_messages = 4\nbackground_ratio = 0\n\
+         [store]\nmax_sessions = 4\nmax_sessions_per_tenant = 2\n",
+        upstream_toml(&mock.url())
+    ))
+    .await;
+    let client = TestClient::http1();
+
+    let quiet = session_conversation(0);
+    let ex = chat(&client, &proxy, "quiet", &quiet).await;
+    assert_eq!(ex.header("x-compactor-compaction-num"), Some("1"));
+    assert_eq!(provider.summaries(), 1);
+
+    const FLOODED: usize = 6;
+    for i in 1..=FLOODED {
+        let ex = chat_as(
+            &client,
+            &proxy,
+            FLOOD,
+            &format!("flood{i}"),
+            &session_conversation(i),
+        )
+        .await;
+        assert_eq!(
+            ex.header("x-compactor-compaction-num"),
+            Some("1"),
+            "flood{i}"
+        );
+    }
+    assert_eq!(provider.summaries(), 1 + FLOODED);
+
+    // The flood kept its two most recent sessions and evicted only its own.
+    assert_eq!(
+        session_ids(&client, &proxy).await,
+        ["flood6", "flood5", "quiet"]
+    );
+    let evicted = proxy
+        .metric("compactor_store_evictions_total", &[])
+        .await
+        .expect("counter");
+    assert_eq!(evicted, (FLOODED - 2) as f64);
+
+    // The quiet tenant's summary is still there: its next request splices it, no new call.
+    let ex = chat(&client, &proxy, "quiet", &quiet).await;
+    assert_eq!(ex.header("x-compactor-compaction-num"), Some("1"));
+    assert_eq!(provider.summaries(), 1 + FLOODED, "no new summarizer call");
+    let info = admin(&client, &proxy, "GET", "/session/quiet", None, "").await;
+    assert_eq!(info.status, 200);
+    assert_eq!(info.json()["compactions"], 1);
     assert_eq!(provider.rejected(), 0);
     proxy.shutdown().await;
 }

@@ -1,10 +1,18 @@
-//! The in-memory [`SessionStore`]: the default backend, bounded by sessions, bytes and TTL.
+//! The in-memory [`SessionStore`]: the default backend, bounded by sessions, bytes and TTL,
+//! with a fair share of both per tenant.
 //!
 //! Everything sits behind one `std::sync::Mutex` (never held across an await: every trait
 //! method does its work synchronously and returns a ready future). Sessions are ordered by
 //! last use in a `BTreeMap<tick, key>` beside the `HashMap`, so evicting the least recently
 //! used and expiring the stale are O(log n) each; expiry is lazy, checked at the front of that
 //! order on every call. A session owns its checkpoints and takes them along when it goes.
+//!
+//! Each tenant also has its own last-use order and byte count, kept in step with the global
+//! ones, so that a write first evicts the writing tenant's own least recently used sessions
+//! while it is over its share ([`StoreLimits::tenant_share`]), in O(log n) as well, and only
+//! then the global least recently used. A tenant flooding new sessions thus only ever evicts
+//! its own once it holds its share: one credential cannot empty the store of everyone else's
+//! summaries.
 //! Lookups by chain hash probe only the prefix lengths some checkpoint of the tenant covers,
 //! longest first, instead of every hash of the request.
 
@@ -165,7 +173,7 @@ impl MemoryStore {
             .or_default()
             .entry(checkpoint.covered)
             .or_default() += 1;
-        inner.bytes += bytes;
+        inner.add_bytes(tenant, bytes);
         inner.checkpoints.insert(
             hash,
             StoredCheckpoint {
@@ -177,7 +185,7 @@ impl MemoryStore {
         if let Some(oldest) = overflow {
             inner.remove_checkpoint(&oldest);
         }
-        inner.enforce(&self.limits);
+        inner.enforce(tenant, &self.limits);
         Ok(())
     }
 
@@ -190,8 +198,9 @@ impl MemoryStore {
         let old_bytes = std::mem::replace(&mut entry.request_bytes, new_bytes);
         entry.latest_request = Some(latest);
         entry.messages_seen = messages_seen;
-        inner.bytes = inner.bytes.saturating_sub(old_bytes) + new_bytes;
-        inner.enforce(&self.limits);
+        inner.sub_bytes(tenant, old_bytes);
+        inner.add_bytes(tenant, new_bytes);
+        inner.enforce(tenant, &self.limits);
     }
 
     fn info(&self, id: &str) -> Option<SessionInfo> {
@@ -380,6 +389,16 @@ struct StoredCheckpoint {
     bytes: usize,
 }
 
+/// One tenant's part of the store, so its share can be enforced without scanning everyone's
+/// sessions.
+#[derive(Default)]
+struct TenantUsage {
+    /// Its sessions by last use, least recent first (the same ticks as `Inner::lru`).
+    lru: BTreeMap<u64, Arc<str>>,
+    /// Its part of `Inner::bytes`.
+    bytes: usize,
+}
+
 #[derive(Default)]
 struct Inner {
     sessions: HashMap<SessionKey, SessionEntry>,
@@ -390,6 +409,8 @@ struct Inner {
     checkpoints: HashMap<ChainHash, StoredCheckpoint>,
     /// Per tenant, how many checkpoints cover each prefix length: the lengths worth probing.
     covered: HashMap<TenantId, BTreeMap<usize, usize>>,
+    /// Per tenant, its sessions and bytes: an entry exists while the tenant has a session.
+    tenants: HashMap<TenantId, TenantUsage>,
     tick: u64,
     bytes: usize,
     evictions: u64,
@@ -421,17 +442,22 @@ impl Inner {
         let tick = self.next_tick();
         let unix = unix_now();
         self.lru.insert(tick, key.clone());
+        let usage = self.tenants.entry(key.tenant).or_default();
+        usage.lru.insert(tick, key.id.clone());
         match self.sessions.entry(key.clone()) {
             Entry::Occupied(occupied) => {
                 let entry = occupied.into_mut();
                 self.lru.remove(&entry.tick);
+                usage.lru.remove(&entry.tick);
                 entry.tick = tick;
                 entry.last_seen = now;
                 entry.last_seen_unix = unix;
                 entry
             }
             Entry::Vacant(vacant) => {
-                self.bytes += session_bytes(&key.id);
+                let bytes = session_bytes(&key.id);
+                self.bytes += bytes;
+                usage.bytes += bytes;
                 self.by_id
                     .entry(key.id.clone())
                     .or_default()
@@ -453,12 +479,45 @@ impl Inner {
         }
     }
 
+    /// Panics unless the per-tenant orders and byte counts agree with the sessions they
+    /// summarise (tests: every eviction path must keep them in step).
+    #[cfg(test)]
+    fn assert_consistent(&self) {
+        let mut expected: HashMap<TenantId, (usize, usize)> = HashMap::new();
+        for (key, entry) in &self.sessions {
+            let owned: usize = entry
+                .checkpoints
+                .iter()
+                .filter_map(|hash| self.checkpoints.get(hash))
+                .map(|stored| stored.bytes)
+                .sum();
+            let (count, bytes) = expected.entry(key.tenant).or_default();
+            *count += 1;
+            *bytes += session_bytes(&key.id) + entry.request_bytes + owned;
+            let usage = &self.tenants[&key.tenant];
+            assert_eq!(usage.lru.get(&entry.tick), Some(&key.id));
+        }
+        let actual: HashMap<TenantId, (usize, usize)> = self
+            .tenants
+            .iter()
+            .map(|(tenant, usage)| (*tenant, (usage.lru.len(), usage.bytes)))
+            .collect();
+        assert_eq!(actual, expected);
+        let total: usize = expected.values().map(|(_, bytes)| bytes).sum();
+        assert_eq!(total, self.bytes);
+        assert_eq!(self.lru.len(), self.sessions.len());
+    }
+
     /// Marks an existing session as used at `now`.
     fn bump(&mut self, key: &SessionKey, now: Instant) {
         let tick = self.next_tick();
         if let Some(entry) = self.sessions.get_mut(key) {
             self.lru.remove(&entry.tick);
             self.lru.insert(tick, key.clone());
+            if let Some(usage) = self.tenants.get_mut(&key.tenant) {
+                usage.lru.remove(&entry.tick);
+                usage.lru.insert(tick, key.id.clone());
+            }
             entry.tick = tick;
             entry.last_seen = now;
             entry.last_seen_unix = unix_now();
@@ -521,8 +580,8 @@ impl Inner {
         let Some(stored) = self.checkpoints.remove(hash) else {
             return;
         };
-        self.bytes = self.bytes.saturating_sub(stored.bytes);
         let tenant = stored.owner.tenant;
+        self.sub_bytes(tenant, stored.bytes);
         if let Some(lengths) = self.covered.get_mut(&tenant) {
             if let Some(count) = lengths.get_mut(&stored.checkpoint.covered) {
                 *count -= 1;
@@ -544,9 +603,10 @@ impl Inner {
             return;
         };
         self.lru.remove(&entry.tick);
-        self.bytes = self
-            .bytes
-            .saturating_sub(session_bytes(&key.id) + entry.request_bytes);
+        if let Some(usage) = self.tenants.get_mut(&key.tenant) {
+            usage.lru.remove(&entry.tick);
+        }
+        self.sub_bytes(key.tenant, session_bytes(&key.id) + entry.request_bytes);
         if let Some(tenants) = self.by_id.get_mut(&key.id) {
             tenants.retain(|t| *t != key.tenant);
             if tenants.is_empty() {
@@ -555,6 +615,26 @@ impl Inner {
         }
         for hash in &entry.checkpoints {
             self.remove_checkpoint(hash);
+        }
+        // Only now: the checkpoints above still had bytes to take off the tenant's count.
+        if self
+            .tenants
+            .get(&key.tenant)
+            .is_some_and(|usage| usage.lru.is_empty())
+        {
+            self.tenants.remove(&key.tenant);
+        }
+    }
+
+    fn add_bytes(&mut self, tenant: TenantId, bytes: usize) {
+        self.bytes += bytes;
+        self.tenants.entry(tenant).or_default().bytes += bytes;
+    }
+
+    fn sub_bytes(&mut self, tenant: TenantId, bytes: usize) {
+        self.bytes = self.bytes.saturating_sub(bytes);
+        if let Some(usage) = self.tenants.get_mut(&tenant) {
+            usage.bytes = usage.bytes.saturating_sub(bytes);
         }
     }
 
@@ -574,10 +654,30 @@ impl Inner {
                 }
             }
         }
+        #[cfg(test)]
+        self.assert_consistent();
     }
 
-    /// Evicts least recently used sessions until within `limits`.
-    fn enforce(&mut self, limits: &StoreLimits) {
+    /// After a write by `tenant`: evicts its own least recently used sessions until it is
+    /// within its share, then the least recently used of anyone until the store is within
+    /// `limits`. The share never exceeds the store ([`StoreLimits::tenant_share`]), so the
+    /// second loop evicts only when other tenants hold the rest of the store: a tenant
+    /// creating sessions without end reaches its share and from then on replaces its own.
+    fn enforce(&mut self, tenant: TenantId, limits: &StoreLimits) {
+        let (tenant_sessions, tenant_bytes) = limits.tenant_share();
+        while let Some(usage) = self.tenants.get_mut(&tenant) {
+            if usage.lru.len() <= tenant_sessions && usage.bytes <= tenant_bytes {
+                break;
+            }
+            let Some((_, id)) = usage.lru.pop_first() else {
+                break;
+            };
+            let key = SessionKey { tenant, id };
+            if self.sessions.contains_key(&key) {
+                self.remove_session(&key);
+                self.evictions += 1;
+            }
+        }
         while self.sessions.len() > limits.max_sessions || self.bytes > limits.max_bytes {
             let Some((_, key)) = self.lru.pop_first() else {
                 break;
@@ -587,6 +687,9 @@ impl Inner {
                 self.evictions += 1;
             }
         }
+        // Every write ends here: in the unit tests, check the per-tenant books after each.
+        #[cfg(test)]
+        self.assert_consistent();
     }
 }
 
@@ -618,10 +721,16 @@ mod tests {
         }
     }
 
+    /// One tenant may use the whole store (the tests of the global bounds).
     fn limits(max_sessions: usize, max_bytes: usize) -> StoreLimits {
+        shared(max_sessions, max_bytes, max_sessions)
+    }
+
+    fn shared(max_sessions: usize, max_bytes: usize, per_tenant: usize) -> StoreLimits {
         StoreLimits {
             max_sessions,
             max_bytes,
+            max_sessions_per_tenant: per_tenant,
             ttl: TTL,
         }
     }
@@ -684,6 +793,15 @@ mod tests {
 
     async fn touch(s: &MemoryStore, t: TenantId, id: &str) {
         s.touch_session(t, id, request(100), 1).await.unwrap();
+    }
+
+    /// Ids held by one tenant, most recently used first.
+    async fn ids_of(s: &MemoryStore, t: TenantId) -> Vec<String> {
+        let list = s.list_sessions(usize::MAX).await.unwrap();
+        list.into_iter()
+            .filter(|i| i.tenant == t)
+            .map(|i| i.id)
+            .collect()
     }
 
     async fn ids(s: &MemoryStore) -> Vec<String> {
@@ -950,6 +1068,116 @@ mod tests {
         assert!(!s.record_compaction(t, "s", true).await.unwrap());
         let info = s.session("s").await.unwrap().unwrap();
         assert_eq!(info.breaker, BreakerState::Closed);
+    }
+
+    #[test]
+    fn a_tenants_share_is_its_fraction_of_sessions_and_bytes() {
+        let mib = 1024 * 1024;
+        let defaults = shared(10_000, 256 * mib, 1_000);
+        assert_eq!(defaults.tenant_share(), (1_000, 256 * mib / 10));
+        // More than the store: the store.
+        assert_eq!(shared(10, 1_000, 50).tenant_share(), (10, 1_000));
+        assert_eq!(shared(10, 1_000, 10).tenant_share(), (10, 1_000));
+        // No overflow for an unbounded byte budget.
+        assert_eq!(shared(4, usize::MAX, 2).tenant_share(), (2, usize::MAX / 2));
+    }
+
+    #[tokio::test]
+    async fn a_tenant_at_its_share_evicts_only_its_own_sessions() {
+        let (s, _) = store(shared(10, usize::MAX, 3));
+        let (a, b) = (tenant("flood"), tenant("quiet"));
+        let b_conv = conversation(&b, "b", 4);
+        touch(&s, b, "b0").await;
+        touch(&s, b, "b1").await;
+        put(&s, b, &b_conv, checkpoint("b1", 3, "b summary")).await;
+        for k in 0..50 {
+            touch(&s, a, &format!("a{k}")).await;
+            s.lock().assert_consistent();
+        }
+        assert_eq!(ids_of(&s, a).await, ["a49", "a48", "a47"]);
+        assert_eq!(
+            ids_of(&s, b).await,
+            ["b1", "b0"],
+            "the other tenant is untouched"
+        );
+        assert_eq!(found(&s, b, &b_conv).await, Some(3), "with its checkpoint");
+        assert_eq!(s.evictions(), 47);
+
+        // A checkpoint of a new session counts the same as a touch.
+        let a_conv = conversation(&a, "a", 3);
+        put(&s, a, &a_conv, checkpoint("fresh", 2, "a summary")).await;
+        assert_eq!(ids_of(&s, a).await, ["fresh", "a49", "a48"]);
+        assert_eq!(ids_of(&s, b).await, ["b1", "b0"]);
+        assert_eq!(s.evictions(), 48);
+        s.lock().assert_consistent();
+    }
+
+    #[tokio::test]
+    async fn a_tenants_byte_share_bounds_it_the_same_way() {
+        let (probe, _) = store(limits(100, usize::MAX));
+        let t = tenant("k");
+        probe
+            .touch_session(t, "s0", request(10_000), 1)
+            .await
+            .unwrap();
+        let one = probe.stats().bytes;
+
+        // Five sessions' worth of bytes, half of it per tenant: two and a half sessions.
+        let (s, _) = store(shared(10, one * 5, 5));
+        let (a, b) = (tenant("flood"), tenant("quiet"));
+        let b_conv = conversation(&b, "b", 3);
+        s.touch_session(b, "b0", request(10_000), 1).await.unwrap();
+        put(&s, b, &b_conv, checkpoint("b0", 2, "b summary")).await;
+        for k in 0..6 {
+            let id = format!("a{k}");
+            s.touch_session(a, &id, request(10_000), 1).await.unwrap();
+            s.lock().assert_consistent();
+        }
+        assert_eq!(
+            ids_of(&s, a).await,
+            ["a5", "a4"],
+            "bytes bind before sessions"
+        );
+        assert_eq!(ids_of(&s, b).await, ["b0"]);
+        assert_eq!(found(&s, b, &b_conv).await, Some(2));
+
+        // A big checkpoint takes its room from the same tenant's older session.
+        let a_conv = conversation(&a, "m", 2);
+        let big = Arc::new(Checkpoint {
+            summary: "y".repeat(one / 2),
+            ..(*checkpoint("a5", 2, "")).clone()
+        });
+        put(&s, a, &a_conv, big).await;
+        assert_eq!(ids_of(&s, a).await, ["a5"]);
+        assert_eq!(ids_of(&s, b).await, ["b0"]);
+        assert_eq!(found(&s, b, &b_conv).await, Some(2));
+        s.lock().assert_consistent();
+    }
+
+    #[tokio::test]
+    async fn global_bounds_still_evict_the_least_recently_used_of_anyone() {
+        let (s, clock) = store(shared(4, usize::MAX, 2));
+        let (a, b, c) = (tenant("a"), tenant("b"), tenant("c"));
+        for (t, id) in [(a, "a0"), (a, "a1"), (b, "b0"), (b, "b1")] {
+            touch(&s, t, id).await;
+        }
+        touch(&s, a, "a0").await; // a1 is now the least recently used
+        touch(&s, c, "c0").await;
+        assert_eq!(ids(&s).await, ["c0", "a0", "b1", "b0"]);
+        touch(&s, c, "c1").await;
+        assert_eq!(ids(&s).await, ["c1", "c0", "a0", "b1"]);
+        assert_eq!(s.evictions(), 2);
+        // Within its share again, c replaces its own.
+        touch(&s, c, "c2").await;
+        assert_eq!(ids(&s).await, ["c2", "c1", "a0", "b1"]);
+        assert_eq!(s.evictions(), 3);
+        s.lock().assert_consistent();
+
+        // Expiry forgets a tenant entirely.
+        clock.advance(TTL * 2);
+        assert!(s.is_empty());
+        s.lock().assert_consistent();
+        assert!(s.lock().tenants.is_empty());
     }
 
     #[test]

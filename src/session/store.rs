@@ -160,14 +160,43 @@ fn serialize_latest<S: Serializer>(
 
 /// Bounds of a store. `max_bytes` is approximate: summaries, file lists, latest request bodies
 /// and a fixed overhead per entry.
+///
+/// Each tenant also has a fair share ([`StoreLimits::tenant_share`]) so that one credential
+/// creating sessions without end cannot evict every other tenant's summaries: a tenant over
+/// its share loses its own least recently used sessions first, and only then do the global
+/// bounds evict the least recently used of anyone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StoreLimits {
     /// Sessions kept; the least recently used beyond this are evicted with their checkpoints.
     pub max_sessions: usize,
     /// Approximate bytes kept; least recently used sessions are evicted beyond this.
     pub max_bytes: usize,
+    /// Sessions one tenant may hold (counted as at most `max_sessions`); its bytes are
+    /// bounded in proportion, see [`StoreLimits::tenant_share`].
+    pub max_sessions_per_tenant: usize,
     /// Sessions not used for longer than this are dropped with their checkpoints.
     pub ttl: Duration,
+}
+
+impl StoreLimits {
+    /// What one tenant may hold: `(sessions, bytes)`.
+    ///
+    /// Sessions: `max_sessions_per_tenant`, at most `max_sessions`. Bytes: the same fraction
+    /// of `max_bytes` as its sessions are of `max_sessions` (`max_bytes × sessions /
+    /// max_sessions`), so one rule covers both bounds and a tenant of large sessions cannot
+    /// take the byte budget that its session count leaves to others. When the share is the
+    /// whole store (one tenant, or `max_sessions_per_tenant >= max_sessions`) this is exactly
+    /// the global bounds.
+    pub fn tenant_share(&self) -> (usize, usize) {
+        let sessions = self.max_sessions_per_tenant.min(self.max_sessions);
+        if sessions >= self.max_sessions {
+            return (sessions, self.max_bytes);
+        }
+        // u128: `max_bytes × sessions` overflows usize for large budgets (tests use
+        // `usize::MAX` for "unbounded").
+        let bytes = self.max_bytes as u128 * sessions as u128 / self.max_sessions.max(1) as u128;
+        (sessions, usize::try_from(bytes).unwrap_or(usize::MAX))
+    }
 }
 
 /// Counters and gauges of a store, for metrics.
@@ -179,7 +208,8 @@ pub struct StoreStats {
     pub checkpoints: usize,
     /// Approximate bytes held.
     pub bytes: usize,
-    /// Sessions evicted to respect `max_sessions` / `max_bytes` since start.
+    /// Sessions evicted to respect `max_sessions` / `max_bytes` or a tenant's share of them
+    /// (`max_sessions_per_tenant`) since start.
     pub evictions: u64,
     /// Sessions dropped after `ttl` without use since start.
     pub expirations: u64,
