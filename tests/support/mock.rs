@@ -102,6 +102,24 @@ pub enum Reply {
         /// Where the chunks come from.
         rx: mpsc::Receiver<Bytes>,
     },
+    /// A response head and these chunks, then the connection is dropped mid-body.
+    ResetAfter {
+        /// Status code.
+        status: u16,
+        /// Extra headers.
+        headers: Vec<(String, String)>,
+        /// Body chunks written before the reset.
+        chunks: Vec<Bytes>,
+    },
+    /// A response head and these chunks, then nothing more, ever.
+    StallAfter {
+        /// Status code.
+        status: u16,
+        /// Extra headers.
+        headers: Vec<(String, String)>,
+        /// Body chunks written before the stall.
+        chunks: Vec<Bytes>,
+    },
     /// Read the request, then never send a response head.
     Stall,
     /// Read the request, then drop the connection without a response.
@@ -447,6 +465,24 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<Response<Mo
             headers,
             rx,
         } => (status, headers, MockBody::Channel(rx)),
+        Reply::ResetAfter {
+            status,
+            headers,
+            chunks,
+        } => (
+            status,
+            headers,
+            MockBody::Then(chunks.into(), Ending::Reset(None)),
+        ),
+        Reply::StallAfter {
+            status,
+            headers,
+            chunks,
+        } => (
+            status,
+            headers,
+            MockBody::Then(chunks.into(), Ending::Stall),
+        ),
         Reply::Stall => {
             std::future::pending::<()>().await;
             unreachable!("pending never resolves")
@@ -493,6 +529,16 @@ enum MockBody {
     Channel(mpsc::Receiver<Bytes>),
     /// The request body, frame by frame; the request is recorded when it ends.
     EchoStream(Box<EchoState>),
+    /// Frames, then a reset or a stall.
+    Then(VecDeque<Bytes>, Ending),
+}
+
+/// How a [`MockBody::Then`] ends.
+enum Ending {
+    /// After a pause (so the frames before it leave the socket, as they would from a real
+    /// server that breaks down a moment later), an error that drops the connection.
+    Reset(Option<Pin<Box<tokio::time::Sleep>>>),
+    Stall,
 }
 
 struct EchoState {
@@ -521,6 +567,19 @@ impl Body for MockBody {
                     .map(|b| Ok(Frame::data(b))),
             ),
             MockBody::Chunks(q) => Poll::Ready(q.pop_front().map(|b| Ok(Frame::data(b)))),
+            MockBody::Then(q, ending) => match (q.pop_front(), ending) {
+                (Some(b), _) => Poll::Ready(Some(Ok(Frame::data(b)))),
+                (None, Ending::Reset(pause)) => {
+                    let pause = pause.get_or_insert_with(|| {
+                        Box::pin(tokio::time::sleep(std::time::Duration::from_millis(50)))
+                    });
+                    match std::future::Future::poll(pause.as_mut(), cx) {
+                        Poll::Ready(()) => Poll::Ready(Some(Err("mock reset mid-body".into()))),
+                        Poll::Pending => Poll::Pending,
+                    }
+                }
+                (None, Ending::Stall) => Poll::Pending,
+            },
             MockBody::Channel(rx) => rx.poll_recv(cx).map(|o| o.map(|b| Ok(Frame::data(b)))),
             MockBody::EchoStream(echo) => loop {
                 let EchoState {
