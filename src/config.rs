@@ -469,7 +469,7 @@ impl Default for StoreConfig {
     fn default() -> Self {
         StoreConfig {
             max_sessions: 10_000,
-            max_sessions_per_tenant: 1_000,
+            max_sessions_per_tenant: 2_500,
             max_bytes: 256 * 1024 * 1024,
             ttl_secs: Seconds::from_secs(86_400),
         }
