@@ -280,6 +280,13 @@ pub struct SummarizerConfig {
     /// Most summaries made in the background at once; beyond it a conversation is summarised
     /// when it crosses the trigger, as without background summaries.
     pub max_concurrent: usize,
+    /// Longest summary accepted from any backend, in bytes. What a backend reads is bounded
+    /// by it too: a provider's whole HTTP answer, or an `exec` program's stdout, is read up to
+    /// this plus 64 KiB for the JSON around the summary, and refused beyond without reading
+    /// the rest. A summary is asked for with a budget of a few thousand tokens (tens of
+    /// kilobytes); the default, 1 MiB (some 250,000 tokens), is far above that and above most
+    /// context windows, so only a misbehaving backend reaches it.
+    pub max_summary_bytes: usize,
     /// `[summarizer.openai]`
     pub openai: OpenAiSummarizerConfig,
     /// `[summarizer.anthropic]`
@@ -440,6 +447,7 @@ impl Default for SummarizerConfig {
             fallback: Vec::new(),
             timeout_secs: Seconds::from_secs(60),
             max_concurrent: 4,
+            max_summary_bytes: compactor_plugin_api::DEFAULT_MAX_SUMMARY_BYTES,
             openai: OpenAiSummarizerConfig {
                 max_tokens: 4_096,
                 ..Default::default()
@@ -557,6 +565,9 @@ impl Config {
         }
         if self.summarizer.max_concurrent == 0 {
             return Err(invalid("summarizer.max_concurrent", "must be positive"));
+        }
+        if self.summarizer.max_summary_bytes == 0 {
+            return Err(invalid("summarizer.max_summary_bytes", "must be positive"));
         }
         if c.min_preserve_tokens > c.max_preserve_tokens {
             return Err(invalid(
@@ -735,6 +746,7 @@ mod tests {
         assert_eq!(c.compaction.max_preserve_tokens, 15_000);
         assert!(c.compaction.mask_observations);
         assert_eq!(c.compaction.trigger_ratio, 0.85);
+        assert_eq!(c.summarizer.max_summary_bytes, 1024 * 1024);
         assert!(
             c.models.contains_key("gpt-4o*"),
             "shipped models table is loaded"
@@ -760,6 +772,12 @@ mod tests {
         assert!(err.to_string().contains("log_format"), "{err}");
         let err = Config::from_toml("[server]\ntls_cert = \"/a.pem\"\n").unwrap_err();
         assert!(err.to_string().contains("server.tls_cert"), "{err}");
+        let err = Config::from_toml("[summarizer]\nmax_summary_bytes = 0\n").unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("invalid `summarizer.max_summary_bytes`: must be positive"),
+            "{err}"
+        );
         let err = Config::from_toml("[compaction]\ntrigger_ratio = 1.5\n").unwrap_err();
         assert!(
             err.to_string().contains("compaction.trigger_ratio"),

@@ -911,6 +911,7 @@ mod tests {
             "invalid",
             "blank",
             "config",
+            "too_large",
         ] {
             let series = format!(
                 "compactor_summarizer_requests_total{{backend=\"extractive\",outcome=\"{outcome}\"}} 0\n"

@@ -12,7 +12,14 @@
 //! `auto` is not a plugin of its own: it builds both `openai` and `anthropic` and sends each
 //! summary request to the one speaking the wire API of the request being compacted
 //! ([`Caller::api`]): Anthropic Messages requests to `anthropic`, everything else (Chat
-//! Completions, Responses) to `openai`. With no further configuration both use the caller's own
+//! Completions, Responses) to `openai`.
+//!
+//! `summarizer.max_summary_bytes` bounds every backend twice: what it reads (the `openai` and
+//! `anthropic` backends read a provider's whole answer body, `exec` a program's stdout, up to
+//! the bound plus [`SUMMARY_ENVELOPE_BYTES`] and refuse the rest unread) and the summary text
+//! it answers with, which the [`Chain`] checks for every backend, local ones (`extractive`,
+//! whose output grows with the number of user turns) and third-party plugins included. Either
+//! excess is [`SummarizeError::TooLarge`], counted as `too_large`. With no further configuration both use the caller's own
 //! upstream, model and credentials, so `auto` works unconfigured behind any upstream. A
 //! Responses request is summarised through the Responses API (`openai` picks the wire API from
 //! [`Caller::api`] itself).
@@ -33,7 +40,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use compactor_plugin_anthropic::{AnthropicConfig, AnthropicSummarizer};
-use compactor_plugin_api::{Api, BoxFuture, SummarizeError, Summarizer, Summary, SummaryRequest};
+use compactor_plugin_api::{
+    Api, BoxFuture, SummarizeError, Summarizer, Summary, SummaryRequest, SUMMARY_ENVELOPE_BYTES,
+};
 use compactor_plugin_exec::{ExecConfig, ExecSummarizer};
 use compactor_plugin_extractive::{ExtractiveConfig, ExtractiveSummarizer};
 use compactor_plugin_openai::{OpenAiConfig, OpenAiSummarizer};
@@ -71,6 +80,7 @@ pub fn build(config: &Config, metrics: Arc<Metrics>) -> Result<Arc<dyn Summarize
     Ok(Arc::new(Chain::new(
         backends,
         config.summarizer_timeout(),
+        s.max_summary_bytes,
         metrics,
     )))
 }
@@ -91,6 +101,7 @@ pub fn backend(config: &Config, name: &str, key: &str) -> Result<Arc<dyn Summari
                 max_tokens: c.max_tokens,
                 temperature: c.temperature,
                 ca_file,
+                max_summary_bytes: s.max_summary_bytes,
             })
             .map_err(|e| err("upstream.ca_file", e.to_string()))?;
             Arc::new(plugin)
@@ -114,6 +125,7 @@ pub fn backend(config: &Config, name: &str, key: &str) -> Result<Arc<dyn Summari
                 anthropic_version: c.anthropic_version.clone(),
                 max_tokens: c.max_tokens,
                 ca_file,
+                max_summary_bytes: s.max_summary_bytes,
             })
             .map_err(|e| err("upstream.ca_file", e.to_string()))?;
             Arc::new(plugin)
@@ -156,6 +168,8 @@ pub fn backend(config: &Config, name: &str, key: &str) -> Result<Arc<dyn Summari
             }
             let mut exec = ExecConfig::new(command, c.args.clone());
             exec.env = c.env.clone();
+            exec.max_summary_bytes = s.max_summary_bytes;
+            exec.max_stdout_bytes = s.max_summary_bytes.saturating_add(SUMMARY_ENVELOPE_BYTES);
             Arc::new(ExecSummarizer::new(exec))
         }
         "auto" => Arc::new(Auto {
@@ -261,14 +275,18 @@ impl Summarizer for Auto {
 pub struct Chain {
     backends: Vec<Arc<dyn Summarizer>>,
     timeout: Duration,
+    /// Longest summary text taken from any backend, in bytes.
+    max_summary_bytes: usize,
     metrics: Arc<Metrics>,
 }
 
 impl Chain {
-    /// A chain trying `backends` in order, giving each attempt at most `timeout`.
+    /// A chain trying `backends` in order, giving each attempt at most `timeout` and taking
+    /// summaries of at most `max_summary_bytes`.
     pub fn new(
         backends: Vec<Arc<dyn Summarizer>>,
         timeout: Duration,
+        max_summary_bytes: usize,
         metrics: Arc<Metrics>,
     ) -> Chain {
         for backend in &backends {
@@ -277,6 +295,7 @@ impl Chain {
         Chain {
             backends,
             timeout,
+            max_summary_bytes,
             metrics,
         }
     }
@@ -302,7 +321,7 @@ impl Chain {
             let result = tokio::time::timeout(attempt_timeout, backend.summarize(&request))
                 .await
                 .unwrap_or(Err(SummarizeError::Timeout(attempt_timeout)))
-                .and_then(|s| Summary::new(s.text));
+                .and_then(|s| Summary::bounded(s.text, self.max_summary_bytes));
             match result {
                 Ok(summary) => {
                     self.metrics
@@ -448,6 +467,90 @@ mod tests {
         let config = Config::from_toml("[summarizer]\nbackend = \"extractive\"\n").expect("config");
         let chain = build(&config, metrics()).expect("builds");
         assert_eq!(chain.max_output_tokens(Api::ChatCompletions), None);
+    }
+
+    /// Answers `len` bytes of summary.
+    struct Fixed {
+        name: &'static str,
+        len: usize,
+    }
+
+    impl Summarizer for Fixed {
+        fn name(&self) -> &str {
+            self.name
+        }
+
+        fn summarize<'a>(
+            &'a self,
+            _request: &'a SummaryRequest,
+        ) -> BoxFuture<'a, Result<Summary, SummarizeError>> {
+            let text = "s".repeat(self.len);
+            Box::pin(async move { Ok(Summary { text }) })
+        }
+    }
+
+    fn summary_request() -> SummaryRequest {
+        SummaryRequest {
+            prompt: "p".into(),
+            prior_summary: None,
+            entries: vec![],
+            read_files: vec![],
+            modified_files: vec![],
+            instructions: None,
+            compaction_num: 1,
+            model: None,
+            max_output_tokens: 100,
+            timeout: Duration::from_secs(5),
+            caller: Default::default(),
+        }
+    }
+
+    #[tokio::test]
+    async fn the_chain_refuses_summaries_over_the_bound_from_any_backend() {
+        let m = metrics();
+        let big: Arc<dyn Summarizer> = Arc::new(Fixed {
+            name: "big",
+            len: 101,
+        });
+        let fits: Arc<dyn Summarizer> = Arc::new(Fixed {
+            name: "fits",
+            len: 100,
+        });
+        let chain = Chain::new(vec![big.clone()], Duration::from_secs(5), 100, m.clone());
+        match chain.summarize(&summary_request()).await {
+            Err(SummarizeError::TooLarge { limit: 100, .. }) => {}
+            other => panic!("expected too large, got {other:?}"),
+        }
+        // A fallback is another backend: it is still asked.
+        let chain = Chain::new(vec![big, fits], Duration::from_secs(5), 100, m.clone());
+        let summary = chain.summarize(&summary_request()).await.expect("fallback");
+        assert_eq!(summary.text.len(), 100);
+        let text = m.render();
+        for (series, count) in [
+            (r#"{backend="big",outcome="too_large"}"#, 2),
+            (r#"{backend="fits",outcome="fallback_ok"}"#, 1),
+        ] {
+            let line = format!("compactor_summarizer_requests_total{series} {count}\n");
+            assert!(text.contains(&line), "{line} missing:\n{text}");
+        }
+    }
+
+    #[tokio::test]
+    async fn the_summary_bound_reaches_the_exec_backend() {
+        // `yes` writes without end: the program is stopped at the bound plus the envelope.
+        let config = Config::from_toml(
+            "[summarizer]\nbackend = \"exec\"\nmax_summary_bytes = 5000\n\
+             [summarizer.exec]\ncommand = \"/bin/sh\"\nargs = [\"-c\", \"yes\"]\n",
+        )
+        .expect("config");
+        let exec = backend(&config, "exec", "summarizer.backend").expect("builds");
+        match exec.summarize(&summary_request()).await {
+            Err(SummarizeError::TooLarge { what, limit }) => {
+                assert_eq!(what, "stdout");
+                assert_eq!(limit, 5000 + SUMMARY_ENVELOPE_BYTES);
+            }
+            other => panic!("expected too large, got {other:?}"),
+        }
     }
 
     #[test]

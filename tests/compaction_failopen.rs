@@ -1,8 +1,9 @@
 //! Fail open, through the real proxy: when a due compaction does not happen (blank summary,
-//! summarizer error, summarizer timeout) the ORIGINAL request goes upstream byte for byte, the
-//! client gets the upstream's answer and the failure is counted once. Requests that need no
-//! compaction, or that are not JSON at all, arrive byte-identical; fields compactor does not
-//! interpret survive a real rewrite with their values, bytes and order.
+//! summarizer error, summarizer timeout, an answer over `summarizer.max_summary_bytes`) the
+//! ORIGINAL request goes upstream byte for byte, the client gets the upstream's answer and the
+//! failure is counted once. Requests that need no compaction, or that are not JSON at all,
+//! arrive byte-identical; fields compactor does not interpret survive a real rewrite with their
+//! values, bytes and order.
 
 mod support;
 
@@ -107,6 +108,17 @@ async fn assert_fails_open(
     summarizer_toml: &str,
     outcome: &str,
 ) -> MockUpstream {
+    let (proxy, mock) = fails_open(mock, summarizer_toml, outcome).await;
+    proxy.shutdown().await;
+    mock
+}
+
+/// [`assert_fails_open`], leaving the proxy running for further checks of its metrics.
+async fn fails_open(
+    mock: MockUpstream,
+    summarizer_toml: &str,
+    outcome: &str,
+) -> (TestProxy, MockUpstream) {
     let proxy = TestProxy::start(&format!(
         "{}{SMALL}{summarizer_toml}",
         upstream_toml(&mock.url())
@@ -144,8 +156,7 @@ async fn assert_fails_open(
         }
     }
     assert_eq!(compactions(&proxy, "tokens", outcome).await, 0.0);
-    proxy.shutdown().await;
-    mock
+    (proxy, mock)
 }
 
 #[tokio::test]
@@ -211,6 +222,51 @@ async fn a_summarizer_timeout_forwards_the_original() {
             .count(),
         1
     );
+}
+
+/// The summary requests the mock received.
+fn summary_requests(mock: &MockUpstream) -> usize {
+    mock.requests()
+        .iter()
+        .filter(|r| is_summary_request(r))
+        .count()
+}
+
+/// `compactor_summarizer_requests_total` of the default (`auto`) backend with `outcome`.
+async fn summarizer_calls(proxy: &TestProxy, outcome: &str) -> f64 {
+    proxy
+        .metric(
+            "compactor_summarizer_requests_total",
+            &[("backend", "auto"), ("outcome", outcome)],
+        )
+        .await
+        .unwrap_or(0.0)
+}
+
+#[tokio::test]
+async fn a_ten_megabyte_summarizer_answer_is_refused_unread_and_not_asked_for_again() {
+    // The case: a 10 MB answer, a well-formed completion, against the default bound
+    // (1 MiB of summary + 64 KiB of JSON around it).
+    let answer = Bytes::from(summary_calls::completion(&"s".repeat(10 * 1024 * 1024)).to_string());
+    let mock = mock_with(move || Reply::bytes(200, "application/json", answer.clone())).await;
+    let (proxy, mock) = fails_open(mock, "", "failed").await;
+    assert_eq!(summary_requests(&mock), 1, "the summarizer was asked once");
+    assert_eq!(summarizer_calls(&proxy, "too_large").await, 1.0);
+    assert_eq!(summarizer_calls(&proxy, "ok").await, 0.0);
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_summary_over_the_bound_in_a_small_answer_is_refused_and_not_asked_for_again() {
+    // 3,000 bytes of summary in an answer the transport may read: the summary itself is over
+    // the bound. (Taken, it would not have made this small request smaller, and each further
+    // attempt would have asked again.)
+    let mock = mock_with(|| completion(&"s".repeat(3_000))).await;
+    let (proxy, mock) =
+        fails_open(mock, "[summarizer]\nmax_summary_bytes = 2000\n", "failed").await;
+    assert_eq!(summary_requests(&mock), 1, "the summarizer was asked once");
+    assert_eq!(summarizer_calls(&proxy, "too_large").await, 1.0);
+    proxy.shutdown().await;
 }
 
 #[tokio::test]

@@ -279,6 +279,7 @@ async fn a_fresh_proxy_exports_its_labelled_counters_at_zero() {
         "invalid",
         "blank",
         "config",
+        "too_large",
     ] {
         expected.push((
             "compactor_summarizer_requests_total",

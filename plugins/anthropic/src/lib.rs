@@ -23,15 +23,18 @@ use tokio::time::Instant;
 
 use compactor_plugin_api::{
     Api, BoxFuture, Caller, SummarizeError, Summarizer, Summary, SummaryRequest,
+    DEFAULT_MAX_SUMMARY_BYTES,
 };
-use compactor_transport::{self as transport, join_url, output_budget, Auth, HttpClient};
+use compactor_transport::{
+    self as transport, join_url, output_budget, response_limit, Auth, HttpClient,
+};
 
 /// The system prompt sent with every summary request (the contract's, shared by every LLM
 /// backend).
 pub use compactor_plugin_api::SYSTEM_PROMPT;
 
 /// Settings of one `anthropic` backend. `Debug` never prints the key.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct AnthropicConfig {
     /// Endpoint base, e.g. `https://api.anthropic.com`; `None`: the caller's upstream.
     pub base_url: Option<String>,
@@ -45,6 +48,27 @@ pub struct AnthropicConfig {
     pub max_tokens: u32,
     /// Extra PEM roots trusted for `https` endpoints.
     pub ca_file: Option<PathBuf>,
+    /// Longest summary accepted, in bytes. The provider's whole answer is read up to this plus
+    /// [`SUMMARY_ENVELOPE_BYTES`](compactor_plugin_api::SUMMARY_ENVELOPE_BYTES) for the JSON
+    /// around the summary and refused beyond, unread ([`SummarizeError::TooLarge`]); so is a
+    /// longer summary inside a smaller answer.
+    pub max_summary_bytes: usize,
+}
+
+/// Nothing configured (the caller's endpoint, model and credentials; no output budget of its
+/// own), with the default summary bound.
+impl Default for AnthropicConfig {
+    fn default() -> Self {
+        AnthropicConfig {
+            base_url: None,
+            model: None,
+            api_key: None,
+            anthropic_version: String::new(),
+            max_tokens: 0,
+            ca_file: None,
+            max_summary_bytes: DEFAULT_MAX_SUMMARY_BYTES,
+        }
+    }
 }
 
 impl fmt::Debug for AnthropicConfig {
@@ -56,6 +80,7 @@ impl fmt::Debug for AnthropicConfig {
             .field("anthropic_version", &self.anthropic_version)
             .field("max_tokens", &self.max_tokens)
             .field("ca_file", &self.ca_file)
+            .field("max_summary_bytes", &self.max_summary_bytes)
             .finish()
     }
 }
@@ -70,7 +95,8 @@ pub struct AnthropicSummarizer {
 impl AnthropicSummarizer {
     /// Builds the backend and its HTTP client.
     pub fn new(config: AnthropicConfig) -> Result<AnthropicSummarizer, SummarizeError> {
-        let http = HttpClient::new(config.ca_file.as_deref())?;
+        let http = HttpClient::new(config.ca_file.as_deref())?
+            .with_max_response_bytes(response_limit(config.max_summary_bytes));
         Ok(AnthropicSummarizer { config, http })
     }
 
@@ -110,7 +136,7 @@ impl AnthropicSummarizer {
                 request.timeout,
             )
             .await?;
-        Summary::new(text_content(&answer)?.trim())
+        Summary::bounded(text_content(&answer)?.trim(), self.config.max_summary_bytes)
     }
 
     /// The credential headers: the configured key or the caller's `x-api-key` as `x-api-key`,

@@ -183,3 +183,37 @@ async fn answers_without_text_are_invalid_or_blank() {
         .expect_err("no content");
     assert!(matches!(err, SummarizeError::InvalidOutput(_)), "{err:?}");
 }
+
+#[tokio::test]
+async fn answers_over_the_summary_bound_are_refused() {
+    let p = plugin(AnthropicConfig {
+        max_summary_bytes: 1000,
+        ..config()
+    });
+    // Two blocks that together pass the bound, in an answer the transport may read whole.
+    let mock = MockProvider::start(vec![message(json!([
+        {"type": "text", "text": "a".repeat(600)},
+        {"type": "text", "text": "b".repeat(600)},
+    ]))])
+    .await;
+    let err = p
+        .summarize(&request(caller(&mock.url(), &[])))
+        .await
+        .expect_err("summary too large");
+    assert!(
+        matches!(&err, SummarizeError::TooLarge { what, limit: 1000 } if what == "summary"),
+        "{err:?}"
+    );
+    // An answer over the bound plus its JSON envelope is not read at all.
+    let big = "a".repeat(1000 + compactor_plugin_api::SUMMARY_ENVELOPE_BYTES);
+    let mock = MockProvider::start(vec![message(json!([{"type": "text", "text": big}]))]).await;
+    let err = p
+        .summarize(&request(caller(&mock.url(), &[])))
+        .await
+        .expect_err("answer too large");
+    assert!(
+        matches!(&err, SummarizeError::TooLarge { what, .. } if what == "response body"),
+        "{err:?}"
+    );
+    assert_eq!(mock.received().len(), 1, "asked once");
+}

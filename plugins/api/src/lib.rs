@@ -223,18 +223,46 @@ pub enum SummarizeError {
     /// The backend is misconfigured for this request (e.g. no credentials to use).
     #[error("summarizer not usable: {0}")]
     Config(String),
+    /// The answer is larger than the configured bound (`summarizer.max_summary_bytes`): it was
+    /// refused without reading the rest. Like every failure it ends compactor's attempts for
+    /// the request (the same backend would answer the same way); a configured fallback, being
+    /// another backend, is still asked.
+    #[error("summarizer answer too large: {what} exceeds {limit} bytes")]
+    TooLarge {
+        /// What exceeded the bound: `response body`, `stdout`, `summary`.
+        what: String,
+        /// The bound, in bytes.
+        limit: usize,
+    },
 }
+
+/// The default bound of a summary's text, in bytes (`summarizer.max_summary_bytes`).
+///
+/// A summary is asked for with an output budget of a few thousand tokens (4,096 by default),
+/// which is tens of kilobytes of text; 1 MiB (some 250,000 tokens) is far beyond any budget a
+/// summary is written under and beyond most context windows, so a summary this large could
+/// not make a request smaller anyway. It keeps what one misbehaving backend can make compactor
+/// hold to about a megabyte per summary in flight.
+pub const DEFAULT_MAX_SUMMARY_BYTES: usize = 1024 * 1024;
+
+/// Room for the JSON around a summary in a backend's answer, beyond the summary bound: ids,
+/// the model name, finish reason and usage of a provider's answer (a `reasoning` item of the
+/// Responses API), `{"summary": ...}` of an `exec` program, and the escapes of the summary's
+/// own quotes and newlines. Real answers carry a few hundred bytes of it; a backend reads at
+/// most the summary bound plus this much.
+pub const SUMMARY_ENVELOPE_BYTES: usize = 64 * 1024;
 
 impl SummarizeError {
     /// Every value [`SummarizeError::kind`] can answer, so compactor can export each one
     /// before it first happens.
-    pub const KINDS: [&'static str; 6] = [
+    pub const KINDS: [&'static str; 7] = [
         "timeout",
         "transport",
         "status",
         "invalid",
         "blank",
         "config",
+        "too_large",
     ];
 
     /// A stable, bounded label for metrics and logs.
@@ -246,6 +274,7 @@ impl SummarizeError {
             SummarizeError::InvalidOutput(_) => "invalid",
             SummarizeError::Blank => "blank",
             SummarizeError::Config(_) => "config",
+            SummarizeError::TooLarge { .. } => "too_large",
         }
     }
 }
@@ -259,6 +288,19 @@ impl Summary {
             return Err(SummarizeError::Blank);
         }
         Ok(Summary { text })
+    }
+
+    /// [`Summary::new`] for a backend bounded to `max_bytes` of summary
+    /// (`summarizer.max_summary_bytes`): a longer text is [`SummarizeError::TooLarge`].
+    pub fn bounded(text: impl Into<String>, max_bytes: usize) -> Result<Self, SummarizeError> {
+        let text = text.into();
+        if text.len() > max_bytes {
+            return Err(SummarizeError::TooLarge {
+                what: "summary".into(),
+                limit: max_bytes,
+            });
+        }
+        Summary::new(text)
     }
 }
 
@@ -537,7 +579,8 @@ mod tests {
             | SummarizeError::Status { .. }
             | SummarizeError::InvalidOutput(_)
             | SummarizeError::Blank
-            | SummarizeError::Config(_) => e.kind(),
+            | SummarizeError::Config(_)
+            | SummarizeError::TooLarge { .. } => e.kind(),
         };
         let all = [
             SummarizeError::Timeout(Duration::from_secs(1)),
@@ -549,9 +592,35 @@ mod tests {
             SummarizeError::InvalidOutput(String::new()),
             SummarizeError::Blank,
             SummarizeError::Config(String::new()),
+            SummarizeError::TooLarge {
+                what: String::new(),
+                limit: 1,
+            },
         ];
         let kinds: Vec<&str> = all.iter().map(kind_of).collect();
         assert_eq!(kinds, SummarizeError::KINDS);
+    }
+
+    #[test]
+    fn bounded_summaries_refuse_longer_texts() {
+        assert_eq!(
+            Summary::bounded("four", 4).map(|s| s.text).ok(),
+            Some("four".into())
+        );
+        match Summary::bounded("fives", 4) {
+            Err(e @ SummarizeError::TooLarge { limit: 4, .. }) => {
+                assert_eq!(e.kind(), "too_large");
+                assert_eq!(
+                    e.to_string(),
+                    "summarizer answer too large: summary exceeds 4 bytes"
+                );
+            }
+            other => panic!("expected too large, got {other:?}"),
+        }
+        assert!(matches!(
+            Summary::bounded(" ", 4),
+            Err(SummarizeError::Blank)
+        ));
     }
 
     #[test]

@@ -6,8 +6,11 @@
 //! JSON object (`{"version": 1, ...}`, see [`request_json`] and `plugins/README.md`); the
 //! program answers `{"summary": "..."}` on stdout and exits 0.
 //!
-//! Bounds: stdout is read up to [`ExecConfig::max_stdout_bytes`], stderr is kept up to
-//! [`ExecConfig::max_stderr_bytes`] (and logged at `warn`; stdout never is). When the request's
+//! Bounds: stdout is read up to [`ExecConfig::max_stdout_bytes`] (the summary bound plus room
+//! for the JSON around it) and the program is killed as soon as it writes more; the summary in
+//! it may take at most [`ExecConfig::max_summary_bytes`]; either excess is
+//! [`SummarizeError::TooLarge`]. Stderr is kept up to [`ExecConfig::max_stderr_bytes`] (and
+//! logged at `warn`; stdout never is). When the request's
 //! timeout passes, or the future is dropped, the whole process group is killed with `SIGKILL`
 //! and the program is reaped; leftovers in the group are killed after a normal exit too.
 #![deny(missing_docs)]
@@ -23,12 +26,16 @@ use serde::Serialize;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 
-use compactor_plugin_api::{BoxFuture, SummarizeError, Summarizer, Summary, SummaryRequest};
+use compactor_plugin_api::{
+    BoxFuture, SummarizeError, Summarizer, Summary, SummaryRequest, DEFAULT_MAX_SUMMARY_BYTES,
+    SUMMARY_ENVELOPE_BYTES,
+};
 
 /// The version of the JSON protocol written to the program's stdin.
 pub const PROTOCOL_VERSION: u32 = 1;
-/// Default bound of the program's stdout.
-pub const DEFAULT_MAX_STDOUT_BYTES: usize = 1024 * 1024;
+/// Default bound of the program's stdout: the default summary bound plus
+/// [`SUMMARY_ENVELOPE_BYTES`] for `{"summary": ...}` and escapes.
+pub const DEFAULT_MAX_STDOUT_BYTES: usize = DEFAULT_MAX_SUMMARY_BYTES + SUMMARY_ENVELOPE_BYTES;
 /// Default amount of the program's stderr kept for the logs.
 pub const DEFAULT_MAX_STDERR_BYTES: usize = 4 * 1024;
 /// Longest stderr excerpt put into a [`SummarizeError::Status`] message.
@@ -43,8 +50,11 @@ pub struct ExecConfig {
     pub args: Vec<String>,
     /// The only variables it gets besides `PATH` (these win over `PATH` too).
     pub env: BTreeMap<String, String>,
-    /// Stdout larger than this fails the summary as invalid output.
+    /// Stdout larger than this fails the summary as [`SummarizeError::TooLarge`]; the program
+    /// is killed once it has written one byte more, and the rest is never read.
     pub max_stdout_bytes: usize,
+    /// A `summary` longer than this (in bytes) fails as [`SummarizeError::TooLarge`].
+    pub max_summary_bytes: usize,
     /// Stderr beyond this is read and discarded.
     pub max_stderr_bytes: usize,
 }
@@ -57,6 +67,7 @@ impl ExecConfig {
             args,
             env: BTreeMap::new(),
             max_stdout_bytes: DEFAULT_MAX_STDOUT_BYTES,
+            max_summary_bytes: DEFAULT_MAX_SUMMARY_BYTES,
             max_stderr_bytes: DEFAULT_MAX_STDERR_BYTES,
         }
     }
@@ -69,6 +80,7 @@ impl fmt::Debug for ExecConfig {
             .field("args", &self.args)
             .field("env", &self.env.keys().collect::<Vec<_>>())
             .field("max_stdout_bytes", &self.max_stdout_bytes)
+            .field("max_summary_bytes", &self.max_summary_bytes)
             .field("max_stderr_bytes", &self.max_stderr_bytes)
             .finish()
     }
@@ -124,7 +136,9 @@ impl ExecSummarizer {
         group.kill();
         let exchanged = outcome.unwrap_or(Err(SummarizeError::Timeout(request.timeout)));
         let result = match exchanged {
-            Ok((status, stdout)) => interpret(status, &stdout, &stderr),
+            Ok((status, stdout)) => {
+                interpret(status, &stdout, &stderr, self.config.max_summary_bytes)
+            }
             Err(e) => {
                 // Reap the program itself (the group kill above reached it too).
                 let _ = child.start_kill();
@@ -253,9 +267,10 @@ async fn exchange(
     };
     let ((), stdout, ()) = tokio::try_join!(write, read_out, read_err).map_err(|e| match e {
         Stop::Io(e) => SummarizeError::Transport(format!("talking to the program: {e}")),
-        Stop::TooLarge => {
-            SummarizeError::InvalidOutput(format!("stdout exceeds {max_stdout} bytes"))
-        }
+        Stop::TooLarge => SummarizeError::TooLarge {
+            what: "stdout".into(),
+            limit: max_stdout,
+        },
     })?;
     let status = child
         .wait()
@@ -281,8 +296,14 @@ async fn read_head(
     }
 }
 
-/// Maps the program's exit status and output onto the result.
-fn interpret(status: ExitStatus, stdout: &[u8], stderr: &[u8]) -> Result<Summary, SummarizeError> {
+/// Maps the program's exit status and output onto the result; a summary may take
+/// `max_summary` bytes.
+fn interpret(
+    status: ExitStatus,
+    stdout: &[u8],
+    stderr: &[u8],
+    max_summary: usize,
+) -> Result<Summary, SummarizeError> {
     if !status.success() {
         let (code, what) = match (status.code(), status.signal()) {
             (Some(code), _) => (code, format!("exited with status {code}")),
@@ -303,7 +324,7 @@ fn interpret(status: ExitStatus, stdout: &[u8], stderr: &[u8]) -> Result<Summary
     let response: WireResponse = serde_json::from_slice(stdout)
         .map_err(|e| SummarizeError::InvalidOutput(format!("stdout is not a JSON object: {e}")))?;
     match response.summary {
-        Some(serde_json::Value::String(text)) => Summary::new(text),
+        Some(serde_json::Value::String(text)) => Summary::bounded(text, max_summary),
         Some(serde_json::Value::Null) | None => Err(SummarizeError::InvalidOutput(
             "stdout JSON has no `summary`".into(),
         )),
@@ -370,8 +391,8 @@ mod tests {
 
     #[test]
     fn exit_statuses_map_to_status_errors() {
-        let err =
-            interpret(ExitStatus::from_raw(3 << 8), b"", b"boom\n  bad").expect_err("non-zero");
+        let err = interpret(ExitStatus::from_raw(3 << 8), b"", b"boom\n  bad", 100)
+            .expect_err("non-zero");
         match err {
             SummarizeError::Status { status, message } => {
                 assert_eq!(status, 3);
@@ -379,15 +400,25 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        let err = interpret(ExitStatus::from_raw(9), b"", b"").expect_err("signal");
+        let err = interpret(ExitStatus::from_raw(9), b"", b"", 100).expect_err("signal");
         assert!(matches!(err, SummarizeError::Status { status: 137, .. }));
         assert!(matches!(
-            interpret(ExitStatus::from_raw(0), br#"{"summary": 3}"#, b""),
+            interpret(ExitStatus::from_raw(0), br#"{"summary": 3}"#, b"", 100),
             Err(SummarizeError::InvalidOutput(_))
         ));
         assert!(matches!(
-            interpret(ExitStatus::from_raw(0), br#"{"summary": " "}"#, b""),
+            interpret(ExitStatus::from_raw(0), br#"{"summary": " "}"#, b"", 100),
             Err(SummarizeError::Blank)
         ));
+        assert!(matches!(
+            interpret(ExitStatus::from_raw(0), br#"{"summary": "12345"}"#, b"", 4),
+            Err(SummarizeError::TooLarge { limit: 4, .. })
+        ));
+        assert_eq!(
+            interpret(ExitStatus::from_raw(0), br#"{"summary": "1234"}"#, b"", 4)
+                .map(|s| s.text)
+                .ok(),
+            Some("1234".into())
+        );
     }
 }

@@ -252,7 +252,7 @@ async fn blank_output_is_blank() {
 }
 
 #[tokio::test]
-async fn oversized_stdout_is_invalid_and_stops_the_program() {
+async fn oversized_stdout_is_too_large_and_stops_the_program() {
     let mut config = ExecConfig::new("/bin/sh", vec!["-c".into(), "yes".into()]);
     config.max_stdout_bytes = 64 * 1024;
     let started = Instant::now();
@@ -260,8 +260,35 @@ async fn oversized_stdout_is_invalid_and_stops_the_program() {
         .summarize(&request(Duration::from_secs(30)))
         .await
         .expect_err("too large");
-    assert!(matches!(err, SummarizeError::InvalidOutput(_)), "{err:?}");
+    assert!(
+        matches!(&err, SummarizeError::TooLarge { what, limit: 65536 } if what == "stdout"),
+        "{err:?}"
+    );
+    assert_eq!(err.kind(), "too_large");
     assert!(started.elapsed() < Duration::from_secs(10));
+}
+
+#[tokio::test]
+async fn a_summary_over_its_bound_is_too_large() {
+    // 3,000 bytes of summary: within the stdout bound, over the summary bound.
+    let script =
+        r#"cat >/dev/null; printf '{"summary": "%s"}' "$(yes s | head -c 6000 | tr -d '\n')""#;
+    let mut config = ExecConfig::new("/bin/sh", vec!["-c".into(), script.into()]);
+    config.max_summary_bytes = 2000;
+    let err = ExecSummarizer::new(config.clone())
+        .summarize(&request(Duration::from_secs(20)))
+        .await
+        .expect_err("too large");
+    assert!(
+        matches!(&err, SummarizeError::TooLarge { what, limit: 2000 } if what == "summary"),
+        "{err:?}"
+    );
+    config.max_summary_bytes = 3000;
+    let summary = ExecSummarizer::new(config)
+        .summarize(&request(Duration::from_secs(20)))
+        .await
+        .expect("at the bound");
+    assert_eq!(summary.text.len(), 3000);
 }
 
 #[tokio::test]

@@ -37,16 +37,17 @@ use tokio::time::Instant;
 
 use compactor_plugin_api::{
     Api, BoxFuture, Caller, SummarizeError, Summarizer, Summary, SummaryRequest,
+    DEFAULT_MAX_SUMMARY_BYTES,
 };
 
-use compactor_transport::{self as transport, output_budget, Auth, HttpClient};
+use compactor_transport::{self as transport, output_budget, response_limit, Auth, HttpClient};
 
 /// The system message sent with every summary request (the contract's, shared by every LLM
 /// backend).
 pub use compactor_plugin_api::SYSTEM_PROMPT;
 
 /// Settings of one `openai` backend. `Debug` never prints the key.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct OpenAiConfig {
     /// Endpoint base, e.g. `https://openrouter.ai/api/v1`; `None`: the caller's upstream and
     /// API prefix.
@@ -65,6 +66,27 @@ pub struct OpenAiConfig {
     pub temperature: Option<f64>,
     /// Extra PEM roots trusted for `https` endpoints.
     pub ca_file: Option<PathBuf>,
+    /// Longest summary accepted, in bytes. The provider's whole answer is read up to this plus
+    /// [`SUMMARY_ENVELOPE_BYTES`](compactor_plugin_api::SUMMARY_ENVELOPE_BYTES) for the JSON
+    /// around the summary and refused beyond, unread ([`SummarizeError::TooLarge`]); so is a
+    /// longer summary inside a smaller answer.
+    pub max_summary_bytes: usize,
+}
+
+/// Nothing configured (the caller's endpoint, model and credentials; no output budget of its
+/// own), with the default summary bound.
+impl Default for OpenAiConfig {
+    fn default() -> Self {
+        OpenAiConfig {
+            base_url: None,
+            model: None,
+            api_key: None,
+            max_tokens: 0,
+            temperature: None,
+            ca_file: None,
+            max_summary_bytes: DEFAULT_MAX_SUMMARY_BYTES,
+        }
+    }
 }
 
 impl fmt::Debug for OpenAiConfig {
@@ -76,6 +98,7 @@ impl fmt::Debug for OpenAiConfig {
             .field("max_tokens", &self.max_tokens)
             .field("temperature", &self.temperature)
             .field("ca_file", &self.ca_file)
+            .field("max_summary_bytes", &self.max_summary_bytes)
             .finish()
     }
 }
@@ -90,7 +113,8 @@ pub struct OpenAiSummarizer {
 impl OpenAiSummarizer {
     /// Builds the backend and its HTTP client.
     pub fn new(config: OpenAiConfig) -> Result<OpenAiSummarizer, SummarizeError> {
-        let http = HttpClient::new(config.ca_file.as_deref())?;
+        let http = HttpClient::new(config.ca_file.as_deref())?
+            .with_max_response_bytes(response_limit(config.max_summary_bytes));
         Ok(OpenAiSummarizer { config, http })
     }
 
@@ -143,7 +167,7 @@ impl OpenAiSummarizer {
             Wire::ChatCompletions => message_content(&answer)?,
             Wire::Responses => output_text(&answer)?,
         };
-        Summary::new(text.trim())
+        Summary::bounded(text.trim(), self.config.max_summary_bytes)
     }
 
     /// The JSON body of one summary request to `model` over `wire`.

@@ -52,6 +52,7 @@ async fn configured_endpoint_model_and_key_are_used() {
         max_tokens: 4096,
         temperature: Some(0.2),
         ca_file: None,
+        max_summary_bytes: 64 * 1024,
     });
     let req = request(caller(
         "http://unused.invalid",
@@ -400,6 +401,7 @@ async fn responses_callers_use_responses_on_a_configured_base_url_too() {
         max_tokens: 500,
         temperature: Some(0.3),
         ca_file: None,
+        max_summary_bytes: 64 * 1024,
     });
     let req = request(responses_caller("http://unused.invalid", &[]));
     let summary = p.summarize(&req).await.expect("summary");
@@ -482,4 +484,45 @@ async fn a_responses_answer_without_output_text_is_invalid() {
         matches!(&err, SummarizeError::InvalidOutput(m) if m.contains("max_output_tokens")),
         "{err:?}"
     );
+}
+
+#[tokio::test]
+async fn answers_over_the_summary_bound_are_refused_and_asked_once() {
+    let p = plugin(OpenAiConfig {
+        max_tokens: 4096,
+        max_summary_bytes: 1000,
+        ..Default::default()
+    });
+    // A summary over the bound in an answer the transport may read whole.
+    let mock = MockProvider::start(vec![completion(json!("s".repeat(1001)))]).await;
+    let err = p
+        .summarize(&request(caller(&mock.url(), &[])))
+        .await
+        .expect_err("summary too large");
+    assert!(
+        matches!(&err, SummarizeError::TooLarge { what, limit: 1000 } if what == "summary"),
+        "{err:?}"
+    );
+    // An answer over the bound plus its JSON envelope is not read at all.
+    let big = "s".repeat(1000 + compactor_plugin_api::SUMMARY_ENVELOPE_BYTES);
+    let mock = MockProvider::start(vec![completion(json!(big))]).await;
+    let mut req = request(caller(&mock.url(), &[]));
+    for api in [Api::ChatCompletions, Api::Responses] {
+        req.caller.api = api;
+        let seen = mock.received().len();
+        let err = p.summarize(&req).await.expect_err("answer too large");
+        assert!(
+            matches!(&err, SummarizeError::TooLarge { what, .. } if what == "response body"),
+            "{api:?}: {err:?}"
+        );
+        assert_eq!(err.kind(), "too_large");
+        assert_eq!(mock.received().len(), seen + 1, "{api:?}: asked once");
+    }
+    // At the bound, the summary is taken.
+    let mock = MockProvider::start(vec![completion(json!("s".repeat(1000)))]).await;
+    let summary = p
+        .summarize(&request(caller(&mock.url(), &[])))
+        .await
+        .expect("summary at the bound");
+    assert_eq!(summary.text.len(), 1000);
 }

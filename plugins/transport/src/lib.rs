@@ -8,7 +8,8 @@
 //! so a backend instance reuses its connections. [`HttpClient::post_json`] sends one JSON body
 //! and maps every way the exchange can fail onto the summarizer contract's [`SummarizeError`]:
 //! deadline → `Timeout`, connect/IO → `Transport`, non-2xx → `Status` with the provider's own
-//! message (bounded, secrets removed), unreadable JSON → `InvalidOutput`. The `openai` and
+//! message (bounded, secrets removed), unreadable JSON → `InvalidOutput`, a body over the
+//! client's bound (see [`HttpClient::with_max_response_bytes`]) → `TooLarge`. The `openai` and
 //! `anthropic` backends use it, and the helpers they share (endpoint, model and output budget
 //! of a summary request) live here with it.
 #![deny(missing_docs)]
@@ -19,9 +20,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{HeaderName, HeaderValue, ACCEPT, CONTENT_TYPE, USER_AGENT};
+use http::header::{HeaderName, HeaderValue, ACCEPT, CONTENT_LENGTH, CONTENT_TYPE, USER_AGENT};
 use http::{Request, Uri};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
@@ -30,10 +31,15 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
 use tokio::time::Instant;
 
-use compactor_plugin_api::{Caller, SummarizeError, SummaryRequest};
+use compactor_plugin_api::{
+    Caller, SummarizeError, SummaryRequest, DEFAULT_MAX_SUMMARY_BYTES, SUMMARY_ENVELOPE_BYTES,
+};
 
-/// Largest response body read from a provider.
-pub const MAX_RESPONSE_BYTES: usize = 16 * 1024 * 1024;
+/// The largest answer body read from a provider when summaries may take `max_summary_bytes`:
+/// the summary plus [`SUMMARY_ENVELOPE_BYTES`] for the JSON around it.
+pub fn response_limit(max_summary_bytes: usize) -> usize {
+    max_summary_bytes.saturating_add(SUMMARY_ENVELOPE_BYTES)
+}
 
 /// Longest provider error message kept in a [`SummarizeError::Status`].
 pub const MAX_ERROR_MESSAGE_CHARS: usize = 300;
@@ -45,6 +51,8 @@ const REDACTED: &str = "[redacted]";
 #[derive(Clone)]
 pub struct HttpClient {
     client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    /// Largest response body read; see [`HttpClient::with_max_response_bytes`].
+    max_response_bytes: usize,
 }
 
 impl std::fmt::Debug for HttpClient {
@@ -72,7 +80,23 @@ impl HttpClient {
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(90))
             .build(connector);
-        HttpClient { client }
+        HttpClient {
+            client,
+            max_response_bytes: response_limit(DEFAULT_MAX_SUMMARY_BYTES),
+        }
+    }
+
+    /// Bounds the response bodies read to `max` bytes (by default
+    /// [`response_limit`]`(`[`DEFAULT_MAX_SUMMARY_BYTES`]`)`).
+    ///
+    /// A body announced larger (`Content-Length`) is refused before any of it is read; one
+    /// that turns out larger is refused as soon as the bound is crossed. Either way the rest is
+    /// never read and the connection is dropped rather than returned to the pool. A 2xx answer
+    /// refused so is [`SummarizeError::TooLarge`]; an error status stays
+    /// [`SummarizeError::Status`], with a message saying the body was too large to read.
+    pub fn with_max_response_bytes(mut self, max: usize) -> HttpClient {
+        self.max_response_bytes = max;
+        self
     }
 
     /// POSTs `body` as JSON to `url` and returns the parsed JSON answer of a 2xx response.
@@ -105,6 +129,7 @@ impl HttpClient {
             .body(Full::new(Bytes::from(bytes)))
             .map_err(|e| SummarizeError::Config(format!("cannot build request: {e}")))?;
 
+        let limit = self.max_response_bytes;
         let exchange = async {
             let response = self
                 .client
@@ -112,17 +137,44 @@ impl HttpClient {
                 .await
                 .map_err(|e| SummarizeError::Transport(error_chain(&e)))?;
             let status = response.status();
-            let body = Limited::new(response.into_body(), MAX_RESPONSE_BYTES)
-                .collect()
-                .await
-                .map_err(|e| SummarizeError::Transport(format!("reading response: {e}")))?
-                .to_bytes();
+            let announced = response
+                .headers()
+                .get(CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<u64>().ok());
+            if announced.is_some_and(|n| n > limit as u64) {
+                // Dropping the response closes the connection with the body unread.
+                return Ok((status, None));
+            }
+            let body = match Limited::new(response.into_body(), limit).collect().await {
+                Ok(collected) => Some(collected.to_bytes()),
+                Err(e) if e.is::<LengthLimitError>() => None,
+                Err(e) => {
+                    return Err(SummarizeError::Transport(format!(
+                        "reading response: {}",
+                        error_chain(&*e)
+                    )))
+                }
+            };
             Ok::<_, SummarizeError>((status, body))
         };
         let (status, body) = tokio::time::timeout_at(deadline, exchange)
             .await
             .map_err(|_| SummarizeError::Timeout(timeout))??;
 
+        let Some(body) = body else {
+            return Err(if status.is_success() {
+                SummarizeError::TooLarge {
+                    what: "response body".into(),
+                    limit,
+                }
+            } else {
+                SummarizeError::Status {
+                    status: status.as_u16(),
+                    message: format!("error body larger than {limit} bytes, not read"),
+                }
+            });
+        };
         if !status.is_success() {
             return Err(SummarizeError::Status {
                 status: status.as_u16(),
@@ -372,6 +424,187 @@ mod tests {
             other => panic!("expected a config error, got {other:?}"),
         }
         assert!(tls_config(None).is_ok());
+    }
+
+    /// Serves one connection on `127.0.0.1:0`: reads the request, answers `head` (status line
+    /// and headers, without the blank line), then `body` followed by `filler` bytes of `x`,
+    /// as one piece or (`chunked`) as chunks of at most 16 KiB. The task answers whether the
+    /// whole body could be written, i.e. whether the client kept reading.
+    async fn serve_once(
+        head: String,
+        body: &'static [u8],
+        filler: usize,
+        chunked: bool,
+    ) -> (String, tokio::task::JoinHandle<bool>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let task = tokio::spawn(async move {
+            let Ok((mut stream, _)) = listener.accept().await else {
+                return false;
+            };
+            // The request is a few bytes: its headers and body arrive in one read or a few.
+            let mut request = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !request_complete(&request) {
+                match stream.read(&mut buf).await {
+                    Ok(0) | Err(_) => return false,
+                    Ok(n) => request.extend_from_slice(&buf[..n]),
+                }
+            }
+            let framing = if chunked {
+                "\r\ntransfer-encoding: chunked"
+            } else {
+                ""
+            };
+            let start = format!("{head}{framing}\r\n\r\n");
+            if stream.write_all(start.as_bytes()).await.is_err() {
+                return false;
+            }
+            let filler_piece = [b'x'; 16 * 1024];
+            let mut pieces = body.chunks(16 * 1024).collect::<Vec<_>>().into_iter();
+            let mut left = filler;
+            loop {
+                let piece: &[u8] = match pieces.next() {
+                    Some(p) => p,
+                    None if left > 0 => {
+                        let n = left.min(filler_piece.len());
+                        left -= n;
+                        &filler_piece[..n]
+                    }
+                    None => break,
+                };
+                let mut out = Vec::with_capacity(piece.len() + 16);
+                if chunked {
+                    out.extend_from_slice(format!("{:x}\r\n", piece.len()).as_bytes());
+                }
+                out.extend_from_slice(piece);
+                if chunked {
+                    out.extend_from_slice(b"\r\n");
+                }
+                if stream.write_all(&out).await.is_err() {
+                    return false;
+                }
+            }
+            if chunked && stream.write_all(b"0\r\n\r\n").await.is_err() {
+                return false;
+            }
+            stream.flush().await.is_ok()
+        });
+        (format!("http://{addr}/v1/chat/completions"), task)
+    }
+
+    /// Whether `request` holds a whole request: its headers and `content-length` bytes of body.
+    fn request_complete(request: &[u8]) -> bool {
+        let text = String::from_utf8_lossy(request);
+        let Some(end) = text.find("\r\n\r\n") else {
+            return false;
+        };
+        let length = text[..end]
+            .lines()
+            .find_map(|line| {
+                let (name, value) = line.split_once(':')?;
+                name.eq_ignore_ascii_case("content-length")
+                    .then(|| value.trim().parse::<usize>().ok())
+                    .flatten()
+            })
+            .unwrap_or(0);
+        request.len() >= end + 4 + length
+    }
+
+    async fn post(client: &HttpClient, url: &str) -> Result<serde_json::Value, SummarizeError> {
+        let timeout = Duration::from_secs(20);
+        client
+            .post_json(
+                url,
+                &[],
+                &serde_json::json!({"model": "m"}),
+                &[],
+                Instant::now() + timeout,
+                timeout,
+            )
+            .await
+    }
+
+    /// Far more than the socket buffers between the two ends hold: a server that manages to
+    /// write it all had a client reading it all.
+    const HUGE: usize = 64 * 1024 * 1024;
+
+    fn client(max_response_bytes: usize) -> HttpClient {
+        HttpClient::new(None)
+            .expect("client")
+            .with_max_response_bytes(max_response_bytes)
+    }
+
+    #[tokio::test]
+    async fn an_answer_announced_too_large_is_refused_unread() {
+        let head = format!("HTTP/1.1 200 OK\r\ncontent-length: {HUGE}");
+        let (url, server) = serve_once(head, b"", HUGE, false).await;
+        match post(&client(1000), &url).await {
+            Err(e @ SummarizeError::TooLarge { limit: 1000, .. }) => {
+                assert_eq!(e.kind(), "too_large");
+                assert_eq!(
+                    e.to_string(),
+                    "summarizer answer too large: response body exceeds 1000 bytes"
+                );
+            }
+            other => panic!("expected too large, got {other:?}"),
+        }
+        assert!(
+            !server.await.expect("server"),
+            "the body was not read to its end"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_streamed_answer_is_refused_once_it_crosses_the_bound() {
+        let (url, server) = serve_once("HTTP/1.1 200 OK".into(), b"", HUGE, true).await;
+        let err = post(&client(100_000), &url).await.expect_err("too large");
+        assert!(
+            matches!(err, SummarizeError::TooLarge { limit: 100_000, .. }),
+            "{err:?}"
+        );
+        assert!(
+            !server.await.expect("server"),
+            "the body was not read to its end"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_oversized_error_body_keeps_its_status() {
+        let (url, server) = serve_once("HTTP/1.1 502 Bad Gateway".into(), b"", HUGE, true).await;
+        match post(&client(1000), &url).await {
+            Err(SummarizeError::Status {
+                status: 502,
+                message,
+            }) => assert_eq!(message, "error body larger than 1000 bytes, not read"),
+            other => panic!("expected a status error, got {other:?}"),
+        }
+        assert!(!server.await.expect("server"));
+    }
+
+    #[tokio::test]
+    async fn answers_up_to_the_bound_are_read() {
+        const BODY: &[u8] = br#"{"choices":[{"message":{"content":"ok"}}]}"#;
+        for chunked in [false, true] {
+            let head = if chunked {
+                "HTTP/1.1 200 OK".to_owned()
+            } else {
+                format!("HTTP/1.1 200 OK\r\ncontent-length: {}", BODY.len())
+            };
+            let (url, server) = serve_once(head, BODY, 0, chunked).await;
+            let answer = post(&client(BODY.len()), &url).await.expect("read");
+            assert_eq!(answer["choices"][0]["message"]["content"], "ok");
+            assert!(server.await.expect("server"));
+        }
+    }
+
+    #[test]
+    fn the_response_limit_adds_the_envelope() {
+        assert_eq!(response_limit(1000), 1000 + SUMMARY_ENVELOPE_BYTES);
+        assert_eq!(response_limit(usize::MAX), usize::MAX);
     }
 
     #[test]
