@@ -196,7 +196,7 @@ fn config(upstream: &str, summarizer: &MockUpstream) -> String {
          [server]\nshutdown_grace_secs = 1.0\n\
          [compaction]\nmax_messages = 6\nbackground_ratio = 0\nmin_preserve_tokens = 20\n\
          max_preserve_tokens = 100\n\
-         [summarizer]\nbackend = \"openai\"\ntimeout_secs = 0.3\n\
+         [summarizer]\nbackend = \"openai\"\ntimeout_secs = 0.3\nmax_summary_bytes = 65536\n\
          [summarizer.openai]\nbase_url = \"{}/v1\"\nmodel = \"m\"\n",
         upstream_toml(upstream),
         summarizer.url()
