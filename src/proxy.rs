@@ -24,7 +24,7 @@ use compactor_plugin_api::Caller;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, Response};
 use http_body_util::{BodyExt, Full};
-use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::body::{Body, Frame, Incoming};
 
 use crate::app::App;
 use crate::compaction::models::WindowSource;
@@ -33,7 +33,7 @@ use crate::error::Error;
 use crate::metrics::{method_label, route_label, Metrics};
 use crate::pipeline::{ForwardedEstimate, Outcome, Processed, RequestContext};
 use crate::timing::Overhead;
-use crate::upstream::{prepare_headers, strip_hop_by_hop, BoxError, ProxyBody, Resolved};
+use crate::upstream::{holding, prepare_headers, strip_hop_by_hop, BoxError, ProxyBody, Resolved};
 use crate::usage::{self, Encoding, Format, Observed, Usage};
 
 pub mod budget;
@@ -101,13 +101,8 @@ pub async fn handle(
         "proxied"
     );
 
-    response.map(|body| {
-        Tracked {
-            inner: body,
-            _in_flight: in_flight,
-        }
-        .boxed_unsync()
-    })
+    // Counted in flight until the answer has been sent.
+    response.map(|body| holding(body, in_flight))
 }
 
 async fn forward(
@@ -496,32 +491,5 @@ impl InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.request_ended();
-    }
-}
-
-/// A response body that carries the in-flight guard: it is dropped when the body finishes or
-/// when the client goes away and hyper drops the body mid-stream.
-struct Tracked {
-    inner: ProxyBody,
-    _in_flight: InFlight,
-}
-
-impl Body for Tracked {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        Pin::new(&mut self.inner).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
     }
 }

@@ -18,6 +18,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Request, Response, Uri, Version};
 use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -33,6 +34,42 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The body type compactor sends upstream and back to clients.
 pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
+
+/// `body`, carrying `guard` until it has been sent or dropped (when it finishes, or when the
+/// client goes away and hyper drops it mid-stream): how a request stays counted as in progress
+/// while its answer streams.
+pub fn holding<G: Send + Unpin + 'static>(body: ProxyBody, guard: G) -> ProxyBody {
+    Holding {
+        inner: body,
+        _guard: guard,
+    }
+    .boxed_unsync()
+}
+
+struct Holding<G> {
+    inner: ProxyBody,
+    _guard: G,
+}
+
+impl<G: Unpin> hyper::body::Body for Holding<G> {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, BoxError>>> {
+        std::pin::Pin::new(&mut self.get_mut().inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
 
 /// Headers that describe one connection, not the message: never forwarded (RFC 9110 §7.6.1).
 const HOP_BY_HOP: [HeaderName; 8] = [

@@ -5,18 +5,13 @@
 //! been sent (or dropped), so a long streamed answer never counts as idle while a keep-alive
 //! connection, an HTTP/2 connection without streams, or one that never sent a request does.
 
-use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::BodyExt;
-use hyper::body::{Body, Frame, SizeHint};
 use tokio::time::Instant;
 
-use crate::upstream::{BoxError, ProxyBody};
+use crate::upstream::ProxyBody;
 
 /// The requests in progress on one connection. Cheap to clone (shared).
 #[derive(Debug, Clone)]
@@ -67,11 +62,7 @@ pub struct Active(Arc<Inner>);
 impl Active {
     /// Keeps the request in progress until `body` has been sent or dropped.
     pub fn holding(self, body: ProxyBody) -> ProxyBody {
-        Holding {
-            inner: body,
-            _active: self,
-        }
-        .boxed_unsync()
+        crate::upstream::holding(body, self)
     }
 }
 
@@ -87,36 +78,11 @@ impl Drop for Active {
     }
 }
 
-/// A response body that keeps its request in progress.
-struct Holding {
-    inner: ProxyBody,
-    _active: Active,
-}
-
-impl Body for Holding {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        Pin::new(&mut self.inner).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http_body_util::Full;
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, Full};
 
     #[tokio::test]
     async fn a_connection_is_idle_only_without_requests_in_progress() {
