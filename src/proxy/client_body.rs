@@ -65,15 +65,22 @@ pub async fn read(
             held: None,
         }));
     };
-    let deadline = tokio::time::Instant::now() + timeout;
+    // One timer for the whole body, registered once (a timer per frame would take the
+    // runtime's timer lock for every frame of a large body).
+    let expired = tokio::time::sleep(timeout);
+    tokio::pin!(expired);
     let mut chunks: Vec<Bytes> = Vec::new();
     let mut len = 0usize;
     loop {
-        let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
-            Err(_) => return Err(Error::ClientTimeout(timeout)),
-            Ok(None) => break,
-            Ok(Some(Err(e))) => return Err(Error::BadRequestBody(e.to_string())),
-            Ok(Some(Ok(frame))) => frame,
+        let frame = tokio::select! {
+            biased;
+            frame = body.frame() => frame,
+            () = &mut expired => return Err(Error::ClientTimeout(timeout)),
+        };
+        let frame = match frame {
+            None => break,
+            Some(Err(e)) => return Err(Error::BadRequestBody(e.to_string())),
+            Some(Ok(frame)) => frame,
         };
         let Ok(data) = frame.into_data() else {
             continue; // trailers: not part of the JSON
