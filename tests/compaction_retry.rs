@@ -8,7 +8,7 @@ mod support;
 
 use bytes::Bytes;
 use serde_json::{json, Value};
-use support::summary_calls::is_summary_request;
+use support::summary_calls::{agent_requests, is_summary_request};
 use support::{upstream_toml, Exchange, MockUpstream, Recorded, Reply, TestClient, TestProxy};
 
 /// No trigger fires (a large message limit, the default window); the `extractive` summarizer
@@ -103,11 +103,7 @@ async fn a_refusal_for_length_is_compacted_and_retried_streaming_or_not() {
         assert!(text.contains("fits"), "the answer to the retry: {text}");
         assert!(!text.contains("context_length_exceeded"), "{text}");
 
-        let chats: Vec<Recorded> = mock
-            .requests()
-            .into_iter()
-            .filter(|r| !is_summary_request(r))
-            .collect();
+        let chats = agent_requests(&mock);
         assert_eq!(chats.len(), 2, "the original, then the retry");
         assert_eq!(messages_of(&chats[0]), 20, "sent as received first");
         assert!(messages_of(&chats[1]) <= WINDOW_MESSAGES, "the retry fits");
@@ -148,13 +144,7 @@ async fn a_refusal_for_length_is_compacted_and_retried_streaming_or_not() {
         let got = send(&proxy, &next).await;
         assert_eq!(got.status, 200);
         assert_eq!(got.header("x-compactor-retried"), None);
-        assert_eq!(
-            mock.requests()
-                .iter()
-                .filter(|r| !is_summary_request(r))
-                .count(),
-            3
-        );
+        assert_eq!(agent_requests(&mock).len(), 3);
         proxy.shutdown().await;
     }
 }
@@ -211,13 +201,7 @@ async fn other_refusals_and_incurable_ones_reach_the_client_unchanged() {
     assert_eq!(got.status, 400);
     assert_eq!(got.json()["error"]["code"], "context_length_exceeded");
     assert_eq!(got.header("x-compactor-retried"), Some("true"));
-    assert_eq!(
-        mock.requests()
-            .iter()
-            .filter(|r| !is_summary_request(r))
-            .count(),
-        2
-    );
+    assert_eq!(agent_requests(&mock).len(), 2);
     proxy.shutdown().await;
 }
 
@@ -334,10 +318,8 @@ async fn messages_and_responses_refusals_are_retried_in_their_dialect() {
             .await;
         assert_eq!(got.status, 200, "{path}: {:?}", got.body);
         assert_eq!(got.header("x-compactor-retried"), Some("true"), "{path}");
-        let sent: Vec<Value> = mock
-            .requests()
+        let sent: Vec<Value> = agent_requests(&mock)
             .iter()
-            .filter(|r| !is_summary_request(r))
             .map(|r| serde_json::from_slice(&r.body).expect("JSON"))
             .collect();
         assert_eq!(sent.len(), 2, "{path}");

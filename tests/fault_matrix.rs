@@ -145,6 +145,7 @@ impl Upstream {
                 429,
                 &json!({"error": {"message": "Rate limit reached: tokens per min"}}),
             ),
+            // Served by a closed port and a raw TCP server instead: never asked of the mock.
             Upstream::Refused | Upstream::Garbage => Reply::status(599),
         }
     }

@@ -7,7 +7,7 @@ mod support;
 
 use bytes::Bytes;
 use serde_json::{json, Value};
-use support::summary_calls::is_summary_request;
+use support::summary_calls::{agent_requests, is_summary_request};
 use support::{upstream_toml, Exchange, MockUpstream, Recorded, Reply, TestClient, TestProxy};
 
 /// No message trigger; the `extractive` summarizer needs no network.
@@ -83,13 +83,6 @@ async fn send(proxy: &TestProxy, body: &Value) -> Exchange {
         .await
 }
 
-fn chats(mock: &MockUpstream) -> Vec<Recorded> {
-    mock.requests()
-        .into_iter()
-        .filter(|r| !is_summary_request(r))
-        .collect()
-}
-
 async fn models(proxy: &TestProxy) -> Value {
     let (status, text) = TestClient::http1()
         .get_text(&proxy.admin_url("/models"))
@@ -124,7 +117,7 @@ async fn a_window_named_in_a_refusal_is_used_by_the_trigger_from_then_on() {
     let got = send(&proxy, &first).await;
     assert_eq!(got.status, 200, "{:?}", got.body);
     assert_eq!(got.header("x-compactor-retried"), Some("true"));
-    assert_eq!(chats(&mock).len(), 2, "refused, then retried");
+    assert_eq!(agent_requests(&mock).len(), 2, "refused, then retried");
 
     let learned = models(&proxy).await;
     let entry = listed(&learned, "local-model").expect("learned under its model key");
@@ -148,7 +141,7 @@ async fn a_window_named_in_a_refusal_is_used_by_the_trigger_from_then_on() {
     assert_eq!(got.status, 200, "{:?}", got.body);
     assert_eq!(got.header("x-compactor-retried"), None);
     assert_eq!(got.header("x-compactor-compacted"), Some("true"));
-    let all = chats(&mock);
+    let all = agent_requests(&mock);
     assert_eq!(all.len(), 3, "one request for the second conversation");
     assert!(provider_tokens(&all[2]) <= REAL_WINDOW, "it fits");
     assert_eq!(

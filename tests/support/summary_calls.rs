@@ -29,6 +29,14 @@ pub fn is_summary_request(r: &Recorded) -> bool {
     prompt_of(r).is_some()
 }
 
+/// Every request the mock received that is not a summarizer call (the agent's own), in order.
+pub fn agent_requests(mock: &MockUpstream) -> Vec<Recorded> {
+    mock.requests()
+        .into_iter()
+        .filter(|r| !is_summary_request(r))
+        .collect()
+}
+
 /// What the mock received after its first `seen` requests: (summarizer calls, the rest).
 pub fn received_since(mock: &MockUpstream, seen: usize) -> (Vec<Recorded>, Vec<Recorded>) {
     mock.requests()[seen..]
