@@ -46,9 +46,14 @@ pub async fn handle(app: Arc<App>, request: Request<Incoming>) -> Response<Full<
         .strip_prefix("/session/")
         .map(|rest| rest.split_once('/').unwrap_or((rest, "")));
     match (&method, path.as_str(), session) {
-        (&Method::GET, "/livez" | "/readyz", _) => {
-            text(StatusCode::OK, "ok\n".into(), "text/plain")
-        }
+        (&Method::GET, "/livez", _) => text(StatusCode::OK, "ok\n".into(), "text/plain"),
+        // Ready whatever the store's state: a degraded shared store is served around (fail
+        // open), and taking every replica out of service because Redis is away would turn a
+        // lost cache into an outage. The state is shown for operators.
+        (&Method::GET, "/readyz", _) => ok_json(json!({
+            "status": "ok",
+            "store": app.compactor.store().health(),
+        })),
         (&Method::GET, "/metrics", _) => metrics(&app).await,
         (&Method::GET, "/models", _) => models(&app).await,
         (&Method::GET, "/sessions", _) => match app

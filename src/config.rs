@@ -126,6 +126,17 @@ fn merge_env(figment: Figment) -> Figment {
         .fold(figment, |figment, secret| figment.merge(secret))
 }
 
+/// Whether `url` is a Redis URL the client accepts. The reason never repeats the URL: it may
+/// hold a password.
+fn redis_url_check(url: &str) -> Result<(), &'static str> {
+    if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
+        return Err("must start with redis:// or rediss://");
+    }
+    redis::Client::open(url)
+        .map(|_| ())
+        .map_err(|_| "is not a valid Redis URL")
+}
+
 fn invalid(key: impl Into<String>, reason: impl Into<String>) -> ConfigError {
     ConfigError::Invalid {
         key: key.into(),
@@ -367,7 +378,18 @@ pub struct SessionConfig {
     pub header: String,
 }
 
-/// `[store]`: the bounded in-memory session store.
+/// Where sessions and checkpoints live (`store.backend`).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreBackend {
+    /// In this process only (bounded by the `max_*` keys).
+    #[default]
+    Memory,
+    /// Shared through Redis by every replica pointing at the same server and `key_prefix`.
+    Redis,
+}
+
+/// `[store]`: the session store: in memory (bounded) or shared through Redis.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct StoreConfig {
@@ -382,6 +404,18 @@ pub struct StoreConfig {
     pub max_bytes: usize,
     /// Sessions unused for longer are forgotten.
     pub ttl_secs: Seconds,
+    /// `memory` or `redis`.
+    pub backend: StoreBackend,
+    /// The Redis server (`redis://host:port/db`, `rediss://` for TLS). Credentials belong in
+    /// the `COMPACTOR_STORE__REDIS_URL` environment variable; the URL is never printed.
+    pub redis_url: String,
+    /// Prefix of every Redis key, so several deployments can share one server.
+    pub key_prefix: String,
+    /// Bound on each Redis call; beyond it the call counts as failed and the request goes on
+    /// without the store.
+    pub redis_timeout_secs: Seconds,
+    /// Largest latest-request body shared through Redis (larger ones stay in this replica).
+    pub max_shared_request_bytes: usize,
 }
 
 /// `[models."<name or glob>"]`
@@ -480,6 +514,11 @@ impl Default for StoreConfig {
             max_sessions_per_tenant: 2_500,
             max_bytes: 256 * 1024 * 1024,
             ttl_secs: Seconds::from_secs(86_400),
+            backend: StoreBackend::Memory,
+            redis_url: "redis://127.0.0.1:6379".into(),
+            key_prefix: "compactor".into(),
+            redis_timeout_secs: Seconds::from_millis(250),
+            max_shared_request_bytes: 8 * 1024 * 1024,
         }
     }
 }
@@ -587,6 +626,17 @@ impl Config {
         if self.store.max_bytes == 0 {
             return Err(invalid("store.max_bytes", "must be positive"));
         }
+        if self.store.backend == StoreBackend::Redis {
+            if let Err(e) = redis_url_check(&self.store.redis_url) {
+                return Err(invalid("store.redis_url", e));
+            }
+        }
+        if self.store.key_prefix.is_empty() || self.store.key_prefix.contains(['{', '}']) {
+            return Err(invalid(
+                "store.key_prefix",
+                "must be non-empty and free of braces (they delimit the tenant in keys)",
+            ));
+        }
         if http::HeaderName::from_bytes(self.session.header.as_bytes()).is_err() {
             return Err(invalid(
                 "session.header",
@@ -619,6 +669,7 @@ impl Config {
         for value in c.summarizer.exec.env.values_mut() {
             *value = REDACTED.into();
         }
+        c.store.redis_url = REDACTED.into();
         c
     }
 
@@ -652,6 +703,11 @@ impl Config {
         self.upstream.pool_idle_timeout_secs.duration()
     }
 
+    /// The bound on each Redis call.
+    pub fn redis_timeout(&self) -> Duration {
+        self.store.redis_timeout_secs.duration()
+    }
+
     /// How long an unused session is kept.
     pub fn store_ttl(&self) -> Duration {
         self.store.ttl_secs.duration()
@@ -681,6 +737,10 @@ impl Seconds {
     /// A whole number of seconds (the built-in defaults); must be positive.
     const fn from_secs(secs: u64) -> Seconds {
         Seconds(Duration::from_secs(secs))
+    }
+
+    const fn from_millis(millis: u64) -> Seconds {
+        Seconds(Duration::from_millis(millis))
     }
 
     /// The duration.

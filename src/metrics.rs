@@ -24,6 +24,55 @@ use crate::compaction::models::WindowSource;
 use crate::compaction::trigger::{BackgroundOutcome, CompactionOutcome, Trigger};
 use crate::dialect::DialectKind;
 
+/// The session store calls `compactor_store_errors_total` counts, by `op`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreOp {
+    /// Checkpoint lookups on the request path.
+    Lookup,
+    /// Storing a checkpoint.
+    Put,
+    /// Recording a session's latest request.
+    Touch,
+    /// Admin reads: one session, the list, a latest request.
+    Sessions,
+    /// The per-session breaker.
+    Breaker,
+    /// Compaction claims across replicas (take, renew, release, wait).
+    Claim,
+    /// Learned context windows.
+    Windows,
+    /// The gauges read at scrape time.
+    Stats,
+}
+
+impl StoreOp {
+    /// Every op (pre-initialised label values).
+    pub const ALL: [StoreOp; 8] = [
+        StoreOp::Lookup,
+        StoreOp::Put,
+        StoreOp::Touch,
+        StoreOp::Sessions,
+        StoreOp::Breaker,
+        StoreOp::Claim,
+        StoreOp::Windows,
+        StoreOp::Stats,
+    ];
+
+    /// The `op` label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            StoreOp::Lookup => "lookup",
+            StoreOp::Put => "put",
+            StoreOp::Touch => "touch",
+            StoreOp::Sessions => "sessions",
+            StoreOp::Breaker => "breaker",
+            StoreOp::Claim => "claim",
+            StoreOp::Windows => "windows",
+            StoreOp::Stats => "stats",
+        }
+    }
+}
+
 /// Latency buckets for whole requests and upstream waits (seconds).
 const LATENCY_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
@@ -218,6 +267,8 @@ pub struct Metrics {
     retries: IntCounterVec,
     /// `compactor_context_window_learned_total{source}`
     windows_learned: IntCounterVec,
+    /// `compactor_store_errors_total{op}`
+    store_errors: IntCounterVec,
     /// `compactor_sessions`
     pub sessions: IntGauge,
     /// `compactor_store_evictions_total`: raised through [`Metrics::observe_store_evictions`].
@@ -397,6 +448,12 @@ impl Metrics {
                 "Context windows learned from providers (a refusal that named one, or usage above the window assumed), by source.",
                 &["source"],
             )?,
+            store_errors: counter_vec(
+                r,
+                "compactor_store_errors_total",
+                "Session store calls that did not reach the shared store (unreachable, slow, failing, or skipped while it recovers); the request went on with this replica's memory.",
+                &["op"],
+            )?,
             sessions: register(
                 r,
                 IntGauge::new("compactor_sessions", "Sessions held by the session store.")?,
@@ -535,6 +592,9 @@ impl Metrics {
         for source in WindowSource::ALL {
             self.windows_learned.with_label_values(&[source.label()]);
         }
+        for op in StoreOp::ALL {
+            self.store_errors.with_label_values(&[op.label()]);
+        }
         for dialect in DIALECTS {
             self.context_utilization
                 .with_label_values(&[dialect.label()]);
@@ -651,6 +711,12 @@ impl Metrics {
         self.background_compactions
             .with_label_values(&[outcome.label()])
             .inc();
+    }
+
+    /// A call to the shared session store failed, timed out, or was skipped while the store
+    /// recovers.
+    pub fn store_error(&self, op: StoreOp) {
+        self.store_errors.with_label_values(&[op.label()]).inc();
     }
 
     /// A model's context window was learned (or changed) from a provider.

@@ -34,14 +34,15 @@ use crate::compaction::models::{LearnedWindow, WindowSource};
 use crate::compaction::prompt::summary_message;
 use crate::compaction::trigger::{BackgroundOutcome, CompactionOutcome, Limits, Trigger};
 use crate::compaction::{CompactionResult, MAX_ATTEMPTS_PER_REQUEST};
-use crate::config::Config;
+use crate::config::{Config, StoreBackend};
 use crate::dialect::{DialectError, DialectKind, Scan};
 use crate::metrics::Metrics;
 use crate::overflow::Overflow;
 use crate::session::hash::SESSION_ID_MESSAGES;
+use crate::session::redis::CLAIM_TTL;
 use crate::session::{
-    session_id, ChainMemo, Checkpoint, LatestRequest, MemoryStore, SessionStore, SingleFlight,
-    Staged, StoreError, StoreLimits, TenantId,
+    session_id, ChainMemo, Checkpoint, Claim, LatestRequest, Lease, MemoryStore, RedisSettings,
+    RedisStore, SessionStore, SingleFlight, Staged, StoreError, StoreLimits, TenantId,
 };
 use crate::transcript::Transcript;
 
@@ -191,16 +192,46 @@ pub struct Pipeline {
 }
 
 impl Pipeline {
-    /// A pipeline with its own in-memory store sized by `[store]`.
+    /// A pipeline with the store `[store]` describes: in memory, or shared through Redis
+    /// (with a memory store of this process's own beside it).
     pub fn new(config: &Config, summarizer: Arc<dyn Summarizer>, metrics: Arc<Metrics>) -> Self {
-        let store = MemoryStore::new(StoreLimits {
+        let memory = MemoryStore::new(StoreLimits {
             max_sessions: config.store.max_sessions,
             max_bytes: config.store.max_bytes,
             max_sessions_per_tenant: config.store.max_sessions_per_tenant,
             ttl: config.store_ttl(),
         })
         .with_breaker_cooldown(config.breaker_cooldown());
-        Pipeline::with_store(config, summarizer, metrics, Arc::new(store))
+        let store: Arc<dyn SessionStore> = match config.store.backend {
+            StoreBackend::Memory => Arc::new(memory),
+            StoreBackend::Redis => {
+                let settings = RedisSettings {
+                    key_prefix: config.store.key_prefix.clone(),
+                    ttl: config.store_ttl(),
+                    timeout: config.redis_timeout(),
+                    max_shared_request_bytes: config.store.max_shared_request_bytes,
+                    breaker_cooldown: config.breaker_cooldown(),
+                    claim_ttl: CLAIM_TTL,
+                };
+                match RedisStore::new(&config.store.redis_url, settings, memory, metrics.clone()) {
+                    Ok(redis) => Arc::new(redis),
+                    Err(e) => {
+                        // Validation accepted the URL, so this is not expected; fail open.
+                        tracing::error!(error = %e, "redis store unavailable; sessions stay in memory");
+                        Arc::new(
+                            MemoryStore::new(StoreLimits {
+                                max_sessions: config.store.max_sessions,
+                                max_bytes: config.store.max_bytes,
+                                max_sessions_per_tenant: config.store.max_sessions_per_tenant,
+                                ttl: config.store_ttl(),
+                            })
+                            .with_breaker_cooldown(config.breaker_cooldown()),
+                        )
+                    }
+                }
+            }
+        };
+        Pipeline::with_store(config, summarizer, metrics, store)
     }
 
     /// A pipeline over a given store.
@@ -391,6 +422,7 @@ impl Pipeline {
         let tenant = TenantId::from_caller(context.caller);
         let session = session_of(&scan, &tenant, context.session_header);
         let latest = LatestRequest {
+            tenant,
             dialect,
             body: body.clone(),
             caller: context.caller.clone(),
@@ -583,9 +615,14 @@ impl Pipeline {
         let slot = &mut led;
         let splice_ref = splice.as_ref();
         let transcript_ref = &transcript;
+        let claim_key = key.clone();
         let flight = self
             .flights
             .run(key, self.flight_wait, move || async move {
+                // Another process sharing the store may be compacting the same prefix.
+                let Some(_lease) = self.claim(&claim_key, self.flight_wait).await else {
+                    return;
+                };
                 // A flight that ended between this request's lookup and now left a newer
                 // checkpoint: compacting again would call the summarizer a second time.
                 let newer = self
@@ -946,6 +983,10 @@ impl Pipeline {
     }
 
     async fn background_summary(&self, job: &BackgroundJob) -> BackgroundOutcome {
+        // Another process compacting this prefix already: leave it to them, without waiting.
+        let Some(_lease) = self.claim(&job.key, Duration::ZERO).await else {
+            return BackgroundOutcome::Skipped;
+        };
         let Ok(scan) = job.dialect.scan(&job.body, self.engine.estimator()) else {
             return BackgroundOutcome::Failed;
         };
@@ -1001,12 +1042,31 @@ impl Pipeline {
         }
     }
 
+    /// Claims the compaction of `key`'s prefix across the processes sharing the store, waiting
+    /// up to `wait` for another's. `None`: another process held it; what it stored is in the
+    /// store. A failing store claims nothing and lets this process compact (fail open: at
+    /// worst a second summary of the prefix).
+    async fn claim(&self, key: &FlightKey, wait: Duration) -> Option<Lease> {
+        match self
+            .store
+            .claim_compaction(key.tenant, &key.session, key.covered, wait)
+            .await
+        {
+            Ok(Claim::Won(lease)) => Some(lease),
+            Ok(Claim::Waited) => None,
+            Err(e) => {
+                tracing::warn!(error = %e, "compaction claim failed; compacting in this process");
+                Some(Lease::local())
+            }
+        }
+    }
+
     /// Whether the session's latest request no longer starts with the first `covered`
     /// messages of `request` (the person edited or rewound the conversation while its summary
     /// was being made): such a summary would never be spliced.
     async fn edited_since(&self, request: &Request<'_, '_>, covered: usize) -> bool {
         let latest = match self.store.latest_request(request.session).await {
-            Ok(Some(latest)) if TenantId::from_caller(&latest.caller) == request.tenant => latest,
+            Ok(Some(latest)) if latest.tenant == request.tenant => latest,
             _ => return false,
         };
         let Ok(now) = latest.dialect.scan(&latest.body, self.engine.estimator()) else {
@@ -1235,7 +1295,7 @@ impl Pipeline {
             scan: &scan,
             body: &latest.body,
             caller: &latest.caller,
-            tenant: TenantId::from_caller(&latest.caller),
+            tenant: latest.tenant,
             session: id,
             limits: self
                 .limits(scan.model.as_deref(), scan.requested_output)

@@ -14,7 +14,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::config::ModelConfig;
 
@@ -98,7 +98,7 @@ pub fn model_key(model: &str) -> String {
 }
 
 /// How compactor learned a model's context window.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum WindowSource {
     /// The provider named it when it refused a request for its length.
@@ -122,7 +122,7 @@ impl WindowSource {
 }
 
 /// A model's context window as a provider showed it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LearnedWindow {
     /// The window, in the provider's tokens.
     pub context_window: usize,

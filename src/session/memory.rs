@@ -780,6 +780,7 @@ mod tests {
 
     fn request(body_len: usize) -> LatestRequest {
         LatestRequest {
+            tenant: TenantId::ANONYMOUS,
             dialect: DialectKind::ChatCompletions,
             body: Bytes::from(vec![b'x'; body_len]),
             caller: Caller::default(),

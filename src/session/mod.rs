@@ -17,6 +17,7 @@ pub mod flight;
 pub mod hash;
 pub mod memo;
 pub mod memory;
+pub mod redis;
 pub mod store;
 pub mod windows;
 
@@ -25,7 +26,8 @@ pub use flight::{Flight, FlightError, SingleFlight};
 pub use hash::{canonical_json, chain, session_id, CanonicalError, ChainHash, TenantId};
 pub use memo::ChainMemo;
 pub use memory::{Clock, MemoryStore};
+pub use redis::{RedisSettings, RedisStore};
 pub use store::{
-    Checkpoint, LatestRequest, SessionInfo, SessionStore, Staged, StoreError, StoreLimits,
-    StoreStats,
+    Checkpoint, Claim, LatestRequest, Lease, SessionInfo, SessionStore, Staged, StoreError,
+    StoreHealth, StoreLimits, StoreStats,
 };

@@ -86,10 +86,14 @@ impl Checkpoint {
 }
 
 /// The most recent chat request of a session, kept so `POST /session/{id}/summarize` can
-/// compact it. `caller` holds credentials: this lives in memory only, is never serialised,
-/// and its `Debug` shows neither the body nor credential values.
+/// compact it. `caller` holds credentials: they stay in the memory of the process that
+/// received the request (a shared store keeps the rest), are never serialised, and `Debug`
+/// shows neither the body nor credential values.
 #[derive(Clone)]
 pub struct LatestRequest {
+    /// The tenant that sent it (kept apart from `caller`, whose credentials may be absent
+    /// when the request was read back from a shared store).
+    pub tenant: TenantId,
     /// The wire format of `body`.
     pub dialect: DialectKind,
     /// The request body exactly as received.
@@ -227,6 +231,53 @@ pub enum StoreError {
     Backend(String),
 }
 
+/// What [`SessionStore::claim_compaction`] answered.
+#[derive(Debug)]
+pub enum Claim {
+    /// This process compacts the prefix; dropping the lease releases the claim.
+    Won(Lease),
+    /// Another process held the claim; it released it (or it expired, or the wait ran out):
+    /// read the store for what it left.
+    Waited,
+}
+
+/// A held compaction claim: released when dropped. A backend keeps it alive (renews it) for
+/// as long as the lease lives, and lets it expire if this process dies.
+pub struct Lease(Option<Box<dyn Send + Sync>>);
+
+impl Lease {
+    /// A lease with nothing to release (a store private to this process: its single flight
+    /// already keeps one compaction of a prefix at a time).
+    pub fn local() -> Lease {
+        Lease(None)
+    }
+
+    /// A lease whose `guard` releases the claim when dropped.
+    pub fn guarded(guard: Box<dyn Send + Sync>) -> Lease {
+        Lease(Some(guard))
+    }
+}
+
+impl fmt::Debug for Lease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Lease")
+            .field(&if self.0.is_some() { "shared" } else { "local" })
+            .finish()
+    }
+}
+
+/// The state of a store's backend, for `/readyz`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StoreHealth {
+    /// In this process: always available.
+    Memory,
+    /// The shared backend answered its last call.
+    Connected,
+    /// The shared backend is unreachable or failing: requests go on without it (fail open).
+    Degraded,
+}
+
 /// Where checkpoints and sessions live. Object safe: hold it as `Arc<dyn SessionStore>`.
 ///
 /// Sessions are keyed by `(tenant, id)` so two tenants sending the same session header never
@@ -315,6 +366,29 @@ pub trait SessionStore: Send + Sync {
 
     /// Every learned window by model key, most recently learned first (admin `GET /models`).
     fn learned_windows(&self) -> BoxFuture<'_, Result<Vec<(String, LearnedWindow)>, StoreError>>;
+
+    /// Claims the compaction of the first `covered` messages' successor for session
+    /// `(tenant, id)` across every process sharing this store, so one summary is made per
+    /// compaction. When another process holds the claim, waits up to `wait` for it to go
+    /// (released, or expired because its holder died) and answers [`Claim::Waited`].
+    ///
+    /// A store private to this process always wins: the caller's single flight already
+    /// serialises compactions of a prefix within the process.
+    fn claim_compaction<'a>(
+        &'a self,
+        tenant: TenantId,
+        id: &'a str,
+        covered: usize,
+        wait: Duration,
+    ) -> BoxFuture<'a, Result<Claim, StoreError>> {
+        let _ = (tenant, id, covered, wait);
+        Box::pin(std::future::ready(Ok(Claim::Won(Lease::local()))))
+    }
+
+    /// The backend's state (`/readyz`).
+    fn health(&self) -> StoreHealth {
+        StoreHealth::Memory
+    }
 }
 
 /// Seconds since the Unix epoch (0 if the clock is before it), for `created_unix` and friends.
@@ -331,6 +405,7 @@ mod tests {
     #[test]
     fn latest_request_debug_hides_body_and_credentials() {
         let latest = LatestRequest {
+            tenant: TenantId::ANONYMOUS,
             dialect: DialectKind::ChatCompletions,
             body: Bytes::from_static(br#"{"messages":[{"content":"private"}]}"#),
             caller: Caller {

@@ -13,6 +13,7 @@ pub mod metrics;
 pub mod mock;
 pub mod provider_rules;
 pub mod proxy;
+pub mod redis_server;
 pub mod responses_rules;
 pub mod summary_calls;
 pub mod tls;
@@ -29,6 +30,7 @@ pub use fixtures::{transcript, transcript_path, TRANSCRIPTS};
 pub use metrics::metric_value;
 pub use mock::{MockUpstream, Recorded, Reply, StreamSender};
 pub use proxy::{upstream_toml, TestProxy};
+pub use redis_server::RedisServer;
 pub use tls::TestPki;
 
 /// The default bound on any single await in a test: long enough for a loaded 2-core CI box,

@@ -1,0 +1,657 @@
+//! The Redis session store with a real `redis-server` (started here on a free port; Debian's
+//! package, which `.ci/run` installs): replicas that share sessions make one summary per
+//! compaction however requests are spread over them, a restarted replica reuses what was
+//! stored, Redis killed mid-run loses no request and sharing resumes when it is back, tenants
+//! stay apart, no credential reaches Redis, and a claim left by a dead replica expires.
+
+mod support;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use compactor::metrics::Metrics;
+use compactor::session::{
+    Claim, MemoryStore, RedisSettings, RedisStore, SessionStore, StoreLimits, TenantId,
+};
+use serde_json::{json, Value};
+use support::summary_calls::{completion, summary_prompt};
+use support::{
+    eventually, upstream_toml, within, Exchange, MockUpstream, Recorded, RedisServer, Reply,
+    StreamSender, TestClient, TestProxy,
+};
+
+const CHAT: &str = "/v1/chat/completions";
+const AUTH: &str = "Bearer sk-redis-tenant-a";
+const OTHER_AUTH: &str = "Bearer sk-redis-tenant-b";
+
+/// The provider behind every replica: summarizer calls are answered `SUMMARY-<n>`, optionally
+/// held until released; everything else is the agent's request.
+#[derive(Default)]
+struct Provider {
+    summaries: AtomicUsize,
+    hold: AtomicBool,
+    held: Mutex<Vec<(StreamSender, Bytes)>>,
+}
+
+impl Provider {
+    fn install(mock: &MockUpstream) -> Arc<Provider> {
+        let provider = Arc::new(Provider::default());
+        let p = provider.clone();
+        mock.set_handler(move |r: &Recorded| p.answer(r));
+        provider
+    }
+
+    fn answer(&self, r: &Recorded) -> Reply {
+        let v: Value = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
+        if summary_prompt(&v).is_none() {
+            return Reply::json(200, &completion("Next step."));
+        }
+        let n = self.summaries.fetch_add(1, Ordering::SeqCst) + 1;
+        let answer = Bytes::from(completion(&format!("SUMMARY-{n}")).to_string());
+        if !self.hold.load(Ordering::SeqCst) {
+            return Reply::bytes(200, "application/json", answer);
+        }
+        let (reply, tx) = Reply::stream_channel(
+            200,
+            vec![("content-type".into(), "application/json".into())],
+        );
+        self.held.lock().expect("lock").push((tx, answer));
+        reply
+    }
+
+    fn summaries(&self) -> usize {
+        self.summaries.load(Ordering::SeqCst)
+    }
+
+    fn held(&self) -> usize {
+        self.held.lock().expect("lock").len()
+    }
+
+    async fn release(&self) {
+        let held = std::mem::take(&mut *self.held.lock().expect("lock"));
+        for (tx, answer) in held {
+            tx.send(answer).await.expect("summarizer still waiting");
+        }
+    }
+}
+
+/// Compacts beyond 10 messages, on the request path (no background summaries, so every
+/// summary is attributable to a request).
+fn toml(mock: &MockUpstream, redis: Option<&RedisServer>) -> String {
+    let store = match redis {
+        Some(r) => format!(
+            "[store]\nbackend = \"redis\"\nredis_url = \"{}\"\nredis_timeout_secs = 0.5\n",
+            r.url()
+        ),
+        None => String::new(),
+    };
+    format!(
+        "{}[compaction]\nmax_messages = 10\nbackground_ratio = 0\nmin_preserve_tokens = 20\n\
+         max_preserve_tokens = 200\n{store}",
+        upstream_toml(&mock.url())
+    )
+}
+
+/// A conversation of `turns` user/assistant exchanges, `tag` making it unique.
+fn conversation(tag: &str, turns: usize) -> Vec<Value> {
+    let mut messages = vec![json!({"role": "system", "content": "You are a coding agent."})];
+    for k in 0..turns {
+        messages.push(json!({
+            "role": "user",
+            "content": format!("{tag} step {k}: change the invoice model and run the tests again, \
+                                then report what failed and why, file by file.")
+        }));
+        messages.push(json!({
+            "role": "assistant",
+            "content": format!("{tag} step {k} done: the invoice model now rounds half-even; \
+                                tests pass except test_totals, which expects truncation.")
+        }));
+    }
+    messages
+}
+
+/// The request before assistant message `i`.
+fn request_before(messages: &[Value], i: usize) -> Bytes {
+    Bytes::from(
+        serde_json::to_vec(&json!({"model": "gpt-4o", "messages": &messages[..i]}))
+            .expect("serialise"),
+    )
+}
+
+async fn chat(client: &TestClient, proxy: &TestProxy, auth: &str, body: Bytes) -> Exchange {
+    let ex = client
+        .exchange(
+            "POST",
+            &proxy.url(CHAT),
+            &[
+                ("content-type", "application/json"),
+                ("authorization", auth),
+            ],
+            body,
+        )
+        .await;
+    assert_eq!(
+        ex.status,
+        200,
+        "chat request failed: {}",
+        String::from_utf8_lossy(&ex.body)
+    );
+    ex
+}
+
+/// The summaries (`SUMMARY-<n>`) a forwarded body carries.
+fn summaries_in(body: &[u8]) -> Vec<String> {
+    let text = String::from_utf8_lossy(body);
+    text.match_indices("SUMMARY-")
+        .map(|(at, _)| {
+            text[at..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
+                .collect()
+        })
+        .collect()
+}
+
+/// The agent requests the mock received after its first `seen` requests.
+fn forwarded_since(mock: &MockUpstream, seen: usize) -> Vec<Recorded> {
+    mock.requests()[seen..]
+        .iter()
+        .filter(|r| {
+            let v: Value = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
+            summary_prompt(&v).is_none()
+        })
+        .cloned()
+        .collect()
+}
+
+/// Plays every request of `messages` (one per assistant turn), sending request `k` to
+/// `replicas[k % replicas.len()]`; returns the summaries each forwarded request carried.
+async fn play(
+    mock: &MockUpstream,
+    replicas: &[&TestProxy],
+    auth: &str,
+    messages: &[Value],
+) -> Vec<Vec<String>> {
+    play_from(mock, replicas, auth, messages, 1).await
+}
+
+/// [`play`] from the request before assistant message `start` on.
+async fn play_from(
+    mock: &MockUpstream,
+    replicas: &[&TestProxy],
+    auth: &str,
+    messages: &[Value],
+    start: usize,
+) -> Vec<Vec<String>> {
+    let client = TestClient::http1();
+    let mut carried = Vec::new();
+    let turns = (start..messages.len()).filter(|i| messages[*i]["role"] == "assistant");
+    for (k, i) in turns.enumerate() {
+        let seen = mock.requests().len();
+        chat(
+            &client,
+            replicas[k % replicas.len()],
+            auth,
+            request_before(messages, i),
+        )
+        .await;
+        let forwarded = forwarded_since(mock, seen);
+        assert_eq!(forwarded.len(), 1, "request {k}: forwarded once");
+        carried.push(summaries_in(&forwarded[0].body));
+    }
+    carried
+}
+
+async fn readyz_store(proxy: &TestProxy) -> String {
+    let (status, text) = TestClient::http1()
+        .get_text(&proxy.admin_url("/readyz"))
+        .await;
+    assert_eq!(
+        status, 200,
+        "/readyz stays ready whatever the store: {text}"
+    );
+    let v: Value = serde_json::from_str(&text).expect("readyz JSON");
+    v["store"].as_str().expect("store state").to_owned()
+}
+
+async fn store_errors(proxy: &TestProxy) -> f64 {
+    let text = proxy.metrics().await;
+    ["lookup", "put", "touch", "breaker", "claim"]
+        .iter()
+        .map(|op| {
+            support::metric_value(&text, "compactor_store_errors_total", &[("op", op)])
+                .unwrap_or(0.0)
+        })
+        .sum()
+}
+
+#[tokio::test]
+async fn two_replicas_alternating_make_the_summaries_of_one() {
+    let redis = RedisServer::start().await;
+    let messages = conversation("alternating", 30);
+
+    // The reference: one replica with its memory store.
+    let mock = MockUpstream::start().await;
+    let provider = Provider::install(&mock);
+    let single = TestProxy::start(&toml(&mock, None)).await;
+    let alone = play(&mock, &[&single], AUTH, &messages).await;
+    let reference = provider.summaries();
+    assert!(reference >= 3, "the conversation compacts several times");
+    single.shutdown().await;
+
+    // Two replicas sharing Redis, taking turns.
+    let mock = MockUpstream::start().await;
+    let provider = Provider::install(&mock);
+    let a = TestProxy::start(&toml(&mock, Some(&redis))).await;
+    let b = TestProxy::start(&toml(&mock, Some(&redis))).await;
+    let shared = play(&mock, &[&a, &b], AUTH, &messages).await;
+    assert_eq!(
+        provider.summaries(),
+        reference,
+        "two replicas make exactly the summaries one replica makes"
+    );
+    assert_eq!(
+        shared, alone,
+        "every request carries the summary one replica would have forwarded"
+    );
+    assert_eq!(store_errors(&a).await + store_errors(&b).await, 0.0);
+    assert_eq!(readyz_store(&a).await, "connected");
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test]
+async fn concurrent_requests_on_two_replicas_make_one_summary() {
+    let redis = RedisServer::start().await;
+    let mock = MockUpstream::start().await;
+    let provider = Provider::install(&mock);
+    provider.hold.store(true, Ordering::SeqCst);
+    let a = TestProxy::start(&toml(&mock, Some(&redis))).await;
+    let b = TestProxy::start(&toml(&mock, Some(&redis))).await;
+    let messages = conversation("concurrent", 8);
+    let body = request_before(&messages, messages.len() - 1);
+
+    let first = tokio::spawn({
+        let (client, body, url) = (TestClient::http1(), body.clone(), a.url(CHAT));
+        async move {
+            client
+                .exchange(
+                    "POST",
+                    &url,
+                    &[
+                        ("content-type", "application/json"),
+                        ("authorization", AUTH),
+                    ],
+                    body,
+                )
+                .await
+        }
+    });
+    eventually("replica A to ask for the summary", || async {
+        (provider.held() == 1).then_some(())
+    })
+    .await;
+    // Replica B gets the same request while A's summary is being made: it must wait for A's
+    // claim (it polls the lock) instead of asking for a second summary.
+    let mut stats = redis.connection().await;
+    let polls = || async {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut redis.connection().await)
+            .await
+            .expect("INFO");
+        info.lines()
+            .find(|l| l.starts_with("cmdstat_exists:"))
+            .and_then(|l| l.split("calls=").nth(1))
+            .and_then(|v| v.split(',').next())
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut stats)
+        .await
+        .expect("CONFIG RESETSTAT");
+    let second = tokio::spawn({
+        let (client, body, url) = (TestClient::http1(), body.clone(), b.url(CHAT));
+        async move {
+            client
+                .exchange(
+                    "POST",
+                    &url,
+                    &[
+                        ("content-type", "application/json"),
+                        ("authorization", AUTH),
+                    ],
+                    body,
+                )
+                .await
+        }
+    });
+    eventually("replica B to wait on A's claim", || async {
+        (polls().await > 0).then_some(())
+    })
+    .await;
+    assert_eq!(provider.held(), 1, "B asked for no summary of its own");
+    provider.release().await;
+    let first = within("replica A's answer", first).await.expect("task");
+    let second = within("replica B's answer", second).await.expect("task");
+    assert_eq!((first.status, second.status), (200, 200));
+    assert_eq!(provider.summaries(), 1, "one summary for both replicas");
+    let forwarded = forwarded_since(&mock, 0);
+    assert_eq!(forwarded.len(), 2);
+    for r in &forwarded {
+        assert_eq!(
+            summaries_in(&r.body),
+            ["SUMMARY-1"],
+            "both carry A's summary"
+        );
+    }
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_restarted_replica_reuses_the_stored_summaries() {
+    let redis = RedisServer::start().await;
+    let mock = MockUpstream::start().await;
+    let provider = Provider::install(&mock);
+    let messages = conversation("restart", 12);
+    let before = TestProxy::start(&toml(&mock, Some(&redis))).await;
+    let played = play(&mock, &[&before], AUTH, &messages[..20]).await;
+    assert!(
+        played.last().is_some_and(|s| !s.is_empty()),
+        "compacted before the restart"
+    );
+    let summaries = provider.summaries();
+    before.shutdown().await;
+
+    let after = TestProxy::start(&toml(&mock, Some(&redis))).await;
+    // The last request again (a retry): a replica with an empty memory would compact it anew.
+    let seen = mock.requests().len();
+    chat(
+        &TestClient::http1(),
+        &after,
+        AUTH,
+        request_before(&messages, 18),
+    )
+    .await;
+    assert_eq!(
+        provider.summaries(),
+        summaries,
+        "the restarted replica asked for no summary"
+    );
+    let forwarded = forwarded_since(&mock, seen);
+    assert_eq!(
+        summaries_in(&forwarded[0].body),
+        played.last().cloned().unwrap_or_default(),
+        "it forwards the summary stored before the restart"
+    );
+    after.shutdown().await;
+}
+
+#[tokio::test]
+async fn redis_killed_mid_run_loses_no_request_and_sharing_resumes() {
+    let mut redis = RedisServer::start().await;
+    let mock = MockUpstream::start().await;
+    let provider = Provider::install(&mock);
+    let a = TestProxy::start(&toml(&mock, Some(&redis))).await;
+    let b = TestProxy::start(&toml(&mock, Some(&redis))).await;
+    let messages = conversation("outage", 24);
+    play(&mock, &[&a, &b], AUTH, &messages[..16]).await;
+    assert_eq!(readyz_store(&a).await, "connected");
+
+    redis.kill();
+    // Every request still goes through (`play` asserts 200 and one forwarded request each),
+    // compacting in each replica's memory when due.
+    let during = play_from(&mock, &[&a, &b], AUTH, &messages, 16).await;
+    assert!(
+        during.iter().all(|s| !s.is_empty()),
+        "requests over the trigger are still compacted during the outage: {during:?}"
+    );
+    assert!(store_errors(&a).await > 0.0, "the outage is counted");
+    assert_eq!(readyz_store(&a).await, "degraded");
+
+    redis.restart().await;
+    // The link is probed by calls: requests bring it back.
+    let fresh = conversation("after-outage", 12);
+    let client = TestClient::http1();
+    eventually("replica A to reach Redis again", || {
+        let (client, a, body) = (&client, &a, request_before(&fresh, 2));
+        async move {
+            chat(client, a, AUTH, body).await;
+            (readyz_store(a).await == "connected").then_some(())
+        }
+    })
+    .await;
+    eventually("replica B to reach Redis again", || {
+        let (client, b, body) = (&client, &b, request_before(&fresh, 2));
+        async move {
+            chat(client, b, AUTH, body).await;
+            (readyz_store(b).await == "connected").then_some(())
+        }
+    })
+    .await;
+    // Sharing resumed: A compacts the fresh conversation, B reuses A's summary.
+    let on_a = play(&mock, &[&a], AUTH, &fresh[..22]).await;
+    let summaries = provider.summaries();
+    let stored = on_a.last().cloned().unwrap_or_default();
+    assert!(!stored.is_empty(), "A compacted after the outage");
+    let seen = mock.requests().len();
+    chat(&client, &b, AUTH, request_before(&fresh, 23)).await;
+    assert_eq!(
+        provider.summaries(),
+        summaries,
+        "B made no summary of its own"
+    );
+    assert_eq!(summaries_in(&forwarded_since(&mock, seen)[0].body), stored);
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test]
+async fn tenants_stay_apart_across_replicas_and_no_credential_reaches_redis() {
+    let redis = RedisServer::start().await;
+    let mock = MockUpstream::start().await;
+    let provider = Provider::install(&mock);
+    let a = TestProxy::start(&toml(&mock, Some(&redis))).await;
+    let b = TestProxy::start(&toml(&mock, Some(&redis))).await;
+    let messages = conversation("tenants", 8);
+
+    let on_a = play(&mock, &[&a], AUTH, &messages).await;
+    let mine = on_a.last().cloned().unwrap_or_default();
+    assert!(!mine.is_empty(), "tenant A's conversation was compacted");
+    let after_a = provider.summaries();
+
+    // The same conversation from another credential, on the other replica: it must not see
+    // tenant A's summary; it makes its own.
+    let seen = mock.requests().len();
+    chat(
+        &TestClient::http1(),
+        &b,
+        OTHER_AUTH,
+        request_before(&messages, messages.len() - 1),
+    )
+    .await;
+    assert_eq!(
+        provider.summaries(),
+        after_a + 1,
+        "tenant B compacts for itself"
+    );
+    let theirs = summaries_in(&forwarded_since(&mock, seen)[0].body);
+    assert!(
+        !theirs.is_empty() && theirs != mine,
+        "tenant B never gets tenant A's summary: {theirs:?} vs {mine:?}"
+    );
+
+    let dump = redis.dump().await;
+    assert!(
+        !dump.is_empty(),
+        "the replicas stored their sessions in Redis"
+    );
+    for (key, value) in &dump {
+        let value = String::from_utf8_lossy(value);
+        for secret in ["sk-redis-tenant-a", "sk-redis-tenant-b"] {
+            assert!(
+                !key.contains(secret) && !value.contains(secret),
+                "a credential reached Redis under {key}"
+            );
+        }
+    }
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+fn settings(claim_ttl: Duration) -> RedisSettings {
+    RedisSettings {
+        key_prefix: "compactor-test".into(),
+        ttl: Duration::from_secs(600),
+        timeout: Duration::from_millis(500),
+        max_shared_request_bytes: 1 << 20,
+        breaker_cooldown: Duration::from_secs(300),
+        claim_ttl,
+    }
+}
+
+fn redis_store(redis: &RedisServer, claim_ttl: Duration) -> RedisStore {
+    let local = MemoryStore::new(StoreLimits {
+        max_sessions: 100,
+        max_bytes: 1 << 24,
+        max_sessions_per_tenant: 100,
+        ttl: Duration::from_secs(600),
+    });
+    let metrics = Arc::new(Metrics::new().expect("metrics"));
+    RedisStore::new(&redis.url(), settings(claim_ttl), local, metrics).expect("store")
+}
+
+#[tokio::test]
+async fn a_claim_left_by_a_dead_replica_expires() {
+    let redis = RedisServer::start().await;
+    let tenant = TenantId::from_credential("sk-claims");
+    let ttl = Duration::from_millis(400);
+
+    // A replica that takes the claim and dies: its runtime (and the renewal task) goes away
+    // without releasing it.
+    let url = redis.url();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async {
+            let local = MemoryStore::new(StoreLimits {
+                max_sessions: 10,
+                max_bytes: 1 << 20,
+                max_sessions_per_tenant: 10,
+                ttl: Duration::from_secs(600),
+            });
+            let metrics = Arc::new(Metrics::new().expect("metrics"));
+            let dead = RedisStore::new(&url, settings(ttl), local, metrics).expect("store");
+            match dead
+                .claim_compaction(tenant, "s", 0, Duration::ZERO)
+                .await
+                .expect("claim")
+            {
+                Claim::Won(lease) => std::mem::forget(lease),
+                Claim::Waited => panic!("the first claim wins"),
+            }
+        });
+    })
+    .join()
+    .expect("dead replica thread");
+
+    let alive = redis_store(&redis, ttl);
+    let claim = alive
+        .claim_compaction(tenant, "s", 0, Duration::ZERO)
+        .await
+        .expect("claim");
+    assert!(matches!(claim, Claim::Waited), "still held: {claim:?}");
+    // Waiting (bounded well above the claim's ttl) ends when the claim expires...
+    let waited = within(
+        "the dead claim to expire",
+        alive.claim_compaction(tenant, "s", 0, Duration::from_secs(10)),
+    )
+    .await
+    .expect("claim");
+    assert!(matches!(waited, Claim::Waited), "{waited:?}");
+    // ...after which it can be taken, and a held lease keeps it (renewed past its ttl).
+    let lease = match alive
+        .claim_compaction(tenant, "s", 0, Duration::ZERO)
+        .await
+        .expect("claim")
+    {
+        Claim::Won(lease) => lease,
+        Claim::Waited => panic!("the expired claim can be taken"),
+    };
+    let other = redis_store(&redis, ttl);
+    let held = other
+        .claim_compaction(tenant, "s", 0, ttl * 3)
+        .await
+        .expect("claim");
+    assert!(matches!(held, Claim::Waited));
+    let still = other
+        .claim_compaction(tenant, "s", 0, Duration::ZERO)
+        .await
+        .expect("claim");
+    assert!(
+        matches!(still, Claim::Waited),
+        "a live lease is renewed past its ttl"
+    );
+    drop(lease);
+    eventually("the dropped lease to be released", || async {
+        match other.claim_compaction(tenant, "s", 0, Duration::ZERO).await {
+            Ok(Claim::Won(lease)) => Some(lease),
+            _ => None,
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_session_breaker_is_shared() {
+    let redis = RedisServer::start().await;
+    let tenant = TenantId::from_credential("sk-breaker");
+    let one = redis_store(&redis, Duration::from_secs(10));
+    let two = redis_store(&redis, Duration::from_secs(10));
+    let latest = compactor::session::LatestRequest {
+        tenant,
+        dialect: compactor::dialect::DialectKind::ChatCompletions,
+        body: Bytes::from_static(b"{\"messages\":[]}"),
+        caller: Default::default(),
+    };
+    one.touch_session(tenant, "s", latest, 1)
+        .await
+        .expect("touch");
+    eventually("the session to be shared", || async {
+        two.session("s").await.ok().flatten()
+    })
+    .await;
+    let opened = [
+        one.record_compaction(tenant, "s", false)
+            .await
+            .expect("record"),
+        two.record_compaction(tenant, "s", false)
+            .await
+            .expect("record"),
+        one.record_compaction(tenant, "s", false)
+            .await
+            .expect("record"),
+    ];
+    assert_eq!(
+        opened,
+        [false, false, true],
+        "three failures across replicas open it"
+    );
+    assert!(!two.compaction_allowed(tenant, "s").await.expect("allowed"));
+    let info = two.session("s").await.expect("session").expect("known");
+    assert_eq!(info.consecutive_failures, 3);
+    assert_eq!(
+        serde_json::to_value(info.breaker).expect("json"),
+        json!("open")
+    );
+    // Another tenant's session of the same id has its own breaker.
+    let other = TenantId::from_credential("sk-breaker-other");
+    assert!(two.compaction_allowed(other, "s").await.expect("allowed"));
+}
