@@ -911,14 +911,43 @@ mod tests {
     }
 
     #[test]
+    fn a_redis_store_needs_a_redis_url_and_a_usable_prefix() {
+        for (toml, key) in [
+            (
+                "[store]\nbackend = \"redis\"\nredis_url = \"http://db:6379\"\n",
+                "store.redis_url",
+            ),
+            (
+                "[store]\nbackend = \"redis\"\nredis_url = \"redis://:pw@\"\n",
+                "store.redis_url",
+            ),
+            ("[store]\nkey_prefix = \"\"\n", "store.key_prefix"),
+            ("[store]\nkey_prefix = \"a{b}\"\n", "store.key_prefix"),
+            ("[store]\nbackend = \"postgres\"\n", "store.backend"),
+        ] {
+            let err = Config::from_toml(toml).expect_err(toml).to_string();
+            assert!(err.contains(key), "{toml}: {err}");
+            assert!(
+                !err.contains("pw"),
+                "the URL's password is never repeated: {err}"
+            );
+        }
+        let c =
+            Config::from_toml("[store]\nbackend = \"redis\"\nredis_url = \"rediss://db:6380/1\"\n")
+                .expect("valid");
+        assert_eq!(c.store.backend, StoreBackend::Redis);
+    }
+
+    #[test]
     fn redaction_hides_secrets() {
         let c = Config::from_toml(
-            "[admin]\ntoken = \"hunter2\"\n[summarizer.exec]\ncommand = \"x\"\nenv = { KEY = \"sk-1\" }\n",
+            "[admin]\ntoken = \"hunter2\"\n[summarizer.exec]\ncommand = \"x\"\nenv = { KEY = \"sk-1\" }\n\
+             [store]\nbackend = \"redis\"\nredis_url = \"redis://:pw-redis@db:6379/2\"\n",
         )
         .expect("valid");
         let shown = c.redacted().to_toml();
         assert!(
-            !shown.contains("hunter2") && !shown.contains("sk-1"),
+            !shown.contains("hunter2") && !shown.contains("sk-1") && !shown.contains("pw-redis"),
             "{shown}"
         );
         assert!(shown.contains(REDACTED));

@@ -1202,3 +1202,73 @@ impl SessionStore for RedisStore {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn checkpoint(covered: usize, staged: Option<Staged>) -> Checkpoint {
+        Checkpoint {
+            session_id: "s".into(),
+            covered,
+            summary: format!("summary of {covered}"),
+            read_files: vec!["a.rs".into()],
+            modified_files: vec!["b.rs".into()],
+            pre_tokens: 1000,
+            post_tokens: 100,
+            compaction_num: 2,
+            created_unix: 7,
+            staged,
+        }
+    }
+
+    #[test]
+    fn a_staged_checkpoint_round_trips_with_what_it_refines() {
+        let base = Arc::new(checkpoint(4, None));
+        let staged = checkpoint(9, Some(Staged { base: Some(base) }));
+        let json = serde_json::to_vec(&WireCheckpoint::from(&staged)).expect("json");
+        let back = serde_json::from_slice::<WireCheckpoint>(&json)
+            .expect("decode")
+            .into_checkpoint();
+        assert_eq!(back, staged);
+        let plain = checkpoint(3, None);
+        let json = serde_json::to_vec(&WireCheckpoint::from(&plain)).expect("json");
+        let back = serde_json::from_slice::<WireCheckpoint>(&json).expect("decode");
+        assert_eq!(back.into_checkpoint(), plain);
+    }
+
+    #[test]
+    fn tenant_hex_round_trips_and_rejects_garbage() {
+        let tenant = TenantId::from_credential("sk-1");
+        assert_eq!(tenant_from_hex(&tenant.to_hex()), Some(tenant));
+        for bad in ["", "00", &"g".repeat(32), &"0".repeat(33)] {
+            assert_eq!(tenant_from_hex(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_down_link_admits_one_probe_after_its_backoff() {
+        let mut link = Link::new();
+        // A clock that has run for a second already, so "now" is past a 1 ms deadline.
+        link.epoch = Instant::now()
+            .checked_sub(Duration::from_secs(1))
+            .expect("clock");
+        assert!(link.admits() && link.is_up());
+        assert!(link.down(), "the first failure takes it down");
+        assert!(!link.is_up());
+        assert!(!link.admits(), "no call during the backoff");
+        // Move the backoff's end into the past instead of sleeping.
+        link.down_until.store(1, Ordering::Release);
+        assert!(link.admits(), "one probe after the backoff");
+        assert!(!link.admits(), "only one");
+        assert!(link.up(), "a successful probe brings it back");
+        assert!(link.admits() && link.is_up());
+    }
+
+    #[test]
+    fn session_ids_become_fixed_length_key_parts() {
+        assert_eq!(sid("a").len(), 32);
+        assert_eq!(sid(&"x".repeat(10_000)).len(), 32);
+        assert_ne!(sid("a"), sid("b"));
+    }
+}
