@@ -5,11 +5,12 @@
 //! conversation prefix by content ([`hash`]: canonical JSON ([`canonical`]) chained per message
 //! from a tenant hash, with [`memo`] remembering the hashes of histories already seen),
 //! remembers "the first *k* messages are replaced by summary *S*" as checkpoints in a
-//! [`SessionStore`] ([`store`] is the contract, [`memory`] the bounded in-memory backend),
-//! makes sure one prefix is compacted once at a time ([`flight`]), and stops compacting a
-//! session whose compactions keep failing ([`breaker`]). The store also keeps the context
-//! windows providers revealed per model ([`windows`]), so they are shared wherever the store is. These are primitives: the proxy and
-//! the compaction engine decide when to use them.
+//! [`SessionStore`] ([`store`] is the contract, [`memory`] the bounded in-memory backend,
+//! [`redis`] the one replicas share), makes sure one prefix is compacted once at a time
+//! ([`flight`]; across replicas, the store's claims), and stops compacting a session whose
+//! compactions keep failing ([`breaker`]). The store also keeps the context windows providers
+//! revealed per model ([`windows`]), so they are shared wherever the store is. These are
+//! primitives: the proxy and the compaction engine decide when to use them.
 
 pub mod breaker;
 pub mod canonical;

@@ -33,6 +33,8 @@
 //! lock (`SET NX PX`) with a token, renewed while its [`Lease`] lives and deleted (if still
 //! ours) when it drops; a replica that dies leaves it to expire. Others poll it, bounded.
 
+use std::collections::hash_map::Entry;
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -74,6 +76,12 @@ const MIN_BACKOFF: Duration = Duration::from_millis(100);
 /// request, from memory; a refresh from Redis runs in the background).
 const WINDOWS_REFRESH: Duration = Duration::from_secs(1);
 
+/// How often one session's latest request is written at most: agents wait seconds for each
+/// answer, so this writes nearly every request of a real conversation, while a client
+/// hammering one session cannot keep Redis busy copying its bodies. The newest request always
+/// follows (a trailing write).
+const LATEST_WRITE_INTERVAL: Duration = Duration::from_secs(1);
+
 /// Settings of a [`RedisStore`] besides its connection.
 #[derive(Debug, Clone)]
 pub struct RedisSettings {
@@ -98,6 +106,9 @@ pub struct RedisStore {
 
 struct Shared {
     conn: ConnectionManager,
+    /// A second connection for the latest-request writes made off the request path (up to
+    /// megabytes each), so the request path's lookups never queue behind them.
+    bulk: ConnectionManager,
     settings: RedisSettings,
     /// This replica's own memory: latest requests with credentials, and the answers while
     /// Redis is unreachable.
@@ -107,6 +118,8 @@ struct Shared {
     scripts: Scripts,
     windows_refreshed: Mutex<Option<Instant>>,
     next_token: AtomicU64,
+    /// Sessions whose latest request is being written, with the newer one to write next.
+    latest_writes: Mutex<HashMap<(TenantId, String), Option<(LatestRequest, usize)>>>,
 }
 
 impl RedisStore {
@@ -127,11 +140,16 @@ impl RedisStore {
             .set_response_timeout(Some(settings.timeout))
             .set_number_of_retries(1)
             .set_max_delay(MAX_BACKOFF);
-        let conn = ConnectionManager::new_lazy_with_config(client, config)
-            .map_err(|e| StoreError::Backend(format!("redis client: {e}")))?;
+        let connect = |client| {
+            ConnectionManager::new_lazy_with_config(client, config.clone())
+                .map_err(|e| StoreError::Backend(format!("redis client: {e}")))
+        };
+        let conn = connect(client.clone())?;
+        let bulk = connect(client)?;
         Ok(RedisStore {
             shared: Arc::new(Shared {
                 conn,
+                bulk,
                 settings,
                 local,
                 link: Link::new(),
@@ -139,6 +157,7 @@ impl RedisStore {
                 scripts: Scripts::new(),
                 windows_refreshed: Mutex::new(None),
                 next_token: AtomicU64::new(0),
+                latest_writes: Mutex::default(),
             }),
         })
     }
@@ -204,7 +223,6 @@ impl Link {
 /// The Lua scripts (loaded by hash on first use, reloaded if Redis restarted).
 struct Scripts {
     longest: Script,
-    max_covered: Script,
     put: Script,
     touch: Script,
     allow: Script,
@@ -239,17 +257,6 @@ impl Scripts {
                     end
                 end
                 return false",
-            ),
-            // KEYS: lens. ARGV: now (ms).
-            max_covered: Script::new(
-                r"
-                redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
-                local max = 0
-                for _, l in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
-                    local k = tonumber(l)
-                    if k and k > max then max = k end
-                end
-                return max",
             ),
             // KEYS: checkpoint, lens, session, session's checkpoint list, sessions index,
             // checkpoints index. ARGV: checkpoint JSON, covered, ttl (ms), now (ms), hash hex,
@@ -565,10 +572,57 @@ impl Shared {
                 .arg(&latest.caller.upstream_base_url)
                 .arg(&latest.caller.api_prefix);
         }
-        let mut conn = self.conn.clone();
+        let mut conn = self.bulk.clone();
         let _: Option<i64> = self
             .call(StoreOp::Touch, invocation.invoke_async(&mut conn))
             .await;
+    }
+
+    /// Writes a session's latest request in the background: at once when none is being
+    /// written, else once the current writer's [`LATEST_WRITE_INTERVAL`] has passed (only the
+    /// newest waiting request is written).
+    fn share_latest(
+        self: &Arc<Self>,
+        tenant: TenantId,
+        id: &str,
+        latest: LatestRequest,
+        seen: usize,
+    ) {
+        let key = (tenant, id.to_string());
+        match self.latest_writes().entry(key.clone()) {
+            Entry::Occupied(mut waiting) => {
+                *waiting.get_mut() = Some((latest, seen));
+                return;
+            }
+            Entry::Vacant(slot) => {
+                slot.insert(None);
+            }
+        }
+        let shared = self.clone();
+        tokio::spawn(async move {
+            let (mut latest, mut seen) = (latest, seen);
+            loop {
+                shared.touch(key.0, &key.1, &latest, seen).await;
+                tokio::time::sleep(LATEST_WRITE_INTERVAL).await;
+                let mut writes = shared.latest_writes();
+                match writes.get_mut(&key).and_then(Option::take) {
+                    Some(next) => (latest, seen) = next,
+                    None => {
+                        writes.remove(&key);
+                        return;
+                    }
+                }
+            }
+        });
+    }
+
+    fn latest_writes(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<(TenantId, String), Option<(LatestRequest, usize)>>>
+    {
+        self.latest_writes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The tenant of the session id most recently used.
@@ -737,17 +791,6 @@ impl Shared {
             .call(StoreOp::Breaker, invocation.invoke_async(&mut conn))
             .await?;
         Some(opened == 1)
-    }
-
-    async fn max_covered(&self, tenant: TenantId) -> Option<usize> {
-        let mut invocation = self
-            .scripts
-            .max_covered
-            .key(self.tenant_key(tenant, "lens"));
-        invocation.arg(unix_ms());
-        let mut conn = self.conn.clone();
-        self.call(StoreOp::Lookup, invocation.invoke_async(&mut conn))
-            .await
     }
 
     async fn counts(&self) -> Option<(usize, usize)> {
@@ -1046,9 +1089,7 @@ impl SessionStore for RedisStore {
                 .touch_session(tenant, id, latest.clone(), messages_seen)
                 .await;
             // Sharing the latest request (up to megabytes) is off the request path.
-            let shared = self.shared.clone();
-            let id = id.to_string();
-            tokio::spawn(async move { shared.touch(tenant, &id, &latest, messages_seen).await });
+            self.shared.share_latest(tenant, id, latest, messages_seen);
             Ok(())
         })
     }
@@ -1105,11 +1146,16 @@ impl SessionStore for RedisStore {
         })
     }
 
+    /// An upper bound, to save a round trip on every request: while Redis is reachable, every
+    /// length (the lookup script probes only the lengths the tenant's checkpoints cover, and
+    /// the hashes of a conversation's earlier messages are memoised by the caller); while it
+    /// is not, what this replica's memory holds.
     fn max_covered(&self, tenant: TenantId) -> BoxFuture<'_, Result<usize, StoreError>> {
         Box::pin(async move {
-            let local = self.shared.local.max_covered(tenant).await.unwrap_or(0);
-            let shared = self.shared.max_covered(tenant).await.unwrap_or(0);
-            Ok(local.max(shared))
+            if self.shared.link.is_up() {
+                return Ok(usize::MAX);
+            }
+            self.shared.local.max_covered(tenant).await
         })
     }
 

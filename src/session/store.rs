@@ -334,7 +334,8 @@ pub trait SessionStore: Send + Sync {
     ) -> BoxFuture<'a, Result<bool, StoreError>>;
 
     /// The longest prefix any checkpoint of `tenant` covers (0 when it has none), so a request
-    /// hashes only as many messages as could possibly match.
+    /// hashes only as many messages as could possibly match. A shared store may answer an
+    /// upper bound instead (up to `usize::MAX`) to spare a round trip.
     fn max_covered(&self, tenant: TenantId) -> BoxFuture<'_, Result<usize, StoreError>>;
 
     /// Counters and sizes for metrics.
