@@ -102,6 +102,11 @@ fn find<'a>(docs: &'a [(String, Yaml)], file: &str, kind: &str, name: &str) -> &
 /// Runs `compactor check-config --config <path>` with no `COMPACTOR_*` variable inherited, and
 /// returns the effective configuration it prints.
 fn check_config(path: &Path, what: &str) -> toml::Value {
+    check_config_with(path, what, &[])
+}
+
+/// [`check_config`] with these `COMPACTOR_*` variables set (as a compose file sets them).
+fn check_config_with(path: &Path, what: &str, env: &[(&str, &str)]) -> toml::Value {
     let mut command = Command::new(env!("CARGO_BIN_EXE_compactor"));
     command.arg("check-config").arg("--config").arg(path);
     for (key, _) in std::env::vars() {
@@ -109,6 +114,7 @@ fn check_config(path: &Path, what: &str) -> toml::Value {
             command.env_remove(key);
         }
     }
+    command.envs(env.iter().copied());
     let out = command.output().expect("run compactor check-config");
     assert!(
         out.status.success(),
@@ -309,7 +315,7 @@ fn sidecar_runs_compactor_beside_an_agent() {
 }
 
 #[test]
-fn gateway_has_replicas_redis_and_affinity() {
+fn gateway_replicas_share_sessions_through_redis() {
     let docs = k8s_docs();
     let file = "gateway.yaml";
     let pods = compactor_pods(&docs, file);
@@ -321,12 +327,27 @@ fn gateway_has_replicas_redis_and_affinity() {
     let replicas = deployment["spec"]["replicas"].as_i64().expect("replicas");
     assert!(replicas >= 2, "{file}: {replicas} replica(s)");
 
-    // Until a shared store exists, a client must keep hitting the replica holding its sessions.
+    // The replicas share sessions through Redis, so the Service spreads requests freely.
     let proxy = find(&docs, file, "Service", "compactor-gateway");
-    assert_eq!(
-        proxy["spec"]["sessionAffinity"].as_str(),
-        Some("ClientIP"),
-        "{file}: affinity"
+    assert!(
+        proxy["spec"]["sessionAffinity"].is_badvalue(),
+        "{file}: affinity is not needed with the shared store"
+    );
+    let cm = find(&docs, file, "ConfigMap", "compactor-gateway");
+    let toml_text = str_of(&cm["data"]["compactor.toml"], "compactor.toml");
+    let config: toml::Value = toml::from_str(toml_text).expect("ConfigMap TOML");
+    assert_eq!(config["store"]["backend"].as_str(), Some("redis"), "{file}");
+    let url = config["store"]["redis_url"].as_str().expect("redis_url");
+    let (host, port) = url
+        .strip_prefix("redis://")
+        .and_then(|rest| rest.split_once(':'))
+        .expect("redis://host:port");
+    let service = find(&docs, file, "Service", host);
+    assert!(
+        list(&service["spec"]["ports"])
+            .iter()
+            .any(|p| p["port"].as_i64() == port.parse().ok()),
+        "{file}: redis_url names Service {host} port {port}"
     );
 
     let redis = kind_is(&docs, file, "Deployment")
@@ -383,6 +404,29 @@ fn compose_has_the_four_services_and_mounts_existing_files() {
         "grafana does not mount config/grafana/compactor.json: {mounts:?}"
     );
     let c = &compose["services"]["compactor"];
+    // Sessions in the compose Redis, set through the environment over the mounted file.
+    let env: Vec<(&str, &str)> = c["environment"]
+        .as_hash()
+        .expect("compactor environment")
+        .iter()
+        .filter_map(|(k, v)| Some((k.as_str()?, v.as_str()?)))
+        .filter(|(k, _)| k.starts_with("COMPACTOR_"))
+        .collect();
+    let url = env
+        .iter()
+        .find(|(k, _)| *k == "COMPACTOR_STORE__REDIS_URL")
+        .map(|(_, v)| *v)
+        .expect("COMPACTOR_STORE__REDIS_URL");
+    assert!(
+        url.starts_with("redis://redis:"),
+        "{url}: the compose redis service"
+    );
+    let config = check_config_with(
+        &deploy_dir().join("compactor.toml"),
+        "deploy/compactor.toml with the compose environment",
+        &env,
+    );
+    assert_eq!(config["store"]["backend"].as_str(), Some("redis"));
     let ports: Vec<&str> = list(&c["ports"]).iter().filter_map(Yaml::as_str).collect();
     assert!(
         ports.iter().any(|p| p.ends_with(":8787")) && ports.iter().any(|p| p.ends_with(":9787")),

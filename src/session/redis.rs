@@ -37,7 +37,7 @@ use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -105,10 +105,13 @@ pub struct RedisStore {
 }
 
 struct Shared {
-    conn: ConnectionManager,
-    /// A second connection for the latest-request writes made off the request path (up to
-    /// megabytes each), so the request path's lookups never queue behind them.
-    bulk: ConnectionManager,
+    client: redis::Client,
+    manager: redis::aio::ConnectionManagerConfig,
+    /// The connections, made on first use (making one needs the runtime, which
+    /// `compactor check-config` does not start): the request path's, and a second one for the
+    /// latest-request writes made off the request path (up to megabytes each), so lookups
+    /// never queue behind them. `None` if they cannot be made.
+    conns: OnceLock<Option<(ConnectionManager, ConnectionManager)>>,
     settings: RedisSettings,
     /// This replica's own memory: latest requests with credentials, and the answers while
     /// Redis is unreachable.
@@ -140,16 +143,12 @@ impl RedisStore {
             .set_response_timeout(Some(settings.timeout))
             .set_number_of_retries(1)
             .set_max_delay(MAX_BACKOFF);
-        let connect = |client| {
-            ConnectionManager::new_lazy_with_config(client, config.clone())
-                .map_err(|e| StoreError::Backend(format!("redis client: {e}")))
-        };
-        let conn = connect(client.clone())?;
-        let bulk = connect(client)?;
+
         Ok(RedisStore {
             shared: Arc::new(Shared {
-                conn,
-                bulk,
+                client,
+                manager: config,
+                conns: OnceLock::new(),
                 settings,
                 local,
                 link: Link::new(),
@@ -383,6 +382,35 @@ impl Scripts {
     }
 }
 
+impl Shared {
+    fn conns(&self) -> Option<&(ConnectionManager, ConnectionManager)> {
+        self.conns
+            .get_or_init(|| {
+                let connect = || {
+                    ConnectionManager::new_lazy_with_config(self.client.clone(), self.manager.clone())
+                };
+                match (connect(), connect()) {
+                    (Ok(conn), Ok(bulk)) => Some((conn, bulk)),
+                    (Err(e), _) | (_, Err(e)) => {
+                        tracing::error!(error = %e, "cannot set up the Redis client; sessions stay in memory");
+                        None
+                    }
+                }
+            })
+            .as_ref()
+    }
+
+    /// The request path's connection.
+    fn conn(&self) -> Option<ConnectionManager> {
+        self.conns().map(|(conn, _)| conn.clone())
+    }
+
+    /// The connection for latest-request writes.
+    fn bulk(&self) -> Option<ConnectionManager> {
+        self.conns().map(|(_, bulk)| bulk.clone())
+    }
+}
+
 /// Key names.
 impl Shared {
     fn tenant_key(&self, tenant: TenantId, rest: &str) -> String {
@@ -497,7 +525,7 @@ impl Shared {
         for hash in hashes {
             invocation.arg(hash.to_hex());
         }
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn()?;
         let found: Option<Vec<u8>> = self
             .call(StoreOp::Lookup, invocation.invoke_async(&mut conn))
             .await?;
@@ -538,7 +566,7 @@ impl Shared {
             .arg(&tenant_hex)
             .arg(unix_now())
             .arg(format!("{tenant_hex}:"));
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn()?;
         let _: i64 = self
             .call(StoreOp::Put, invocation.invoke_async(&mut conn))
             .await?;
@@ -572,7 +600,9 @@ impl Shared {
                 .arg(&latest.caller.upstream_base_url)
                 .arg(&latest.caller.api_prefix);
         }
-        let mut conn = self.bulk.clone();
+        let Some(mut conn) = self.bulk() else {
+            return;
+        };
         let _: Option<i64> = self
             .call(StoreOp::Touch, invocation.invoke_async(&mut conn))
             .await;
@@ -627,7 +657,7 @@ impl Shared {
 
     /// The tenant of the session id most recently used.
     async fn tenant_of(&self, id: &str, op: StoreOp) -> Option<Option<TenantId>> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn()?;
         let key = self.global_key(&format!("ids:{}", sid(id)));
         let hex: Option<String> = self.call(op, conn.get(key)).await?;
         Some(hex.as_deref().and_then(tenant_from_hex))
@@ -642,7 +672,7 @@ impl Shared {
                 .llen(self.tenant_key(*tenant, &format!("s:{session}:cps")))
                 .exists(self.tenant_key(*tenant, &format!("s:{session}:req")));
         }
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn()?;
         type Row = (std::collections::HashMap<String, String>, usize, bool);
         let rows: Vec<Row> = self
             .call(StoreOp::Sessions, pipe.query_async(&mut conn))
@@ -710,7 +740,7 @@ impl Shared {
     async fn list(&self, limit: usize) -> Option<Vec<SessionInfo>> {
         let index = self.global_key("sessions");
         let stale = unix_ms().saturating_sub(self.ttl_ms());
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn()?;
         let members: Vec<String> = self
             .call(
                 StoreOp::Sessions,
@@ -736,7 +766,7 @@ impl Shared {
         let Some(tenant) = self.tenant_of(id, StoreOp::Sessions).await? else {
             return Some(None);
         };
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn()?;
         let key = self.tenant_key(tenant, &format!("s:{}:req", sid(id)));
         let fields: std::collections::HashMap<String, Vec<u8>> =
             self.call(StoreOp::Sessions, conn.hgetall(key)).await?;
@@ -771,7 +801,7 @@ impl Shared {
             .allow
             .key(self.tenant_key(tenant, &format!("s:{}", sid(id))));
         invocation.arg(cooldown);
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn()?;
         let allowed: i64 = self
             .call(StoreOp::Breaker, invocation.invoke_async(&mut conn))
             .await?;
@@ -786,7 +816,7 @@ impl Shared {
         invocation
             .arg(if succeeded { "1" } else { "0" })
             .arg(SESSION_BREAKER_THRESHOLD);
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn()?;
         let opened: i64 = self
             .call(StoreOp::Breaker, invocation.invoke_async(&mut conn))
             .await?;
@@ -797,7 +827,7 @@ impl Shared {
         let sessions = self.global_key("sessions");
         let checkpoints = self.global_key("checkpoints");
         let now = unix_ms();
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn()?;
         self.call(
             StoreOp::Stats,
             redis::pipe()
@@ -814,7 +844,9 @@ impl Shared {
 
     /// Copies Redis's learned windows into this replica's table.
     async fn refresh_windows(&self) {
-        let mut conn = self.conn.clone();
+        let Some(mut conn) = self.conn() else {
+            return;
+        };
         let all: Option<std::collections::HashMap<String, String>> = self
             .call(StoreOp::Windows, conn.hgetall(self.global_key("windows")))
             .await;
@@ -844,7 +876,9 @@ impl Shared {
             return;
         };
         let key = self.global_key("windows");
-        let mut conn = self.conn.clone();
+        let Some(mut conn) = self.conn() else {
+            return;
+        };
         let count: Option<usize> = self
             .call(
                 StoreOp::Windows,
@@ -886,7 +920,9 @@ impl Shared {
         let ttl = u64::try_from(self.settings.claim_ttl.as_millis())
             .unwrap_or(u64::MAX)
             .max(1);
-        let mut conn = self.conn.clone();
+        let mut conn = self
+            .conn()
+            .ok_or_else(|| StoreError::Backend("no Redis client".into()))?;
         let won: Option<String> = self
             .call(
                 StoreOp::Claim,
@@ -938,7 +974,9 @@ impl ClaimGuard {
                     tokio::time::sleep(every).await;
                     let mut invocation = shared.scripts.renew.key(&key);
                     invocation.arg(&token).arg(ttl_ms);
-                    let mut conn = shared.conn.clone();
+                    let Some(mut conn) = shared.conn() else {
+                        return;
+                    };
                     let _: Option<i64> = shared
                         .call(StoreOp::Claim, invocation.invoke_async(&mut conn))
                         .await;
@@ -965,7 +1003,9 @@ impl Drop for ClaimGuard {
             runtime.spawn(async move {
                 let mut invocation = shared.scripts.release.key(&key);
                 invocation.arg(&token);
-                let mut conn = shared.conn.clone();
+                let Some(mut conn) = shared.conn() else {
+                    return;
+                };
                 let _: Option<i64> = shared
                     .call(StoreOp::Claim, invocation.invoke_async(&mut conn))
                     .await;
