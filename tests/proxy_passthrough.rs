@@ -423,8 +423,10 @@ async fn admin_endpoints_and_exact_request_counters() {
     let (mock, proxy, client) = setup().await;
     let (status, _) = client.get_text(&proxy.admin_url("/livez")).await;
     assert_eq!(status, StatusCode::OK);
-    let (status, _) = client.get_text(&proxy.admin_url("/readyz")).await;
+    let (status, text) = client.get_text(&proxy.admin_url("/readyz")).await;
     assert_eq!(status, StatusCode::OK);
+    let ready: serde_json::Value = serde_json::from_str(&text).expect("readyz JSON");
+    assert_eq!(ready["store"], "memory", "{text}");
     let metrics = proxy.metrics().await;
     assert!(metrics.contains("compactor_build_info"), "{metrics}");
     assert_eq!(

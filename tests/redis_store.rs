@@ -655,3 +655,81 @@ async fn the_session_breaker_is_shared() {
     let other = TenantId::from_credential("sk-breaker-other");
     assert!(two.compaction_allowed(other, "s").await.expect("allowed"));
 }
+
+#[tokio::test]
+async fn a_full_or_stalled_redis_is_served_around() {
+    let redis = RedisServer::start().await;
+    let mock = MockUpstream::start().await;
+    let provider = Provider::install(&mock);
+    let a = TestProxy::start(&toml(&mock, Some(&redis))).await;
+    let mut admin = redis.connection().await;
+
+    // Full: Redis refuses every write (maxmemory reached, no eviction).
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory-policy")
+        .arg("noeviction")
+        .query_async(&mut admin)
+        .await
+        .expect("CONFIG SET");
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("1")
+        .query_async(&mut admin)
+        .await
+        .expect("CONFIG SET");
+    let messages = conversation("full", 8);
+    let played = play(&mock, &[&a], AUTH, &messages).await;
+    assert!(
+        played.last().is_some_and(|s| !s.is_empty()),
+        "compacted in memory while Redis refuses writes"
+    );
+    let text = a.metrics().await;
+    let put_errors = support::metric_value(&text, "compactor_store_errors_total", &[("op", "put")]);
+    assert!(
+        put_errors.is_some_and(|n| n >= 1.0),
+        "refused writes counted: {put_errors:?}"
+    );
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("0")
+        .query_async(&mut admin)
+        .await
+        .expect("CONFIG SET");
+
+    // Stalled: Redis holds every other client's commands for 30 s; a request waits at most
+    // the store timeout (0.5 s) per call instead.
+    let summaries = provider.summaries();
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(30_000)
+        .arg("ALL")
+        .query_async(&mut admin)
+        .await
+        .expect("CLIENT PAUSE");
+    let before = store_errors(&a).await;
+    let ex = within(
+        "a request while Redis stalls",
+        chat(
+            &TestClient::http1(),
+            &a,
+            AUTH,
+            request_before(&messages, messages.len() - 1),
+        ),
+    )
+    .await;
+    assert_eq!(ex.status, 200);
+    assert_eq!(
+        provider.summaries(),
+        summaries,
+        "the replica's own memory still had the checkpoint"
+    );
+    assert!(
+        store_errors(&a).await > before,
+        "the stalled calls are counted"
+    );
+    // Shutting down waits for no Redis call (the server is killed still paused).
+    a.shutdown().await;
+}
