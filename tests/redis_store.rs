@@ -733,3 +733,29 @@ async fn a_full_or_stalled_redis_is_served_around() {
     // Shutting down waits for no Redis call (the server is killed still paused).
     a.shutdown().await;
 }
+
+#[tokio::test]
+async fn learned_windows_reach_every_replica() {
+    use compactor::compaction::models::{LearnedWindow, WindowSource};
+    let redis = RedisServer::start().await;
+    let one = redis_store(&redis, Duration::from_secs(10));
+    let two = redis_store(&redis, Duration::from_secs(10));
+    let window = LearnedWindow {
+        context_window: 1_000,
+        source: WindowSource::Error,
+        learned_unix: 1,
+    };
+    assert!(one
+        .learn_window("gpt-unknown", window)
+        .await
+        .expect("learn"));
+    // Replica two reads its own copy, refreshed from Redis in the background at most once a
+    // second: the admin listing refreshes at once.
+    let listed = two.learned_windows().await.expect("windows");
+    assert_eq!(listed, vec![("gpt-unknown".to_string(), window)]);
+    assert_eq!(
+        two.learned_window("GPT-Unknown").await.expect("window"),
+        Some(window),
+        "looked up by model key"
+    );
+}
