@@ -82,6 +82,9 @@ const WINDOWS_REFRESH: Duration = Duration::from_secs(1);
 /// follows (a trailing write).
 const LATEST_WRITE_INTERVAL: Duration = Duration::from_secs(1);
 
+/// Per session being written, the newer latest request (and its message count) waiting.
+type LatestWrites = HashMap<(TenantId, String), Option<(LatestRequest, usize)>>;
+
 /// Settings of a [`RedisStore`] besides its connection.
 #[derive(Debug, Clone)]
 pub struct RedisSettings {
@@ -122,7 +125,7 @@ struct Shared {
     windows_refreshed: Mutex<Option<Instant>>,
     next_token: AtomicU64,
     /// Sessions whose latest request is being written, with the newer one to write next.
-    latest_writes: Mutex<HashMap<(TenantId, String), Option<(LatestRequest, usize)>>>,
+    latest_writes: Mutex<LatestWrites>,
 }
 
 impl RedisStore {
@@ -646,10 +649,7 @@ impl Shared {
         });
     }
 
-    fn latest_writes(
-        &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<(TenantId, String), Option<(LatestRequest, usize)>>>
-    {
+    fn latest_writes(&self) -> std::sync::MutexGuard<'_, LatestWrites> {
         self.latest_writes
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
