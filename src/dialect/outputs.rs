@@ -312,3 +312,208 @@ fn string(v: Value) -> Option<String> {
         _ => None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::estimate::LazyEstimator;
+    use serde_json::json;
+
+    fn scan(dialect: DialectKind, body: &[u8]) -> Scan<'_> {
+        dialect
+            .scan(body, &LazyEstimator::default())
+            .unwrap_or_else(|e| panic!("scan: {e}"))
+    }
+
+    fn all_outputs<'a>(s: &Scan<'a>) -> Vec<WireOutput<'a>> {
+        (0..s.len())
+            .flat_map(|i| s.outputs(i).unwrap_or_else(|e| panic!("outputs {i}: {e}")))
+            .collect()
+    }
+
+    /// Replaces every replaceable output by `MASKED <id>` and checks the bytes around them.
+    fn mask_all(s: &Scan<'_>) -> Value {
+        let edits: Vec<Edit<'_>> = all_outputs(s)
+            .iter()
+            .filter_map(|o| {
+                Some(Edit {
+                    value: o.value?,
+                    text: format!("MASKED {}", o.call_id.as_deref().unwrap_or("?")),
+                })
+            })
+            .collect();
+        let out = s.rewrite_with(None, &edits).expect("rewrite");
+        // Only the values changed: the body minus each value equals the output minus each
+        // replacement.
+        let body = std::str::from_utf8(s.body()).expect("utf-8");
+        let out_text = String::from_utf8(out.clone()).expect("utf-8");
+        let mut expected = String::new();
+        let mut at = 0;
+        let mut spans: Vec<_> = edits
+            .iter()
+            .map(|e| (span_in(s.body(), e.value).expect("span"), &e.text))
+            .collect();
+        spans.sort_by_key(|(r, _)| r.start);
+        for (r, text) in spans {
+            expected.push_str(&body[at..r.start]);
+            expected.push_str(&serde_json::to_string(text).expect("json"));
+            at = r.end;
+        }
+        expected.push_str(&body[at..]);
+        assert_eq!(out_text, expected);
+        serde_json::from_slice(&out).expect("valid JSON")
+    }
+
+    #[test]
+    fn chat_tool_messages_are_outputs_and_only_their_content_changes() {
+        let body = json!({"model": "m", "messages": [
+            {"role": "system", "content": "the tool role is \"tool\""},
+            {"role": "assistant", "content": null, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "line 1\nline 2"},
+            {"role": "tool", "tool_call_id": "c2", "name": "read", "content": [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {"url": "x"}}]},
+            {"role": "function", "name": "legacy", "content": "old"},
+            {"role": "user", "content": "\"tool\" \"function\" is just text here"}
+        ], "x": 1})
+        .to_string();
+        let s = scan(DialectKind::ChatCompletions, body.as_bytes());
+        let outputs = all_outputs(&s);
+        let summary: Vec<_> = outputs
+            .iter()
+            .map(|o| (o.message, o.call_id.as_deref(), o.name.as_deref()))
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                (2, Some("c1"), None),
+                (3, Some("c2"), Some("read")),
+                (4, None, Some("legacy"))
+            ]
+        );
+        assert_eq!(s.call_name("c1", 2).as_deref(), Some("bash"));
+        assert_eq!(s.call_name("c9", 5), None);
+        let read = output_text(outputs[1].value.expect("value")).expect("text");
+        assert_eq!((read.text.as_str(), read.images), ("a", 1));
+        let v = mask_all(&s);
+        assert_eq!(v["messages"][2]["content"], "MASKED c1");
+        assert_eq!(v["messages"][2]["tool_call_id"], "c1");
+        assert_eq!(v["messages"][3]["content"], "MASKED c2");
+        assert_eq!(v["messages"][5]["content"], body_text(&body, 5));
+    }
+
+    fn body_text(body: &str, i: usize) -> Value {
+        let v: Value = serde_json::from_str(body).expect("json");
+        v["messages"][i]["content"].clone()
+    }
+
+    #[test]
+    fn anthropic_tool_result_blocks_are_outputs_and_thinking_is_untouched() {
+        let body = json!({"model": "claude", "system": "s", "messages": [
+            {"role": "user", "content": "go"},
+            {"role": "assistant", "content": [
+                {"type": "thinking", "thinking": "hmm", "signature": "SIG=="},
+                {"type": "tool_use", "id": "t1", "name": "Read", "input": {"p": 1}},
+                {"type": "tool_use", "id": "t2", "name": "Bash", "input": {}}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "t2", "content": "two", "cache_control": {"type": "ephemeral"}},
+                {"type": "tool_result", "tool_use_id": "t1", "is_error": true, "content": [{"type": "text", "text": "one"}]},
+                {"type": "tool_result", "tool_use_id": "t3"},
+                {"type": "text", "text": "tool_result mentioned"}]}
+        ]})
+        .to_string();
+        let s = scan(DialectKind::Messages, body.as_bytes());
+        let outputs = all_outputs(&s);
+        let ids: Vec<_> = outputs
+            .iter()
+            .map(|o| (o.message, o.call_id.as_deref(), o.value.is_some()))
+            .collect();
+        assert_eq!(
+            ids,
+            [(2, Some("t2"), true), (2, Some("t1"), true), (2, Some("t3"), false)]
+        );
+        assert_eq!(s.call_name("t1", 2).as_deref(), Some("Read"));
+        let v = mask_all(&s);
+        let blocks = &v["messages"][2]["content"];
+        assert_eq!(blocks[0]["content"], "MASKED t2");
+        assert_eq!(blocks[0]["cache_control"]["type"], "ephemeral");
+        assert_eq!(blocks[1]["content"], "MASKED t1");
+        assert_eq!(blocks[1]["is_error"], true);
+        assert_eq!(blocks[3]["text"], "tool_result mentioned");
+        assert_eq!(v["messages"][1]["content"][0]["signature"], "SIG==");
+    }
+
+    #[test]
+    fn responses_call_outputs_are_outputs_and_reasoning_is_untouched() {
+        let body = json!({"model": "gpt", "input": [
+            {"role": "user", "content": "go"},
+            {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "ENC_call_output"},
+            {"type": "function_call", "call_id": "f1", "name": "shell", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "f1", "output": "done\nok"},
+            {"type": "custom_tool_call", "call_id": "p1", "name": "apply_patch", "input": "x"},
+            {"type": "custom_tool_call_output", "call_id": "p1", "output": [{"type": "input_text", "text": "patched"}]},
+            {"type": "computer_call_output", "call_id": "k1", "output": {"type": "computer_screenshot", "image_url": "u"}}
+        ]})
+        .to_string();
+        let s = scan(DialectKind::Responses, body.as_bytes());
+        let outputs = all_outputs(&s);
+        let ids: Vec<_> = outputs
+            .iter()
+            .map(|o| (o.message, o.call_id.as_deref(), o.value.is_some()))
+            .collect();
+        assert_eq!(
+            ids,
+            [(3, Some("f1"), true), (5, Some("p1"), true), (6, Some("k1"), false)]
+        );
+        assert_eq!(s.call_name("p1", 5).as_deref(), Some("apply_patch"));
+        let v = mask_all(&s);
+        assert_eq!(v["input"][3]["output"], "MASKED f1");
+        assert_eq!(v["input"][5]["output"], "MASKED p1");
+        assert_eq!(v["input"][1]["encrypted_content"], "ENC_call_output");
+        // A string input holds no outputs.
+        let string = json!({"input": "function_call_output"}).to_string();
+        let s = scan(DialectKind::Responses, string.as_bytes());
+        assert!(all_outputs(&s).is_empty());
+    }
+
+    #[test]
+    fn edits_follow_a_summary_and_stay_out_of_what_it_replaces() {
+        let body = json!({"messages": [
+            {"role": "user", "content": "task"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "a", "name": "Read", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "a", "content": "first"}]},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "b", "name": "Read", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "b", "content": "second"}]},
+            {"role": "assistant", "content": "done"},
+            {"role": "user", "content": "next"}
+        ], "model": "claude"})
+        .to_string();
+        let s = scan(DialectKind::Messages, body.as_bytes());
+        let outputs = all_outputs(&s);
+        fn edit<'a>(o: &WireOutput<'a>) -> Edit<'a> {
+            Edit {
+                value: o.value.expect("value"),
+                text: "M".into(),
+            }
+        }
+        // Summary over [0..3): the tail opens with an assistant message, so it starts at 3.
+        assert_eq!(s.verbatim_from(3).expect("from"), 3);
+        let out = s
+            .rewrite_with(Some((0, 3, "SUMMARY")), &[edit(&outputs[1])])
+            .expect("rewrite");
+        let v: Value = serde_json::from_slice(&out).expect("json");
+        assert_eq!(v["messages"][0]["content"], "SUMMARY");
+        assert_eq!(v["messages"][2]["content"][0]["content"], "M");
+        assert_eq!(v["messages"][4]["content"], "next");
+        assert_eq!(v["model"], "claude");
+        // An output the summary replaces cannot be edited.
+        assert!(s
+            .rewrite_with(Some((0, 3, "SUMMARY")), &[edit(&outputs[0])])
+            .is_err());
+        // A summary merged into the user message at the boundary rewrites it whole.
+        assert_eq!(s.verbatim_from(6).expect("from"), 7);
+        // Overlapping edits are refused.
+        assert!(s
+            .rewrite_with(None, &[edit(&outputs[0]), edit(&outputs[0])])
+            .is_err());
+    }
+}
