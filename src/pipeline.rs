@@ -1524,6 +1524,8 @@ mod engine_tests;
 #[cfg(test)]
 mod fuzz;
 #[cfg(test)]
+mod mask_props;
+#[cfg(test)]
 mod props;
 #[cfg(test)]
 mod tests;

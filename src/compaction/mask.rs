@@ -141,7 +141,10 @@ mod tests {
         assert_eq!(&masked[25..35], &[20; 10]);
         assert_eq!(masked[35], 30);
         for n in 0..40 {
-            assert!(n - rule.masked(n) >= n.min(5), "{n}: the 5 most recent stay");
+            assert!(
+                n - rule.masked(n) >= n.min(5),
+                "{n}: the 5 most recent stay"
+            );
         }
         // A block of 1 masks everything but the recent ones; a zero block is read as 1.
         let every = MaskRule {

@@ -429,7 +429,11 @@ mod tests {
             .collect();
         assert_eq!(
             ids,
-            [(2, Some("t2"), true), (2, Some("t1"), true), (2, Some("t3"), false)]
+            [
+                (2, Some("t2"), true),
+                (2, Some("t1"), true),
+                (2, Some("t3"), false)
+            ]
         );
         assert_eq!(s.call_name("t1", 2).as_deref(), Some("Read"));
         let v = mask_all(&s);
@@ -462,7 +466,11 @@ mod tests {
             .collect();
         assert_eq!(
             ids,
-            [(3, Some("f1"), true), (5, Some("p1"), true), (6, Some("k1"), false)]
+            [
+                (3, Some("f1"), true),
+                (5, Some("p1"), true),
+                (6, Some("k1"), false)
+            ]
         );
         assert_eq!(s.call_name("p1", 5).as_deref(), Some("apply_patch"));
         let v = mask_all(&s);
