@@ -930,6 +930,59 @@ mod tests {
     }
 
     #[test]
+    fn every_metric_has_a_readme_row() {
+        let readme = include_str!("../README.md");
+        let text = Metrics::new().expect("metrics").render();
+        let families: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# HELP "))
+            .filter_map(|l| l.split_whitespace().next())
+            .collect();
+        assert!(families.contains(&"compactor_masked_outputs_total"));
+        for family in families {
+            assert!(
+                readme.contains(&format!("| `{family}` |")),
+                "README's metrics table has no row for {family}"
+            );
+        }
+    }
+
+    #[test]
+    fn masking_metrics_are_exported_before_their_first_observation_and_count() {
+        let m = Metrics::new().expect("metrics");
+        m.strategy_in_use(Strategy::Hybrid);
+        let text = m.render();
+        for line in [
+            "compactor_masked_outputs_total{dialect=\"messages\",strategy=\"hybrid\"} 0",
+            "compactor_masked_outputs_total{dialect=\"responses\",strategy=\"mask\"} 0",
+            "compactor_mask_failures_total{dialect=\"chat_completions\"} 0",
+            "compactor_request_tokens_count{dialect=\"chat_completions\",stage=\"masked\"} 0",
+            "compactor_compaction_strategy{strategy=\"hybrid\"} 1",
+            "compactor_compaction_strategy{strategy=\"summarize\"} 0",
+        ] {
+            assert!(text.contains(line), "{line} missing:\n{text}");
+        }
+        m.masked_outputs(DialectKind::Messages, Strategy::Mask, 7);
+        m.mask_failed(DialectKind::Responses);
+        m.masked_request_tokens(DialectKind::Messages, 1_234);
+        m.strategy_in_use(Strategy::Summarize);
+        let text = m.render();
+        assert_eq!(
+            m.masked_outputs_counted(DialectKind::Messages, Strategy::Mask),
+            7
+        );
+        for line in [
+            "compactor_masked_outputs_total{dialect=\"messages\",strategy=\"mask\"} 7",
+            "compactor_mask_failures_total{dialect=\"responses\"} 1",
+            "compactor_request_tokens_sum{dialect=\"messages\",stage=\"masked\"} 1234",
+            "compactor_compaction_strategy{strategy=\"hybrid\"} 0",
+            "compactor_compaction_strategy{strategy=\"summarize\"} 1",
+        ] {
+            assert!(text.contains(line), "{line} missing:\n{text}");
+        }
+    }
+
+    #[test]
     fn newer_vectors_are_exported_before_their_first_observation() {
         let m = Metrics::new().expect("metrics");
         let text = m.render();
