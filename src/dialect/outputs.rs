@@ -58,7 +58,7 @@ pub struct Edit<'a> {
 }
 
 /// How far back from an output [`Scan::call_name`] looks for the call it answers.
-const CALL_SEARCH_MESSAGES: usize = 64;
+pub const CALL_SEARCH_MESSAGES: usize = 64;
 
 /// Part `type`s that carry an image, in any dialect's tool output.
 const IMAGE_TYPES: &[&str] = &["image", "image_url", "input_image", "computer_screenshot"];
