@@ -631,6 +631,12 @@ impl Config {
         if c.mask_block == 0 {
             return Err(invalid("compaction.mask_block", "must be positive"));
         }
+        if c.keep_recent_outputs == 0 {
+            return Err(invalid(
+                "compaction.keep_recent_outputs",
+                "must be positive (the model must see the output it asked for last)",
+            ));
+        }
         if self.summarizer.max_concurrent == 0 {
             return Err(invalid("summarizer.max_concurrent", "must be positive"));
         }
@@ -858,6 +864,26 @@ mod tests {
         );
         // Above `max_sessions` is the whole store, not an error.
         Config::from_toml("[store]\nmax_sessions = 10\n").expect("valid");
+        for (toml, key) in [
+            ("strategy = \"squash\"", "strategy"),
+            ("mask_block = 0", "compaction.mask_block"),
+            ("keep_recent_outputs = 0", "compaction.keep_recent_outputs"),
+        ] {
+            let err = Config::from_toml(&format!("[compaction]\n{toml}\n")).unwrap_err();
+            assert!(err.to_string().contains(key), "{toml}: {err}");
+        }
+        let c = Config::from_toml("[compaction]\nstrategy = \"hybrid\"\nmask_block = 3\n")
+            .expect("valid");
+        assert_eq!(c.compaction.strategy, Strategy::Hybrid);
+        assert_eq!(
+            (c.compaction.keep_recent_outputs, c.compaction.mask_block),
+            (DEFAULT_KEEP_RECENT_OUTPUTS, 3)
+        );
+        assert_eq!(
+            Config::default().compaction.strategy,
+            DEFAULT_STRATEGY,
+            "the README's default"
+        );
     }
 
     #[test]

@@ -159,7 +159,7 @@ fn outputs_of(s: &Scan<'_>) -> Result<usize, TestCaseError> {
 }
 
 fn rule() -> impl Strategy<Value = MaskRule> {
-    (0usize..4, 1usize..5).prop_map(|(keep_recent, block)| MaskRule { keep_recent, block })
+    (1usize..4, 1usize..5).prop_map(|(keep_recent, block)| MaskRule { keep_recent, block })
 }
 
 /// A valid request of any dialect and whether it enables Anthropic thinking.
@@ -362,13 +362,15 @@ fn under_hybrid_replicas_forward_the_same_bytes_and_rewrites_stay_valid() {
         let whole = scan(dialect, &body)?;
         for k in 1..=whole.len() {
             let request = prefix(&body, &whole, k);
+            // Only what an agent would send: a cut in the middle of a tool loop (calls not
+            // answered yet) is no request.
+            if valid(dialect, &request, thinking).is_err() {
+                continue;
+            }
             let first = rt.block_on(a.process(dialect, &request, &caller()));
             let out = body_of(&first, &request);
-            if valid(dialect, &request, thinking).is_ok() {
-                valid(dialect, &out, thinking).map_err(|e| {
-                    fail(format!("step {k}: {e}: {}", String::from_utf8_lossy(&out)))
-                })?;
-            }
+            valid(dialect, &out, thinking)
+                .map_err(|e| fail(format!("step {k}: {e}: {}", String::from_utf8_lossy(&out))))?;
             if matches!(first, Outcome::Rewritten { .. }) {
                 compacted.set(compacted.get() + 1);
             }
