@@ -149,3 +149,43 @@ fn an_unknown_strategy_is_refused_by_name() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("unknown strategy `squash`"), "{stderr}");
 }
+
+/// README's figures for masking that acts: the marshmallow transcript with a 10,000-token
+/// window, `keep_recent_outputs = 2`, `mask_block = 4`.
+#[test]
+fn with_outputs_old_enough_masking_saves_tokens_at_the_same_summarizer_calls() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("masking.toml");
+    std::fs::write(
+        &config,
+        "[compaction]\nmin_preserve_tokens = 500\nmax_preserve_tokens = 1500\n\
+         keep_recent_outputs = 2\nmask_block = 4\n[models.\"gpt-4o\"]\ncontext_window = 10000\n",
+    )
+    .expect("write config");
+    let output = compactor(&[
+        "replay",
+        "--config",
+        config.to_str().expect("utf-8 path"),
+        "--strategy",
+        "summarize,hybrid",
+        "tests/fixtures/transcripts/swe-agent-marshmallow-function-calling.json",
+    ]);
+    let rows = rows(table(&output));
+    let (summarize, hybrid) = (&rows[0], &rows[1]);
+    assert_eq!(
+        (
+            summarize.calls,
+            summarize.tokens,
+            summarize.stable,
+            summarize.compared
+        ),
+        (1, 50_624, 11, 11),
+        "{output}"
+    );
+    assert_eq!(
+        (hybrid.calls, hybrid.tokens, hybrid.stable, hybrid.compared),
+        (1, 38_578, 9, 11),
+        "{output}"
+    );
+    assert!(README.contains("forwards 38,578\n  tokens under `hybrid` against 50,624"));
+}
