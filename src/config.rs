@@ -207,6 +207,60 @@ pub enum LogFormat {
     Json,
 }
 
+/// `compaction.strategy`: how a long conversation is made smaller (docs/architecture.md,
+/// *Masking of old observations*).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Strategy {
+    /// Replace older turns with a summary when the trigger fires; tool outputs are forwarded
+    /// as sent.
+    Summarize,
+    /// Replace old tool outputs in the forwarded request with a short placeholder; never call
+    /// the summarizer on the request path.
+    Mask,
+    /// Mask old tool outputs, and summarise only when the masked request is still over the
+    /// trigger.
+    Hybrid,
+}
+
+impl Strategy {
+    /// Every strategy, in the order of their label values.
+    pub const ALL: [Strategy; 3] = [Strategy::Summarize, Strategy::Mask, Strategy::Hybrid];
+
+    /// The configuration value and metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Strategy::Summarize => "summarize",
+            Strategy::Mask => "mask",
+            Strategy::Hybrid => "hybrid",
+        }
+    }
+
+    /// The strategy named `name` (its configuration value).
+    pub fn from_label(name: &str) -> Option<Strategy> {
+        Strategy::ALL.into_iter().find(|s| s.label() == name)
+    }
+
+    /// Whether old tool outputs are masked in the forwarded request.
+    pub fn masks(self) -> bool {
+        !matches!(self, Strategy::Summarize)
+    }
+
+    /// Whether a request over the trigger is summarised.
+    pub fn summarizes(self) -> bool {
+        !matches!(self, Strategy::Mask)
+    }
+}
+
+/// Default of `compaction.strategy`.
+pub const DEFAULT_STRATEGY: Strategy = Strategy::Summarize;
+
+/// Default of `compaction.keep_recent_outputs`.
+pub const DEFAULT_KEEP_RECENT_OUTPUTS: usize = 5;
+
+/// Default of `compaction.mask_block`.
+pub const DEFAULT_MASK_BLOCK: usize = 10;
+
 /// `[upstream]`
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -258,6 +312,14 @@ pub struct CompactionConfig {
     pub max_preserve_tokens: usize,
     /// Mask old tool outputs in the transcript handed to the summarizer.
     pub mask_observations: bool,
+    /// How a long conversation is made smaller: `summarize`, `mask` or `hybrid`.
+    pub strategy: Strategy,
+    /// Tool outputs of the forwarded request kept verbatim, most recent first (`mask`,
+    /// `hybrid`).
+    pub keep_recent_outputs: usize,
+    /// Older outputs are masked this many at a time, so the forwarded prefix stays
+    /// byte-identical between steps (`mask`, `hybrid`).
+    pub mask_block: usize,
     /// Compact when estimated input tokens reach this share of the usable window.
     pub trigger_ratio: f64,
     /// Start the summary in the background when a conversation reaches this share of the
@@ -463,6 +525,9 @@ impl Default for CompactionConfig {
             min_preserve_tokens: 2_000,
             max_preserve_tokens: 15_000,
             mask_observations: true,
+            strategy: DEFAULT_STRATEGY,
+            keep_recent_outputs: DEFAULT_KEEP_RECENT_OUTPUTS,
+            mask_block: DEFAULT_MASK_BLOCK,
             trigger_ratio: 0.85,
             background_ratio: 0.7,
             preserve_ratio: 0.25,
@@ -600,6 +665,15 @@ impl Config {
             return Err(invalid(
                 "compaction.background_ratio",
                 "must be in [0, 1) (0 turns background summaries off)",
+            ));
+        }
+        if c.mask_block == 0 {
+            return Err(invalid("compaction.mask_block", "must be positive"));
+        }
+        if c.keep_recent_outputs == 0 {
+            return Err(invalid(
+                "compaction.keep_recent_outputs",
+                "must be positive (the model must see the output it asked for last)",
             ));
         }
         if self.summarizer.max_concurrent == 0 {
@@ -850,6 +924,26 @@ mod tests {
         );
         // Above `max_sessions` is the whole store, not an error.
         Config::from_toml("[store]\nmax_sessions = 10\n").expect("valid");
+        for (toml, key) in [
+            ("strategy = \"squash\"", "strategy"),
+            ("mask_block = 0", "compaction.mask_block"),
+            ("keep_recent_outputs = 0", "compaction.keep_recent_outputs"),
+        ] {
+            let err = Config::from_toml(&format!("[compaction]\n{toml}\n")).unwrap_err();
+            assert!(err.to_string().contains(key), "{toml}: {err}");
+        }
+        let c = Config::from_toml("[compaction]\nstrategy = \"hybrid\"\nmask_block = 3\n")
+            .expect("valid");
+        assert_eq!(c.compaction.strategy, Strategy::Hybrid);
+        assert_eq!(
+            (c.compaction.keep_recent_outputs, c.compaction.mask_block),
+            (DEFAULT_KEEP_RECENT_OUTPUTS, 3)
+        );
+        assert_eq!(
+            Config::default().compaction.strategy,
+            DEFAULT_STRATEGY,
+            "the README's default"
+        );
     }
 
     #[test]

@@ -13,7 +13,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use compactor::compact::CompactStatus;
-use compactor::config::{Config, LogFormat};
+use compactor::config::{Config, LogFormat, Strategy};
 use compactor::dialect::DialectKind;
 use compactor::reload::Reloader;
 use compactor::Server;
@@ -105,6 +105,11 @@ enum Command {
         /// Write an SVG chart of tokens received and forwarded per step, one panel per file.
         #[arg(long, value_name = "OUT")]
         svg: Option<PathBuf>,
+        /// `compaction.strategy` to replay with (`summarize`, `mask`, `hybrid`), instead of
+        /// the configured one; several, comma-separated, replay every file with each and end
+        /// with a table comparing them (summarizer calls, tokens forwarded, prefix stability).
+        #[arg(long, value_name = "NAME[,NAME...]", value_delimiter = ',')]
+        strategy: Vec<String>,
         /// Recorded conversations: JSON transcripts or JSONL files of requests.
         #[arg(required = true, value_name = "TRANSCRIPT")]
         transcripts: Vec<PathBuf>,
@@ -176,6 +181,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             config,
             summarizer,
             svg,
+            strategy,
             transcripts,
         } => {
             let config = Config::load(config.as_deref())?;
@@ -187,6 +193,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             runtime.block_on(replay(
                 config,
                 summarizer.as_deref(),
+                &strategy,
                 &transcripts,
                 svg.as_deref(),
             ))
@@ -225,21 +232,46 @@ async fn compact(config: &Config, dialect: DialectKind, body: &[u8]) -> anyhow::
 async fn replay(
     config: Config,
     summarizer: Option<&str>,
+    strategies: &[String],
     files: &[PathBuf],
     svg: Option<&Path>,
 ) -> anyhow::Result<ExitCode> {
     use compactor::replay;
+    let strategies = strategies
+        .iter()
+        .map(|name| {
+            Strategy::from_label(name.trim()).with_context(|| {
+                format!("unknown strategy `{name}`: expected summarize, mask or hybrid")
+            })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let replayer = replay::Replayer::new(config, summarizer)?;
     let recordings = files
         .iter()
         .map(|f| replay::load(f))
         .collect::<Result<Vec<_>, _>>()?;
-    let mut reports = Vec::with_capacity(recordings.len());
-    for (i, recording) in recordings.iter().enumerate() {
-        let report = replayer.run(recording).await?;
-        let separator = if i > 0 { "\n" } else { "" };
-        write_stdout(format!("{separator}{}", report.render()).as_bytes())?;
-        reports.push(report);
+    let runs = if strategies.is_empty() {
+        vec![replayer]
+    } else {
+        strategies
+            .iter()
+            .map(|s| {
+                replay::Replayer::new(replayer.config().clone(), summarizer)
+                    .map(|r| r.with_strategy(*s))
+            })
+            .collect::<Result<Vec<_>, _>>()?
+    };
+    let mut reports = Vec::with_capacity(recordings.len() * runs.len());
+    for recording in &recordings {
+        for run in &runs {
+            let report = run.run(recording).await?;
+            let separator = if reports.is_empty() { "" } else { "\n" };
+            write_stdout(format!("{separator}{}", report.render()).as_bytes())?;
+            reports.push(report);
+        }
+    }
+    if runs.len() > 1 {
+        write_stdout(format!("\n{}", replay::comparison(&reports)).as_bytes())?;
     }
     if let Some(path) = svg {
         std::fs::write(path, replay::svg::render(&reports))

@@ -22,6 +22,7 @@ use prometheus::{
 
 use crate::compaction::models::WindowSource;
 use crate::compaction::trigger::{BackgroundOutcome, CompactionOutcome, Trigger};
+use crate::config::Strategy;
 use crate::dialect::DialectKind;
 
 /// The session store calls `compactor_store_errors_total` counts, by `op`.
@@ -129,8 +130,14 @@ const DIALECTS: [DialectKind; 3] = [
 /// dialect. A closed set, never a raw path.
 const OTHER_ROUTE: &str = "other";
 
-/// Values of the `stage` label of `compactor_request_tokens`.
-const TOKEN_STAGES: [&str; 2] = ["received", "forwarded"];
+/// Values of the `stage` label of `compactor_request_tokens`: as received, with old tool
+/// outputs masked (before any new summary; only when `compaction.strategy` masks), and as
+/// forwarded.
+const TOKEN_STAGES: [&str; 3] = ["received", "masked", "forwarded"];
+
+/// The strategies that mask old tool outputs: the `strategy` label values of
+/// `compactor_masked_outputs_total`.
+const MASKING_STRATEGIES: [Strategy; 2] = [Strategy::Mask, Strategy::Hybrid];
 
 /// Values of the `result` label of `compactor_config_reloads_total`.
 const RELOAD_RESULTS: [&str; 2] = ["ok", "error"];
@@ -296,6 +303,14 @@ pub struct Metrics {
     estimate_error: Histogram,
     /// `compactor_config_reloads_total{result}` (`result` ∈ [`RELOAD_RESULTS`]).
     config_reloads: IntCounterVec,
+    /// `compactor_masked_outputs_total{dialect,strategy}`: tool outputs replaced by a
+    /// placeholder in forwarded requests.
+    masked_outputs: IntCounterVec,
+    /// `compactor_mask_failures_total{dialect}`: requests whose old outputs could not be
+    /// masked and were forwarded as sent.
+    mask_failures: IntCounterVec,
+    /// `compactor_compaction_strategy{strategy}`: 1 for the strategy in use, 0 for the others.
+    strategy: IntGaugeVec,
 }
 
 /// The `route` label (and log field): the dialect of a chat call, else `other`.
@@ -521,6 +536,30 @@ impl Metrics {
                 "Configuration reloads by result (ok or error).",
                 &["result"],
             )?,
+            masked_outputs: counter_vec(
+                r,
+                "compactor_masked_outputs_total",
+                "Tool outputs replaced by a placeholder in forwarded chat requests (counted in \
+                 every request that forwards them masked), by dialect and strategy.",
+                &["dialect", "strategy"],
+            )?,
+            mask_failures: counter_vec(
+                r,
+                "compactor_mask_failures_total",
+                "Chat requests whose old tool outputs could not be masked and were forwarded \
+                 as sent.",
+                &["dialect"],
+            )?,
+            strategy: register(
+                r,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "compactor_compaction_strategy",
+                        "The compaction strategy in use (1) and the others (0).",
+                    ),
+                    &["strategy"],
+                )?,
+            )?,
             store_evictions_counted: AtomicU64::new(0),
             registry,
         };
@@ -609,6 +648,16 @@ impl Metrics {
         }
         for result in RELOAD_RESULTS {
             self.config_reloads.with_label_values(&[result]);
+        }
+        for dialect in DIALECTS {
+            for strategy in MASKING_STRATEGIES {
+                self.masked_outputs
+                    .with_label_values(&[dialect.label(), strategy.label()]);
+            }
+            self.mask_failures.with_label_values(&[dialect.label()]);
+        }
+        for strategy in Strategy::ALL {
+            self.strategy.with_label_values(&[strategy.label()]);
         }
     }
 
@@ -726,6 +775,47 @@ impl Metrics {
             .inc();
     }
 
+    /// The estimated input tokens of a chat request with its old tool outputs masked (and any
+    /// stored summary spliced in), before a new summary: `compactor_request_tokens{stage=
+    /// "masked"}`.
+    pub fn masked_request_tokens(&self, dialect: DialectKind, tokens: usize) {
+        self.request_tokens
+            .with_label_values(&[dialect.label(), TOKEN_STAGES[1]])
+            .observe(tokens as f64);
+    }
+
+    /// A forwarded chat request carried `outputs` tool outputs masked by `strategy`.
+    pub fn masked_outputs(&self, dialect: DialectKind, strategy: Strategy, outputs: usize) {
+        self.masked_outputs
+            .with_label_values(&[dialect.label(), strategy.label()])
+            .inc_by(u64::try_from(outputs).unwrap_or(u64::MAX));
+    }
+
+    /// A chat request's old tool outputs could not be masked; it was forwarded with them as
+    /// sent.
+    pub fn mask_failed(&self, dialect: DialectKind) {
+        self.mask_failures
+            .with_label_values(&[dialect.label()])
+            .inc();
+    }
+
+    /// `strategy` is the compaction strategy in use (set at start and on every reload).
+    pub fn strategy_in_use(&self, strategy: Strategy) {
+        for s in Strategy::ALL {
+            self.strategy
+                .with_label_values(&[s.label()])
+                .set(i64::from(s == strategy));
+        }
+    }
+
+    /// The count of `compactor_masked_outputs_total{dialect,strategy}`, for tests and the
+    /// replay tool.
+    pub fn masked_outputs_counted(&self, dialect: DialectKind, strategy: Strategy) -> u64 {
+        self.masked_outputs
+            .get_metric_with_label_values(&[dialect.label(), strategy.label()])
+            .map_or(0, |c| c.get())
+    }
+
     /// A chat request's checkpoint lookup found a stored summary (`hit`) or not.
     pub fn checkpoint_lookup(&self, hit: bool) {
         let result = if hit {
@@ -747,7 +837,7 @@ impl Metrics {
         context_window: usize,
     ) {
         let d = dialect.label();
-        let [received_stage, forwarded_stage] = TOKEN_STAGES;
+        let [received_stage, _, forwarded_stage] = TOKEN_STAGES;
         self.request_tokens
             .with_label_values(&[d, received_stage])
             .observe(received as f64);
@@ -903,6 +993,59 @@ mod tests {
         m.observe_store_evictions(9);
         m.observe_store_evictions(12);
         assert_eq!(m.store_evictions.get(), 12);
+    }
+
+    #[test]
+    fn every_metric_has_a_readme_row() {
+        let readme = include_str!("../README.md");
+        let text = Metrics::new().expect("metrics").render();
+        let families: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# HELP "))
+            .filter_map(|l| l.split_whitespace().next())
+            .collect();
+        assert!(families.contains(&"compactor_masked_outputs_total"));
+        for family in families {
+            assert!(
+                readme.contains(&format!("| `{family}` |")),
+                "README's metrics table has no row for {family}"
+            );
+        }
+    }
+
+    #[test]
+    fn masking_metrics_are_exported_before_their_first_observation_and_count() {
+        let m = Metrics::new().expect("metrics");
+        m.strategy_in_use(Strategy::Hybrid);
+        let text = m.render();
+        for line in [
+            "compactor_masked_outputs_total{dialect=\"messages\",strategy=\"hybrid\"} 0",
+            "compactor_masked_outputs_total{dialect=\"responses\",strategy=\"mask\"} 0",
+            "compactor_mask_failures_total{dialect=\"chat_completions\"} 0",
+            "compactor_request_tokens_count{dialect=\"chat_completions\",stage=\"masked\"} 0",
+            "compactor_compaction_strategy{strategy=\"hybrid\"} 1",
+            "compactor_compaction_strategy{strategy=\"summarize\"} 0",
+        ] {
+            assert!(text.contains(line), "{line} missing:\n{text}");
+        }
+        m.masked_outputs(DialectKind::Messages, Strategy::Mask, 7);
+        m.mask_failed(DialectKind::Responses);
+        m.masked_request_tokens(DialectKind::Messages, 1_234);
+        m.strategy_in_use(Strategy::Summarize);
+        let text = m.render();
+        assert_eq!(
+            m.masked_outputs_counted(DialectKind::Messages, Strategy::Mask),
+            7
+        );
+        for line in [
+            "compactor_masked_outputs_total{dialect=\"messages\",strategy=\"mask\"} 7",
+            "compactor_mask_failures_total{dialect=\"responses\"} 1",
+            "compactor_request_tokens_sum{dialect=\"messages\",stage=\"masked\"} 1234",
+            "compactor_compaction_strategy{strategy=\"hybrid\"} 0",
+            "compactor_compaction_strategy{strategy=\"summarize\"} 1",
+        ] {
+            assert!(text.contains(line), "{line} missing:\n{text}");
+        }
     }
 
     #[test]

@@ -30,11 +30,12 @@ use futures_util::FutureExt as _;
 
 use crate::calibration::Calibration;
 use crate::compaction::engine::{CompactError, Compaction, CompactionInput, Engine, Prior};
+use crate::compaction::mask::MaskRule;
 use crate::compaction::models::{LearnedWindow, WindowSource};
 use crate::compaction::prompt::summary_message;
 use crate::compaction::trigger::{BackgroundOutcome, CompactionOutcome, Limits, Trigger};
 use crate::compaction::{CompactionResult, MAX_ATTEMPTS_PER_REQUEST};
-use crate::config::{Config, StoreBackend};
+use crate::config::{Config, StoreBackend, Strategy};
 use crate::dialect::{DialectError, DialectKind, Scan};
 use crate::metrics::Metrics;
 use crate::overflow::Overflow;
@@ -141,6 +142,8 @@ struct Compacted {
     body: Vec<u8>,
     compaction: Compaction,
     stored: Option<Arc<Checkpoint>>,
+    /// Old outputs masked in `body` (`mask`, `hybrid`).
+    masked: usize,
 }
 
 impl Compacted {
@@ -163,6 +166,18 @@ struct BackgroundJob {
     key: FlightKey,
     /// The watermark it crossed (`messages` or `tokens`): the trigger it is counted under.
     trigger: Trigger,
+}
+
+/// What one request's handling measured besides its outcome.
+#[derive(Debug, Default)]
+struct Figures {
+    /// Time spent waiting for summaries.
+    summarizer_time: Duration,
+    /// Estimated tokens of the request with old outputs masked and any stored summary spliced
+    /// in, before a new compaction (`mask`, `hybrid`).
+    masked_tokens: Option<usize>,
+    /// Outputs masked in the body forwarded with a summary (`Outcome::Masked` counts its own).
+    masked_outputs: usize,
 }
 
 /// A stored checkpoint applied to a request: messages `[head..covered)` become `message`.
@@ -189,6 +204,10 @@ pub struct Pipeline {
     /// only its new messages.
     memo: ChainMemo,
     enabled: bool,
+    /// `compaction.strategy`.
+    strategy: Strategy,
+    /// Which outputs of the forwarded request are masked (`mask`, `hybrid`).
+    mask_rule: MaskRule,
 }
 
 impl Pipeline {
@@ -242,6 +261,7 @@ impl Pipeline {
         store: Arc<dyn SessionStore>,
     ) -> Self {
         let engine = Engine::new(config, summarizer);
+        metrics.strategy_in_use(config.compaction.strategy);
         // A waiter waits as long as the leader may take: every attempt it may make.
         let flight_wait = engine
             .summary_timeout()
@@ -258,6 +278,11 @@ impl Pipeline {
             background_ratio: config.compaction.background_ratio,
             memo: ChainMemo::default(),
             enabled: config.compaction.enabled,
+            strategy: config.compaction.strategy,
+            mask_rule: MaskRule {
+                keep_recent: config.compaction.keep_recent_outputs,
+                block: config.compaction.mask_block,
+            },
         }
     }
 
@@ -446,20 +471,32 @@ impl Pipeline {
                 .limits(scan.model.as_deref(), scan.requested_output)
                 .await,
         };
-        let mut summarizer_time = Duration::ZERO;
-        let outcome = if checkpoint.is_some() || self.may_compact(&request) {
-            self.rewrite_path(&request, checkpoint, &mut summarizer_time)
-                .await
+        let mut figures = Figures::default();
+        let outcome = if checkpoint.is_some() || self.strategy.masks() || self.may_compact(&request)
+        {
+            self.rewrite_path(&request, checkpoint, &mut figures).await
         } else {
             Outcome::Unchanged
         };
         let mut processed = Processed {
             outcome,
             session_id: None,
-            summarizer_time,
+            summarizer_time: figures.summarizer_time,
             estimate: None,
         };
         self.record_tokens(&request, &mut processed);
+        if let Some(masked) = figures.masked_tokens {
+            self.metrics.masked_request_tokens(scan.dialect(), masked);
+        }
+        let masked_outputs = match &processed.outcome {
+            Outcome::Masked { masked, .. } => *masked,
+            Outcome::Rewritten { .. } | Outcome::Reused { .. } => figures.masked_outputs,
+            Outcome::Unchanged | Outcome::Failed => 0,
+        };
+        if masked_outputs > 0 {
+            self.metrics
+                .masked_outputs(scan.dialect(), self.strategy, masked_outputs);
+        }
         processed.session_id = Some(session);
         processed
     }
@@ -472,6 +509,7 @@ impl Pipeline {
             Outcome::Rewritten { result, .. } | Outcome::Reused { result, .. } => {
                 result.post_tokens
             }
+            Outcome::Masked { post_tokens, .. } => *post_tokens,
             Outcome::Unchanged | Outcome::Failed => received,
         };
         self.metrics.chat_request_tokens(
@@ -545,7 +583,7 @@ impl Pipeline {
         self: &Arc<Self>,
         request: &Request<'_, '_>,
         found: Option<Arc<Checkpoint>>,
-        summarizer_time: &mut Duration,
+        figures: &mut Figures,
     ) -> Outcome {
         // A staged checkpoint stands in only for a request over the trigger without it; until
         // then the checkpoint it refines is the one in use.
@@ -565,24 +603,42 @@ impl Pipeline {
                 return self.not_understood(due, &e);
             }
         };
-        let (count, mut tokens) = self.view_size(request.scan, splice.as_ref());
+        // Old outputs are masked first (`mask`, `hybrid`): the trigger reads what the upstream
+        // would receive without a new summary.
+        let mut mask = self.mask_view(request.scan, splice.as_ref().map(|s| s.covered));
+        let (count, mut tokens) = self.view_size(request.scan, splice.as_ref(), &mask);
+        if self.strategy.masks() {
+            figures.masked_tokens = Some(tokens);
+        }
+        if !self.strategy.summarizes() {
+            return self.reuse(request.scan, splice.as_ref(), &mask, tokens, figures);
+        }
         let Some(trigger) = request.limits.check(count, tokens) else {
             if staged.is_none() {
                 self.start_background(request, splice.as_ref(), count, tokens);
             }
-            return self.reuse(request.scan, splice.as_ref(), tokens);
+            return self.reuse(request.scan, splice.as_ref(), &mask, tokens, figures);
         };
         if let Some(staged) = staged {
             match self.splice(request.scan, staged) {
                 Ok(Some(ready)) => {
-                    let (count, ready_tokens) = self.view_size(request.scan, Some(&ready));
+                    let ready_mask = self.mask_view(request.scan, Some(ready.covered));
+                    let (count, ready_tokens) =
+                        self.view_size(request.scan, Some(&ready), &ready_mask);
                     self.promote(request, &ready).await;
                     if request.limits.check(count, ready_tokens).is_none() {
                         self.metrics.summarizer_wait.observe(0.0);
-                        return self.reuse(request.scan, Some(&ready), ready_tokens);
+                        return self.reuse(
+                            request.scan,
+                            Some(&ready),
+                            &ready_mask,
+                            ready_tokens,
+                            figures,
+                        );
                     }
                     // Still over: compact further, refining the staged summary.
                     splice = Some(ready);
+                    mask = ready_mask;
                     tokens = ready_tokens;
                 }
                 Ok(None) => {}
@@ -596,7 +652,7 @@ impl Pipeline {
             .unwrap_or(true);
         if !allowed {
             self.record(trigger, CompactionOutcome::Breaker);
-            return self.reuse(request.scan, splice.as_ref(), tokens);
+            return self.reuse(request.scan, splice.as_ref(), &mask, tokens, figures);
         }
         let transcript = match request.scan.transcript() {
             Ok(t) => t,
@@ -637,14 +693,14 @@ impl Pipeline {
                 );
             })
             .await;
-        *summarizer_time += started.elapsed();
+        figures.summarizer_time += started.elapsed();
         self.metrics
             .summarizer_wait
             .observe(started.elapsed().as_secs_f64());
         // A request that waited, or found a newer checkpoint, uses what the other one stored.
         let result = match (flight, led) {
             (Ok(f), Some(result)) if f.led => result,
-            _ => return self.after_wait(request, trigger).await,
+            _ => return self.after_wait(request, trigger, figures).await,
         };
         self.metrics
             .compaction_duration
@@ -667,9 +723,13 @@ impl Pipeline {
         }
         match result {
             Ok(Compacted {
-                body, compaction, ..
+                body,
+                compaction,
+                masked,
+                ..
             }) => {
                 self.record(trigger, CompactionOutcome::Compacted);
+                figures.masked_outputs = masked;
                 if !succeeded {
                     tracing::warn!(
                         session,
@@ -700,7 +760,7 @@ impl Pipeline {
                     error = %e,
                     "compaction failed; forwarding the request without a new summary"
                 );
-                match self.reuse(request.scan, splice.as_ref(), tokens) {
+                match self.reuse(request.scan, splice.as_ref(), &mask, tokens, figures) {
                     Outcome::Unchanged => Outcome::Failed,
                     reused => reused,
                 }
@@ -745,8 +805,19 @@ impl Pipeline {
         }))
     }
 
+    /// Messages and estimated tokens the upstream receives after the splice and `mask`.
+    fn view_size(
+        &self,
+        scan: &Scan<'_>,
+        splice: Option<&Splice>,
+        mask: &Masking<'_>,
+    ) -> (usize, usize) {
+        let (count, tokens) = self.spliced_size(scan, splice);
+        (count, tokens.saturating_sub(mask.saved))
+    }
+
     /// Messages and estimated tokens the upstream receives after the splice.
-    fn view_size(&self, scan: &Scan<'_>, splice: Option<&Splice>) -> (usize, usize) {
+    fn spliced_size(&self, scan: &Scan<'_>, splice: Option<&Splice>) -> (usize, usize) {
         match splice {
             None => (scan.len(), scan.tokens),
             Some(s) => {
@@ -760,23 +831,46 @@ impl Pipeline {
         }
     }
 
-    /// The request with a stored summary spliced in, or unchanged without one.
-    fn reuse(&self, scan: &Scan<'_>, splice: Option<&Splice>, forwarded: usize) -> Outcome {
+    /// The request with a stored summary spliced in and the outputs of `mask` masked,
+    /// unchanged with neither; `forwarded` is its estimate. A rewrite that fails with the
+    /// masks is made without them (counted), one that fails without them forwards the
+    /// original bytes.
+    fn reuse(
+        &self,
+        scan: &Scan<'_>,
+        splice: Option<&Splice>,
+        mask: &Masking<'_>,
+        forwarded: usize,
+        figures: &mut Figures,
+    ) -> Outcome {
+        if !mask.edits.is_empty() {
+            let summary = splice.map(|s| (s.head, s.covered, s.message.as_str()));
+            match (scan.rewrite_with(summary, &mask.edits), splice) {
+                (Ok(body), None) => {
+                    return Outcome::Masked {
+                        body: Bytes::from(body),
+                        pre_tokens: scan.tokens,
+                        post_tokens: forwarded,
+                        masked: mask.masked(),
+                    }
+                }
+                (Ok(body), Some(s)) => {
+                    figures.masked_outputs = mask.masked();
+                    return self.reused(scan, s, body, forwarded);
+                }
+                (Err(e), _) => {
+                    self.metrics.mask_failed(scan.dialect());
+                    tracing::warn!(error = %e, "masking old outputs failed; forwarding them as sent");
+                    let unmasked = forwarded.saturating_add(mask.saved);
+                    return self.reuse(scan, splice, &Masking::default(), unmasked, figures);
+                }
+            }
+        }
         let Some(s) = splice else {
             return Outcome::Unchanged;
         };
         match scan.rewrite(s.head, s.covered, &s.message) {
-            Ok(body) => Outcome::Reused {
-                body: Bytes::from(body),
-                result: CompactionResult {
-                    summary: s.checkpoint.summary.clone(),
-                    read_files: s.checkpoint.read_files.clone(),
-                    modified_files: s.checkpoint.modified_files.clone(),
-                    pre_tokens: scan.tokens,
-                    post_tokens: forwarded,
-                    compaction_num: s.checkpoint.compaction_num,
-                },
-            },
+            Ok(body) => self.reused(scan, s, body, forwarded),
             Err(e) => {
                 tracing::warn!(error = %e, "splicing a stored summary failed; forwarding unchanged");
                 Outcome::Unchanged
@@ -784,19 +878,60 @@ impl Pipeline {
         }
     }
 
+    /// A body carrying a stored summary, as [`Outcome::Reused`].
+    fn reused(&self, scan: &Scan<'_>, s: &Splice, body: Vec<u8>, forwarded: usize) -> Outcome {
+        Outcome::Reused {
+            body: Bytes::from(body),
+            result: CompactionResult {
+                summary: s.checkpoint.summary.clone(),
+                read_files: s.checkpoint.read_files.clone(),
+                modified_files: s.checkpoint.modified_files.clone(),
+                pre_tokens: scan.tokens,
+                post_tokens: forwarded,
+                compaction_num: s.checkpoint.compaction_num,
+            },
+        }
+    }
+
+    /// The masking of the conversation `scan` forwards after the first `covered` messages
+    /// (a stored summary's; `None`: the whole request), empty unless the strategy masks. A
+    /// request whose outputs cannot be read is forwarded with its outputs as sent (counted).
+    fn mask_view<'b>(&self, scan: &Scan<'b>, covered: Option<usize>) -> Masking<'b> {
+        if !self.strategy.masks() {
+            return Masking::default();
+        }
+        let planned = match covered {
+            None => masking::plan(scan, self.mask_rule, 0, 0, self.engine.estimator()),
+            Some(covered) => scan.verbatim_from(covered).and_then(|from| {
+                masking::plan(scan, self.mask_rule, covered, from, self.engine.estimator())
+            }),
+        };
+        planned.unwrap_or_else(|e| {
+            self.metrics.mask_failed(scan.dialect());
+            tracing::warn!(error = %e, "old outputs not readable; forwarding them as sent");
+            Masking::default()
+        })
+    }
+
     /// After waiting on another request's compaction: splice whatever it stored. A request
     /// that needed compaction and is still over its limits afterwards (the other compaction
     /// failed, stored nothing, or covers too little) is counted and logged as failed, never
     /// forwarded silently.
-    async fn after_wait(&self, request: &Request<'_, '_>, trigger: Trigger) -> Outcome {
+    async fn after_wait(
+        &self,
+        request: &Request<'_, '_>,
+        trigger: Trigger,
+        figures: &mut Figures,
+    ) -> Outcome {
         let scan = request.scan;
         let splice = self.stored_splice(request.tenant, scan).await;
         if let Some(s) = &splice {
             // What it waited for may have been a background summary: needed now.
             self.promote(request, s).await;
         }
-        let (count, tokens) = self.view_size(scan, splice.as_ref());
-        let outcome = self.reuse(scan, splice.as_ref(), tokens);
+        let mask = self.mask_view(scan, splice.as_ref().map(|s| s.covered));
+        let (count, tokens) = self.view_size(scan, splice.as_ref(), &mask);
+        let outcome = self.reuse(scan, splice.as_ref(), &mask, tokens, figures);
         if request.limits.check(count, tokens).is_none() {
             return outcome;
         }
@@ -847,19 +982,33 @@ impl Pipeline {
         splice: Option<&Splice>,
         instructions: Option<&str>,
     ) -> Result<Compacted, Failure> {
-        let compaction = self
+        let mut compaction = self
             .compact_view(request, transcript, splice, instructions)
             .await?;
-        let body = request.scan.rewrite(
+        let summary = (
             transcript.head_len(),
             compaction.boundary,
-            &compaction.summary_message,
-        )?;
+            compaction.summary_message.as_str(),
+        );
+        // The tail after the new summary is masked by the same rule as any later request's.
+        let mut mask = self.mask_view(request.scan, Some(compaction.boundary));
+        let body = match request.scan.rewrite_with(Some(summary), &mask.edits) {
+            Ok(body) => body,
+            Err(e) if !mask.edits.is_empty() => {
+                self.metrics.mask_failed(request.scan.dialect());
+                tracing::warn!(error = %e, "masking old outputs failed; forwarding them as sent");
+                mask = Masking::default();
+                request.scan.rewrite(summary.0, summary.1, summary.2)?
+            }
+            Err(e) => return Err(e.into()),
+        };
         let stored = self.store_checkpoint(request, &compaction, None).await;
+        compaction.result.post_tokens = compaction.result.post_tokens.saturating_sub(mask.saved);
         Ok(Compacted {
             body,
             compaction,
             stored,
+            masked: mask.masked(),
         })
     }
 
@@ -1408,11 +1557,25 @@ pub enum Outcome {
     /// Compaction was needed but did not happen (already counted and logged): forward the
     /// original bytes.
     Failed,
+    /// No summary, but old tool outputs masked (`compaction.strategy` `mask` or `hybrid`):
+    /// forward this body.
+    Masked {
+        /// The request with old tool outputs replaced by placeholders.
+        body: bytes::Bytes,
+        /// Estimated input tokens of the request as received.
+        pre_tokens: usize,
+        /// Estimated input tokens of `body`.
+        post_tokens: usize,
+        /// Outputs masked.
+        masked: usize,
+    },
 }
 
 mod background;
+mod masking;
 
 use background::Background;
+use masking::Masking;
 
 #[cfg(test)]
 mod dialect_props;
@@ -1420,6 +1583,8 @@ mod dialect_props;
 mod engine_tests;
 #[cfg(test)]
 mod fuzz;
+#[cfg(test)]
+mod mask_props;
 #[cfg(test)]
 mod props;
 #[cfg(test)]

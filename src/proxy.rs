@@ -437,14 +437,25 @@ fn annotate(headers: &mut HeaderMap, processed: Processed, original: Bytes) -> B
     {
         headers.insert(HEADER_SESSION, v);
     }
-    let (body, result) = match processed.outcome {
+    let (body, result, masked) = match processed.outcome {
         Outcome::Rewritten { body, result, .. } | Outcome::Reused { body, result } => {
-            (body, Some(result))
+            (body, Some(result), None)
         }
-        Outcome::Unchanged | Outcome::Failed => (original, None),
+        Outcome::Masked {
+            body,
+            pre_tokens,
+            post_tokens,
+            ..
+        } => (body, None, Some((pre_tokens, post_tokens))),
+        Outcome::Unchanged | Outcome::Failed => (original, None, None),
     };
     let compacted = HeaderValue::from_static(if result.is_some() { "true" } else { "false" });
     headers.insert(HEADER_COMPACTED, compacted);
+    if let Some((before, after)) = masked {
+        headers.insert(HEADER_TOKENS_BEFORE, HeaderValue::from(before));
+        headers.insert(HEADER_TOKENS_AFTER, HeaderValue::from(after));
+        return body;
+    }
     match (result, processed.estimate) {
         (Some(r), _) => {
             headers.insert(HEADER_TOKENS_BEFORE, HeaderValue::from(r.pre_tokens));

@@ -14,9 +14,12 @@
 //! from the configuration as the proxy builds it (models table, thresholds, session memory and
 //! checkpoints), with the `extractive` summarizer unless told otherwise, wrapped in a
 //! [`CountingSummarizer`]. Each step yields a [`StepRow`]: messages, estimated tokens received
-//! and forwarded, compactions and summarizer calls so far. [`FileReport::render`] prints the
-//! table and a summary line; [`svg::render`] draws the chart. Dialects the engine does not
-//! compact pass through unchanged, as in the proxy.
+//! and forwarded, compactions and summarizer calls so far, old tool outputs masked, and
+//! whether the forwarded prefix is the previous request's ([`prefix_stable`]: what a
+//! provider's prompt cache needs). [`FileReport::render`] prints the table and a summary line;
+//! [`svg::render`] draws the chart; [`comparison`] sets the totals of one recording replayed
+//! with several `compaction.strategy` values side by side. Dialects the engine does not compact
+//! pass through unchanged, as in the proxy.
 
 mod load;
 pub mod svg;
@@ -33,7 +36,7 @@ use compactor_plugin_api::{
 };
 
 use crate::compaction::{CompactionOutcome, Limits, Trigger};
-use crate::config::{Config, ConfigError};
+use crate::config::{Config, ConfigError, Strategy};
 use crate::dialect::DialectKind;
 use crate::estimate::LazyEstimator;
 use crate::metrics::Metrics;
@@ -158,6 +161,8 @@ pub enum Event {
     },
     /// A compaction was due but did not happen; forwarded unchanged.
     Failed,
+    /// No summary; old tool outputs masked.
+    Masked,
 }
 
 impl StepRow {
@@ -173,8 +178,13 @@ impl StepRow {
         } else {
             ""
         };
-        match &self.event {
+        let masked = match self.masked {
+            0 => String::new(),
+            n => format!(", {n} outputs masked"),
+        };
+        let described = match &self.event {
             Event::Unchanged => format!("unchanged{missed}{background}"),
+            Event::Masked => format!("outputs masked{missed}{background}"),
             Event::PassedThrough => "passed through (dialect not compacted)".into(),
             Event::Compacted {
                 num,
@@ -191,6 +201,10 @@ impl StepRow {
                 "summary #{num} reused{missed}, {forwarded_messages} messages forwarded{background}"
             ),
             Event::Failed => "compaction failed, forwarded unchanged".into(),
+        };
+        match &self.event {
+            Event::Masked => format!("{} {described}", self.masked),
+            _ => format!("{described}{masked}"),
         }
     }
 }
@@ -227,6 +241,11 @@ pub struct StepRow {
     /// Whether this step started a summary made in the background (awaited before the next
     /// step, as an agent's think time would).
     pub background: bool,
+    /// Tool outputs masked in the forwarded request.
+    pub masked: usize,
+    /// Whether the forwarded request starts with the previous step's forwarded request less
+    /// its last message ([`prefix_stable`]); `None` for the first step.
+    pub prefix_stable: Option<bool>,
 }
 
 /// The replay of one recording.
@@ -244,6 +263,8 @@ pub struct FileReport {
     pub summarizer: String,
     /// The limits of the last request (its model and reserved output).
     pub limits: Limits,
+    /// The `compaction.strategy` it ran with.
+    pub strategy: Strategy,
     /// One row per request.
     pub rows: Vec<StepRow>,
 }
@@ -276,6 +297,22 @@ impl FileReport {
             .iter()
             .filter(|r| r.missed == Some(Missed::Failed))
             .count()
+    }
+
+    /// Estimated tokens forwarded over the whole replay.
+    pub fn tokens_forwarded(&self) -> usize {
+        self.rows
+            .iter()
+            .fold(0usize, |acc, r| acc.saturating_add(r.forwarded))
+    }
+
+    /// Steps whose forwarded prefix was the previous step's, and steps that had a previous
+    /// step.
+    pub fn prefix_stable(&self) -> (usize, usize) {
+        let compared = self.rows.iter().filter_map(|r| r.prefix_stable);
+        compared.fold((0, 0), |(stable, all), s| {
+            (stable + usize::from(s), all + 1)
+        })
     }
 
     /// The largest request received, in estimated tokens.
@@ -343,10 +380,12 @@ impl FileReport {
 
     /// `summary: ...`: totals, peaks and the thresholds the replay ran against.
     pub fn summary(&self) -> String {
+        let (stable, compared) = self.prefix_stable();
         format!(
             "summary: {} steps, {} compactions, {} summarizer calls, {} failed compactions, peak \
              tokens received {} vs forwarded {}, token threshold {} for {} (context window {}, \
-             {} reserved for output), max_messages {}",
+             {} reserved for output), max_messages {}, strategy {}, {} tokens forwarded in all, \
+             prefix stable on {stable} of {compared} requests",
             self.rows.len(),
             self.compactions(),
             self.summarizer_calls(),
@@ -357,7 +396,9 @@ impl FileReport {
             self.model.as_deref().unwrap_or("(no model)"),
             self.limits.context_window,
             self.limits.reserved_output,
-            self.limits.max_messages
+            self.limits.max_messages,
+            self.strategy.label(),
+            self.tokens_forwarded(),
         )
     }
 
@@ -384,6 +425,12 @@ impl Replayer {
         Ok(Replayer { config })
     }
 
+    /// The same replayer with `compaction.strategy` set to `strategy`.
+    pub fn with_strategy(mut self, strategy: Strategy) -> Replayer {
+        self.config.compaction.strategy = strategy;
+        self
+    }
+
     /// The configuration replays run with.
     pub fn config(&self) -> &Config {
         &self.config
@@ -405,6 +452,7 @@ impl Replayer {
         let mut rows = Vec::with_capacity(recording.steps.len());
         let mut compactions = 0;
         let mut last = (None, None);
+        let mut previous: Option<(DialectKind, bytes::Bytes)> = None;
         for (i, step) in recording.steps.iter().enumerate() {
             let scan = step.dialect.scan(&step.body, estimator).ok();
             let understood = scan.is_some();
@@ -429,6 +477,7 @@ impl Replayer {
                 session_header: None,
             };
             let before = automatic_counts(&metrics);
+            let masked_before = masked_counted(&metrics);
             let processed = compactor.handle(step.dialect, &step.body, &context).await;
             // An agent thinks longer than a summary takes: a background summary started by
             // this request is done before the next one (and the replay is deterministic).
@@ -444,6 +493,16 @@ impl Replayer {
                 None
             };
             let forwarded = processed.estimate.as_ref().map_or(received, |e| e.tokens);
+            let body = match &processed.outcome {
+                Outcome::Rewritten { body, .. }
+                | Outcome::Reused { body, .. }
+                | Outcome::Masked { body, .. } => body.clone(),
+                Outcome::Unchanged | Outcome::Failed => step.body.clone(),
+            };
+            let prefix = previous.as_ref().map(|(dialect, before)| {
+                *dialect == step.dialect && prefix_stable(step.dialect, before, &body)
+            });
+            let masked_now = masked_counted(&metrics).saturating_sub(masked_before);
             let event = match &processed.outcome {
                 Outcome::Unchanged if !understood => Event::PassedThrough,
                 Outcome::Unchanged => Event::Unchanged,
@@ -461,7 +520,9 @@ impl Replayer {
                     num: result.compaction_num,
                     forwarded_messages: messages_in(step.dialect, body),
                 },
+                Outcome::Masked { .. } => Event::Masked,
             };
+            previous = Some((step.dialect, body));
             rows.push(StepRow {
                 step: i + 1,
                 messages: step.messages,
@@ -472,6 +533,8 @@ impl Replayer {
                 background: made > usize::from(matches!(event, Event::Compacted { .. })),
                 event,
                 missed,
+                masked: usize::try_from(masked_now).unwrap_or(usize::MAX),
+                prefix_stable: prefix,
             });
         }
         let (model, requested_output) = last;
@@ -492,9 +555,117 @@ impl Replayer {
             model,
             summarizer: self.config.summarizer.backend.clone(),
             limits,
+            strategy: self.config.compaction.strategy,
             rows,
         })
     }
+}
+
+/// Whether the forwarded body `now` starts with what `before` (the previous forwarded body of
+/// the same conversation) carried up to the end of its next-to-last message: its top-level
+/// fields before the conversation and every message but its last, byte for byte. That is the
+/// prefix a provider's prompt cache can reuse; the last message is left out because an agent
+/// may rewrite it (Anthropic merges a trailing user text into the next tool results). A body
+/// its dialect cannot read compares whole.
+pub fn prefix_stable(dialect: DialectKind, before: &[u8], now: &[u8]) -> bool {
+    let estimator = LazyEstimator::default();
+    let Ok(scan) = dialect.scan(before, &estimator) else {
+        return now == before;
+    };
+    let end = match scan.len() {
+        0 => return now.starts_with(before),
+        1 => scan.messages[0].as_ptr() as usize - before.as_ptr() as usize,
+        n => {
+            let last_kept = scan.messages[n - 2];
+            last_kept.as_ptr() as usize - before.as_ptr() as usize + last_kept.len()
+        }
+    };
+    before
+        .get(..end)
+        .is_some_and(|prefix| now.starts_with(prefix))
+}
+
+/// `compactor_masked_outputs_total` over every dialect and strategy.
+fn masked_counted(metrics: &Metrics) -> u64 {
+    [
+        DialectKind::ChatCompletions,
+        DialectKind::Messages,
+        DialectKind::Responses,
+    ]
+    .iter()
+    .flat_map(|d| Strategy::ALL.map(|s| (*d, s)))
+    .map(|(d, s)| metrics.masked_outputs_counted(d, s))
+    .sum()
+}
+
+/// The totals of recordings replayed with several strategies, one line per (file, strategy):
+/// summarizer calls, estimated tokens forwarded over all steps, and the share of requests whose
+/// forwarded prefix was the previous request's ([`prefix_stable`]).
+pub fn comparison(reports: &[FileReport]) -> String {
+    let mut out = String::from("== strategies\n");
+    let header = [
+        "file",
+        "strategy",
+        "summarizer_calls",
+        "tokens_forwarded",
+        "outputs_masked",
+        "prefix_stable",
+    ];
+    let rows: Vec<[String; 6]> = reports
+        .iter()
+        .map(|r| {
+            let (stable, compared) = r.prefix_stable();
+            let share = if compared == 0 {
+                "-".to_string()
+            } else {
+                format!(
+                    "{stable}/{compared} ({:.0}%)",
+                    100.0 * stable as f64 / compared as f64
+                )
+            };
+            let name = std::path::Path::new(&r.name)
+                .file_name()
+                .map_or(r.name.clone(), |n| n.to_string_lossy().into_owned());
+            [
+                name,
+                r.strategy.label().to_string(),
+                r.summarizer_calls().to_string(),
+                r.tokens_forwarded().to_string(),
+                r.rows
+                    .iter()
+                    .map(|row| row.masked)
+                    .sum::<usize>()
+                    .to_string(),
+                share,
+            ]
+        })
+        .collect();
+    let mut widths = header.map(str::len);
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut line = |cells: [&str; 6]| {
+        let padded: Vec<String> = cells
+            .iter()
+            .zip(widths)
+            .enumerate()
+            .map(|(i, (c, w))| {
+                if i < 2 {
+                    format!("{c:<w$}")
+                } else {
+                    format!("{c:>w$}")
+                }
+            })
+            .collect();
+        let _ = writeln!(out, "{}", padded.join("  ").trim_end());
+    };
+    line(header);
+    for row in &rows {
+        line(row.each_ref().map(String::as_str));
+    }
+    out
 }
 
 /// Messages in a forwarded body (0 when its dialect cannot read it).
@@ -547,6 +718,8 @@ mod tests {
             event,
             missed: None,
             background: false,
+            masked: 0,
+            prefix_stable: None,
         }
     }
 
@@ -558,6 +731,7 @@ mod tests {
             dialect: "chat_completions".into(),
             model: Some("gpt-4o".into()),
             summarizer: "extractive".into(),
+            strategy: Strategy::Summarize,
             limits: Limits {
                 context_window: 128_000,
                 reserved_output: 0,

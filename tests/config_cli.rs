@@ -239,3 +239,35 @@ fn compactor_variables_that_are_not_section_keys_are_ignored_with_a_warning() {
     assert!(!out.status.success(), "{}", stdout(&out));
     assert!(stderr(&out).contains("nope"), "{}", stderr(&out));
 }
+
+/// Every `[compaction]` key is documented with its default in README's configuration table
+/// and in `config/compactor.toml`.
+#[test]
+fn every_compaction_key_is_documented() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = compactor(dir.path(), &["check-config"], &[]);
+    let config = effective(&out);
+    let readme = include_str!("../README.md");
+    let shipped = include_str!("../config/compactor.toml");
+    let keys = config["compaction"].as_table().expect("[compaction]");
+    assert!(keys.contains_key("strategy"), "{keys:?}");
+    for (key, value) in keys {
+        let row = format!("| `compaction.{key}` |");
+        let line = readme
+            .lines()
+            .find(|l| l.starts_with(&row))
+            .unwrap_or_else(|| panic!("README has no row for compaction.{key}"));
+        let default = match value {
+            toml::Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        assert!(
+            line.contains(&format!("`{default}`")),
+            "README's row for compaction.{key} does not give its default {default}: {line}"
+        );
+        assert!(
+            shipped.lines().any(|l| l.starts_with(&format!("{key} = "))),
+            "config/compactor.toml does not set {key}"
+        );
+    }
+}

@@ -139,10 +139,17 @@ fn dashboard_covers_the_issue_panels() {
         "compactor_store_evictions_total",
         "compactor_upstream_usage_tokens_total",
         "compactor_estimate_error_ratio",
+        "compactor_masked_outputs_total",
+        "compactor_mask_failures_total",
+        "compactor_compaction_strategy",
     ] {
         assert!(families.contains(wanted), "no panel queries {wanted}");
     }
     let text = exprs(&dashboard()).join("\n");
+    assert!(
+        text.contains("stage=\"masked\""),
+        "no panel reads the masked stage of compactor_request_tokens"
+    );
     assert!(text.contains(
         "histogram_quantile(0.99, sum by (le, route) (rate(compactor_overhead_seconds_bucket"
     ));

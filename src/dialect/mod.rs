@@ -14,11 +14,13 @@
 //!
 //! One module per wire format: [`chat`] (OpenAI Chat Completions), [`messages`] (Anthropic
 //! Messages) and [`responses`] (OpenAI Responses), with the JSON plumbing they share in
-//! `json`.
+//! `json`; [`outputs`] finds tool outputs in any of them and replaces them in place (masking
+//! old observations).
 
 pub mod chat;
 pub(crate) mod json;
 pub mod messages;
+pub mod outputs;
 pub mod responses;
 pub(crate) mod split;
 

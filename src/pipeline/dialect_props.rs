@@ -535,6 +535,7 @@ fn anthropic_rewrites_stay_valid_verbatim_and_smaller() {
             .is_some();
         match rt.block_on(c.process(DialectKind::Messages, &body, &caller())) {
             Outcome::Reused { .. } => ensure(false, "a fresh compactor reused a summary")?,
+            Outcome::Masked { .. } => ensure(false, "`summarize` masked outputs")?,
             Outcome::Unchanged => ensure(!due, "due compaction reported unchanged")?,
             Outcome::Failed => {
                 ensure(due, "failure without a trigger")?;
@@ -894,6 +895,7 @@ fn responses_rewrites_stay_valid_verbatim_and_smaller() {
             .is_some();
         match rt.block_on(c.process(DialectKind::Responses, &body, &caller())) {
             Outcome::Reused { .. } => ensure(false, "a fresh compactor reused a summary")?,
+            Outcome::Masked { .. } => ensure(false, "`summarize` masked outputs")?,
             Outcome::Unchanged => ensure(!due, "due compaction reported unchanged")?,
             Outcome::Failed => {
                 ensure(due, "failure without a trigger")?;

@@ -375,6 +375,7 @@ async fn fixture_replay_keeps_every_rewrite_valid() {
                 }
                 Outcome::Unchanged => assert!(n <= 7, "n={n} should trigger"),
                 Outcome::Failed => panic!("n={n} failed"),
+                Outcome::Masked { .. } => panic!("n={n}: `summarize` masked outputs"),
             }
         }
     }

@@ -403,6 +403,7 @@ fn check_pipeline(
         )?;
         let out = match outcome {
             Outcome::Unchanged => return Ok(()),
+            Outcome::Masked { .. } => return ensure(false, "`summarize` masked outputs"),
             Outcome::Failed => {
                 return ensure(
                     scan.is_ok(),

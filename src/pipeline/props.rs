@@ -304,6 +304,7 @@ fn rewritten_requests_stay_valid_verbatim_and_smaller() {
             Outcome::Reused { .. } => {
                 ensure(false, "a fresh compactor has no checkpoint to reuse")?
             }
+            Outcome::Masked { .. } => ensure(false, "`summarize` masked outputs")?,
             Outcome::Unchanged => ensure(!due, "due compaction reported unchanged")?,
             Outcome::Failed => {
                 ensure(due, "failure without a trigger")?;

@@ -424,6 +424,8 @@ mod tests {
                     event,
                     missed: failed_at.contains(&step).then_some(Missed::Failed),
                     background: false,
+                    masked: 0,
+                    prefix_stable: None,
                 }
             })
             .collect();
@@ -433,6 +435,7 @@ mod tests {
             dialect: "chat_completions".into(),
             model: Some("gpt-4o".into()),
             summarizer: "extractive".into(),
+            strategy: crate::config::Strategy::Summarize,
             limits: Limits {
                 context_window: 8_000,
                 reserved_output: 0,

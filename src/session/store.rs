@@ -33,7 +33,10 @@ pub const SESSION_OVERHEAD_BYTES: usize = 512;
 pub struct Checkpoint {
     /// The session that produced it.
     pub session_id: String,
-    /// How many leading messages the summary replaces (at least 1).
+    /// How many leading messages the summary replaces (at least 1). Also where the masking
+    /// of old tool outputs starts counting (`compaction.strategy` `mask`, `hybrid`): the masked
+    /// set is a function of the request, this and the configuration, so it needs no field of
+    /// its own.
     pub covered: usize,
     /// The summary text spliced in place of the covered messages.
     pub summary: String,

@@ -1,0 +1,527 @@
+//! Tool outputs where they sit in the wire JSON: finding them in a scanned request, reading
+//! what they say, and writing the request back with some of them replaced.
+//!
+//! Masking old observations in the forwarded request (`compaction.strategy` `mask` and
+//! `hybrid`, docs/architecture.md, *Masking of old observations*) replaces the value of an
+//! output in place and nothing else: a Chat Completions `tool` (or legacy `function`)
+//! message's `content`, an Anthropic `tool_result` block's `content`, an OpenAI Responses
+//! `function_call_output` or `custom_tool_call_output` item's `output`. The message, its
+//! role, the call id, `is_error`, `cache_control` and every other block or item (signed
+//! `thinking` blocks, `reasoning` items with `encrypted_content`) are copied byte for byte, so
+//! tool calls stay paired with their results and nothing signed changes. Each output is found
+//! by a structural pass over its own message only, after a substring test that skips messages
+//! that cannot hold one, so a request with nothing to mask costs little more than the scan.
+//!
+//! Outputs of other shapes (`computer_call_output` screenshots, `shell_call_output` objects)
+//! are counted as outputs but never replaced: a string is not a valid value for them.
+
+use std::ops::Range;
+
+use serde::de::IgnoredAny;
+use serde_json::Value;
+
+use super::split::{decode, field, object_fields, present, read_array, value_len, Field};
+use super::{span_in, DialectError, DialectKind, Scan};
+use crate::transcript::Role;
+
+/// One tool output of a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WireOutput<'a> {
+    /// The message (Responses: input item) holding it.
+    pub message: usize,
+    /// The id of the call it answers, when it names one.
+    pub call_id: Option<String>,
+    /// The tool's name, when the output itself names it (Chat Completions `name`).
+    pub name: Option<String>,
+    /// Its value as sent (a slice of the body), when it is one a placeholder string may
+    /// replace; `None` for an output without content or of another shape.
+    pub value: Option<&'a str>,
+}
+
+/// What an output says: its text (text parts joined by line breaks) and how many images it
+/// holds.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OutputText {
+    /// The text, decoded.
+    pub text: String,
+    /// Images among its parts.
+    pub images: usize,
+}
+
+/// An output value replaced by a JSON string.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Edit<'a> {
+    /// The value replaced: a slice of the body ([`WireOutput::value`]).
+    pub value: &'a str,
+    /// The text of the JSON string written in its place.
+    pub text: String,
+}
+
+/// How far back from an output [`Scan::call_name`] looks for the call it answers.
+pub const CALL_SEARCH_MESSAGES: usize = 64;
+
+/// Part `type`s that carry an image, in any dialect's tool output.
+const IMAGE_TYPES: &[&str] = &["image", "image_url", "input_image", "computer_screenshot"];
+
+impl<'a> Scan<'a> {
+    /// The tool outputs message `index` holds, in order (Anthropic: one per `tool_result`
+    /// block; otherwise at most one).
+    pub fn outputs(&self, index: usize) -> Result<Vec<WireOutput<'a>>, DialectError> {
+        let raw = *self.messages.get(index).ok_or(DialectError::BadMessage {
+            index,
+            reason: "no such message",
+        })?;
+        match self.dialect {
+            DialectKind::ChatCompletions => chat_output(raw, index),
+            DialectKind::Messages => anthropic_outputs(raw, index),
+            DialectKind::Responses if self.input_is_string => Ok(Vec::new()),
+            DialectKind::Responses => responses_output(raw, index),
+        }
+    }
+
+    /// The name of the tool call `call_id` that an output in message `before` answers: the
+    /// nearest earlier message (at most [`CALL_SEARCH_MESSAGES`] back) making a call with that
+    /// id.
+    pub fn call_name(&self, call_id: &str, before: usize) -> Option<String> {
+        let end = before.min(self.messages.len());
+        (end.saturating_sub(CALL_SEARCH_MESSAGES)..end)
+            .rev()
+            .filter(|&j| self.messages[j].contains(call_id))
+            .find_map(|j| {
+                let message = self.message(j).ok()?;
+                let call = message
+                    .tool_calls()
+                    .filter(|c| c.id.as_deref() == Some(call_id))
+                    .last()?;
+                Some(call.name.clone())
+            })
+    }
+
+    /// The first message a rewrite replacing `[head..boundary]` copies verbatim: `boundary`,
+    /// or the one after it when the summary is merged into it (Anthropic, a tail opening
+    /// with a user message).
+    pub fn verbatim_from(&self, boundary: usize) -> Result<usize, DialectError> {
+        if self.dialect != DialectKind::Messages || boundary >= self.messages.len() {
+            return Ok(boundary);
+        }
+        let first = self.message(boundary)?;
+        Ok(if first.role == Role::User && !first.is_tool_answer() {
+            boundary + 1
+        } else {
+            boundary
+        })
+    }
+
+    /// The request with `summary` applied as [`Scan::rewrite`] does (`(head, boundary,
+    /// message)`), and each edit's output value replaced by its text as a JSON string: every
+    /// other byte is copied as received. Edits must lie in messages the summary leaves verbatim
+    /// ([`Scan::verbatim_from`]) and must not overlap.
+    pub fn rewrite_with(
+        &self,
+        summary: Option<(usize, usize, &str)>,
+        edits: &[Edit<'_>],
+    ) -> Result<Vec<u8>, DialectError> {
+        let mut ranges: Vec<(Range<usize>, &str)> = edits
+            .iter()
+            .map(|e| {
+                span_in(self.body, e.value)
+                    .map(|r| (r, e.text.as_str()))
+                    .ok_or(DialectError::BadMessage {
+                        index: 0,
+                        reason: "masked output not a slice of the body",
+                    })
+            })
+            .collect::<Result<_, _>>()?;
+        ranges.sort_by_key(|(r, _)| r.start);
+        if ranges.windows(2).any(|w| w[0].0.end > w[1].0.start) {
+            return Err(DialectError::BadMessage {
+                index: 0,
+                reason: "masked outputs overlap",
+            });
+        }
+        let (base, verbatim_start) = match summary {
+            None => (None, 0),
+            Some((head, boundary, message)) => {
+                let out = self.rewrite(head, boundary, message)?;
+                let from = self.verbatim_from(boundary)?;
+                let start = if from < self.messages.len() {
+                    self.span(from)?.start
+                } else {
+                    self.body.len()
+                };
+                (Some(out), start)
+            }
+        };
+        if ranges.is_empty() {
+            return Ok(base.unwrap_or_else(|| self.body.to_vec()));
+        }
+        if ranges.iter().any(|(r, _)| r.start < verbatim_start) {
+            return Err(DialectError::BadMessage {
+                index: 0,
+                reason: "masked output inside the summarised prefix",
+            });
+        }
+        // The bytes from `verbatim_start` on end the rewritten body as they end the original.
+        let source: &[u8] = base.as_deref().unwrap_or(self.body);
+        let shift = source.len() as isize - self.body.len() as isize;
+        let extra: usize = ranges.iter().map(|(_, t)| t.len() + 2).sum();
+        let mut out = Vec::with_capacity(source.len().saturating_add(extra));
+        let mut at = 0usize;
+        for (range, text) in ranges {
+            let start = (range.start as isize + shift) as usize;
+            let end = (range.end as isize + shift) as usize;
+            out.extend_from_slice(source.get(at..start).ok_or(DialectError::BadPlan {
+                head: at,
+                boundary: start,
+                len: source.len(),
+            })?);
+            serde_json::to_writer(&mut out, text)?;
+            at = end;
+        }
+        out.extend_from_slice(source.get(at..).unwrap_or_default());
+        Ok(out)
+    }
+}
+
+/// What an output value says: a string, or parts whose `text` fields are its text and whose
+/// image types are images.
+pub fn output_text(value: &str) -> Result<OutputText, DialectError> {
+    let v: Value = serde_json::from_str(value)?;
+    let mut out = OutputText::default();
+    let push = |out: &mut OutputText, text: &str| {
+        if !out.text.is_empty() {
+            out.text.push('\n');
+        }
+        out.text.push_str(text);
+    };
+    let parts = match &v {
+        Value::Array(parts) => parts.as_slice(),
+        other => std::slice::from_ref(other),
+    };
+    for part in parts {
+        match part {
+            Value::String(s) => push(&mut out, s),
+            Value::Object(o) => {
+                let kind = o.get("type").and_then(Value::as_str).unwrap_or_default();
+                if IMAGE_TYPES.contains(&kind) {
+                    out.images += 1;
+                } else if let Some(t) = o.get("text").and_then(Value::as_str) {
+                    push(&mut out, t);
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(out)
+}
+
+/// The top-level fields of the object `raw`, values as slices of it.
+fn fields_of(raw: &str) -> Result<Vec<Field<'_>>, DialectError> {
+    // No field is read specially: the conversation name matches nothing a caller reads.
+    object_fields(raw, "\u{0}outputs", value_len)
+}
+
+/// A value a placeholder string may replace: a string or an array of parts.
+fn replaceable(value: Option<&str>) -> Option<&str> {
+    value.filter(|v| v.starts_with('"') || v.starts_with('['))
+}
+
+/// Chat Completions: a `tool` (or legacy `function`) message is one output, its `content`.
+fn chat_output(raw: &str, index: usize) -> Result<Vec<WireOutput<'_>>, DialectError> {
+    if !raw.contains("\"tool\"") && !raw.contains("\"function\"") {
+        return Ok(Vec::new());
+    }
+    let fields = fields_of(raw)?;
+    let role: Option<String> = decode(&fields, "role")?;
+    if !matches!(role.as_deref(), Some("tool" | "function")) {
+        return Ok(Vec::new());
+    }
+    Ok(vec![WireOutput {
+        message: index,
+        call_id: decode::<Value>(&fields, "tool_call_id")?.and_then(string),
+        name: decode::<Value>(&fields, "name")?.and_then(string),
+        value: replaceable(present(&fields, "content")?),
+    }])
+}
+
+/// Anthropic Messages: each `tool_result` block of a message is one output, its `content`.
+fn anthropic_outputs(raw: &str, index: usize) -> Result<Vec<WireOutput<'_>>, DialectError> {
+    if !raw.contains("tool_result") {
+        return Ok(Vec::new());
+    }
+    let fields = fields_of(raw)?;
+    let Some(content) = present(&fields, "content")? else {
+        return Ok(Vec::new());
+    };
+    if !content.starts_with('[') {
+        return Ok(Vec::new());
+    }
+    let (blocks, _) = read_array::<IgnoredAny>(content)?;
+    let mut out = Vec::new();
+    for block in blocks.map(|(b, _)| b).unwrap_or_default() {
+        if !block.starts_with('{') || !block.contains("tool_result") {
+            continue;
+        }
+        let fields = fields_of(block)?;
+        let kind: Option<Value> = decode(&fields, "type")?;
+        if kind.as_ref().and_then(Value::as_str) != Some("tool_result") {
+            continue;
+        }
+        out.push(WireOutput {
+            message: index,
+            call_id: decode::<Value>(&fields, "tool_use_id")?.and_then(string),
+            name: None,
+            value: replaceable(present(&fields, "content")?),
+        });
+    }
+    Ok(out)
+}
+
+/// OpenAI Responses: a `*_call_output` item with a `call_id` is one output; the `output` of
+/// `function_call_output` and `custom_tool_call_output` items may be replaced.
+fn responses_output(raw: &str, index: usize) -> Result<Vec<WireOutput<'_>>, DialectError> {
+    if !raw.contains("_call_output") {
+        return Ok(Vec::new());
+    }
+    let fields = fields_of(raw)?;
+    let kind: Option<Value> = decode(&fields, "type")?;
+    let Some(kind) = kind.as_ref().and_then(Value::as_str) else {
+        return Ok(Vec::new());
+    };
+    let call_id = decode::<Value>(&fields, "call_id")?.and_then(string);
+    if !kind.ends_with("_call_output") || call_id.is_none() {
+        return Ok(Vec::new());
+    }
+    let value = match kind {
+        "function_call_output" | "custom_tool_call_output" => {
+            replaceable(field(&fields, "output")?)
+        }
+        _ => None,
+    };
+    Ok(vec![WireOutput {
+        message: index,
+        call_id,
+        name: None,
+        value,
+    }])
+}
+
+fn string(v: Value) -> Option<String> {
+    match v {
+        Value::String(s) => Some(s),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::estimate::LazyEstimator;
+    use serde_json::json;
+
+    fn scan(dialect: DialectKind, body: &[u8]) -> Scan<'_> {
+        dialect
+            .scan(body, &LazyEstimator::default())
+            .unwrap_or_else(|e| panic!("scan: {e}"))
+    }
+
+    fn all_outputs<'a>(s: &Scan<'a>) -> Vec<WireOutput<'a>> {
+        (0..s.len())
+            .flat_map(|i| s.outputs(i).unwrap_or_else(|e| panic!("outputs {i}: {e}")))
+            .collect()
+    }
+
+    /// Replaces every replaceable output by `MASKED <id>` and checks the bytes around them.
+    fn mask_all(s: &Scan<'_>) -> Value {
+        let edits: Vec<Edit<'_>> = all_outputs(s)
+            .iter()
+            .filter_map(|o| {
+                Some(Edit {
+                    value: o.value?,
+                    text: format!("MASKED {}", o.call_id.as_deref().unwrap_or("?")),
+                })
+            })
+            .collect();
+        let out = s.rewrite_with(None, &edits).expect("rewrite");
+        // Only the values changed: the body minus each value equals the output minus each
+        // replacement.
+        let body = std::str::from_utf8(s.body()).expect("utf-8");
+        let out_text = String::from_utf8(out.clone()).expect("utf-8");
+        let mut expected = String::new();
+        let mut at = 0;
+        let mut spans: Vec<_> = edits
+            .iter()
+            .map(|e| (span_in(s.body(), e.value).expect("span"), &e.text))
+            .collect();
+        spans.sort_by_key(|(r, _)| r.start);
+        for (r, text) in spans {
+            expected.push_str(&body[at..r.start]);
+            expected.push_str(&serde_json::to_string(text).expect("json"));
+            at = r.end;
+        }
+        expected.push_str(&body[at..]);
+        assert_eq!(out_text, expected);
+        serde_json::from_slice(&out).expect("valid JSON")
+    }
+
+    #[test]
+    fn chat_tool_messages_are_outputs_and_only_their_content_changes() {
+        let body = json!({"model": "m", "messages": [
+            {"role": "system", "content": "the tool role is \"tool\""},
+            {"role": "assistant", "content": null, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "line 1\nline 2"},
+            {"role": "tool", "tool_call_id": "c2", "name": "read", "content": [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {"url": "x"}}]},
+            {"role": "function", "name": "legacy", "content": "old"},
+            {"role": "user", "content": "\"tool\" \"function\" is just text here"}
+        ], "x": 1})
+        .to_string();
+        let s = scan(DialectKind::ChatCompletions, body.as_bytes());
+        let outputs = all_outputs(&s);
+        let summary: Vec<_> = outputs
+            .iter()
+            .map(|o| (o.message, o.call_id.as_deref(), o.name.as_deref()))
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                (2, Some("c1"), None),
+                (3, Some("c2"), Some("read")),
+                (4, None, Some("legacy"))
+            ]
+        );
+        assert_eq!(s.call_name("c1", 2).as_deref(), Some("bash"));
+        assert_eq!(s.call_name("c9", 5), None);
+        let read = output_text(outputs[1].value.expect("value")).expect("text");
+        assert_eq!((read.text.as_str(), read.images), ("a", 1));
+        let v = mask_all(&s);
+        assert_eq!(v["messages"][2]["content"], "MASKED c1");
+        assert_eq!(v["messages"][2]["tool_call_id"], "c1");
+        assert_eq!(v["messages"][3]["content"], "MASKED c2");
+        assert_eq!(v["messages"][5]["content"], body_text(&body, 5));
+    }
+
+    fn body_text(body: &str, i: usize) -> Value {
+        let v: Value = serde_json::from_str(body).expect("json");
+        v["messages"][i]["content"].clone()
+    }
+
+    #[test]
+    fn anthropic_tool_result_blocks_are_outputs_and_thinking_is_untouched() {
+        let body = json!({"model": "claude", "system": "s", "messages": [
+            {"role": "user", "content": "go"},
+            {"role": "assistant", "content": [
+                {"type": "thinking", "thinking": "hmm", "signature": "SIG=="},
+                {"type": "tool_use", "id": "t1", "name": "Read", "input": {"p": 1}},
+                {"type": "tool_use", "id": "t2", "name": "Bash", "input": {}}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "t2", "content": "two", "cache_control": {"type": "ephemeral"}},
+                {"type": "tool_result", "tool_use_id": "t1", "is_error": true, "content": [{"type": "text", "text": "one"}]},
+                {"type": "tool_result", "tool_use_id": "t3"},
+                {"type": "text", "text": "tool_result mentioned"}]}
+        ]})
+        .to_string();
+        let s = scan(DialectKind::Messages, body.as_bytes());
+        let outputs = all_outputs(&s);
+        let ids: Vec<_> = outputs
+            .iter()
+            .map(|o| (o.message, o.call_id.as_deref(), o.value.is_some()))
+            .collect();
+        assert_eq!(
+            ids,
+            [
+                (2, Some("t2"), true),
+                (2, Some("t1"), true),
+                (2, Some("t3"), false)
+            ]
+        );
+        assert_eq!(s.call_name("t1", 2).as_deref(), Some("Read"));
+        let v = mask_all(&s);
+        let blocks = &v["messages"][2]["content"];
+        assert_eq!(blocks[0]["content"], "MASKED t2");
+        assert_eq!(blocks[0]["cache_control"]["type"], "ephemeral");
+        assert_eq!(blocks[1]["content"], "MASKED t1");
+        assert_eq!(blocks[1]["is_error"], true);
+        assert_eq!(blocks[3]["text"], "tool_result mentioned");
+        assert_eq!(v["messages"][1]["content"][0]["signature"], "SIG==");
+    }
+
+    #[test]
+    fn responses_call_outputs_are_outputs_and_reasoning_is_untouched() {
+        let body = json!({"model": "gpt", "input": [
+            {"role": "user", "content": "go"},
+            {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "ENC_call_output"},
+            {"type": "function_call", "call_id": "f1", "name": "shell", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "f1", "output": "done\nok"},
+            {"type": "custom_tool_call", "call_id": "p1", "name": "apply_patch", "input": "x"},
+            {"type": "custom_tool_call_output", "call_id": "p1", "output": [{"type": "input_text", "text": "patched"}]},
+            {"type": "computer_call_output", "call_id": "k1", "output": {"type": "computer_screenshot", "image_url": "u"}}
+        ]})
+        .to_string();
+        let s = scan(DialectKind::Responses, body.as_bytes());
+        let outputs = all_outputs(&s);
+        let ids: Vec<_> = outputs
+            .iter()
+            .map(|o| (o.message, o.call_id.as_deref(), o.value.is_some()))
+            .collect();
+        assert_eq!(
+            ids,
+            [
+                (3, Some("f1"), true),
+                (5, Some("p1"), true),
+                (6, Some("k1"), false)
+            ]
+        );
+        assert_eq!(s.call_name("p1", 5).as_deref(), Some("apply_patch"));
+        let v = mask_all(&s);
+        assert_eq!(v["input"][3]["output"], "MASKED f1");
+        assert_eq!(v["input"][5]["output"], "MASKED p1");
+        assert_eq!(v["input"][1]["encrypted_content"], "ENC_call_output");
+        // A string input holds no outputs.
+        let string = json!({"input": "function_call_output"}).to_string();
+        let s = scan(DialectKind::Responses, string.as_bytes());
+        assert!(all_outputs(&s).is_empty());
+    }
+
+    #[test]
+    fn edits_follow_a_summary_and_stay_out_of_what_it_replaces() {
+        let body = json!({"messages": [
+            {"role": "user", "content": "task"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "a", "name": "Read", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "a", "content": "first"}]},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "b", "name": "Read", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "b", "content": "second"}]},
+            {"role": "assistant", "content": "done"},
+            {"role": "user", "content": "next"}
+        ], "model": "claude"})
+        .to_string();
+        let s = scan(DialectKind::Messages, body.as_bytes());
+        let outputs = all_outputs(&s);
+        fn edit<'a>(o: &WireOutput<'a>) -> Edit<'a> {
+            Edit {
+                value: o.value.expect("value"),
+                text: "M".into(),
+            }
+        }
+        // Summary over [0..3): the tail opens with an assistant message, so it starts at 3.
+        assert_eq!(s.verbatim_from(3).expect("from"), 3);
+        let out = s
+            .rewrite_with(Some((0, 3, "SUMMARY")), &[edit(&outputs[1])])
+            .expect("rewrite");
+        let v: Value = serde_json::from_slice(&out).expect("json");
+        assert_eq!(v["messages"][0]["content"], "SUMMARY");
+        assert_eq!(v["messages"][2]["content"][0]["content"], "M");
+        assert_eq!(v["messages"][4]["content"], "next");
+        assert_eq!(v["model"], "claude");
+        // An output the summary replaces cannot be edited.
+        assert!(s
+            .rewrite_with(Some((0, 3, "SUMMARY")), &[edit(&outputs[0])])
+            .is_err());
+        // A summary merged into the user message at the boundary rewrites it whole.
+        assert_eq!(s.verbatim_from(6).expect("from"), 7);
+        // Overlapping edits are refused.
+        assert!(s
+            .rewrite_with(None, &[edit(&outputs[0]), edit(&outputs[0])])
+            .is_err());
+    }
+}
