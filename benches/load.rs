@@ -457,7 +457,17 @@ fn start_litellm(children: &mut Children, litellm: &Path, dir: &Path, provider: 
         .arg("--port")
         .arg(port.to_string())
         .current_dir(dir)
-        .env("LITELLM_TELEMETRY", "False");
+        .env("LITELLM_TELEMETRY", "False")
+        // Recent LiteLLM refuses to start without a master key; the bench's own bearer token
+        // is it (short, hence the permission for a weak key: a local benchmark only).
+        .env(
+            "LITELLM_MASTER_KEY",
+            AUTHORIZATION.trim_start_matches("Bearer "),
+        )
+        .env(
+            "LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY",
+            "true",
+        );
     let log = dir.join("litellm.log");
     let child = spawn(children, "litellm", command, &log);
     wait_ready("litellm", child, port, "/health/liveliness", &log);

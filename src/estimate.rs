@@ -237,6 +237,42 @@ pub fn text_weight(s: &str) -> usize {
     Classes::of(s.as_bytes()).weight()
 }
 
+/// The weight of a JSON string literal's text: `raw` is the literal as sent, quotes and
+/// escapes included, and the result equals [`text_weight`] of the decoded string. It is
+/// computed on the escaped bytes in place, sparing the copy decoding makes: each escape
+/// stands for one character of a known class (`\n` a line break, `\t` a blank, `\"` a
+/// symbol...), so the counts of the raw bytes are corrected per escape. `None` for a literal
+/// with a `\u` escape (decode it instead) or for text that is not a string literal.
+pub fn json_string_weight(raw: &str) -> Option<usize> {
+    let inner = raw.strip_prefix('"')?.strip_suffix('"')?.as_bytes();
+    let mut classes = Classes::of(inner);
+    let mut at = 0;
+    while let Some(found) = memchr::memchr(b'\\', inner.get(at..)?) {
+        let escape = at + found;
+        let escaped = *inner.get(escape + 1)?;
+        // The backslash is not part of the text.
+        classes.ascii -= 1;
+        match escaped {
+            // A letter in the raw bytes, a line break or a blank in the text.
+            b'n' | b'r' => {
+                classes.letters -= 1;
+                classes.newlines += 1;
+            }
+            b't' => {
+                classes.letters -= 1;
+                classes.blanks += 1;
+            }
+            // A letter in the raw bytes, a control character (a symbol) in the text.
+            b'b' | b'f' => classes.letters -= 1,
+            // A symbol either way.
+            b'"' | b'\\' | b'/' => {}
+            _ => return None,
+        }
+        at = escape + 2;
+    }
+    Some(classes.weight())
+}
+
 /// The weight of JSON text as the model reads it. JSON is mostly read as sent, escapes and all
 /// (`\n`, `\"` are what a model writes in tool arguments), except `\uXXXX` escapes of non-ASCII
 /// characters, which clients that escape everything (Python's `json.dumps` by default) send
@@ -354,6 +390,37 @@ mod tests {
         assert_eq!(count_chars("日本語"), 3);
         assert_eq!(count_chars("🦀🦀"), 2);
         assert_eq!(count_chars(""), 0);
+    }
+
+    #[test]
+    fn string_literals_weigh_as_their_decoded_text() {
+        for text in [
+            "",
+            "plain words",
+            "line one\nline two\r\n\ttabbed",
+            "quotes \" and \\ backslashes \\\" and / slashes",
+            "\\n is not a line break here",
+            "ends with a backslash \\",
+            "control \u{8} \u{c} characters",
+            "naïve 中文 ✓ \n mixed",
+        ] {
+            let raw = serde_json::to_string(text).expect("literal");
+            assert_eq!(json_string_weight(&raw), Some(text_weight(text)), "{raw}");
+            // A literal escaping `/` (allowed, never produced by serde_json).
+            let slashed = raw.replace('/', "\\/");
+            assert_eq!(
+                json_string_weight(&slashed),
+                Some(text_weight(text)),
+                "{slashed}"
+            );
+        }
+        assert_eq!(
+            json_string_weight(r#""\u00e9t\u00e9""#),
+            None,
+            "\\u: decode instead"
+        );
+        assert_eq!(json_string_weight("[1]"), None);
+        assert_eq!(json_string_weight(r#""dangling \""#), None);
     }
 
     #[test]

@@ -17,12 +17,13 @@ use std::fmt;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
 
+use serde_json::value::RawValue;
 use serde_json::Value;
 
-use super::json::{as_tokens, leaf_weight, skip_scalars, OneOf, StrWeight, StrWeightVisitor};
+use super::json::{as_tokens, leaf_weight, skip_scalars, OneOf, StrWeightVisitor, TextWeight};
 use super::split::{decode, field, object_fields, present, read_array};
 use super::{DialectError, DialectKind, Scan, ScanFields};
-use crate::estimate::{text_weight, Counts, LazyEstimator};
+use crate::estimate::{json_string_weight, text_weight, Counts, LazyEstimator};
 use crate::transcript::{Message, Part, Role, ToolCall};
 
 /// Reads a request once: its messages as raw slices of `body`, each counted (see
@@ -276,7 +277,7 @@ impl<'de> Deserialize<'de> for MessageStats {
                         MessageField::FunctionCall
                         | MessageField::ReasoningContent
                         | MessageField::Reasoning
-                        | MessageField::Refusal => counts.text += map.next_value::<StrWeight>()?.0,
+                        | MessageField::Refusal => counts.text += map.next_value::<TextWeight>()?.0,
                         MessageField::Other => {
                             map.next_value::<IgnoredAny>()?;
                         }
@@ -331,7 +332,7 @@ impl<'de> Deserialize<'de> for ToolCallWeight {
                 while let Some(key) = map.next_key::<CallField>()? {
                     match key {
                         CallField::Function | CallField::Custom => {
-                            n = n.saturating_add(map.next_value::<StrWeight>()?.0)
+                            n = n.saturating_add(map.next_value::<CallWeight>()?.0)
                         }
                         CallField::Other => {
                             map.next_value::<IgnoredAny>()?;
@@ -354,38 +355,87 @@ enum CallField {
     Other,
 }
 
-/// `content`: a string, null, or an array of parts.
+/// A call's `function` (or `custom`) object: the weight of its values (`name`, and
+/// `arguments`, a JSON string full of escaped quotes, weighed in place: [`TextWeight`]).
+struct CallWeight(usize);
+
+impl<'de> Deserialize<'de> for CallWeight {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = usize;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a function object")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<usize, E> {
+                Ok(text_weight(v))
+            }
+            skip_scalars!(usize, 0);
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<usize, A::Error> {
+                StrWeightVisitor.visit_seq(seq)
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<usize, A::Error> {
+                let mut n = 0usize;
+                while map.next_key::<IgnoredAny>()?.is_some() {
+                    n = n.saturating_add(map.next_value::<TextWeight>()?.0);
+                }
+                Ok(n)
+            }
+        }
+        d.deserialize_any(V).map(CallWeight)
+    }
+}
+
+/// `content`: a string (weighed in place, as [`TextWeight`] does), null, or an array of
+/// parts.
 struct ContentCounts(Counts);
 
 impl<'de> Deserialize<'de> for ContentCounts {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Counts;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("message content")
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<Counts, E> {
-                Ok(Counts {
-                    text: text_weight(v),
-                    images: 0,
-                })
-            }
-            skip_scalars!(Counts, Counts::default());
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Counts, A::Error> {
-                let mut counts = Counts::default();
-                while let Some(PartCounts(c)) = seq.next_element()? {
-                    counts.add(c);
-                }
-                Ok(counts)
-            }
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Counts, A::Error> {
-                let weight = StrWeightVisitor.visit_map(map)?;
-                Ok(Counts::text(weight))
-            }
+        let raw: &'de RawValue = Deserialize::deserialize(d)?;
+        let raw = raw.get();
+        if let Some(text) = raw
+            .starts_with('"')
+            .then(|| json_string_weight(raw))
+            .flatten()
+        {
+            return Ok(ContentCounts(Counts { text, images: 0 }));
         }
-        d.deserialize_any(V).map(ContentCounts)
+        content_counts(&mut serde_json::Deserializer::from_str(raw))
+            .map(ContentCounts)
+            .map_err(de::Error::custom)
     }
+}
+
+/// [`ContentCounts`] of content read as serde hands it over (an array of parts, or a string
+/// with `\u` escapes, decoded).
+fn content_counts<'de, D: Deserializer<'de>>(d: D) -> Result<Counts, D::Error> {
+    struct V;
+    impl<'de> Visitor<'de> for V {
+        type Value = Counts;
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("message content")
+        }
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<Counts, E> {
+            Ok(Counts {
+                text: text_weight(v),
+                images: 0,
+            })
+        }
+        skip_scalars!(Counts, Counts::default());
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Counts, A::Error> {
+            let mut counts = Counts::default();
+            while let Some(PartCounts(c)) = seq.next_element()? {
+                counts.add(c);
+            }
+            Ok(counts)
+        }
+        fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Counts, A::Error> {
+            let weight = StrWeightVisitor.visit_map(map)?;
+            Ok(Counts::text(weight))
+        }
+    }
+    d.deserialize_any(V)
 }
 
 /// One content part: an image costs a fixed amount; anything else, the weight of its
@@ -431,7 +481,7 @@ impl<'de> Deserialize<'de> for PartCounts {
                             map.next_value::<IgnoredAny>()?;
                         }
                         PartField::Other => {
-                            weight = weight.saturating_add(map.next_value::<StrWeight>()?.0)
+                            weight = weight.saturating_add(map.next_value::<TextWeight>()?.0)
                         }
                     }
                 }

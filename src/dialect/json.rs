@@ -21,7 +21,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use crate::estimate::{json_weight, text_weight, Counts};
+use crate::estimate::{json_string_weight, json_weight, text_weight, Counts};
 
 /// The [`Visitor`] methods for the JSON scalars the model does not read (booleans, numbers,
 /// `null`): each answers `$value`. Strings, arrays and objects stay with each visitor.
@@ -222,6 +222,32 @@ impl<'de> Visitor<'de> for OneOf {
     }
 }
 
+/// The weight of a value that is usually one string (a text field, a tool call's arguments):
+/// a string literal is weighed in place, escapes and all, without the copy decoding it takes
+/// ([`json_string_weight`]); any other value is read again for its string leaves
+/// ([`StrWeight`], which never comes back here, so no value is read more than twice).
+/// Only for serde_json's deserializer (it borrows the value's raw text).
+pub(crate) struct TextWeight(pub usize);
+
+impl<'de> Deserialize<'de> for TextWeight {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let raw: &'de RawValue = Deserialize::deserialize(d)?;
+        raw_text_weight(raw.get())
+            .map(TextWeight)
+            .map_err(de::Error::custom)
+    }
+}
+
+/// [`TextWeight`] of a value's raw JSON text.
+pub(crate) fn raw_text_weight(raw: &str) -> Result<usize, serde_json::Error> {
+    if raw.starts_with('"') {
+        if let Some(weight) = json_string_weight(raw) {
+            return Ok(weight);
+        }
+    }
+    serde_json::from_str::<StrWeight>(raw).map(|w| w.0)
+}
+
 /// Weight of all string leaves of any value (object keys excluded).
 pub(crate) struct StrWeight(pub usize);
 
@@ -328,7 +354,7 @@ impl<'de> Visitor<'de> for NodeSeed {
                     let raw: &'de RawValue = map.next_value()?;
                     counts.add(Counts::text(json_weight(raw.get())));
                 }
-                KeyKind::Other => counts.add(Counts::text(map.next_value::<StrWeight>()?.0)),
+                KeyKind::Other => counts.add(Counts::text(map.next_value::<TextWeight>()?.0)),
             }
         }
         Ok(if image {
