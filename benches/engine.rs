@@ -282,5 +282,31 @@ fn parse(input: &str) -> Result<Ast, Error> { let x = input.len() * 2; }\n\
     group.finish();
 }
 
-criterion_group!(benches, compaction, hot_path, small_request, estimate);
+/// The load bench's 200 KB body: 769 short messages of plain ASCII text, no escapes.
+fn plain_scan(c: &mut Criterion) {
+    let lorem = "lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor ";
+    let messages: Vec<Value> = (0..769)
+        .map(|i| {
+            let role = ["system", "user", "assistant"][if i == 0 { 0 } else { 1 + i % 2 }];
+            json!({"role": role, "content": lorem.repeat(4)[..260].to_string()})
+        })
+        .collect();
+    let body = json!({"model": "gpt-4o", "messages": messages}).to_string();
+    let est = LazyEstimator::default();
+    let mut group = c.benchmark_group("scan_plain_200kb");
+    group.throughput(Throughput::Bytes(body.len() as u64));
+    group.bench_function("scan_only", |b| {
+        b.iter(|| black_box(DialectKind::ChatCompletions.scan(black_box(body.as_bytes()), &est)))
+    });
+    group.finish();
+}
+
+criterion_group!(
+    benches,
+    compaction,
+    hot_path,
+    small_request,
+    estimate,
+    plain_scan
+);
 criterion_main!(benches);

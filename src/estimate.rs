@@ -162,6 +162,9 @@ struct Classes {
     non_ascii: usize,
     /// First bytes of CJK characters (a subset of `non_ascii`).
     cjk: usize,
+    /// Backslashes (symbols; counted so a JSON string literal free of escapes is known
+    /// without another pass).
+    backslashes: usize,
 }
 
 impl Classes {
@@ -187,13 +190,14 @@ impl Classes {
         let mut total = Classes::default();
         for chunk in bytes.chunks(CHUNK) {
             let (mut letters, mut blanks, mut newlines, mut digits) = (0u8, 0u8, 0u8, 0u8);
-            let (mut ascii, mut non_ascii, mut cjk) = (0u8, 0u8, 0u8);
+            let (mut ascii, mut non_ascii, mut cjk, mut backslashes) = (0u8, 0u8, 0u8, 0u8);
             for &b in chunk {
                 // `| 0x20` folds upper case onto lower case; non-ASCII bytes land above `z`.
                 letters += u8::from((b | 0x20).wrapping_sub(b'a') < 26);
                 blanks += u8::from(b == b' ') | u8::from(b == b'\t');
                 newlines += u8::from(b == b'\n') | u8::from(b == b'\r');
                 digits += u8::from(b.wrapping_sub(b'0') < 10);
+                backslashes += u8::from(b == b'\\');
                 if !ASCII_ONLY {
                     ascii += u8::from(b < 0x80);
                     // A character's first byte is 0xC0 or above; continuation bytes are
@@ -214,6 +218,7 @@ impl Classes {
             total.ascii += usize::from(ascii);
             total.non_ascii += usize::from(non_ascii);
             total.cjk += usize::from(cjk);
+            total.backslashes += usize::from(backslashes);
         }
         total
     }
@@ -246,6 +251,9 @@ pub fn text_weight(s: &str) -> usize {
 pub fn json_string_weight(raw: &str) -> Option<usize> {
     let inner = raw.strip_prefix('"')?.strip_suffix('"')?.as_bytes();
     let mut classes = Classes::of(inner);
+    if classes.backslashes == 0 {
+        return Some(classes.weight());
+    }
     let mut at = 0;
     while let Some(found) = memchr::memchr(b'\\', inner.get(at..)?) {
         let escape = at + found;
