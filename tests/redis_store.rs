@@ -120,6 +120,24 @@ fn request_before(messages: &[Value], i: usize) -> Bytes {
     )
 }
 
+/// The same request as [`chat`] (tenant `AUTH`), in a task of its own, status unchecked.
+fn spawn_chat(proxy: &TestProxy, body: Bytes) -> tokio::task::JoinHandle<Exchange> {
+    let url = proxy.url(CHAT);
+    tokio::spawn(async move {
+        TestClient::http1()
+            .exchange(
+                "POST",
+                &url,
+                &[
+                    ("content-type", "application/json"),
+                    ("authorization", AUTH),
+                ],
+                body,
+            )
+            .await
+    })
+}
+
 async fn chat(client: &TestClient, proxy: &TestProxy, auth: &str, body: Bytes) -> Exchange {
     let ex = client
         .exchange(
@@ -273,22 +291,7 @@ async fn concurrent_requests_on_two_replicas_make_one_summary() {
     let messages = conversation("concurrent", 8);
     let body = request_before(&messages, messages.len() - 1);
 
-    let first = tokio::spawn({
-        let (client, body, url) = (TestClient::http1(), body.clone(), a.url(CHAT));
-        async move {
-            client
-                .exchange(
-                    "POST",
-                    &url,
-                    &[
-                        ("content-type", "application/json"),
-                        ("authorization", AUTH),
-                    ],
-                    body,
-                )
-                .await
-        }
-    });
+    let first = spawn_chat(&a, body.clone());
     eventually("replica A to ask for the summary", || async {
         (provider.held() == 1).then_some(())
     })
@@ -314,22 +317,7 @@ async fn concurrent_requests_on_two_replicas_make_one_summary() {
         .query_async(&mut stats)
         .await
         .expect("CONFIG RESETSTAT");
-    let second = tokio::spawn({
-        let (client, body, url) = (TestClient::http1(), body.clone(), b.url(CHAT));
-        async move {
-            client
-                .exchange(
-                    "POST",
-                    &url,
-                    &[
-                        ("content-type", "application/json"),
-                        ("authorization", AUTH),
-                    ],
-                    body,
-                )
-                .await
-        }
-    });
+    let second = spawn_chat(&b, body.clone());
     eventually("replica B to wait on A's claim", || async {
         (polls().await > 0).then_some(())
     })
@@ -516,6 +504,11 @@ fn settings(claim_ttl: Duration) -> RedisSettings {
 }
 
 fn redis_store(redis: &RedisServer, claim_ttl: Duration) -> RedisStore {
+    store_at(&redis.url(), claim_ttl)
+}
+
+/// A Redis store at `url` with a small memory store of its own and its own metrics.
+fn store_at(url: &str, claim_ttl: Duration) -> RedisStore {
     let local = MemoryStore::new(StoreLimits {
         max_sessions: 100,
         max_bytes: 1 << 24,
@@ -523,7 +516,7 @@ fn redis_store(redis: &RedisServer, claim_ttl: Duration) -> RedisStore {
         ttl: Duration::from_secs(600),
     });
     let metrics = Arc::new(Metrics::new().expect("metrics"));
-    RedisStore::new(&redis.url(), settings(claim_ttl), local, metrics).expect("store")
+    RedisStore::new(url, settings(claim_ttl), local, metrics).expect("store")
 }
 
 #[tokio::test]
@@ -541,14 +534,7 @@ async fn a_claim_left_by_a_dead_replica_expires() {
             .build()
             .expect("runtime");
         runtime.block_on(async {
-            let local = MemoryStore::new(StoreLimits {
-                max_sessions: 10,
-                max_bytes: 1 << 20,
-                max_sessions_per_tenant: 10,
-                ttl: Duration::from_secs(600),
-            });
-            let metrics = Arc::new(Metrics::new().expect("metrics"));
-            let dead = RedisStore::new(&url, settings(ttl), local, metrics).expect("store");
+            let dead = store_at(&url, ttl);
             match dead
                 .claim_compaction(tenant, "s", 0, Duration::ZERO)
                 .await
