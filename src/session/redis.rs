@@ -385,6 +385,7 @@ impl Scripts {
     }
 }
 
+/// Connections.
 impl Shared {
     fn conns(&self) -> Option<&(ConnectionManager, ConnectionManager)> {
         self.conns
@@ -474,6 +475,9 @@ fn dialect_from_label(label: &str) -> Option<DialectKind> {
     .find(|d| d.label() == label)
 }
 
+/// The operations, each made of bounded calls (a command, a pipeline or a script). Those
+/// that read answer `None` when Redis did not answer (the caller then uses this replica's
+/// memory); writes that fail are counted and dropped.
 impl Shared {
     /// Runs one Redis call, bounded; `None` when it did not reach Redis (link down, error,
     /// timeout), counted under `op`.
