@@ -214,15 +214,17 @@ impl Pipeline {
     /// A pipeline with the store `[store]` describes: in memory, or shared through Redis
     /// (with a memory store of this process's own beside it).
     pub fn new(config: &Config, summarizer: Arc<dyn Summarizer>, metrics: Arc<Metrics>) -> Self {
-        let memory = MemoryStore::new(StoreLimits {
-            max_sessions: config.store.max_sessions,
-            max_bytes: config.store.max_bytes,
-            max_sessions_per_tenant: config.store.max_sessions_per_tenant,
-            ttl: config.store_ttl(),
-        })
-        .with_breaker_cooldown(config.breaker_cooldown());
+        let memory = || {
+            MemoryStore::new(StoreLimits {
+                max_sessions: config.store.max_sessions,
+                max_bytes: config.store.max_bytes,
+                max_sessions_per_tenant: config.store.max_sessions_per_tenant,
+                ttl: config.store_ttl(),
+            })
+            .with_breaker_cooldown(config.breaker_cooldown())
+        };
         let store: Arc<dyn SessionStore> = match config.store.backend {
-            StoreBackend::Memory => Arc::new(memory),
+            StoreBackend::Memory => Arc::new(memory()),
             StoreBackend::Redis => {
                 let settings = RedisSettings {
                     key_prefix: config.store.key_prefix.clone(),
@@ -232,20 +234,13 @@ impl Pipeline {
                     breaker_cooldown: config.breaker_cooldown(),
                     claim_ttl: CLAIM_TTL,
                 };
-                match RedisStore::new(&config.store.redis_url, settings, memory, metrics.clone()) {
+                match RedisStore::new(&config.store.redis_url, settings, memory(), metrics.clone())
+                {
                     Ok(redis) => Arc::new(redis),
                     Err(e) => {
                         // Validation accepted the URL, so this is not expected; fail open.
                         tracing::error!(error = %e, "redis store unavailable; sessions stay in memory");
-                        Arc::new(
-                            MemoryStore::new(StoreLimits {
-                                max_sessions: config.store.max_sessions,
-                                max_bytes: config.store.max_bytes,
-                                max_sessions_per_tenant: config.store.max_sessions_per_tenant,
-                                ttl: config.store_ttl(),
-                            })
-                            .with_breaker_cooldown(config.breaker_cooldown()),
-                        )
+                        Arc::new(memory())
                     }
                 }
             }

@@ -394,11 +394,7 @@ impl<'de> Deserialize<'de> for ContentCounts {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let raw: &'de RawValue = Deserialize::deserialize(d)?;
         let raw = raw.get();
-        if let Some(text) = raw
-            .starts_with('"')
-            .then(|| json_string_weight(raw))
-            .flatten()
-        {
+        if let Some(text) = json_string_weight(raw) {
             return Ok(ContentCounts(Counts { text, images: 0 }));
         }
         content_counts(&mut serde_json::Deserializer::from_str(raw))

@@ -240,12 +240,10 @@ impl<'de> Deserialize<'de> for TextWeight {
 
 /// [`TextWeight`] of a value's raw JSON text.
 pub(crate) fn raw_text_weight(raw: &str) -> Result<usize, serde_json::Error> {
-    if raw.starts_with('"') {
-        if let Some(weight) = json_string_weight(raw) {
-            return Ok(weight);
-        }
+    match json_string_weight(raw) {
+        Some(weight) => Ok(weight),
+        None => serde_json::from_str::<StrWeight>(raw).map(|w| w.0),
     }
-    serde_json::from_str::<StrWeight>(raw).map(|w| w.0)
 }
 
 /// Weight of all string leaves of any value (object keys excluded).

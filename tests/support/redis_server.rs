@@ -95,30 +95,18 @@ impl RedisServer {
                 .query_async(&mut conn)
                 .await
                 .expect("TYPE");
-            let value: Vec<u8> = match kind.as_str() {
-                "string" => redis::cmd("GET").arg(&key).query_async(&mut conn).await,
-                "hash" => redis::cmd("HGETALL")
-                    .arg(&key)
-                    .query_async::<Vec<Vec<u8>>>(&mut conn)
-                    .await
-                    .map(|v| v.concat()),
-                "list" => redis::cmd("LRANGE")
-                    .arg(&key)
-                    .arg(0)
-                    .arg(-1)
-                    .query_async::<Vec<Vec<u8>>>(&mut conn)
-                    .await
-                    .map(|v| v.concat()),
-                "zset" => redis::cmd("ZRANGE")
-                    .arg(&key)
-                    .arg(0)
-                    .arg(-1)
-                    .query_async::<Vec<Vec<u8>>>(&mut conn)
-                    .await
-                    .map(|v| v.concat()),
-                _ => Ok(Vec::new()),
-            }
-            .expect("read value");
+            let read = match kind.as_str() {
+                "string" => redis::cmd("GET").arg(&key).clone(),
+                "hash" => redis::cmd("HGETALL").arg(&key).clone(),
+                "list" | "zset" => {
+                    let range = if kind == "list" { "LRANGE" } else { "ZRANGE" };
+                    redis::cmd(range).arg(&key).arg(0).arg(-1).clone()
+                }
+                _ => continue,
+            };
+            // Every reply flattened to its bytes (a string, or the parts of a collection).
+            let value: redis::Value = read.query_async(&mut conn).await.expect("read value");
+            let value = flatten(value);
             out.push((key, value));
         }
         out
@@ -128,6 +116,22 @@ impl RedisServer {
 impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// The bytes of a reply: a bulk string, or the concatenation of a collection's parts.
+fn flatten(value: redis::Value) -> Vec<u8> {
+    match value {
+        redis::Value::BulkString(bytes) => bytes,
+        redis::Value::Array(parts) | redis::Value::Set(parts) => {
+            parts.into_iter().flat_map(flatten).collect()
+        }
+        redis::Value::Map(pairs) => pairs
+            .into_iter()
+            .flat_map(|(k, v)| [flatten(k), flatten(v)].concat())
+            .collect(),
+        redis::Value::SimpleString(text) => text.into_bytes(),
+        _ => Vec::new(),
     }
 }
 
