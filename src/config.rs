@@ -320,6 +320,11 @@ pub struct CompactionConfig {
     /// Older outputs are masked this many at a time, so the forwarded prefix stays
     /// byte-identical between steps (`mask`, `hybrid`).
     pub mask_block: usize,
+    /// A regular expression that tells an observation sent as a person's turn (`mask`,
+    /// `hybrid`): a user message of text only that follows an assistant message and matches
+    /// it is masked like a tool output. Empty (the default): only tool outputs are masked,
+    /// never what a person wrote.
+    pub observation_pattern: String,
     /// Compact when estimated input tokens reach this share of the usable window.
     pub trigger_ratio: f64,
     /// Start the summary in the background when a conversation reaches this share of the
@@ -528,6 +533,7 @@ impl Default for CompactionConfig {
             strategy: DEFAULT_STRATEGY,
             keep_recent_outputs: DEFAULT_KEEP_RECENT_OUTPUTS,
             mask_block: DEFAULT_MASK_BLOCK,
+            observation_pattern: String::new(),
             trigger_ratio: 0.85,
             background_ratio: 0.7,
             preserve_ratio: 0.25,
@@ -536,6 +542,17 @@ impl Default for CompactionConfig {
             calibration: true,
             max_tracked_files: DEFAULT_MAX_TRACKED_FILES,
         }
+    }
+}
+
+impl CompactionConfig {
+    /// `observation_pattern` compiled; `None` when it is empty (observations in user turns
+    /// are not recognised).
+    pub fn observation_regex(&self) -> Result<Option<regex::Regex>, regex::Error> {
+        if self.observation_pattern.is_empty() {
+            return Ok(None);
+        }
+        regex::Regex::new(&self.observation_pattern).map(Some)
     }
 }
 
@@ -669,6 +686,9 @@ impl Config {
         }
         if c.mask_block == 0 {
             return Err(invalid("compaction.mask_block", "must be positive"));
+        }
+        if let Err(e) = c.observation_regex() {
+            return Err(invalid("compaction.observation_pattern", e.to_string()));
         }
         if c.keep_recent_outputs == 0 {
             return Err(invalid(
@@ -928,6 +948,10 @@ mod tests {
             ("strategy = \"squash\"", "strategy"),
             ("mask_block = 0", "compaction.mask_block"),
             ("keep_recent_outputs = 0", "compaction.keep_recent_outputs"),
+            (
+                "observation_pattern = \"(unclosed\"",
+                "compaction.observation_pattern",
+            ),
         ] {
             let err = Config::from_toml(&format!("[compaction]\n{toml}\n")).unwrap_err();
             assert!(err.to_string().contains(key), "{toml}: {err}");

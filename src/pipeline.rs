@@ -207,7 +207,7 @@ pub struct Pipeline {
     /// `compaction.strategy`.
     strategy: Strategy,
     /// Which outputs of the forwarded request are masked (`mask`, `hybrid`).
-    mask_rule: MaskRule,
+    masker: Masker,
 }
 
 impl Pipeline {
@@ -274,9 +274,13 @@ impl Pipeline {
             memo: ChainMemo::default(),
             enabled: config.compaction.enabled,
             strategy: config.compaction.strategy,
-            mask_rule: MaskRule {
-                keep_recent: config.compaction.keep_recent_outputs,
-                block: config.compaction.mask_block,
+            masker: Masker {
+                rule: MaskRule {
+                    keep_recent: config.compaction.keep_recent_outputs,
+                    block: config.compaction.mask_block,
+                },
+                // Validation compiled it; a pattern that does not compile masks no user turn.
+                observations: config.compaction.observation_regex().ok().flatten(),
             },
         }
     }
@@ -600,7 +604,7 @@ impl Pipeline {
         };
         // Old outputs are masked first (`mask`, `hybrid`): the trigger reads what the upstream
         // would receive without a new summary.
-        let mut mask = self.mask_view(request.scan, splice.as_ref().map(|s| s.covered));
+        let mut mask = self.mask_view(request.scan, splice.as_ref(), &request.limits);
         let (count, mut tokens) = self.view_size(request.scan, splice.as_ref(), &mask);
         if self.strategy.masks() {
             figures.masked_tokens = Some(tokens);
@@ -610,14 +614,16 @@ impl Pipeline {
         }
         let Some(trigger) = request.limits.check(count, tokens) else {
             if staged.is_none() {
-                self.start_background(request, splice.as_ref(), count, tokens);
+                // `hybrid`: a summary is made ahead only for what masking cannot absorb.
+                let most_masked = tokens.saturating_sub(mask.spare);
+                self.start_background(request, splice.as_ref(), count, most_masked);
             }
             return self.reuse(request.scan, splice.as_ref(), &mask, tokens, figures);
         };
         if let Some(staged) = staged {
             match self.splice(request.scan, staged) {
                 Ok(Some(ready)) => {
-                    let ready_mask = self.mask_view(request.scan, Some(ready.covered));
+                    let ready_mask = self.mask_view(request.scan, Some(&ready), &request.limits);
                     let (count, ready_tokens) =
                         self.view_size(request.scan, Some(&ready), &ready_mask);
                     self.promote(request, &ready).await;
@@ -888,24 +894,57 @@ impl Pipeline {
         }
     }
 
+    /// The masking of the conversation `scan` forwards with `splice` (`None`: the whole
+    /// request); see [`Pipeline::plan_mask`].
+    fn mask_view<'b>(
+        &self,
+        scan: &Scan<'b>,
+        splice: Option<&Splice>,
+        limits: &Limits,
+    ) -> Masking<'b> {
+        if !self.strategy.masks() {
+            return Masking::default();
+        }
+        let view = self.spliced_size(scan, splice);
+        self.plan_mask(scan, splice.map(|s| s.covered), view, limits)
+    }
+
     /// The masking of the conversation `scan` forwards after the first `covered` messages
-    /// (a stored summary's; `None`: the whole request), empty unless the strategy masks. A
-    /// request whose outputs cannot be read is forwarded with its outputs as sent (counted).
-    fn mask_view<'b>(&self, scan: &Scan<'b>, covered: Option<usize>) -> Masking<'b> {
+    /// (a summary's; `None`: the whole request), whose messages and estimated tokens are
+    /// `view` before masking; empty unless the strategy masks. `mask` masks every output the
+    /// rule allows; `hybrid` only the fewest blocks that bring `view` under the trigger of
+    /// `limits`. Both are functions of the request, the checkpoint and the limits, so a later
+    /// request of the conversation masks at least what this one did. A request whose outputs
+    /// cannot be read is forwarded with its outputs as sent (counted).
+    fn plan_mask<'b>(
+        &self,
+        scan: &Scan<'b>,
+        covered: Option<usize>,
+        view: (usize, usize),
+        limits: &Limits,
+    ) -> Masking<'b> {
         if !self.strategy.masks() {
             return Masking::default();
         }
         let planned = match covered {
-            None => masking::plan(scan, self.mask_rule, 0, 0, self.engine.estimator()),
+            None => masking::plan(scan, &self.masker, 0, 0, self.engine.estimator()),
             Some(covered) => scan.verbatim_from(covered).and_then(|from| {
-                masking::plan(scan, self.mask_rule, covered, from, self.engine.estimator())
+                masking::plan(scan, &self.masker, covered, from, self.engine.estimator())
             }),
         };
-        planned.unwrap_or_else(|e| {
-            self.metrics.mask_failed(scan.dialect());
-            tracing::warn!(error = %e, "old outputs not readable; forwarding them as sent");
-            Masking::default()
-        })
+        match planned {
+            Ok(candidates) if self.strategy == Strategy::Hybrid => {
+                let (count, tokens) = view;
+                candidates
+                    .least(|saved| limits.check(count, tokens.saturating_sub(saved)).is_none())
+            }
+            Ok(candidates) => candidates.all(),
+            Err(e) => {
+                self.metrics.mask_failed(scan.dialect());
+                tracing::warn!(error = %e, "old outputs not readable; forwarding them as sent");
+                Masking::default()
+            }
+        }
     }
 
     /// After waiting on another request's compaction: splice whatever it stored. A request
@@ -924,7 +963,7 @@ impl Pipeline {
             // What it waited for may have been a background summary: needed now.
             self.promote(request, s).await;
         }
-        let mask = self.mask_view(scan, splice.as_ref().map(|s| s.covered));
+        let mask = self.mask_view(scan, splice.as_ref(), &request.limits);
         let (count, tokens) = self.view_size(scan, splice.as_ref(), &mask);
         let outcome = self.reuse(scan, splice.as_ref(), &mask, tokens, figures);
         if request.limits.check(count, tokens).is_none() {
@@ -986,7 +1025,13 @@ impl Pipeline {
             compaction.summary_message.as_str(),
         );
         // The tail after the new summary is masked by the same rule as any later request's.
-        let mut mask = self.mask_view(request.scan, Some(compaction.boundary));
+        let view = (compaction.messages, compaction.result.post_tokens);
+        let mut mask = self.plan_mask(
+            request.scan,
+            Some(compaction.boundary),
+            view,
+            &request.limits,
+        );
         let body = match request.scan.rewrite_with(Some(summary), &mask.edits) {
             Ok(body) => body,
             Err(e) if !mask.edits.is_empty() => {
@@ -1570,7 +1615,7 @@ mod background;
 mod masking;
 
 use background::Background;
-use masking::Masking;
+use masking::{Masker, Masking};
 
 #[cfg(test)]
 mod dialect_props;

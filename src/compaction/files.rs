@@ -605,7 +605,9 @@ mod tests {
     /// here).
     #[test]
     fn regexes_are_compiled_only_in_patterns() {
-        const COMPILED_AND_TESTED: [&str; 1] = ["compaction/files.rs"];
+        // `config.rs` compiles the operator's own patterns, where validation names one that
+        // does not compile.
+        const COMPILED_AND_TESTED: [&str; 2] = ["compaction/files.rs", "config.rs"];
         let needle = concat!("Regex", "::new(");
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
         let mut pending = vec![root.clone()];

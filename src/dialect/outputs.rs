@@ -79,6 +79,47 @@ impl<'a> Scan<'a> {
         }
     }
 
+    /// Message `index` as an observation sent as a person's turn, for agents that run
+    /// commands without function calling (SWE-agent's classic mode writes what a command
+    /// printed as the next user message): a user message of text only (a string, or text
+    /// parts) whose previous message is the assistant's. The first user message, which
+    /// follows the system prompt and states the task, never is one. Whether its text *is* an
+    /// observation is for the caller to decide (`compaction.observation_pattern`).
+    pub fn observation(&self, index: usize) -> Result<Option<WireOutput<'a>>, DialectError> {
+        let Some(raw) = self.messages.get(index).copied() else {
+            return Ok(None);
+        };
+        if index == 0 || self.input_is_string || !raw.contains("\"user\"") {
+            return Ok(None);
+        }
+        let fields = fields_of(raw)?;
+        let role: Option<Value> = decode(&fields, "role")?;
+        if role.as_ref().and_then(Value::as_str) != Some("user") {
+            return Ok(None);
+        }
+        if self.dialect == DialectKind::Responses {
+            let kind: Option<Value> = decode(&fields, "type")?;
+            if kind.as_ref().is_some_and(|k| k.as_str() != Some("message")) {
+                return Ok(None);
+            }
+        }
+        let Some(value) = replaceable(present(&fields, "content")?) else {
+            return Ok(None);
+        };
+        if value.starts_with('[') && !text_parts_only(value)? {
+            return Ok(None);
+        }
+        if self.message(index - 1)?.role != Role::Assistant {
+            return Ok(None);
+        }
+        Ok(Some(WireOutput {
+            message: index,
+            call_id: None,
+            name: None,
+            value: Some(value),
+        }))
+    }
+
     /// The name of the tool call `call_id` that an output in message `before` answers: the
     /// nearest earlier message (at most [`CALL_SEARCH_MESSAGES`] back) making a call with that
     /// id.
@@ -306,6 +347,25 @@ fn responses_output(raw: &str, index: usize) -> Result<Vec<WireOutput<'_>>, Dial
     }])
 }
 
+/// Whether every part of the array `value` is a text part (`text`, `input_text`): a turn
+/// with an image, a tool result or a document is never taken for an observation.
+fn text_parts_only(value: &str) -> Result<bool, DialectError> {
+    let (parts, _) = read_array::<IgnoredAny>(value)?;
+    for part in parts.map(|(p, _)| p).unwrap_or_default() {
+        if !part.starts_with('{') {
+            return Ok(false);
+        }
+        let kind: Option<Value> = decode(&fields_of(part)?, "type")?;
+        if !matches!(
+            kind.as_ref().and_then(Value::as_str),
+            Some("text" | "input_text")
+        ) {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
 fn string(v: Value) -> Option<String> {
     match v {
         Value::String(s) => Some(s),
@@ -523,5 +583,77 @@ mod tests {
         assert!(s
             .rewrite_with(None, &[edit(&outputs[0]), edit(&outputs[0])])
             .is_err());
+    }
+
+    /// The messages of each dialect's body that [`Scan::observation`] offers, with the text
+    /// they hold.
+    fn observations(dialect: DialectKind, body: &Value) -> Vec<(usize, String)> {
+        let body = body.to_string();
+        let s = scan(dialect, body.as_bytes());
+        (0..s.len())
+            .filter_map(|i| s.observation(i).unwrap_or_else(|e| panic!("{i}: {e}")))
+            .map(|o| {
+                let text = output_text(o.value.expect("a value")).expect("text").text;
+                (o.message, text)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn observations_are_text_user_turns_answering_the_assistant_in_every_dialect() {
+        let printed = "total 0\n(Current directory: /repo)\nbash-$";
+        // Chat Completions: the task after the system prompt is not one; a user turn after
+        // the assistant is, as a string or as text parts; one with an image is not.
+        let chat = json!({"model": "m", "messages": [
+            {"role": "system", "content": "You run commands."},
+            {"role": "user", "content": "Fix the bug.\nbash-$"},
+            {"role": "assistant", "content": "```\nls\n```"},
+            {"role": "user", "content": printed},
+            {"role": "assistant", "content": "```\nls -a\n```"},
+            {"role": "user", "content": [{"type": "text", "text": printed}]},
+            {"role": "assistant", "content": "look"},
+            {"role": "user", "content": [{"type": "text", "text": printed},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}}]},
+            {"role": "user", "content": "and a person's second turn"},
+        ]});
+        assert_eq!(
+            observations(DialectKind::ChatCompletions, &chat),
+            vec![(3, printed.to_string()), (5, printed.to_string())]
+        );
+        // Anthropic: a user turn of tool results is a tool output, not an observation; the
+        // first message (the task) never is one.
+        let anthropic = json!({"model": "claude", "system": "You run commands.", "messages": [
+            {"role": "user", "content": "Fix the bug."},
+            {"role": "assistant", "content": [{"type": "text", "text": "ls"}]},
+            {"role": "user", "content": printed},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "bash",
+                "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                "content": "x"}]},
+            {"role": "assistant", "content": "ok"},
+            {"role": "user", "content": [{"type": "text", "text": printed,
+                "cache_control": {"type": "ephemeral"}}]},
+        ]});
+        assert_eq!(
+            observations(DialectKind::Messages, &anthropic),
+            vec![(2, printed.to_string()), (6, printed.to_string())]
+        );
+        // Responses: message items only; a string `input` holds none.
+        let responses = json!({"model": "gpt", "input": [
+            {"role": "user", "content": "Fix the bug."},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text",
+                "text": "ls"}]},
+            {"type": "message", "role": "user", "content": [{"type": "input_text",
+                "text": printed}]},
+            {"type": "function_call", "call_id": "c1", "name": "bash", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "y"},
+            {"role": "user", "content": printed},
+        ]});
+        assert_eq!(
+            observations(DialectKind::Responses, &responses),
+            vec![(2, printed.to_string())]
+        );
+        let string_input = json!({"model": "gpt", "input": printed});
+        assert!(observations(DialectKind::Responses, &string_input).is_empty());
     }
 }

@@ -10,9 +10,15 @@
 //! starts.
 
 use crate::compaction::mask::{placeholder, MaskRule};
-use crate::dialect::outputs::{output_text, Edit};
+use regex::Regex;
+
+use crate::dialect::outputs::{output_text, Edit, WireOutput};
 use crate::dialect::{DialectError, Scan};
 use crate::estimate::{text_weight, Counts, LazyEstimator};
+
+/// What a placeholder calls an observation sent as a user turn, where a tool output names its
+/// tool.
+const OBSERVATION: &str = "observation";
 
 /// The outputs a forwarded request masks.
 #[derive(Debug, Default)]
@@ -21,6 +27,9 @@ pub(super) struct Masking<'a> {
     pub edits: Vec<Edit<'a>>,
     /// Estimated tokens the placeholders save over the outputs they replace.
     pub saved: usize,
+    /// Estimated tokens that masking every output the rule allows would save beyond `saved`
+    /// (`hybrid` masks only as many blocks as the trigger needs).
+    pub spare: usize,
 }
 
 impl Masking<'_> {
@@ -30,25 +39,110 @@ impl Masking<'_> {
     }
 }
 
-/// The masking of the conversation `scan` forwards from message `start` on (after the system
-/// head, or after the messages a stored summary covers): the first outputs the rule masks,
-/// except those in messages before `maskable_from` (a message the summary is merged into is
-/// rewritten whole) and those whose placeholder would be no shorter than the output as sent.
+/// The outputs the rule lets a request mask, oldest first, each with what masking it saves.
+#[derive(Debug, Default)]
+pub(super) struct Candidates<'a> {
+    /// One per output the rule may mask; `None` for one that stays as sent (inside a message
+    /// a summary is merged into, or no longer than its placeholder).
+    outputs: Vec<Option<(Edit<'a>, usize)>>,
+    /// `compaction.mask_block`.
+    block: usize,
+}
+
+impl<'a> Candidates<'a> {
+    /// Every output the rule allows masked (`mask`).
+    pub fn all(self) -> Masking<'a> {
+        let k = self.outputs.len();
+        self.first(k)
+    }
+
+    /// The fewest whole blocks of the oldest outputs whose masking `fits` (given the tokens it
+    /// saves); every block when none does (`hybrid`: mask only as far as the trigger needs,
+    /// and summarise beyond that).
+    pub fn least(self, fits: impl Fn(usize) -> bool) -> Masking<'a> {
+        let block = self.block.max(1);
+        let mut saved = 0usize;
+        let mut k = 0;
+        while k < self.outputs.len() && !fits(saved) {
+            let end = (k + block).min(self.outputs.len());
+            saved = self.outputs[k..end]
+                .iter()
+                .flatten()
+                .fold(saved, |sum, (_, s)| sum.saturating_add(*s));
+            k = end;
+        }
+        self.first(k)
+    }
+
+    /// The first `k` outputs masked.
+    fn first(self, k: usize) -> Masking<'a> {
+        let mut masking = Masking::default();
+        for (i, (edit, saved)) in self
+            .outputs
+            .into_iter()
+            .enumerate()
+            .filter_map(|(i, o)| Some((i, o?)))
+        {
+            if i < k {
+                masking.saved = masking.saved.saturating_add(saved);
+                masking.edits.push(edit);
+            } else {
+                masking.spare = masking.spare.saturating_add(saved);
+            }
+        }
+        masking
+    }
+}
+
+/// Which outputs a forwarded request masks: the rule, and what tells an observation sent as
+/// a person's turn (`compaction.observation_pattern`).
+#[derive(Debug, Clone)]
+pub(super) struct Masker {
+    pub rule: MaskRule,
+    /// Matched against the text of each user turn that follows an assistant turn; `None`:
+    /// only tool outputs count.
+    pub observations: Option<Regex>,
+}
+
+/// The outputs of the conversation `scan` forwards from message `start` on (after the system
+/// head, or after the messages a stored summary covers) that the rule lets a request mask,
+/// with their placeholders; those in messages before `maskable_from` (a message the summary
+/// is merged into is rewritten whole) and those whose placeholder would be no shorter than the
+/// output as sent stay as sent.
 pub(super) fn plan<'a>(
     scan: &Scan<'a>,
-    rule: MaskRule,
+    masker: &Masker,
     start: usize,
     maskable_from: usize,
     estimator: &LazyEstimator,
-) -> Result<Masking<'a>, DialectError> {
+) -> Result<Candidates<'a>, DialectError> {
     let mut outputs = Vec::new();
     for i in start..scan.len() {
-        outputs.extend(scan.outputs(i)?);
+        let found = scan.outputs(i)?;
+        if found.is_empty() {
+            if let Some(pattern) = &masker.observations {
+                if let Some(turn) = scan.observation(i)? {
+                    let said = turn.value.map(output_text).transpose()?;
+                    if said.is_some_and(|t| pattern.is_match(&t.text)) {
+                        outputs.push(WireOutput {
+                            name: Some(OBSERVATION.to_string()),
+                            ..turn
+                        });
+                    }
+                }
+            }
+        }
+        outputs.extend(found);
     }
-    let mut masking = Masking::default();
+    let rule = masker.rule;
+    let mut candidates = Candidates {
+        outputs: Vec::new(),
+        block: rule.block,
+    };
     let masked = rule.masked(outputs.len());
     for output in outputs.into_iter().take(masked) {
         let Some(value) = output.value.filter(|_| output.message >= maskable_from) else {
+            candidates.outputs.push(None);
             continue;
         };
         let content = output_text(value)?;
@@ -65,18 +159,17 @@ pub(super) fn plan<'a>(
             content.images,
         );
         if serde_json::to_string(&text)?.len() >= value.len() {
-            continue; // already shorter than its placeholder
+            candidates.outputs.push(None); // already shorter than its placeholder
+            continue;
         }
         let before = estimator.counts(Counts {
             text: text_weight(&content.text),
             images: content.images,
         });
-        masking.saved = masking
-            .saved
-            .saturating_add(before.saturating_sub(estimator.text(&text)));
-        masking.edits.push(Edit { value, text });
+        let saved = before.saturating_sub(estimator.text(&text));
+        candidates.outputs.push(Some((Edit { value, text }, saved)));
     }
-    Ok(masking)
+    Ok(candidates)
 }
 
 #[cfg(test)]
@@ -198,6 +291,139 @@ mod tests {
             metrics.masked_outputs_counted(DialectKind::ChatCompletions, Strategy::Mask),
             0
         );
+    }
+
+    /// The forwarded outcome of `agent(12, 600)` (about 2,900 tokens; 9 old outputs, 8 of
+    /// them maskable in blocks of 4) under `name` with a `window`-token context window, and
+    /// the summarizer calls made once background summaries have settled.
+    async fn twelve_outputs(name: &str, window: usize, background: bool) -> (Outcome, usize) {
+        let mut config = strategy(
+            name,
+            &format!("[models.\"gpt-4o\"]\ncontext_window = {window}\n"),
+        );
+        if background {
+            config.compaction.background_ratio = 0.7;
+        }
+        let fake = FakeSummarizer::text("Summary of the work so far.");
+        let (c, _) = compactor(&config, fake.clone());
+        let body = request(&agent(12, 600));
+        let outcome = c
+            .process(DialectKind::ChatCompletions, &body, &caller())
+            .await;
+        c.background_idle().await;
+        (outcome, fake.requests().len())
+    }
+
+    #[tokio::test]
+    async fn hybrid_masks_only_the_blocks_the_trigger_needs() {
+        // Under the trigger (a 3,500-token window triggers at 2,975): forwarded as sent.
+        let (outcome, calls) = twelve_outputs("hybrid", 3_500, false).await;
+        assert!(matches!(outcome, Outcome::Unchanged), "{outcome:?}");
+        assert_eq!(calls, 0);
+        // Over it (2,500: 2,125), one block of 4 is enough, where `mask` masks both.
+        let (outcome, calls) = twelve_outputs("hybrid", 2_500, false).await;
+        let Outcome::Masked {
+            masked,
+            post_tokens,
+            ..
+        } = outcome
+        else {
+            panic!("not masked: {outcome:?}");
+        };
+        assert_eq!((masked, calls), (4, 0));
+        assert!(post_tokens < 2_125, "{post_tokens}");
+        let (outcome, _) = twelve_outputs("mask", 2_500, false).await;
+        assert!(
+            matches!(outcome, Outcome::Masked { masked: 8, .. }),
+            "{outcome:?}"
+        );
+        // Further over (2,000: 1,700), both blocks.
+        let (outcome, calls) = twelve_outputs("hybrid", 2_000, false).await;
+        assert!(
+            matches!(outcome, Outcome::Masked { masked: 8, .. }),
+            "{outcome:?}"
+        );
+        assert_eq!(calls, 0);
+    }
+
+    #[tokio::test]
+    async fn hybrid_summarises_ahead_only_what_masking_cannot_absorb() {
+        // With a 2,500-token window the request is over the background watermark (70% of the
+        // 2,125 trigger), but masked whole (1,300) it is under it: no summary is made ahead.
+        let (outcome, calls) = twelve_outputs("hybrid", 2_500, true).await;
+        assert!(matches!(outcome, Outcome::Masked { .. }), "{outcome:?}");
+        assert_eq!(calls, 0);
+        // `summarize` makes one ahead as soon as the watermark is crossed (3,500: 2,082).
+        let (outcome, calls) = twelve_outputs("summarize", 3_500, true).await;
+        assert!(matches!(outcome, Outcome::Unchanged), "{outcome:?}");
+        assert_eq!(calls, 1);
+        // With a 2,000-token window, masked whole the request is under the trigger (1,700)
+        // but over the watermark (1,190): it is forwarded masked and a summary is made ahead.
+        let (outcome, calls) = twelve_outputs("hybrid", 2_000, true).await;
+        assert!(
+            matches!(outcome, Outcome::Masked { masked: 8, .. }),
+            "{outcome:?}"
+        );
+        assert!(
+            calls > 0,
+            "a summary is made ahead (in as many attempts as it takes)"
+        );
+    }
+
+    #[tokio::test]
+    async fn observations_sent_as_user_turns_are_masked_only_when_a_pattern_says_so() {
+        // SWE-agent without function calling: each command's output comes back as the next
+        // user message, ending with the shell prompt; so does the task.
+        let footer = "\n(Current directory: /repo)\nbash-$";
+        let mut messages = vec![
+            json!({"role": "system", "content": "You run commands."}),
+            json!({"role": "user", "content": format!("Fix the failing test.{}", footer)}),
+        ];
+        for i in 0..12 {
+            messages.push(json!({"role": "assistant", "content": format!("```\ncat f{i}\n```")}));
+            let mut out = format!("output {i} begins\n");
+            while out.len() < 600 {
+                out.push_str(&format!("line {} of output {i}\n", out.len()));
+            }
+            messages.push(json!({"role": "user", "content": format!("{out}{footer}")}));
+        }
+        messages.push(json!({"role": "user", "content": "A person's words, no prompt."}));
+        let body = request(&messages);
+        let pattern = "observation_pattern = '\\(Current directory: [^)]*\\)\\s*bash-\\$\\s*$'\n";
+        let (c, _) = compactor(&strategy("mask", pattern), FakeSummarizer::text("s"));
+        let Outcome::Masked {
+            body: out, masked, ..
+        } = c
+            .process(DialectKind::ChatCompletions, &body, &caller())
+            .await
+        else {
+            panic!("not masked");
+        };
+        // 12 observations, 3 kept: 8 masked in blocks of 4; the task is not among them.
+        assert_eq!(masked, 8);
+        let sent = messages_of(&out);
+        assert_eq!(sent[1], messages[1], "the task is never an observation");
+        for n in 0..12 {
+            let got = sent[3 + 2 * n]["content"].as_str().expect("a string");
+            if n < 8 {
+                assert!(
+                    got.starts_with("[output masked by compactor: observation, ")
+                        && got.contains(&format!("first: output {n} begins"))
+                        && got.ends_with("last: bash-$"),
+                    "{n}: {got}"
+                );
+            } else {
+                assert_eq!(sent[3 + 2 * n], messages[3 + 2 * n]);
+            }
+        }
+        assert_eq!(sent.last(), messages.last());
+        // Without a pattern, a person's turn is never masked.
+        let (c, _) = compactor(&strategy("mask", ""), FakeSummarizer::text("s"));
+        assert!(matches!(
+            c.process(DialectKind::ChatCompletions, &body, &caller())
+                .await,
+            Outcome::Unchanged
+        ));
     }
 
     #[tokio::test]
