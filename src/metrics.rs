@@ -42,13 +42,15 @@ pub enum StoreOp {
     Claim,
     /// Learned context windows.
     Windows,
+    /// How far `hybrid` has masked a conversation.
+    MaskFloor,
     /// The gauges read at scrape time.
     Stats,
 }
 
 impl StoreOp {
     /// Every op (pre-initialised label values).
-    pub const ALL: [StoreOp; 8] = [
+    pub const ALL: [StoreOp; 9] = [
         StoreOp::Lookup,
         StoreOp::Put,
         StoreOp::Touch,
@@ -56,6 +58,7 @@ impl StoreOp {
         StoreOp::Breaker,
         StoreOp::Claim,
         StoreOp::Windows,
+        StoreOp::MaskFloor,
         StoreOp::Stats,
     ];
 
@@ -69,6 +72,7 @@ impl StoreOp {
             StoreOp::Breaker => "breaker",
             StoreOp::Claim => "claim",
             StoreOp::Windows => "windows",
+            StoreOp::MaskFloor => "mask_floor",
             StoreOp::Stats => "stats",
         }
     }

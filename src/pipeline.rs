@@ -604,7 +604,7 @@ impl Pipeline {
         };
         // Old outputs are masked first (`mask`, `hybrid`): the trigger reads what the upstream
         // would receive without a new summary.
-        let mut mask = self.mask_view(request.scan, splice.as_ref(), &request.limits);
+        let mut mask = self.mask_view(request, splice.as_ref()).await;
         let (count, mut tokens) = self.view_size(request.scan, splice.as_ref(), &mask);
         if self.strategy.masks() {
             figures.masked_tokens = Some(tokens);
@@ -623,7 +623,7 @@ impl Pipeline {
         if let Some(staged) = staged {
             match self.splice(request.scan, staged) {
                 Ok(Some(ready)) => {
-                    let ready_mask = self.mask_view(request.scan, Some(&ready), &request.limits);
+                    let ready_mask = self.mask_view(request, Some(&ready)).await;
                     let (count, ready_tokens) =
                         self.view_size(request.scan, Some(&ready), &ready_mask);
                     self.promote(request, &ready).await;
@@ -894,57 +894,78 @@ impl Pipeline {
         }
     }
 
-    /// The masking of the conversation `scan` forwards with `splice` (`None`: the whole
+    /// The masking of the conversation `request` forwards with `splice` (`None`: the whole
     /// request); see [`Pipeline::plan_mask`].
-    fn mask_view<'b>(
+    async fn mask_view<'b>(
         &self,
-        scan: &Scan<'b>,
+        request: &Request<'_, 'b>,
         splice: Option<&Splice>,
-        limits: &Limits,
     ) -> Masking<'b> {
         if !self.strategy.masks() {
             return Masking::default();
         }
-        let view = self.spliced_size(scan, splice);
-        self.plan_mask(scan, splice.map(|s| s.covered), view, limits)
+        let view = self.spliced_size(request.scan, splice);
+        self.plan_mask(request, splice.map(|s| s.covered), view)
+            .await
     }
 
-    /// The masking of the conversation `scan` forwards after the first `covered` messages
+    /// The masking of the conversation `request` forwards after the first `covered` messages
     /// (a summary's; `None`: the whole request), whose messages and estimated tokens are
     /// `view` before masking; empty unless the strategy masks. `mask` masks every output the
-    /// rule allows; `hybrid` only the fewest blocks that bring `view` under the trigger of
-    /// `limits`. Both are functions of the request, the checkpoint and the limits, so a later
-    /// request of the conversation masks at least what this one did. A request whose outputs
-    /// cannot be read is forwarded with its outputs as sent (counted).
-    fn plan_mask<'b>(
+    /// rule allows. `hybrid` masks the fewest blocks that bring `view` under the request's
+    /// trigger, and never fewer than an earlier request of the conversation did (the
+    /// session's [`MaskFloor`](crate::session::MaskFloor)), so the masked prefix only grows
+    /// and every replica forwards the same bytes. A request whose outputs cannot be read is
+    /// forwarded with its outputs as sent (counted).
+    async fn plan_mask<'b>(
         &self,
-        scan: &Scan<'b>,
+        request: &Request<'_, 'b>,
         covered: Option<usize>,
         view: (usize, usize),
-        limits: &Limits,
     ) -> Masking<'b> {
         if !self.strategy.masks() {
             return Masking::default();
         }
+        let scan = request.scan;
+        let estimator = self.engine.estimator();
         let planned = match covered {
-            None => masking::plan(scan, &self.masker, 0, 0, self.engine.estimator()),
-            Some(covered) => scan.verbatim_from(covered).and_then(|from| {
-                masking::plan(scan, &self.masker, covered, from, self.engine.estimator())
-            }),
+            None => masking::plan(scan, &self.masker, 0, 0, estimator),
+            Some(covered) => scan
+                .verbatim_from(covered)
+                .and_then(|from| masking::plan(scan, &self.masker, covered, from, estimator)),
         };
-        match planned {
-            Ok(candidates) if self.strategy == Strategy::Hybrid => {
-                let (count, tokens) = view;
-                candidates
-                    .least(|saved| limits.check(count, tokens.saturating_sub(saved)).is_none())
-            }
-            Ok(candidates) => candidates.all(),
+        let candidates = match planned {
+            Ok(candidates) => candidates,
             Err(e) => {
                 self.metrics.mask_failed(scan.dialect());
                 tracing::warn!(error = %e, "old outputs not readable; forwarding them as sent");
-                Masking::default()
+                return Masking::default();
             }
+        };
+        if self.strategy != Strategy::Hybrid {
+            return candidates.all();
         }
+        if candidates.is_empty() {
+            return Masking::default();
+        }
+        let (count, tokens) = view;
+        let limits = request.limits;
+        let needed =
+            candidates.needed(|saved| limits.check(count, tokens.saturating_sub(saved)).is_none());
+        let masked = self
+            .store
+            .raise_mask_floor(
+                request.tenant,
+                request.session,
+                covered.unwrap_or(0),
+                needed,
+            )
+            .await
+            .unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "mask floor unavailable; masking what this request needs");
+                needed
+            });
+        candidates.first(masked)
     }
 
     /// After waiting on another request's compaction: splice whatever it stored. A request
@@ -963,7 +984,7 @@ impl Pipeline {
             // What it waited for may have been a background summary: needed now.
             self.promote(request, s).await;
         }
-        let mask = self.mask_view(scan, splice.as_ref(), &request.limits);
+        let mask = self.mask_view(request, splice.as_ref()).await;
         let (count, tokens) = self.view_size(scan, splice.as_ref(), &mask);
         let outcome = self.reuse(scan, splice.as_ref(), &mask, tokens, figures);
         if request.limits.check(count, tokens).is_none() {
@@ -1026,12 +1047,9 @@ impl Pipeline {
         );
         // The tail after the new summary is masked by the same rule as any later request's.
         let view = (compaction.messages, compaction.result.post_tokens);
-        let mut mask = self.plan_mask(
-            request.scan,
-            Some(compaction.boundary),
-            view,
-            &request.limits,
-        );
+        let mut mask = self
+            .plan_mask(request, Some(compaction.boundary), view)
+            .await;
         let body = match request.scan.rewrite_with(Some(summary), &mask.edits) {
             Ok(body) => body,
             Err(e) if !mask.edits.is_empty() => {

@@ -745,3 +745,29 @@ async fn learned_windows_reach_every_replica() {
         "looked up by model key"
     );
 }
+
+#[tokio::test]
+async fn the_hybrid_mask_floor_is_shared_and_only_rises() {
+    let redis = RedisServer::start().await;
+    let tenant = TenantId::from_credential("sk-floor");
+    let one = redis_store(&redis, Duration::from_secs(10));
+    let two = redis_store(&redis, Duration::from_secs(10));
+    async fn raise(store: &RedisStore, tenant: TenantId, covered: usize, masked: usize) -> usize {
+        store
+            .raise_mask_floor(tenant, "s", covered, masked)
+            .await
+            .expect("raise")
+    }
+    assert_eq!(raise(&one, tenant, 0, 8).await, 8);
+    // Another replica whose request needs less masks what the first one did.
+    assert_eq!(raise(&two, tenant, 0, 4).await, 8);
+    assert_eq!(raise(&two, tenant, 0, 12).await, 12);
+    assert_eq!(raise(&one, tenant, 0, 0).await, 12);
+    // A newer summary starts over; a request behind it leaves the new floor alone.
+    assert_eq!(raise(&one, tenant, 30, 0).await, 0);
+    assert_eq!(raise(&two, tenant, 0, 4).await, 4);
+    assert_eq!(raise(&two, tenant, 30, 0).await, 0);
+    // Another tenant's session of the same id has its own floor.
+    let other = TenantId::from_credential("sk-floor-other");
+    assert_eq!(raise(&two, other, 0, 2).await, 2);
+}

@@ -50,16 +50,21 @@ pub(super) struct Candidates<'a> {
 }
 
 impl<'a> Candidates<'a> {
+    /// Whether no output may be masked.
+    pub fn is_empty(&self) -> bool {
+        self.outputs.is_empty()
+    }
+
     /// Every output the rule allows masked (`mask`).
     pub fn all(self) -> Masking<'a> {
         let k = self.outputs.len();
         self.first(k)
     }
 
-    /// The fewest whole blocks of the oldest outputs whose masking `fits` (given the tokens it
-    /// saves); every block when none does (`hybrid`: mask only as far as the trigger needs,
-    /// and summarise beyond that).
-    pub fn least(self, fits: impl Fn(usize) -> bool) -> Masking<'a> {
+    /// How many of the oldest outputs, in whole blocks, must be masked for the request to
+    /// `fit` (given the tokens masking saves): the fewest that do, or every one when none do
+    /// (`hybrid`: mask only as far as the trigger needs, and summarise beyond that).
+    pub fn needed(&self, fits: impl Fn(usize) -> bool) -> usize {
         let block = self.block.max(1);
         let mut saved = 0usize;
         let mut k = 0;
@@ -71,11 +76,11 @@ impl<'a> Candidates<'a> {
                 .fold(saved, |sum, (_, s)| sum.saturating_add(*s));
             k = end;
         }
-        self.first(k)
+        k
     }
 
-    /// The first `k` outputs masked.
-    fn first(self, k: usize) -> Masking<'a> {
+    /// The first `k` outputs masked (all of them when there are fewer).
+    pub fn first(self, k: usize) -> Masking<'a> {
         let mut masking = Masking::default();
         for (i, (edit, saved)) in self
             .outputs
@@ -344,6 +349,43 @@ mod tests {
             "{outcome:?}"
         );
         assert_eq!(calls, 0);
+    }
+
+    #[tokio::test]
+    async fn hybrid_never_unmasks_what_an_earlier_request_of_the_conversation_masked() {
+        let config = strategy("hybrid", "[models.\"gpt-4o\"]\ncontext_window = 2500\n");
+        let messages = agent(12, 600);
+        // Reserving 500 output tokens lowers the trigger to 0.85 × 2,000 = 1,700: both blocks.
+        let reserving = json!({"model": "gpt-4o", "max_tokens": 500, "messages": messages})
+            .to_string()
+            .into_bytes();
+        let (c, _) = compactor(&config, FakeSummarizer::text("never"));
+        let outcome = c
+            .process(DialectKind::ChatCompletions, &reserving, &caller())
+            .await;
+        assert!(
+            matches!(outcome, Outcome::Masked { masked: 8, .. }),
+            "{outcome:?}"
+        );
+        // The next request of the conversation reserves nothing (trigger 2,125): one block
+        // would do, but the first request's two stay masked.
+        let next = request(&messages);
+        let outcome = c
+            .process(DialectKind::ChatCompletions, &next, &caller())
+            .await;
+        assert!(
+            matches!(outcome, Outcome::Masked { masked: 8, .. }),
+            "{outcome:?}"
+        );
+        // A compactor that never saw the first request masks one block.
+        let (fresh, _) = compactor(&config, FakeSummarizer::text("never"));
+        let outcome = fresh
+            .process(DialectKind::ChatCompletions, &next, &caller())
+            .await;
+        assert!(
+            matches!(outcome, Outcome::Masked { masked: 4, .. }),
+            "{outcome:?}"
+        );
     }
 
     #[tokio::test]

@@ -27,8 +27,8 @@ use compactor_plugin_api::BoxFuture;
 use super::breaker::Breaker;
 use super::hash::{ChainHash, TenantId};
 use super::store::{
-    unix_now, Checkpoint, LatestRequest, SessionInfo, SessionStore, StoreError, StoreLimits,
-    StoreStats, SESSION_OVERHEAD_BYTES,
+    unix_now, Checkpoint, LatestRequest, MaskFloor, SessionInfo, SessionStore, StoreError,
+    StoreLimits, StoreStats, SESSION_OVERHEAD_BYTES,
 };
 use super::windows::LearnedWindows;
 use crate::compaction::models::LearnedWindow;
@@ -316,6 +316,25 @@ impl SessionStore for MemoryStore {
         Box::pin(std::future::ready(Ok(self.record(tenant, id, succeeded))))
     }
 
+    fn raise_mask_floor<'a>(
+        &'a self,
+        tenant: TenantId,
+        id: &'a str,
+        covered: usize,
+        masked: usize,
+    ) -> BoxFuture<'a, Result<usize, StoreError>> {
+        let mut inner = self.fresh();
+        let answer = match inner.sessions.get_mut(&SessionKey::new(tenant, id)) {
+            Some(entry) => {
+                let (floor, answer) = MaskFloor::raise(entry.mask_floor, covered, masked);
+                entry.mask_floor = Some(floor);
+                answer
+            }
+            None => masked,
+        };
+        Box::pin(std::future::ready(Ok(answer)))
+    }
+
     fn max_covered(&self, tenant: TenantId) -> BoxFuture<'_, Result<usize, StoreError>> {
         let max = self
             .fresh()
@@ -380,6 +399,8 @@ struct SessionEntry {
     /// Hashes of the checkpoints this session owns, oldest first.
     checkpoints: VecDeque<ChainHash>,
     breaker: Breaker,
+    /// How far `hybrid` has masked the conversation.
+    mask_floor: Option<MaskFloor>,
 }
 
 struct StoredCheckpoint {
@@ -474,6 +495,7 @@ impl Inner {
                     messages_seen: 0,
                     checkpoints: VecDeque::new(),
                     breaker: Breaker::new(cooldown),
+                    mask_floor: None,
                 })
             }
         }

@@ -231,6 +231,7 @@ struct Scripts {
     record: Script,
     renew: Script,
     release: Script,
+    floor: Script,
 }
 
 impl Scripts {
@@ -372,6 +373,24 @@ impl Scripts {
                     return redis.call('PEXPIRE', KEYS[1], ARGV[2])
                 end
                 return 0",
+            ),
+            // `MaskFloor::raise` on the session's floor. KEYS: floor. ARGV: covered, masked,
+            // ttl (ms). Returns how many to mask.
+            floor: Script::new(
+                r"
+                local covered = tonumber(ARGV[1])
+                local masked = tonumber(ARGV[2])
+                local stored = redis.call('HMGET', KEYS[1], 'covered', 'masked')
+                local c = tonumber(stored[1] or '-1')
+                local m = tonumber(stored[2] or '0')
+                if covered < c then return masked end
+                if covered == c and m >= masked then
+                    redis.call('PEXPIRE', KEYS[1], ARGV[3])
+                    return m
+                end
+                redis.call('HSET', KEYS[1], 'covered', covered, 'masked', masked)
+                redis.call('PEXPIRE', KEYS[1], ARGV[3])
+                return masked",
             ),
             // KEYS: lock. ARGV: token.
             release: Script::new(
@@ -812,6 +831,25 @@ impl Shared {
         Some(allowed == 1)
     }
 
+    async fn raise_floor(
+        &self,
+        tenant: TenantId,
+        id: &str,
+        covered: usize,
+        masked: usize,
+    ) -> Option<usize> {
+        let mut invocation = self
+            .scripts
+            .floor
+            .key(self.tenant_key(tenant, &format!("m:{}", sid(id))));
+        invocation.arg(covered).arg(masked).arg(self.ttl_ms());
+        let mut conn = self.conn()?;
+        let answer: u64 = self
+            .call(StoreOp::MaskFloor, invocation.invoke_async(&mut conn))
+            .await?;
+        Some(usize::try_from(answer).unwrap_or(usize::MAX))
+    }
+
     async fn record(&self, tenant: TenantId, id: &str, succeeded: bool) -> Option<bool> {
         let mut invocation = self
             .scripts
@@ -1231,6 +1269,30 @@ impl SessionStore for RedisStore {
                 Some(opened) => Ok(opened),
                 None => Ok(local),
             }
+        })
+    }
+
+    fn raise_mask_floor<'a>(
+        &'a self,
+        tenant: TenantId,
+        id: &'a str,
+        covered: usize,
+        masked: usize,
+    ) -> BoxFuture<'a, Result<usize, StoreError>> {
+        Box::pin(async move {
+            // This replica's floor first, so a floor raised here while Redis was away is
+            // carried into the shared one.
+            let local = self
+                .shared
+                .local
+                .raise_mask_floor(tenant, id, covered, masked)
+                .await
+                .unwrap_or(masked);
+            Ok(self
+                .shared
+                .raise_floor(tenant, id, covered, local)
+                .await
+                .unwrap_or(local))
         })
     }
 

@@ -269,6 +269,37 @@ impl fmt::Debug for Lease {
     }
 }
 
+/// How far `hybrid` has masked one conversation (`compaction.strategy`): the most leading
+/// maskable tool outputs one of its requests had masked, counted from the first message after
+/// the summary that covers `covered` messages (0: no summary).
+///
+/// A later request masks at least as many, so the masked prefix never moves back: without it
+/// a lower trigger for the same conversation (another replica's calibration, a calibration
+/// that moved, a smaller `max_tokens`) would unmask a block, and the provider's prompt cache
+/// and every replica's bytes would part ways.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MaskFloor {
+    /// Messages the summary the count starts after covers.
+    pub covered: usize,
+    /// Leading maskable outputs masked.
+    pub masked: usize,
+}
+
+impl MaskFloor {
+    /// A request of the conversation starting after `covered` messages needs its first
+    /// `masked` maskable outputs masked: answers the floor to keep and how many to mask. A
+    /// newer summary (a larger `covered`) starts a new floor; a request behind the stored one
+    /// (an older branch of the conversation) neither reads nor moves it. The Redis store's
+    /// script does the same.
+    pub fn raise(stored: Option<MaskFloor>, covered: usize, masked: usize) -> (MaskFloor, usize) {
+        match stored {
+            Some(s) if covered < s.covered => (s, masked),
+            Some(s) if covered == s.covered && s.masked >= masked => (s, s.masked),
+            _ => (MaskFloor { covered, masked }, masked),
+        }
+    }
+}
+
 /// The state of a store's backend, for `/readyz`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -371,6 +402,17 @@ pub trait SessionStore: Send + Sync {
     /// Every learned window by model key, most recently learned first (admin `GET /models`).
     fn learned_windows(&self) -> BoxFuture<'_, Result<Vec<(String, LearnedWindow)>, StoreError>>;
 
+    /// Raises the mask floor of session `(tenant, id)` ([`MaskFloor::raise`]) for a request
+    /// that needs its first `masked` maskable outputs after the first `covered` messages
+    /// masked, and answers how many to mask. An unknown session answers `masked`.
+    fn raise_mask_floor<'a>(
+        &'a self,
+        tenant: TenantId,
+        id: &'a str,
+        covered: usize,
+        masked: usize,
+    ) -> BoxFuture<'a, Result<usize, StoreError>>;
+
     /// Claims the compaction of the first `covered` messages' successor for session
     /// `(tenant, id)` across every process sharing this store, so one summary is made per
     /// compaction. When another process holds the claim, waits up to `wait` for it to go
@@ -458,5 +500,64 @@ mod tests {
         assert_eq!(json["latest"]["read_files"][0], "a.rs");
         assert_eq!(json["tenant"], "000000000000");
         assert_eq!(json["breaker"], "closed");
+    }
+
+    #[test]
+    fn a_mask_floor_only_rises_within_one_start_and_restarts_after_a_newer_summary() {
+        let raise = |stored, covered, masked| MaskFloor::raise(stored, covered, masked);
+        let floor = |covered, masked| Some(MaskFloor { covered, masked });
+        assert_eq!(
+            raise(None, 0, 4),
+            (
+                MaskFloor {
+                    covered: 0,
+                    masked: 4
+                },
+                4
+            )
+        );
+        // A lower need reads the stored floor; a higher one raises it.
+        assert_eq!(
+            raise(floor(0, 8), 0, 4),
+            (
+                MaskFloor {
+                    covered: 0,
+                    masked: 8
+                },
+                8
+            )
+        );
+        assert_eq!(
+            raise(floor(0, 8), 0, 12),
+            (
+                MaskFloor {
+                    covered: 0,
+                    masked: 12
+                },
+                12
+            )
+        );
+        // A newer summary starts over, even from nothing masked.
+        assert_eq!(
+            raise(floor(0, 8), 20, 0),
+            (
+                MaskFloor {
+                    covered: 20,
+                    masked: 0
+                },
+                0
+            )
+        );
+        // An older branch masks what it needs and leaves the floor alone.
+        assert_eq!(
+            raise(floor(20, 4), 0, 0),
+            (
+                MaskFloor {
+                    covered: 20,
+                    masked: 4
+                },
+                0
+            )
+        );
     }
 }
