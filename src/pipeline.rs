@@ -42,8 +42,9 @@ use crate::overflow::Overflow;
 use crate::session::hash::SESSION_ID_MESSAGES;
 use crate::session::redis::CLAIM_TTL;
 use crate::session::{
-    session_id, ChainMemo, Checkpoint, Claim, LatestRequest, Lease, MemoryStore, RedisSettings,
-    RedisStore, SessionStore, SingleFlight, Staged, StoreError, StoreLimits, TenantId,
+    session_id, ChainMemo, Checkpoint, Claim, LatestRequest, Lease, MaskFloor, MaskNeed,
+    MemoryStore, RedisSettings, RedisStore, SessionStore, SingleFlight, Staged, StoreError,
+    StoreLimits, TenantId,
 };
 use crate::transcript::Transcript;
 
@@ -277,8 +278,14 @@ impl Pipeline {
             masker: Masker {
                 rule: MaskRule {
                     keep_recent: config.compaction.keep_recent_outputs,
-                    block: config.compaction.mask_block,
+                    // `hybrid` may mask any output but the recent ones: its steps are sized by
+                    // tokens (`Pipeline::plan_mask`).
+                    block: match config.compaction.strategy {
+                        Strategy::Hybrid => 1,
+                        _ => config.compaction.mask_block,
+                    },
                 },
+                block: config.compaction.mask_block,
                 // Validation compiled it; a pattern that does not compile masks no user turn.
                 observations: config.compaction.observation_regex().ok().flatten(),
             },
@@ -949,21 +956,40 @@ impl Pipeline {
             return Masking::default();
         }
         let (count, tokens) = view;
-        let limits = request.limits;
-        let needed =
-            candidates.needed(|saved| limits.check(count, tokens.saturating_sub(saved)).is_none());
+        let fits = |limits: Limits| {
+            move |saved: usize| limits.check(count, tokens.saturating_sub(saved)).is_none()
+        };
+        // A step goes back under the background watermark, so it buys headroom for many
+        // requests. When masking every maskable output cannot get there, masking moves in
+        // whole blocks of `mask_block` (as `mask` does) if that is enough for the trigger, and
+        // not at all otherwise (the request is summarised): never one output per request.
+        let enough = candidates.needed(fits(request.limits));
+        let soft = request
+            .limits
+            .watermark(self.background_ratio)
+            .unwrap_or(request.limits);
+        let headroom = candidates.needed(fits(soft));
+        let step = if enough == 0 {
+            0
+        } else if fits(soft)(candidates.saving(headroom)) {
+            enough.max(headroom)
+        } else {
+            let block = self.masker.block.max(1);
+            candidates.len() / block * block
+        };
+        let need = MaskNeed { enough, step };
         let masked = self
             .store
             .raise_mask_floor(
                 request.tenant,
                 request.session,
                 covered.unwrap_or(0),
-                needed,
+                need,
             )
             .await
             .unwrap_or_else(|e| {
-                tracing::warn!(error = %e, "mask floor unavailable; masking what this request needs");
-                needed
+                tracing::warn!(error = %e, "mask floor unavailable; masking as if it were the first step");
+                MaskFloor::raise(None, covered.unwrap_or(0), need).1
             });
         candidates.first(masked)
     }

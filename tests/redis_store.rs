@@ -13,7 +13,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use compactor::metrics::Metrics;
 use compactor::session::{
-    Claim, MemoryStore, RedisSettings, RedisStore, SessionStore, StoreLimits, TenantId,
+    Claim, MaskNeed, MemoryStore, RedisSettings, RedisStore, SessionStore, StoreLimits, TenantId,
 };
 use serde_json::{json, Value};
 use support::summary_calls::{completion, summary_prompt};
@@ -752,22 +752,34 @@ async fn the_hybrid_mask_floor_is_shared_and_only_rises() {
     let tenant = TenantId::from_credential("sk-floor");
     let one = redis_store(&redis, Duration::from_secs(10));
     let two = redis_store(&redis, Duration::from_secs(10));
-    async fn raise(store: &RedisStore, tenant: TenantId, covered: usize, masked: usize) -> usize {
+    async fn raise(
+        store: &RedisStore,
+        tenant: TenantId,
+        covered: usize,
+        need: (usize, usize),
+    ) -> usize {
+        let (enough, step) = need;
         store
-            .raise_mask_floor(tenant, "s", covered, masked)
+            .raise_mask_floor(tenant, "s", covered, MaskNeed { enough, step })
             .await
             .expect("raise")
     }
-    assert_eq!(raise(&one, tenant, 0, 8).await, 8);
+    // Over the trigger, masking moves a whole step.
+    assert_eq!(raise(&one, tenant, 0, (2, 8)).await, 8);
     // Another replica whose request needs less masks what the first one did.
-    assert_eq!(raise(&two, tenant, 0, 4).await, 8);
-    assert_eq!(raise(&two, tenant, 0, 12).await, 12);
-    assert_eq!(raise(&one, tenant, 0, 0).await, 12);
+    assert_eq!(raise(&two, tenant, 0, (0, 0)).await, 8);
+    assert_eq!(raise(&two, tenant, 0, (8, 10)).await, 8);
+    // Past the floor, the next step.
+    assert_eq!(raise(&two, tenant, 0, (9, 12)).await, 12);
+    assert_eq!(raise(&one, tenant, 0, (3, 6)).await, 12);
     // A newer summary starts over; a request behind it leaves the new floor alone.
-    assert_eq!(raise(&one, tenant, 30, 0).await, 0);
-    assert_eq!(raise(&two, tenant, 0, 4).await, 4);
-    assert_eq!(raise(&two, tenant, 30, 0).await, 0);
+    assert_eq!(raise(&one, tenant, 30, (0, 0)).await, 0);
+    assert_eq!(raise(&two, tenant, 0, (4, 6)).await, 4);
+    assert_eq!(raise(&two, tenant, 30, (0, 0)).await, 0);
+    // A step that cannot reach what the request needs is not taken (it is summarised).
+    assert_eq!(raise(&one, tenant, 30, (5, 0)).await, 0);
+    assert_eq!(raise(&two, tenant, 30, (5, 6)).await, 6);
     // Another tenant's session of the same id has its own floor.
     let other = TenantId::from_credential("sk-floor-other");
-    assert_eq!(raise(&two, other, 0, 2).await, 2);
+    assert_eq!(raise(&two, other, 0, (1, 2)).await, 2);
 }

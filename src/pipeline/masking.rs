@@ -3,11 +3,11 @@
 //! conversation a request forwards, which of them the [`MaskRule`] masks, the placeholder of
 //! each, and the estimated tokens that saves.
 //!
-//! The plan is a pure function of the request, the stored checkpoint spliced into it (the
-//! forwarded conversation starts after the messages its summary covers) and the rule, so every
-//! replica and every later request of the conversation computes the same bytes without
-//! storing anything: the checkpoint that defines the summary also defines where counting
-//! starts.
+//! Which outputs may be masked is a pure function of the request, the stored checkpoint
+//! spliced into it (the forwarded conversation starts after the messages its summary covers)
+//! and the rule: the checkpoint that defines the summary also defines where counting starts.
+//! How many of them `hybrid` masks is the pipeline's decision (`Pipeline::plan_mask`), from
+//! the trigger and the conversation's mask floor in the session store.
 
 use crate::compaction::mask::{placeholder, MaskRule};
 use regex::Regex;
@@ -28,7 +28,7 @@ pub(super) struct Masking<'a> {
     /// Estimated tokens the placeholders save over the outputs they replace.
     pub saved: usize,
     /// Estimated tokens that masking every output the rule allows would save beyond `saved`
-    /// (`hybrid` masks only as many blocks as the trigger needs).
+    /// (`hybrid` masks only as many as the trigger needs).
     pub spare: usize,
 }
 
@@ -45,8 +45,6 @@ pub(super) struct Candidates<'a> {
     /// One per output the rule may mask; `None` for one that stays as sent (inside a message
     /// a summary is merged into, or no longer than its placeholder).
     outputs: Vec<Option<(Edit<'a>, usize)>>,
-    /// `compaction.mask_block`.
-    block: usize,
 }
 
 impl<'a> Candidates<'a> {
@@ -55,28 +53,38 @@ impl<'a> Candidates<'a> {
         self.outputs.is_empty()
     }
 
+    /// Outputs that may be masked.
+    pub fn len(&self) -> usize {
+        self.outputs.len()
+    }
+
     /// Every output the rule allows masked (`mask`).
     pub fn all(self) -> Masking<'a> {
         let k = self.outputs.len();
         self.first(k)
     }
 
-    /// How many of the oldest outputs, in whole blocks, must be masked for the request to
-    /// `fit` (given the tokens masking saves): the fewest that do, or every one when none do
-    /// (`hybrid`: mask only as far as the trigger needs, and summarise beyond that).
+    /// How many of the oldest outputs must be masked for the request to `fit` (given the
+    /// tokens masking saves): the fewest that do, or every one when none do.
     pub fn needed(&self, fits: impl Fn(usize) -> bool) -> usize {
-        let block = self.block.max(1);
         let mut saved = 0usize;
         let mut k = 0;
         while k < self.outputs.len() && !fits(saved) {
-            let end = (k + block).min(self.outputs.len());
-            saved = self.outputs[k..end]
-                .iter()
-                .flatten()
-                .fold(saved, |sum, (_, s)| sum.saturating_add(*s));
-            k = end;
+            if let Some((_, s)) = &self.outputs[k] {
+                saved = saved.saturating_add(*s);
+            }
+            k += 1;
         }
         k
+    }
+
+    /// Estimated tokens masking the first `k` outputs saves.
+    pub fn saving(&self, k: usize) -> usize {
+        self.outputs
+            .iter()
+            .take(k)
+            .flatten()
+            .fold(0, |sum, (_, s)| sum.saturating_add(*s))
     }
 
     /// The first `k` outputs masked (all of them when there are fewer).
@@ -103,7 +111,10 @@ impl<'a> Candidates<'a> {
 /// a person's turn (`compaction.observation_pattern`).
 #[derive(Debug, Clone)]
 pub(super) struct Masker {
+    /// Which outputs may be masked.
     pub rule: MaskRule,
+    /// `compaction.mask_block`.
+    pub block: usize,
     /// Matched against the text of each user turn that follows an assistant turn; `None`:
     /// only tool outputs count.
     pub observations: Option<Regex>,
@@ -140,10 +151,7 @@ pub(super) fn plan<'a>(
         outputs.extend(found);
     }
     let rule = masker.rule;
-    let mut candidates = Candidates {
-        outputs: Vec::new(),
-        block: rule.block,
-    };
+    let mut candidates = Candidates::default();
     let masked = rule.masked(outputs.len());
     for output in outputs.into_iter().take(masked) {
         let Some(value) = output.value.filter(|_| output.message >= maskable_from) else {
@@ -298,9 +306,10 @@ mod tests {
         );
     }
 
-    /// The forwarded outcome of `agent(12, 600)` (about 2,900 tokens; 9 old outputs, 8 of
-    /// them maskable in blocks of 4) under `name` with a `window`-token context window, and
-    /// the summarizer calls made once background summaries have settled.
+    /// The forwarded outcome of `agent(12, 600)` (about 2,900 tokens, about 200 per output;
+    /// 9 old outputs: `mask` masks 8 in blocks of 4, `hybrid` may mask any of the 9) under
+    /// `name` with a `window`-token context window, with background summaries at 0.7 of the
+    /// trigger or none, and the summarizer calls made once background summaries have settled.
     async fn twelve_outputs(name: &str, window: usize, background: bool) -> (Outcome, usize) {
         let mut config = strategy(
             name,
@@ -319,97 +328,92 @@ mod tests {
         (outcome, fake.requests().len())
     }
 
+    fn masked(outcome: &Outcome) -> usize {
+        match outcome {
+            Outcome::Masked { masked, .. } => *masked,
+            other => panic!("not masked: {other:?}"),
+        }
+    }
+
     #[tokio::test]
-    async fn hybrid_masks_only_the_blocks_the_trigger_needs() {
-        // Under the trigger (a 3,500-token window triggers at 2,975): forwarded as sent.
-        let (outcome, calls) = twelve_outputs("hybrid", 3_500, false).await;
+    async fn hybrid_masks_nothing_under_the_trigger_and_steps_back_under_the_watermark() {
+        // Under the trigger (a 3,500-token window triggers at 2,975): forwarded as sent, and
+        // no summary is made ahead although the request is over the watermark (2,082): masked
+        // whole it would be under it.
+        let (outcome, calls) = twelve_outputs("hybrid", 3_500, true).await;
         assert!(matches!(outcome, Outcome::Unchanged), "{outcome:?}");
         assert_eq!(calls, 0);
-        // Over it (2,500: 2,125), one block of 4 is enough, where `mask` masks both.
-        let (outcome, calls) = twelve_outputs("hybrid", 2_500, false).await;
+        // Over it (2,500: trigger 2,125, watermark 1,487), one step masks the oldest outputs
+        // until the request is under the watermark, not just under the trigger.
+        let (outcome, calls) = twelve_outputs("hybrid", 2_500, true).await;
         let Outcome::Masked {
-            masked,
+            masked: to_watermark,
             post_tokens,
             ..
         } = outcome
         else {
             panic!("not masked: {outcome:?}");
         };
-        assert_eq!((masked, calls), (4, 0));
-        assert!(post_tokens < 2_125, "{post_tokens}");
-        let (outcome, _) = twelve_outputs("mask", 2_500, false).await;
+        assert!(post_tokens < 1_487, "{post_tokens}");
+        assert_eq!(calls, 0);
+        // Without background summaries the watermark is the trigger: fewer outputs do.
+        let (outcome, calls) = twelve_outputs("hybrid", 2_500, false).await;
+        let to_trigger = masked(&outcome);
         assert!(
-            matches!(outcome, Outcome::Masked { masked: 8, .. }),
-            "{outcome:?}"
-        );
-        // Further over (2,000: 1,700), both blocks.
-        let (outcome, calls) = twelve_outputs("hybrid", 2_000, false).await;
-        assert!(
-            matches!(outcome, Outcome::Masked { masked: 8, .. }),
-            "{outcome:?}"
+            0 < to_trigger && to_trigger < to_watermark,
+            "{to_trigger} {to_watermark}"
         );
         assert_eq!(calls, 0);
+        // `mask` masks every old output it may, in blocks, whatever the trigger.
+        let (outcome, _) = twelve_outputs("mask", 20_000, false).await;
+        assert_eq!(masked(&outcome), 8);
     }
 
     #[tokio::test]
     async fn hybrid_never_unmasks_what_an_earlier_request_of_the_conversation_masked() {
         let config = strategy("hybrid", "[models.\"gpt-4o\"]\ncontext_window = 2500\n");
         let messages = agent(12, 600);
-        // Reserving 500 output tokens lowers the trigger to 0.85 × 2,000 = 1,700: both blocks.
+        // Reserving 500 output tokens lowers the trigger to 0.85 × 2,000 = 1,700.
         let reserving = json!({"model": "gpt-4o", "max_tokens": 500, "messages": messages})
             .to_string()
             .into_bytes();
         let (c, _) = compactor(&config, FakeSummarizer::text("never"));
-        let outcome = c
+        let first = c
             .process(DialectKind::ChatCompletions, &reserving, &caller())
             .await;
-        assert!(
-            matches!(outcome, Outcome::Masked { masked: 8, .. }),
-            "{outcome:?}"
-        );
-        // The next request of the conversation reserves nothing (trigger 2,125): one block
-        // would do, but the first request's two stay masked.
+        let first = masked(&first);
+        // The next request of the conversation reserves nothing (trigger 2,125): a compactor
+        // that never saw the first masks fewer outputs, this one keeps the first's masked.
         let next = request(&messages);
-        let outcome = c
-            .process(DialectKind::ChatCompletions, &next, &caller())
-            .await;
-        assert!(
-            matches!(outcome, Outcome::Masked { masked: 8, .. }),
-            "{outcome:?}"
-        );
-        // A compactor that never saw the first request masks one block.
         let (fresh, _) = compactor(&config, FakeSummarizer::text("never"));
-        let outcome = fresh
-            .process(DialectKind::ChatCompletions, &next, &caller())
-            .await;
-        assert!(
-            matches!(outcome, Outcome::Masked { masked: 4, .. }),
-            "{outcome:?}"
+        let alone = masked(
+            &fresh
+                .process(DialectKind::ChatCompletions, &next, &caller())
+                .await,
         );
+        assert!(0 < alone && alone < first, "{alone} {first}");
+        let again = masked(
+            &c.process(DialectKind::ChatCompletions, &next, &caller())
+                .await,
+        );
+        assert_eq!(again, first);
     }
 
     #[tokio::test]
-    async fn hybrid_summarises_ahead_only_what_masking_cannot_absorb() {
-        // With a 2,500-token window the request is over the background watermark (70% of the
-        // 2,125 trigger), but masked whole (1,300) it is under it: no summary is made ahead.
-        let (outcome, calls) = twelve_outputs("hybrid", 2_500, true).await;
-        assert!(matches!(outcome, Outcome::Masked { .. }), "{outcome:?}");
-        assert_eq!(calls, 0);
-        // `summarize` makes one ahead as soon as the watermark is crossed (3,500: 2,082).
-        let (outcome, calls) = twelve_outputs("summarize", 3_500, true).await;
-        assert!(matches!(outcome, Outcome::Unchanged), "{outcome:?}");
-        assert_eq!(calls, 1);
-        // With a 2,000-token window, masked whole the request is under the trigger (1,700)
-        // but over the watermark (1,190): it is forwarded masked and a summary is made ahead.
-        let (outcome, calls) = twelve_outputs("hybrid", 2_000, true).await;
-        assert!(
-            matches!(outcome, Outcome::Masked { masked: 8, .. }),
-            "{outcome:?}"
-        );
+    async fn when_masking_cannot_reach_the_watermark_hybrid_moves_in_blocks_and_summarises_ahead() {
+        // 1,600 tokens: trigger 1,360, watermark 952. Masked whole (about 1,100) the request is
+        // under the trigger but not the watermark: masking moves by whole blocks (8 of the 9
+        // old outputs, in blocks of 4), and a summary is made ahead.
+        let (outcome, calls) = twelve_outputs("hybrid", 1_600, true).await;
+        assert_eq!(masked(&outcome), 8);
         assert!(
             calls > 0,
             "a summary is made ahead (in as many attempts as it takes)"
         );
+        // `summarize` makes one ahead as soon as the watermark is crossed.
+        let (outcome, calls) = twelve_outputs("summarize", 3_500, true).await;
+        assert!(matches!(outcome, Outcome::Unchanged), "{outcome:?}");
+        assert_eq!(calls, 1);
     }
 
     #[tokio::test]
@@ -495,8 +499,8 @@ mod tests {
             )
             .await;
         assert!(matches!(outcome, Outcome::Rewritten { .. }), "{outcome:?}");
-        // Longer, the masked request is over too: one summary, and its tail is masked by the
-        // same rule, counted from the first message after the summary.
+        // Longer, the masked request is over too: one summary. Its tail is masked by the same
+        // rule, counted from the first message after the summary: under the trigger, nothing.
         let outcome = c
             .process(
                 DialectKind::ChatCompletions,
@@ -518,7 +522,9 @@ mod tests {
                     .is_some_and(|t| t.starts_with("[output masked by compactor: "))
             })
             .count();
-        assert_eq!(masked, tail_outputs.saturating_sub(3) / 4 * 4, "{sent:?}");
+        assert!(tail_outputs > 0, "{sent:?}");
+        assert_eq!(masked, 0, "{sent:?}");
+        assert!(result.post_tokens < 1_700, "{}", result.post_tokens);
         let scanned = DialectKind::ChatCompletions
             .scan(&body, &crate::estimate::LazyEstimator::default())
             .expect("scan");

@@ -27,8 +27,8 @@ use compactor_plugin_api::BoxFuture;
 use super::breaker::Breaker;
 use super::hash::{ChainHash, TenantId};
 use super::store::{
-    unix_now, Checkpoint, LatestRequest, MaskFloor, SessionInfo, SessionStore, StoreError,
-    StoreLimits, StoreStats, SESSION_OVERHEAD_BYTES,
+    unix_now, Checkpoint, LatestRequest, MaskFloor, MaskNeed, SessionInfo, SessionStore,
+    StoreError, StoreLimits, StoreStats, SESSION_OVERHEAD_BYTES,
 };
 use super::windows::LearnedWindows;
 use crate::compaction::models::LearnedWindow;
@@ -321,16 +321,16 @@ impl SessionStore for MemoryStore {
         tenant: TenantId,
         id: &'a str,
         covered: usize,
-        masked: usize,
+        need: MaskNeed,
     ) -> BoxFuture<'a, Result<usize, StoreError>> {
         let mut inner = self.fresh();
         let answer = match inner.sessions.get_mut(&SessionKey::new(tenant, id)) {
             Some(entry) => {
-                let (floor, answer) = MaskFloor::raise(entry.mask_floor, covered, masked);
+                let (floor, answer) = MaskFloor::raise(entry.mask_floor, covered, need);
                 entry.mask_floor = Some(floor);
                 answer
             }
-            None => masked,
+            None => need.enough,
         };
         Box::pin(std::future::ready(Ok(answer)))
     }

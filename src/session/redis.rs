@@ -51,7 +51,7 @@ use super::breaker::{BreakerState, SESSION_BREAKER_THRESHOLD};
 use super::hash::{ChainHash, TenantId};
 use super::memory::{MemoryStore, MAX_CHECKPOINTS_PER_SESSION};
 use super::store::{
-    unix_now, Checkpoint, Claim, LatestRequest, Lease, SessionInfo, SessionStore, Staged,
+    unix_now, Checkpoint, Claim, LatestRequest, Lease, MaskNeed, SessionInfo, SessionStore, Staged,
     StoreError, StoreHealth, StoreStats,
 };
 use super::windows::MAX_LEARNED_WINDOWS;
@@ -374,23 +374,22 @@ impl Scripts {
                 end
                 return 0",
             ),
-            // `MaskFloor::raise` on the session's floor. KEYS: floor. ARGV: covered, masked,
-            // ttl (ms). Returns how many to mask.
+            // `MaskFloor::raise` on the session's floor. KEYS: floor. ARGV: covered, enough,
+            // step, ttl (ms). Returns how many to mask.
             floor: Script::new(
                 r"
                 local covered = tonumber(ARGV[1])
-                local masked = tonumber(ARGV[2])
+                local enough = tonumber(ARGV[2])
                 local stored = redis.call('HMGET', KEYS[1], 'covered', 'masked')
                 local c = tonumber(stored[1] or '-1')
                 local m = tonumber(stored[2] or '0')
-                if covered < c then return masked end
-                if covered == c and m >= masked then
-                    redis.call('PEXPIRE', KEYS[1], ARGV[3])
-                    return m
-                end
-                redis.call('HSET', KEYS[1], 'covered', covered, 'masked', masked)
-                redis.call('PEXPIRE', KEYS[1], ARGV[3])
-                return masked",
+                if covered < c then return enough end
+                if covered > c then m = 0 end
+                local step = tonumber(ARGV[3])
+                if m < enough and step >= enough then m = step end
+                redis.call('HSET', KEYS[1], 'covered', covered, 'masked', m)
+                redis.call('PEXPIRE', KEYS[1], ARGV[4])
+                return m",
             ),
             // KEYS: lock. ARGV: token.
             release: Script::new(
@@ -836,13 +835,17 @@ impl Shared {
         tenant: TenantId,
         id: &str,
         covered: usize,
-        masked: usize,
+        need: MaskNeed,
     ) -> Option<usize> {
         let mut invocation = self
             .scripts
             .floor
             .key(self.tenant_key(tenant, &format!("m:{}", sid(id))));
-        invocation.arg(covered).arg(masked).arg(self.ttl_ms());
+        invocation
+            .arg(covered)
+            .arg(need.enough)
+            .arg(need.step)
+            .arg(self.ttl_ms());
         let mut conn = self.conn()?;
         let answer: u64 = self
             .call(StoreOp::MaskFloor, invocation.invoke_async(&mut conn))
@@ -1277,20 +1280,20 @@ impl SessionStore for RedisStore {
         tenant: TenantId,
         id: &'a str,
         covered: usize,
-        masked: usize,
+        need: MaskNeed,
     ) -> BoxFuture<'a, Result<usize, StoreError>> {
         Box::pin(async move {
-            // This replica's floor first, so a floor raised here while Redis was away is
-            // carried into the shared one.
+            // The shared floor decides; this replica's own keeps up for when Redis is away
+            // (after an outage the two may differ, and a replica's masking moves once).
             let local = self
                 .shared
                 .local
-                .raise_mask_floor(tenant, id, covered, masked)
+                .raise_mask_floor(tenant, id, covered, need)
                 .await
-                .unwrap_or(masked);
+                .unwrap_or(need.enough);
             Ok(self
                 .shared
-                .raise_floor(tenant, id, covered, local)
+                .raise_floor(tenant, id, covered, need)
                 .await
                 .unwrap_or(local))
         })

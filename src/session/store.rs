@@ -285,18 +285,38 @@ pub struct MaskFloor {
     pub masked: usize,
 }
 
+/// What one `hybrid` request needs masked, in leading maskable outputs: `enough` to be
+/// under its trigger (0: it is), and `step`, how far masking moves when the floor falls short
+/// of that: back under the background watermark, so a step frees a share of the window, the
+/// next one is many requests away and the prompt cache holds in between. A `step` short of
+/// `enough` (masking everything cannot buy that headroom) leaves the floor where it is, and
+/// the request over its trigger.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MaskNeed {
+    /// Outputs that bring the request under its trigger.
+    pub enough: usize,
+    /// Outputs masked when the floor falls short of `enough` (if at least `enough`).
+    pub step: usize,
+}
+
 impl MaskFloor {
-    /// A request of the conversation starting after `covered` messages needs its first
-    /// `masked` maskable outputs masked: answers the floor to keep and how many to mask. A
-    /// newer summary (a larger `covered`) starts a new floor; a request behind the stored one
-    /// (an older branch of the conversation) neither reads nor moves it. The Redis store's
-    /// script does the same.
-    pub fn raise(stored: Option<MaskFloor>, covered: usize, masked: usize) -> (MaskFloor, usize) {
-        match stored {
-            Some(s) if covered < s.covered => (s, masked),
-            Some(s) if covered == s.covered && s.masked >= masked => (s, s.masked),
-            _ => (MaskFloor { covered, masked }, masked),
-        }
+    /// A request of the conversation starting after `covered` messages needs `need`: answers
+    /// the floor to keep and how many outputs to mask. The floor stays while it is enough and
+    /// moves by a whole step when it is not. A newer summary (a larger `covered`) starts a
+    /// new floor; a request behind the stored one (an older branch of the conversation)
+    /// masks what it needs and leaves the floor alone. The Redis store's script does the same.
+    pub fn raise(stored: Option<MaskFloor>, covered: usize, need: MaskNeed) -> (MaskFloor, usize) {
+        let floor = match stored {
+            Some(s) if covered < s.covered => return (s, need.enough),
+            Some(s) if covered == s.covered => s.masked,
+            _ => 0,
+        };
+        let masked = if floor < need.enough && need.step >= need.enough {
+            need.step
+        } else {
+            floor
+        };
+        (MaskFloor { covered, masked }, masked)
     }
 }
 
@@ -403,14 +423,14 @@ pub trait SessionStore: Send + Sync {
     fn learned_windows(&self) -> BoxFuture<'_, Result<Vec<(String, LearnedWindow)>, StoreError>>;
 
     /// Raises the mask floor of session `(tenant, id)` ([`MaskFloor::raise`]) for a request
-    /// that needs its first `masked` maskable outputs after the first `covered` messages
-    /// masked, and answers how many to mask. An unknown session answers `masked`.
+    /// that needs `need` of its maskable outputs after the first `covered` messages masked,
+    /// and answers how many to mask. An unknown session answers `need.enough`.
     fn raise_mask_floor<'a>(
         &'a self,
         tenant: TenantId,
         id: &'a str,
         covered: usize,
-        masked: usize,
+        need: MaskNeed,
     ) -> BoxFuture<'a, Result<usize, StoreError>>;
 
     /// Claims the compaction of the first `covered` messages' successor for session
@@ -503,61 +523,27 @@ mod tests {
     }
 
     #[test]
-    fn a_mask_floor_only_rises_within_one_start_and_restarts_after_a_newer_summary() {
-        let raise = |stored, covered, masked| MaskFloor::raise(stored, covered, masked);
-        let floor = |covered, masked| Some(MaskFloor { covered, masked });
-        assert_eq!(
-            raise(None, 0, 4),
-            (
-                MaskFloor {
-                    covered: 0,
-                    masked: 4
-                },
-                4
-            )
-        );
-        // A lower need reads the stored floor; a higher one raises it.
-        assert_eq!(
-            raise(floor(0, 8), 0, 4),
-            (
-                MaskFloor {
-                    covered: 0,
-                    masked: 8
-                },
-                8
-            )
-        );
-        assert_eq!(
-            raise(floor(0, 8), 0, 12),
-            (
-                MaskFloor {
-                    covered: 0,
-                    masked: 12
-                },
-                12
-            )
-        );
+    fn a_mask_floor_moves_by_whole_steps_and_restarts_after_a_newer_summary() {
+        let need = |enough, step| MaskNeed { enough, step };
+        let floor = |covered, masked| MaskFloor { covered, masked };
+        let raise = MaskFloor::raise;
+        assert_eq!(raise(None, 0, need(0, 0)), (floor(0, 0), 0));
+        // Over the trigger, masking moves a whole step.
+        assert_eq!(raise(None, 0, need(2, 6)), (floor(0, 6), 6));
+        // While the floor is enough it stays, however much a step would be.
+        assert_eq!(raise(Some(floor(0, 6)), 0, need(0, 0)), (floor(0, 6), 6));
+        assert_eq!(raise(Some(floor(0, 6)), 0, need(6, 9)), (floor(0, 6), 6));
+        // When it is not, it moves by the next step.
+        assert_eq!(raise(Some(floor(0, 6)), 0, need(7, 11)), (floor(0, 11), 11));
         // A newer summary starts over, even from nothing masked.
+        assert_eq!(raise(Some(floor(0, 11)), 20, need(0, 0)), (floor(20, 0), 0));
+        // A step that cannot reach `enough` is not taken.
         assert_eq!(
-            raise(floor(0, 8), 20, 0),
-            (
-                MaskFloor {
-                    covered: 20,
-                    masked: 0
-                },
-                0
-            )
+            raise(Some(floor(0, 11)), 0, need(13, 0)),
+            (floor(0, 11), 11)
         );
+        assert_eq!(raise(None, 0, need(3, 0)), (floor(0, 0), 0));
         // An older branch masks what it needs and leaves the floor alone.
-        assert_eq!(
-            raise(floor(20, 4), 0, 0),
-            (
-                MaskFloor {
-                    covered: 20,
-                    masked: 4
-                },
-                0
-            )
-        );
+        assert_eq!(raise(Some(floor(20, 4)), 0, need(1, 5)), (floor(20, 4), 1));
     }
 }
