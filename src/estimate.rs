@@ -32,6 +32,8 @@
 //! bytes (a UTF-8 character is counted at its first byte; the first byte says whether it is
 //! CJK), counted in byte lanes that vectorise.
 
+use crate::dialect::split::quote_or_backslash;
+
 /// The default rate: tokens per character at the base weight of 25 hundredths (what English
 /// was once estimated at, four characters per token). [`LazyEstimator::new`] takes a rate
 /// relative to it, so every class weight scales together.
@@ -184,6 +186,13 @@ struct Escapes {
 }
 
 impl Escapes {
+    fn add(&mut self, other: &Escapes) {
+        self.newlines += other.newlines;
+        self.blanks += other.blanks;
+        self.controls += other.controls;
+        self.other += other.other;
+    }
+
     /// Counts the pairs of `bytes` in one pass: each byte is tested with the byte before it,
     /// so the loop vectorises as [`Classes::of`] does. Tool output holds an escape every few
     /// dozen bytes, where finding them one by one costs more than the bytes between them.
@@ -191,24 +200,39 @@ impl Escapes {
         let mut total = Escapes::default();
         let seconds = bytes.get(1..).unwrap_or_default();
         for (chunk, before) in seconds.chunks(CHUNK).zip(bytes.chunks(CHUNK)) {
-            let (mut newlines, mut blanks, mut controls, mut other) = (0u8, 0u8, 0u8, 0u8);
-            for (&b, &p) in chunk.iter().zip(before) {
-                let escaped = u8::from(p == b'\\');
-                let newline = u8::from(b == b'n') | u8::from(b == b'r');
-                let blank = u8::from(b == b't');
-                let control = u8::from(b == b'b') | u8::from(b == b'f');
-                let symbol = u8::from(b == b'"') | u8::from(b == b'/');
-                newlines += escaped & newline;
-                blanks += escaped & blank;
-                controls += escaped & control;
-                other += escaped & !(newline | blank | control | symbol) & 1;
-            }
-            total.newlines += usize::from(newlines);
-            total.blanks += usize::from(blanks);
-            total.controls += usize::from(controls);
-            total.other += usize::from(other);
+            total.add(&Escapes::pairs(chunk, before).0);
         }
         total
+    }
+
+    /// The pairs of one chunk (at most [`CHUNK`] bytes), `before` holding the byte before
+    /// each, and how many of its bytes stop [`json_literal_weight`]'s pass: a quote not after
+    /// a backslash (the closing quote, or one after an escaped backslash) or a control
+    /// character.
+    #[inline(always)]
+    fn pairs(chunk: &[u8], before: &[u8]) -> (Escapes, u8) {
+        let (mut newlines, mut blanks, mut controls, mut other) = (0u8, 0u8, 0u8, 0u8);
+        let mut stops = 0u8;
+        for (&b, &p) in chunk.iter().zip(before) {
+            let escaped = u8::from(p == b'\\');
+            let newline = u8::from(b == b'n') | u8::from(b == b'r');
+            let blank = u8::from(b == b't');
+            let control = u8::from(b == b'b') | u8::from(b == b'f');
+            let quote = u8::from(b == b'"');
+            let symbol = quote | u8::from(b == b'/');
+            newlines += escaped & newline;
+            blanks += escaped & blank;
+            controls += escaped & control;
+            other += escaped & !(newline | blank | control | symbol) & 1;
+            stops += (quote & !escaped & 1) | u8::from(b < 0x20);
+        }
+        let escapes = Escapes {
+            newlines: usize::from(newlines),
+            blanks: usize::from(blanks),
+            controls: usize::from(controls),
+            other: usize::from(other),
+        };
+        (escapes, stops)
     }
 }
 
@@ -268,6 +292,27 @@ impl Classes {
         total
     }
 
+    /// The counts of a literal's text from those of its raw bytes and its escapes, when every
+    /// backslash starts one of them.
+    fn unescaped(mut self, escapes: &Escapes) -> Classes {
+        self.ascii -= self.backslashes;
+        self.letters -= escapes.newlines + escapes.blanks + escapes.controls;
+        self.newlines += escapes.newlines;
+        self.blanks += escapes.blanks;
+        self
+    }
+
+    fn add(&mut self, other: &Classes) {
+        self.letters += other.letters;
+        self.blanks += other.blanks;
+        self.newlines += other.newlines;
+        self.digits += other.digits;
+        self.ascii += other.ascii;
+        self.non_ascii += other.non_ascii;
+        self.cjk += other.cjk;
+        self.backslashes += other.backslashes;
+    }
+
     /// The weighted sum of the classes.
     fn weight(&self) -> usize {
         let symbols = self.ascii - self.letters - self.blanks - self.newlines - self.digits;
@@ -302,11 +347,7 @@ pub fn json_string_weight(raw: &str) -> Option<usize> {
     let escapes = Escapes::of(inner);
     if escapes.other == 0 && inner.last() != Some(&b'\\') {
         // No backslash is escaped, so each one starts an escape counted by its second byte.
-        classes.ascii -= classes.backslashes;
-        classes.letters -= escapes.newlines + escapes.blanks + escapes.controls;
-        classes.newlines += escapes.newlines;
-        classes.blanks += escapes.blanks;
-        return Some(classes.weight());
+        return Some(classes.unescaped(&escapes).weight());
     }
     // An escaped backslash (after which a backslash no longer always starts an escape), a
     // `\u`, an invalid escape or a backslash escaping the closing quote: escape by escape.
@@ -335,6 +376,107 @@ pub fn json_string_weight(raw: &str) -> Option<usize> {
         at = escape + 2;
     }
     Some(classes.weight())
+}
+
+/// The length and weight of the JSON string literal at the start of `text` (its opening
+/// quote), found in one pass: the pass that counts the classes and the escapes also looks for
+/// the closing quote, so a caller reading a body by hand need not find the literal's end first
+/// (a second pass over the bytes, stopping at every escape). The weight is
+/// [`json_string_weight`]'s.
+///
+/// `None` for anything but a literal whose escapes are all of one character (`\n`, `\"`,
+/// ...) and which holds no control character: a `\u` escape, an invalid escape, a raw control
+/// character (invalid JSON), no closing quote. The caller reads those the slow way, which
+/// either decodes them or says what is wrong.
+pub fn json_literal_weight(text: &[u8]) -> Option<(usize, usize)> {
+    if text.first() != Some(&b'"') {
+        return None;
+    }
+    let inside = text.get(1..)?;
+    let first = quote_or_backslash(inside)?;
+    if inside.get(first) == Some(&b'"') {
+        // No escape (most short strings, and plain text): the closing quote is the first.
+        let inner = inside.get(..first)?;
+        if inner.iter().fold(0xff, |min: u8, &b| min.min(b)) < 0x20 {
+            return None;
+        }
+        return Some((first + 2, Classes::of(inner).weight()));
+    }
+    let mut classes = Classes::default();
+    let mut escapes = Escapes::default();
+    // Chunks of the inside whose pairs (each byte with the one before it) are all plain: no
+    // closing quote, no control character, no escape of more than one byte, no escaped
+    // backslash (after which a backslash would not start an escape).
+    let mut start = 1;
+    while let (Some(chunk), Some(before)) = (
+        text.get(start..start + CHUNK),
+        text.get(start - 1..start - 1 + CHUNK),
+    ) {
+        // Most chunks of most text hold no quote, backslash or control character: then the
+        // classes are all there is to count.
+        let special = chunk.iter().fold(0u8, |any, &b| {
+            any | u8::from(b == b'"') | u8::from(b == b'\\') | u8::from(b < 0x20)
+        });
+        // (A backslash just before the chunk escapes its first byte, whatever that is.)
+        if special != 0 || before.first() == Some(&b'\\') {
+            let (e, stops) = Escapes::pairs(chunk, before);
+            if stops > 0 || e.other > 0 {
+                break;
+            }
+            escapes.add(&e);
+        }
+        classes.add(&if chunk.is_ascii() {
+            Classes::count::<true>(chunk)
+        } else {
+            Classes::count::<false>(chunk)
+        });
+        start += CHUNK;
+    }
+    // The rest, escape by escape up to the closing quote. A backslash before `start` starts
+    // an escape: no backslash before it is escaped.
+    let mut escaped = text.get(start - 1) == Some(&b'\\') && start > 1;
+    let mut end = start;
+    let mut simple = true;
+    let mut any_escape = escaped;
+    loop {
+        if std::mem::take(&mut escaped) {
+            match *text.get(end)? {
+                b'"' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => {}
+                b'\\' => simple = false,
+                _ => return None,
+            }
+            end += 1;
+        }
+        end += quote_or_backslash(text.get(end..)?)?;
+        if text.get(end) == Some(&b'"') {
+            break;
+        }
+        escaped = true;
+        any_escape = true;
+        end += 1;
+    }
+    let len = end + 1;
+    // Control characters are not JSON (the chunks above had none).
+    if text
+        .get(start..end)?
+        .iter()
+        .fold(0xff, |min: u8, &b| min.min(b))
+        < 0x20
+    {
+        return None;
+    }
+    if !simple {
+        // An escaped backslash: escape by escape.
+        return json_string_weight(std::str::from_utf8(text.get(..len)?).ok()?).map(|w| (len, w));
+    }
+    let rest = text.get(start..end)?;
+    classes.add(&Classes::of(rest));
+    if any_escape {
+        // From the byte before `start`: the pair it makes with the first byte of the rest may
+        // be an escape (with the opening quote it is none).
+        escapes.add(&Escapes::of(text.get(start - 1..end)?));
+    }
+    Some((len, classes.unescaped(&escapes).weight()))
 }
 
 /// The weight of JSON text as the model reads it. JSON is mostly read as sent, escapes and all
@@ -470,6 +612,11 @@ mod tests {
                 raw = raw.replace('/', "\\/");
             }
             proptest::prop_assert_eq!(json_string_weight(&raw), Some(text_weight(&text)));
+            let body = format!("{raw},\"k\":\"\\\"\"}}");
+            proptest::prop_assert_eq!(
+                json_literal_weight(body.as_bytes()),
+                Some((raw.len(), text_weight(&text)))
+            );
             // The pair counts are exact only without escaped backslashes.
             let inner = &raw.as_bytes()[1..raw.len() - 1];
             let walked = Escapes::of(inner);
@@ -480,6 +627,60 @@ mod tests {
                 proptest::prop_assert_eq!(walked.controls, escaped('\u{8}') + escaped('\u{c}'));
                 proptest::prop_assert_eq!(walked.other, 0);
             }
+        }
+    }
+
+    #[test]
+    fn literals_are_found_and_weighed_in_one_pass() {
+        let heavy = "let s = \"a\\tb\";\n\té 日 /x/ \u{8}".repeat(40);
+        let late = format!("{}\\\"end", "\"q\"\n".repeat(100));
+        for text in [
+            "",
+            "plain words",
+            "quotes \" and \\ backslashes \\\" and / slashes",
+            "ends with a backslash \\",
+            "\\",
+            heavy.as_str(),
+            late.as_str(),
+            &"x".repeat(500),
+        ] {
+            let raw = serde_json::to_string(text).expect("literal");
+            for after in ["", "}", ",\"k\":\"v\"}]", "  \"next\\\" \\"] {
+                let body = format!("{raw}{after}");
+                assert_eq!(
+                    json_literal_weight(body.as_bytes()),
+                    Some((raw.len(), text_weight(text))),
+                    "{body}"
+                );
+            }
+        }
+        // An escape at every offset around the end of the first chunks, the chunks after it
+        // free of anything special.
+        for at in CHUNK - 4..CHUNK + 4 {
+            for escape in ["\\n", "\\t", "\\\"", "\\f"] {
+                let raw = format!(
+                    "\"{}{escape}{}\"",
+                    "a".repeat(at - 1),
+                    "b".repeat(2 * CHUNK)
+                );
+                let text: String = serde_json::from_str(&raw).expect("literal");
+                let weight = json_literal_weight(raw.as_bytes());
+                assert_eq!(weight, Some((raw.len(), text_weight(&text))), "{at}");
+                let unicode = raw.replace(escape, "\\u0041");
+                assert_eq!(json_literal_weight(unicode.as_bytes()), None, "{at}");
+            }
+        }
+        for bad in [
+            "x",
+            "\"open",
+            "\"open \\\"",
+            "\"\\u00e9\"",
+            "\"\\x\"",
+            "\"raw \u{1} control\"",
+            &format!("\"{}\\u0041\"", "\\n".repeat(200)),
+            &format!("\"{}\u{1f}\"", "\\n".repeat(200)),
+        ] {
+            assert_eq!(json_literal_weight(bad.as_bytes()), None, "{bad}");
         }
     }
 

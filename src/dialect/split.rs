@@ -71,6 +71,17 @@ pub(crate) fn object_fields<'a>(
 pub(crate) fn read_array<'a, T: serde::Deserialize<'a>>(
     text: &'a str,
 ) -> Result<(Option<(Vec<&'a str>, Vec<T>)>, usize), DialectError> {
+    read_array_with(text, |_| None)
+}
+
+/// [`read_array`] with a faster reader for the common shape of element: `fast` answers an
+/// element's value and length, or `None` to leave it to serde, which then reads the element
+/// from its start (so whatever `fast` refuses, every error included, is serde's to answer).
+#[allow(clippy::type_complexity)]
+pub(crate) fn read_array_with<'a, T: serde::Deserialize<'a>>(
+    text: &'a str,
+    mut fast: impl FnMut(&'a str) -> Option<(T, usize)>,
+) -> Result<(Option<(Vec<&'a str>, Vec<T>)>, usize), DialectError> {
     let b = text.as_bytes();
     if b.starts_with(b"null") {
         return Ok((None, 4));
@@ -84,10 +95,19 @@ pub(crate) fn read_array<'a, T: serde::Deserialize<'a>>(
     }
     loop {
         let rest = text.get(i..).ok_or_else(|| malformed(i))?;
-        let mut stream = serde_json::Deserializer::from_str(rest).into_iter::<T>();
-        values.push(stream.next().ok_or_else(|| malformed(i))??);
-        // The stream stops right after the element: it looks no further than a delimiter.
-        let len = stream.byte_offset();
+        let len = match fast(rest) {
+            Some((value, len)) => {
+                values.push(value);
+                len
+            }
+            None => {
+                let mut stream = serde_json::Deserializer::from_str(rest).into_iter::<T>();
+                values.push(stream.next().ok_or_else(|| malformed(i))??);
+                // The stream stops right after the element: it looks no further than a
+                // delimiter.
+                stream.byte_offset()
+            }
+        };
         elements.push(slice(text, i, i + len)?);
         i = skip_ws(b, i + len);
         match b.get(i) {
@@ -126,6 +146,14 @@ pub(crate) fn decode<T: serde::de::DeserializeOwned>(
         .map(serde_json::from_str)
         .transpose()
         .map_err(DialectError::from)
+}
+
+/// The JSON value at the start of `text` decoded as `T`, and the bytes it takes; `None` when it
+/// is not one (what serde would say is the caller's to find out).
+pub(crate) fn value<'a, T: serde::Deserialize<'a>>(text: &'a str) -> Option<(T, usize)> {
+    let mut stream = serde_json::Deserializer::from_str(text).into_iter::<T>();
+    let value = stream.next()?.ok()?;
+    Some((value, stream.byte_offset()))
 }
 
 /// How many bytes the JSON value at the start of `text` takes (not validated).
@@ -170,7 +198,7 @@ fn end(b: &[u8], i: usize) -> Result<(), DialectError> {
     }
 }
 
-fn skip_ws(b: &[u8], mut i: usize) -> usize {
+pub(crate) fn skip_ws(b: &[u8], mut i: usize) -> usize {
     while matches!(b.get(i), Some(b' ' | b'\n' | b'\r' | b'\t')) {
         i += 1;
     }
