@@ -32,8 +32,6 @@
 //! bytes (a UTF-8 character is counted at its first byte; the first byte says whether it is
 //! CJK), counted in byte lanes that vectorise.
 
-use crate::dialect::split::quote_or_backslash;
-
 /// The default rate: tokens per character at the base weight of 25 hundredths (what English
 /// was once estimated at, four characters per token). [`LazyEstimator::new`] takes a rate
 /// relative to it, so every class weight scales together.
@@ -477,6 +475,38 @@ pub fn json_literal_weight(text: &[u8]) -> Option<(usize, usize)> {
         escapes.add(&Escapes::of(text.get(start - 1..end)?));
     }
     Some((len, classes.unescaped(&escapes).weight()))
+}
+
+/// The index of the first `"` or `\\` in `b`.
+///
+/// Tool output is dense with escapes (a `\n` or `\"` every few dozen bytes), so the search is
+/// a word at a time rather than a vector search with its set-up cost per call.
+pub(crate) fn quote_or_backslash(b: &[u8]) -> Option<usize> {
+    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+    const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
+    const QUOTES: u64 = u64::from_ne_bytes([b'"'; 8]);
+    const BACKSLASHES: u64 = u64::from_ne_bytes([b'\\'; 8]);
+    let mut chunks = b.chunks_exact(8);
+    let mut i = 0;
+    for chunk in chunks.by_ref() {
+        let Ok(bytes) = <[u8; 8]>::try_from(chunk) else {
+            break;
+        };
+        let word = u64::from_le_bytes(bytes);
+        let (q, s) = (word ^ QUOTES, word ^ BACKSLASHES);
+        // The lowest byte that is zero in `q` or `s` sets its high bit here (bytes above it
+        // may be false positives; only the lowest is used).
+        let hits = (q.wrapping_sub(ONES) & !q | s.wrapping_sub(ONES) & !s) & HIGHS;
+        if hits != 0 {
+            return Some(i + (hits.trailing_zeros() / 8) as usize);
+        }
+        i += 8;
+    }
+    chunks
+        .remainder()
+        .iter()
+        .position(|c| matches!(c, b'"' | b'\\'))
+        .map(|at| i + at)
 }
 
 /// The weight of JSON text as the model reads it. JSON is mostly read as sent, escapes and all

@@ -12,7 +12,8 @@
 //! `input` object) counted as the JSON text sent, `\uXXXX` escapes of non-ASCII characters
 //! aside ([`crate::estimate::json_weight`]). Keys are classified and strings counted as
 //! serde_json hands them over: nothing is allocated or copied, except a raw value holding
-//! `\u` escapes, written once without them.
+//! `\u` escapes, written once without them. The common shapes are read by hand first (the
+//! fast path at the end), which counts the same and leaves everything else to serde.
 
 use std::fmt;
 
@@ -21,8 +22,10 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use super::split::{quote_or_backslash, skip_ws, value};
-use crate::estimate::{json_literal_weight, json_string_weight, json_weight, text_weight, Counts};
+use super::split::{skip_ws, value};
+use crate::estimate::{
+    json_literal_weight, json_string_weight, json_weight, quote_or_backslash, text_weight, Counts,
+};
 
 /// The [`Visitor`] methods for the JSON scalars the model does not read (booleans, numbers,
 /// `null`): each answers `$value`. Strings, arrays and objects stay with each visitor.
