@@ -146,8 +146,10 @@ impl LazyEstimator {
 }
 
 /// Bytes per chunk counted in byte lanes: a lane counts at most one per byte, so a `u8` cannot
-/// overflow.
-const CHUNK: usize = 64;
+/// overflow up to 255. Each chunk ends by widening every counter, which at 64 bytes cost a
+/// quarter of the count; at 192 it is a few percent (instructions counted under callgrind).
+const CHUNK: usize = 192;
+const _: () = assert!(CHUNK <= u8::MAX as usize);
 
 /// Characters of each class in a text (see the module documentation for the classes).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -165,6 +167,71 @@ struct Classes {
     /// Backslashes (symbols; counted so a JSON string literal free of escapes is known
     /// without another pass).
     backslashes: usize,
+}
+
+/// The backslash pairs of the inside of a JSON string literal, by what an escape with that
+/// second byte stands for. They are its escapes when no backslash is escaped (`other` is 0).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Escapes {
+    /// `\n` and `\r`: a line break in the text, a letter in the raw bytes.
+    newlines: usize,
+    /// `\t`: a blank in the text, a letter in the raw bytes.
+    blanks: usize,
+    /// `\b` and `\f`: a control character (a symbol) in the text, a letter in the raw bytes.
+    controls: usize,
+    /// Any other pair but `\"` and `\/` (symbols either way): `\\`, `\u`, invalid ones.
+    other: usize,
+}
+
+impl Escapes {
+    fn add(&mut self, other: &Escapes) {
+        self.newlines += other.newlines;
+        self.blanks += other.blanks;
+        self.controls += other.controls;
+        self.other += other.other;
+    }
+
+    /// Counts the pairs of `bytes` in one pass: each byte is tested with the byte before it,
+    /// so the loop vectorises as [`Classes::of`] does. Tool output holds an escape every few
+    /// dozen bytes, where finding them one by one costs more than the bytes between them.
+    fn of(bytes: &[u8]) -> Escapes {
+        let mut total = Escapes::default();
+        let seconds = bytes.get(1..).unwrap_or_default();
+        for (chunk, before) in seconds.chunks(CHUNK).zip(bytes.chunks(CHUNK)) {
+            total.add(&Escapes::pairs(chunk, before).0);
+        }
+        total
+    }
+
+    /// The pairs of one chunk (at most [`CHUNK`] bytes), `before` holding the byte before
+    /// each, and how many of its bytes stop [`json_literal_weight`]'s pass: a quote not after
+    /// a backslash (the closing quote, or one after an escaped backslash) or a control
+    /// character.
+    #[inline(always)]
+    fn pairs(chunk: &[u8], before: &[u8]) -> (Escapes, u8) {
+        let (mut newlines, mut blanks, mut controls, mut other) = (0u8, 0u8, 0u8, 0u8);
+        let mut stops = 0u8;
+        for (&b, &p) in chunk.iter().zip(before) {
+            let escaped = u8::from(p == b'\\');
+            let newline = u8::from(b == b'n') | u8::from(b == b'r');
+            let blank = u8::from(b == b't');
+            let control = u8::from(b == b'b') | u8::from(b == b'f');
+            let quote = u8::from(b == b'"');
+            let symbol = quote | u8::from(b == b'/');
+            newlines += escaped & newline;
+            blanks += escaped & blank;
+            controls += escaped & control;
+            other += escaped & !(newline | blank | control | symbol) & 1;
+            stops += (quote & !escaped & 1) | u8::from(b < 0x20);
+        }
+        let escapes = Escapes {
+            newlines: usize::from(newlines),
+            blanks: usize::from(blanks),
+            controls: usize::from(controls),
+            other: usize::from(other),
+        };
+        (escapes, stops)
+    }
 }
 
 impl Classes {
@@ -223,6 +290,27 @@ impl Classes {
         total
     }
 
+    /// The counts of a literal's text from those of its raw bytes and its escapes, when every
+    /// backslash starts one of them.
+    fn unescaped(mut self, escapes: &Escapes) -> Classes {
+        self.ascii -= self.backslashes;
+        self.letters -= escapes.newlines + escapes.blanks + escapes.controls;
+        self.newlines += escapes.newlines;
+        self.blanks += escapes.blanks;
+        self
+    }
+
+    fn add(&mut self, other: &Classes) {
+        self.letters += other.letters;
+        self.blanks += other.blanks;
+        self.newlines += other.newlines;
+        self.digits += other.digits;
+        self.ascii += other.ascii;
+        self.non_ascii += other.non_ascii;
+        self.cjk += other.cjk;
+        self.backslashes += other.backslashes;
+    }
+
     /// The weighted sum of the classes.
     fn weight(&self) -> usize {
         let symbols = self.ascii - self.letters - self.blanks - self.newlines - self.digits;
@@ -254,6 +342,13 @@ pub fn json_string_weight(raw: &str) -> Option<usize> {
     if classes.backslashes == 0 {
         return Some(classes.weight());
     }
+    let escapes = Escapes::of(inner);
+    if escapes.other == 0 && inner.last() != Some(&b'\\') {
+        // No backslash is escaped, so each one starts an escape counted by its second byte.
+        return Some(classes.unescaped(&escapes).weight());
+    }
+    // An escaped backslash (after which a backslash no longer always starts an escape), a
+    // `\u`, an invalid escape or a backslash escaping the closing quote: escape by escape.
     let mut at = 0;
     while let Some(found) = memchr::memchr(b'\\', inner.get(at..)?) {
         let escape = at + found;
@@ -279,6 +374,139 @@ pub fn json_string_weight(raw: &str) -> Option<usize> {
         at = escape + 2;
     }
     Some(classes.weight())
+}
+
+/// The length and weight of the JSON string literal at the start of `text` (its opening
+/// quote), found in one pass: the pass that counts the classes and the escapes also looks for
+/// the closing quote, so a caller reading a body by hand need not find the literal's end first
+/// (a second pass over the bytes, stopping at every escape). The weight is
+/// [`json_string_weight`]'s.
+///
+/// `None` for anything but a literal whose escapes are all of one character (`\n`, `\"`,
+/// ...) and which holds no control character: a `\u` escape, an invalid escape, a raw control
+/// character (invalid JSON), no closing quote. The caller reads those the slow way, which
+/// either decodes them or says what is wrong.
+pub fn json_literal_weight(text: &[u8]) -> Option<(usize, usize)> {
+    if text.first() != Some(&b'"') {
+        return None;
+    }
+    let inside = text.get(1..)?;
+    let first = quote_or_backslash(inside)?;
+    if inside.get(first) == Some(&b'"') {
+        // No escape (most short strings, and plain text): the closing quote is the first.
+        let inner = inside.get(..first)?;
+        if inner.iter().fold(0xff, |min: u8, &b| min.min(b)) < 0x20 {
+            return None;
+        }
+        return Some((first + 2, Classes::of(inner).weight()));
+    }
+    let mut classes = Classes::default();
+    let mut escapes = Escapes::default();
+    // Chunks of the inside whose pairs (each byte with the one before it) are all plain: no
+    // closing quote, no control character, no escape of more than one byte, no escaped
+    // backslash (after which a backslash would not start an escape).
+    let mut start = 1;
+    while let (Some(chunk), Some(before)) = (
+        text.get(start..start + CHUNK),
+        text.get(start - 1..start - 1 + CHUNK),
+    ) {
+        // Most chunks of most text hold no quote, backslash or control character: then the
+        // classes are all there is to count.
+        let special = chunk.iter().fold(0u8, |any, &b| {
+            any | u8::from(b == b'"') | u8::from(b == b'\\') | u8::from(b < 0x20)
+        });
+        // (A backslash just before the chunk escapes its first byte, whatever that is.)
+        if special != 0 || before.first() == Some(&b'\\') {
+            let (e, stops) = Escapes::pairs(chunk, before);
+            if stops > 0 || e.other > 0 {
+                break;
+            }
+            escapes.add(&e);
+        }
+        classes.add(&if chunk.is_ascii() {
+            Classes::count::<true>(chunk)
+        } else {
+            Classes::count::<false>(chunk)
+        });
+        start += CHUNK;
+    }
+    // The rest, escape by escape up to the closing quote. A backslash before `start` starts
+    // an escape: no backslash before it is escaped.
+    let mut escaped = text.get(start - 1) == Some(&b'\\') && start > 1;
+    let mut end = start;
+    let mut simple = true;
+    let mut any_escape = escaped;
+    loop {
+        if std::mem::take(&mut escaped) {
+            match *text.get(end)? {
+                b'"' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => {}
+                b'\\' => simple = false,
+                _ => return None,
+            }
+            end += 1;
+        }
+        end += quote_or_backslash(text.get(end..)?)?;
+        if text.get(end) == Some(&b'"') {
+            break;
+        }
+        escaped = true;
+        any_escape = true;
+        end += 1;
+    }
+    let len = end + 1;
+    // Control characters are not JSON (the chunks above had none).
+    if text
+        .get(start..end)?
+        .iter()
+        .fold(0xff, |min: u8, &b| min.min(b))
+        < 0x20
+    {
+        return None;
+    }
+    if !simple {
+        // An escaped backslash: escape by escape.
+        return json_string_weight(std::str::from_utf8(text.get(..len)?).ok()?).map(|w| (len, w));
+    }
+    let rest = text.get(start..end)?;
+    classes.add(&Classes::of(rest));
+    if any_escape {
+        // From the byte before `start`: the pair it makes with the first byte of the rest may
+        // be an escape (with the opening quote it is none).
+        escapes.add(&Escapes::of(text.get(start - 1..end)?));
+    }
+    Some((len, classes.unescaped(&escapes).weight()))
+}
+
+/// The index of the first `"` or `\\` in `b`.
+///
+/// Tool output is dense with escapes (a `\n` or `\"` every few dozen bytes), so the search is
+/// a word at a time rather than a vector search with its set-up cost per call.
+pub(crate) fn quote_or_backslash(b: &[u8]) -> Option<usize> {
+    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+    const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
+    const QUOTES: u64 = u64::from_ne_bytes([b'"'; 8]);
+    const BACKSLASHES: u64 = u64::from_ne_bytes([b'\\'; 8]);
+    let mut chunks = b.chunks_exact(8);
+    let mut i = 0;
+    for chunk in chunks.by_ref() {
+        let Ok(bytes) = <[u8; 8]>::try_from(chunk) else {
+            break;
+        };
+        let word = u64::from_le_bytes(bytes);
+        let (q, s) = (word ^ QUOTES, word ^ BACKSLASHES);
+        // The lowest byte that is zero in `q` or `s` sets its high bit here (bytes above it
+        // may be false positives; only the lowest is used).
+        let hits = (q.wrapping_sub(ONES) & !q | s.wrapping_sub(ONES) & !s) & HIGHS;
+        if hits != 0 {
+            return Some(i + (hits.trailing_zeros() / 8) as usize);
+        }
+        i += 8;
+    }
+    chunks
+        .remainder()
+        .iter()
+        .position(|c| matches!(c, b'"' | b'\\'))
+        .map(|at| i + at)
 }
 
 /// The weight of JSON text as the model reads it. JSON is mostly read as sent, escapes and all
@@ -345,7 +573,7 @@ mod tests {
 
     #[test]
     fn the_count_crosses_chunks_at_every_offset() {
-        for prefix in 0..70 {
+        for prefix in 0..2 * CHUNK {
             let s = format!("{}{}", "a".repeat(prefix), "é日🦀x 1,\n".repeat(50));
             let expected = prefix * LETTER_WEIGHT
                 + 50 * (2 * OTHER_WEIGHT
@@ -400,6 +628,92 @@ mod tests {
         assert_eq!(count_chars(""), 0);
     }
 
+    proptest::proptest! {
+        /// Literals dense with escapes of every kind, long enough to cross chunks: the counts
+        /// by backslash pairs, the escape-by-escape walk (escaped backslashes, `\/`) and the
+        /// decoded text agree.
+        #[test]
+        fn escaped_literals_weigh_as_their_decoded_text(
+            text in "[a\\\\\"/\n\r\t\u{8}\u{c} 1é日]{0,600}",
+            slashes in proptest::bool::ANY,
+        ) {
+            let mut raw = serde_json::to_string(&text).expect("literal");
+            if slashes {
+                raw = raw.replace('/', "\\/");
+            }
+            proptest::prop_assert_eq!(json_string_weight(&raw), Some(text_weight(&text)));
+            let body = format!("{raw},\"k\":\"\\\"\"}}");
+            proptest::prop_assert_eq!(
+                json_literal_weight(body.as_bytes()),
+                Some((raw.len(), text_weight(&text)))
+            );
+            // The pair counts are exact only without escaped backslashes.
+            let inner = &raw.as_bytes()[1..raw.len() - 1];
+            let walked = Escapes::of(inner);
+            if !text.contains('\\') {
+                let escaped = |c: char| text.matches(c).count();
+                proptest::prop_assert_eq!(walked.newlines, escaped('\n') + escaped('\r'));
+                proptest::prop_assert_eq!(walked.blanks, escaped('\t'));
+                proptest::prop_assert_eq!(walked.controls, escaped('\u{8}') + escaped('\u{c}'));
+                proptest::prop_assert_eq!(walked.other, 0);
+            }
+        }
+    }
+
+    #[test]
+    fn literals_are_found_and_weighed_in_one_pass() {
+        let heavy = "let s = \"a\\tb\";\n\té 日 /x/ \u{8}".repeat(40);
+        let late = format!("{}\\\"end", "\"q\"\n".repeat(100));
+        for text in [
+            "",
+            "plain words",
+            "quotes \" and \\ backslashes \\\" and / slashes",
+            "ends with a backslash \\",
+            "\\",
+            heavy.as_str(),
+            late.as_str(),
+            &"x".repeat(500),
+        ] {
+            let raw = serde_json::to_string(text).expect("literal");
+            for after in ["", "}", ",\"k\":\"v\"}]", "  \"next\\\" \\"] {
+                let body = format!("{raw}{after}");
+                assert_eq!(
+                    json_literal_weight(body.as_bytes()),
+                    Some((raw.len(), text_weight(text))),
+                    "{body}"
+                );
+            }
+        }
+        // An escape at every offset around the end of the first chunks, the chunks after it
+        // free of anything special.
+        for at in CHUNK - 4..CHUNK + 4 {
+            for escape in ["\\n", "\\t", "\\\"", "\\f"] {
+                let raw = format!(
+                    "\"{}{escape}{}\"",
+                    "a".repeat(at - 1),
+                    "b".repeat(2 * CHUNK)
+                );
+                let text: String = serde_json::from_str(&raw).expect("literal");
+                let weight = json_literal_weight(raw.as_bytes());
+                assert_eq!(weight, Some((raw.len(), text_weight(&text))), "{at}");
+                let unicode = raw.replace(escape, "\\u0041");
+                assert_eq!(json_literal_weight(unicode.as_bytes()), None, "{at}");
+            }
+        }
+        for bad in [
+            "x",
+            "\"open",
+            "\"open \\\"",
+            "\"\\u00e9\"",
+            "\"\\x\"",
+            "\"raw \u{1} control\"",
+            &format!("\"{}\\u0041\"", "\\n".repeat(200)),
+            &format!("\"{}\u{1f}\"", "\\n".repeat(200)),
+        ] {
+            assert_eq!(json_literal_weight(bad.as_bytes()), None, "{bad}");
+        }
+    }
+
     #[test]
     fn string_literals_weigh_as_their_decoded_text() {
         for text in [
@@ -429,6 +743,13 @@ mod tests {
         );
         assert_eq!(json_string_weight("[1]"), None);
         assert_eq!(json_string_weight(r#""dangling \""#), None);
+        assert_eq!(json_string_weight(r#""dangling \\\""#), None);
+        assert_eq!(json_string_weight(r#""\x""#), None, "not an escape");
+        assert_eq!(
+            json_string_weight(r#""a\"\u0041""#),
+            None,
+            "\\u after others"
+        );
     }
 
     #[test]

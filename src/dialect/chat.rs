@@ -20,10 +20,15 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use super::json::{as_tokens, leaf_weight, skip_scalars, OneOf, StrWeightVisitor, TextWeight};
-use super::split::{decode, field, object_fields, present, read_array};
+use super::json::{
+    as_tokens, fast_object, fast_skip, fast_text, leaf_weight, skip_scalars, OneOf,
+    StrWeightVisitor, TextWeight,
+};
+use super::split::{decode, field, object_fields, present, read_array_with, value};
 use super::{DialectError, DialectKind, Scan, ScanFields};
-use crate::estimate::{json_string_weight, text_weight, Counts, LazyEstimator};
+use crate::estimate::{
+    json_literal_weight, json_string_weight, text_weight, Counts, LazyEstimator,
+};
 use crate::transcript::{Message, Part, Role, ToolCall};
 
 /// Reads a request once: its messages as raw slices of `body`, each counted (see
@@ -31,7 +36,7 @@ use crate::transcript::{Message, Part, Role, ToolCall};
 pub fn scan<'a>(body: &'a str, estimator: &LazyEstimator) -> Result<Scan<'a>, DialectError> {
     let mut conversation = None;
     let fields = object_fields(body, "messages", |rest| {
-        let (read, len) = read_array::<MessageStats>(rest)?;
+        let (read, len) = read_array_with(rest, fast_message)?;
         conversation = read;
         Ok(len)
     })?;
@@ -288,6 +293,40 @@ impl<'de> Deserialize<'de> for MessageStats {
         }
         d.deserialize_map(V)
     }
+}
+
+/// [`MessageStats`] of the message at the start of `text` and the bytes it takes, read by hand
+/// when its shape is the common one, so a string `content` (tool output, the bulk of a chat
+/// body) is found and weighed in one pass ([`json_literal_weight`]) rather than skipped by
+/// serde and then weighed. Other values are read by serde one by one, as [`MessageStats`]
+/// reads them. `None` (serde reads the whole message, and answers any error) for anything
+/// else: a key with an escape, `tool_calls` (serde bounds how deep the calls nest counting
+/// from the message, which a value read on its own would not), a `content` literal with a
+/// `\u` escape, anything malformed.
+fn fast_message(text: &str) -> Option<(MessageStats, usize)> {
+    let mut counts = Counts::default();
+    let len = fast_object(text, |key, rest| {
+        Some(match key {
+            "content" if rest.starts_with('"') => {
+                let (len, text) = json_literal_weight(rest.as_bytes())?;
+                counts.add(Counts { text, images: 0 });
+                len
+            }
+            "content" => {
+                let (content, len) = value::<ContentCounts>(rest)?;
+                counts.add(content.0);
+                len
+            }
+            "tool_calls" => return None,
+            "function_call" | "reasoning_content" | "reasoning" | "refusal" => {
+                let (weight, len) = fast_text(rest)?;
+                counts.text += weight;
+                len
+            }
+            _ => fast_skip(rest)?,
+        })
+    })?;
+    Some((MessageStats(counts), len))
 }
 
 /// `tool_calls`: the string leaves of each call's `function` (name, arguments) or `custom`
@@ -555,6 +594,52 @@ mod tests {
                                  // characters (2.88); 2 letters and a symbol.
         assert_eq!(expected - p.fixed_tokens, 1 + 2 + IMAGE_TOKENS + 6 + 3 + 1);
         assert_eq!(p.tokens, expected);
+    }
+
+    /// The hand-read common shape counts what serde counts and takes the same bytes; what it
+    /// leaves to serde, it leaves whole.
+    #[test]
+    fn the_fast_path_reads_messages_as_serde_does() {
+        let output = "fn main() { println!(\"{}\", x); } // é 日\n\tpath\\to\n".repeat(60);
+        let tool = json!({"role": "tool", "tool_call_id": "c1", "content": output}).to_string();
+        let user = json!({"role": "user", "content": "é".repeat(300)}).to_string();
+        for message in [
+            tool.as_str(),
+            user.as_str(),
+            r#"{"role":"tool","content":"line\n\"q\" / \/ \\ end"}"#,
+            r#"{ "role" : "user" ,"content" : [ {"type":"text","text":"hi"},{"type":"image_url","image_url":{}} ] }"#,
+            r#"{"role":"assistant","content":null,"reasoning_content":"why","refusal":"no",
+                "function_call":{"name":"f","arguments":"{\"a\":1}"},"x":[1,{"a":true}],"n":-1.5e3}"#,
+            r#"{"role":"assistant","reasoning":{"summary":"abcd"},"content":"\u00e9t\u00e9"}"#,
+            r#"{"content":"a","content":"b"}"#,
+            "{}",
+        ] {
+            let expected: MessageStats = serde_json::from_str(message).expect("serde reads it");
+            for after in ["", ",{\"role\":\"user\"}]"] {
+                let text = format!("{message}{after}");
+                match fast_message(&text) {
+                    Some((stats, len)) => {
+                        assert_eq!(stats.0, expected.0, "{message}");
+                        assert_eq!(len, message.len(), "{message}");
+                    }
+                    // A `\u` in `content`: left to serde, which decodes it.
+                    None => assert!(message.contains("\\u00e9"), "{message}"),
+                }
+            }
+        }
+        for left in [
+            r#"{"role":"assistant","tool_calls":[]}"#,
+            r#"{"con\u0074ent":"x"}"#,
+            "{\"content\":\"a\u{1}b\"}",
+            r#"{"content":"a\qb"}"#,
+            r#"{"content":"a""#,
+            r#"{"content":tru}"#,
+            r#"{"content":"a",}"#,
+            r#"{"content":"a" "role":"user"}"#,
+            r#"["content"]"#,
+        ] {
+            assert!(fast_message(left).is_none(), "{left}");
+        }
     }
 
     #[test]

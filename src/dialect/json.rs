@@ -12,7 +12,8 @@
 //! `input` object) counted as the JSON text sent, `\uXXXX` escapes of non-ASCII characters
 //! aside ([`crate::estimate::json_weight`]). Keys are classified and strings counted as
 //! serde_json hands them over: nothing is allocated or copied, except a raw value holding
-//! `\u` escapes, written once without them.
+//! `\u` escapes, written once without them. The common shapes are read by hand first (the
+//! fast path at the end), which counts the same and leaves everything else to serde.
 
 use std::fmt;
 
@@ -21,7 +22,10 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use crate::estimate::{json_string_weight, json_weight, text_weight, Counts};
+use super::split::{skip_ws, value};
+use crate::estimate::{
+    json_literal_weight, json_string_weight, json_weight, quote_or_backslash, text_weight, Counts,
+};
 
 /// The [`Visitor`] methods for the JSON scalars the model does not read (booleans, numbers,
 /// `null`): each answers `$value`. Strings, arrays and objects stay with each visitor.
@@ -363,6 +367,199 @@ impl<'de> Visitor<'de> for NodeSeed {
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Hand-read fast path.
+//
+// serde skipping a string literal to hand it over (or to capture it raw) walks it once, and
+// weighing it walks it again; a chat body is mostly such literals. The readers below walk the
+// common shapes by hand, so a literal is found and weighed in one pass
+// ([`json_literal_weight`]), and hand every other value to serde one by one. They answer the
+// same counts as the serde visitors above, or `None`, and then serde reads the whole message
+// or item from its start and answers it (errors included): anything unusual is serde's.
+
+/// How deep the hand-read path follows content, counted from the message or item it reads;
+/// deeper content is left to serde. Far below serde's own limit (128 levels), so the hand-read
+/// path never accepts what serde would refuse for its depth. The values handed to serde one by
+/// one are read without that limit anyway (captured raw, or skipped).
+const FAST_DEPTH: usize = 8;
+
+/// Reads the object at the start of `text`: `value` reads each value, given its key and the
+/// text from the value's first byte, and answers how many bytes it took. Answers the bytes the
+/// object took; `None` when it is not an object of the plain shape (a key with an escape or a
+/// control character, anything malformed) or `value` answers `None`.
+pub(crate) fn fast_object<'a>(
+    text: &'a str,
+    mut value: impl FnMut(&'a str, &'a str) -> Option<usize>,
+) -> Option<usize> {
+    let b = text.as_bytes();
+    if b.first() != Some(&b'{') {
+        return None;
+    }
+    let mut i = skip_ws(b, 1);
+    if b.get(i) == Some(&b'}') {
+        return Some(i + 1);
+    }
+    loop {
+        let (key, len) = fast_str(text.get(i..)?)?;
+        i = skip_ws(b, i + len);
+        if b.get(i) != Some(&b':') {
+            return None;
+        }
+        i = skip_ws(b, i + 1);
+        i = skip_ws(b, i + value(key, text.get(i..)?)?);
+        match b.get(i) {
+            Some(b',') => i = skip_ws(b, i + 1),
+            Some(b'}') => return Some(i + 1),
+            _ => return None,
+        }
+    }
+}
+
+/// Reads the array at the start of `text`, `element` reading each element (from its first
+/// byte) and answering how many bytes it took. Answers the bytes the array took.
+fn fast_array<'a>(
+    text: &'a str,
+    mut element: impl FnMut(&'a str) -> Option<usize>,
+) -> Option<usize> {
+    let b = text.as_bytes();
+    if b.first() != Some(&b'[') {
+        return None;
+    }
+    let mut i = skip_ws(b, 1);
+    if b.get(i) == Some(&b']') {
+        return Some(i + 1);
+    }
+    loop {
+        i = skip_ws(b, i + element(text.get(i..)?)?);
+        match b.get(i) {
+            Some(b',') => i = skip_ws(b, i + 1),
+            Some(b']') => return Some(i + 1),
+            _ => return None,
+        }
+    }
+}
+
+/// The string literal at the start of `text` when it has no escape and no control character
+/// (keys, types, roles): its text and the bytes it takes.
+pub(crate) fn fast_str(text: &str) -> Option<(&str, usize)> {
+    let inside = text.strip_prefix('"')?;
+    let len = quote_or_backslash(inside.as_bytes())?;
+    let inner = inside.get(..len)?;
+    (inside.as_bytes().get(len) == Some(&b'"') && !inner.bytes().any(|c| c < 0x20))
+        .then_some((inner, len + 2))
+}
+
+/// Skips the value at the start of `text` (as [`IgnoredAny`]): the bytes it takes.
+pub(crate) fn fast_skip(text: &str) -> Option<usize> {
+    if text.starts_with('"') {
+        if let Some((len, _)) = json_literal_weight(text.as_bytes()) {
+            return Some(len);
+        }
+    }
+    value::<IgnoredAny>(text).map(|(_, len)| len)
+}
+
+/// [`TextWeight`] of the value at the start of `text`, and the bytes it takes.
+pub(crate) fn fast_text(text: &str) -> Option<(usize, usize)> {
+    if text.starts_with('"') {
+        if let Some((len, weight)) = json_literal_weight(text.as_bytes()) {
+            return Some((weight, len));
+        }
+    }
+    value::<TextWeight>(text).map(|(w, len)| (w.0, len))
+}
+
+/// A string, `null`, `true` or `false` at the start of `text`, counted as content or a node
+/// counts them (a string's weight, nothing for the others), and the bytes it takes. `None` for
+/// anything else (numbers too: serde would parse them, and refuse some).
+fn fast_scalar(text: &str) -> Option<(Counts, usize)> {
+    if text.starts_with('"') {
+        return match json_literal_weight(text.as_bytes()) {
+            Some((len, weight)) => Some((Counts::text(weight), len)),
+            // A `\u` escape: decoded, as the visitors read strings.
+            None => value::<StrWeight>(text).map(|(w, len)| (Counts::text(w.0), len)),
+        };
+    }
+    ["null", "true", "false"]
+        .into_iter()
+        .find(|word| text.starts_with(word))
+        .map(|word| (Counts::default(), word.len()))
+}
+
+/// [`ContentSeed`] of the value at the start of `text`, and the bytes it takes.
+pub(crate) fn fast_content(
+    text: &str,
+    rules: &'static Rules,
+    depth: usize,
+) -> Option<(Counts, usize)> {
+    if depth > FAST_DEPTH {
+        return None;
+    }
+    match text.as_bytes().first()? {
+        b'[' => {
+            let mut counts = Counts::default();
+            let len = fast_array(text, |element| {
+                // Each element a node: an object, or a scalar (an array is left to serde).
+                let (c, len) = if element.starts_with('{') {
+                    fast_node(element, rules, depth + 1)?
+                } else {
+                    fast_scalar(element)?
+                };
+                counts.add(c);
+                Some(len)
+            })?;
+            Some((counts, len))
+        }
+        b'{' => fast_node(text, rules, depth),
+        _ => fast_scalar(text),
+    }
+}
+
+/// [`NodeSeed`] of the object at the start of `text`, and the bytes it takes.
+pub(crate) fn fast_node(
+    text: &str,
+    rules: &'static Rules,
+    depth: usize,
+) -> Option<(Counts, usize)> {
+    if depth > FAST_DEPTH {
+        return None;
+    }
+    let mut image = false;
+    let mut counts = Counts::default();
+    let len = fast_object(text, |key, rest| {
+        let kind = KeySeed(rules).visit_str::<serde_json::Error>(key).ok()?;
+        Some(match kind {
+            KeyKind::Type => {
+                let (kind, len) = fast_str(rest)?;
+                image = rules.image_types.contains(&kind);
+                len
+            }
+            KeyKind::Skip => fast_skip(rest)?,
+            KeyKind::Nested => {
+                let (c, len) = fast_content(rest, rules, depth + 1)?;
+                counts.add(c);
+                len
+            }
+            KeyKind::Raw => {
+                let (raw, len) = value::<&RawValue>(rest)?;
+                counts.add(Counts::text(json_weight(raw.get())));
+                len
+            }
+            KeyKind::Other => {
+                let (weight, len) = fast_text(rest)?;
+                counts.add(Counts::text(weight));
+                len
+            }
+        })
+    })?;
+    let counts = if image {
+        Counts { text: 0, images: 1 }
+    } else {
+        counts
+    };
+    Some((counts, len))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -383,6 +580,45 @@ mod tests {
         assert_eq!(c.images, 1);
         assert_eq!(c.text, text_weight(r#"abcd{"a": "b"}cd"#));
         assert!(node_counts("[1,", &RULES).is_err());
+    }
+
+    /// The hand-read path counts nodes and content as the serde visitors do, and takes the
+    /// same bytes; what it leaves to serde it leaves whole.
+    #[test]
+    fn the_fast_path_counts_nodes_as_serde_does() {
+        let output = "line \"q\"\n\té 日 \\ /".repeat(80);
+        let big = serde_json::json!({"type": "tool_result", "id": "x", "content": output});
+        let big = big.to_string();
+        for node in [
+            big.as_str(),
+            r#"{"type":"tool_result","id":"skipped","cache_control":{"type":"x"},
+                "content":[{"type":"text","text":"abcd"},{"source":{"data":"zzzz"},"type":"image"}],
+                "input":{"a": "b \u00e9"},"extra":["cd", 5, null]}"#,
+            r#"{ "type" : "text" , "text" : "a\u00e9b" , "n" : 1.5 , "b" : true }"#,
+            r#"{"content":"plain","x":null}"#,
+            r#"{"content":["loose", null, {"text":"t"}, true],"type":"image"}"#,
+            r#"{"content":{"text":"one node"}}"#,
+            "{}",
+        ] {
+            let expected = node_counts(node, &RULES).expect("serde counts it");
+            for after in ["", ",{\"k\":1}]"] {
+                let text = format!("{node}{after}");
+                let (counts, len) = fast_node(&text, &RULES, 0).expect("fast");
+                assert_eq!((counts, len), (expected, node.len()), "{node}");
+            }
+        }
+        let deep = format!("{}1{}", r#"{"content":["#.repeat(20), "]}".repeat(20));
+        for left in [
+            r#"{"content":[[1]]}"#,
+            r#"{"content":5}"#,
+            r#"{"type":"im\u0061ge"}"#,
+            r#"{"ty\u0070e":"image"}"#,
+            r#"{"a":"b",}"#,
+            r#"{"a":"b""#,
+            deep.as_str(),
+        ] {
+            assert!(fast_node(left, &RULES, 0).is_none(), "{left}");
+        }
     }
 
     #[test]

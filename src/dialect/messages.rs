@@ -28,8 +28,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use super::json::{as_tokens, leaf_weight, node_counts, ContentSeed, OneOf, OrderedObject, Rules};
-use super::split::{decode, field, object_fields, present, read_array};
+use super::json::{
+    as_tokens, fast_content, fast_object, fast_skip, fast_str, leaf_weight, node_counts,
+    ContentSeed, OneOf, OrderedObject, Rules,
+};
+use super::split::{decode, field, object_fields, present, read_array_with};
 use super::{DialectError, DialectKind, Scan, ScanFields};
 use crate::estimate::{Counts, LazyEstimator};
 use crate::transcript::{Message, Part, Role, ToolCall, ToolResult};
@@ -60,7 +63,7 @@ const ROLES: &[&str] = &["user", "assistant"];
 pub fn scan<'a>(body: &'a str, estimator: &LazyEstimator) -> Result<Scan<'a>, DialectError> {
     let mut conversation = None;
     let fields = object_fields(body, "messages", |rest| {
-        let (read, len) = read_array::<MessageStats>(rest)?;
+        let (read, len) = read_array_with(rest, fast_message)?;
         conversation = read;
         Ok(len)
     })?;
@@ -141,6 +144,28 @@ impl<'de> Deserialize<'de> for MessageStats {
         }
         d.deserialize_map(V)
     }
+}
+
+/// [`MessageStats`] of the message at the start of `text` read by hand
+/// ([`super::json::fast_object`]), and the bytes it takes; `None` leaves it to serde (a role
+/// other than `user` or `assistant` too, so serde says what is wrong).
+fn fast_message(text: &str) -> Option<(MessageStats, usize)> {
+    let mut counts = Counts::default();
+    let mut role_ok = false;
+    let len = fast_object(text, |key, rest| match key {
+        "role" => {
+            let (role, len) = fast_str(rest)?;
+            role_ok = ROLES.contains(&role);
+            Some(len)
+        }
+        "content" => {
+            let (c, len) = fast_content(rest, &RULES, 1)?;
+            counts.add(c);
+            Some(len)
+        }
+        _ => fast_skip(rest),
+    })?;
+    role_ok.then_some((MessageStats(counts), len))
 }
 
 // ---------------------------------------------------------------------------------------------

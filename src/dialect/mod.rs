@@ -310,7 +310,8 @@ impl DialectKind {
         body: &'a [u8],
         estimator: &LazyEstimator,
     ) -> Result<Scan<'a>, DialectError> {
-        let text = std::str::from_utf8(body).map_err(|e| DialectError::Malformed {
+        // `compat` for where an invalid body stops being UTF-8, as `std::str::from_utf8` says.
+        let text = simdutf8::compat::from_utf8(body).map_err(|e| DialectError::Malformed {
             at: e.valid_up_to(),
         })?;
         match self {
@@ -391,6 +392,37 @@ mod tests {
         assert_eq!(DialectKind::from_path("/v1/messages/count_tokens"), None);
         assert_eq!(ChatCompletions.api_prefix("/v1/chat/completions"), "/v1");
         assert_eq!(ChatCompletions.api_prefix("/chat/completions"), "");
+    }
+
+    /// A body that is not UTF-8 does not scan, in any dialect, and the error says where it
+    /// stops being UTF-8 (as `std::str::from_utf8` does), in short bodies and long ones.
+    #[test]
+    fn bodies_that_are_not_utf8_are_malformed_where_they_stop_being_utf8() {
+        use DialectKind::*;
+        for pad in [0, 5, 100, 5_000] {
+            for bad in [
+                &b"\xff"[..],
+                b"\xc3",
+                b"\xe6\x97",
+                b"\xed\xa0\x80",
+                b"\xc3\xa9\x80",
+            ] {
+                let mut body = br#"{"model":"m","messages":[{"role":"user","content":""#.to_vec();
+                body.extend(std::iter::repeat_n(b'a', pad));
+                body.extend_from_slice("é".as_bytes());
+                body.extend_from_slice(bad);
+                body.extend_from_slice(br#""}],"input":[]}"#);
+                let expected = std::str::from_utf8(&body)
+                    .expect_err("not UTF-8")
+                    .valid_up_to();
+                for dialect in [ChatCompletions, Messages, Responses] {
+                    match dialect.scan(&body, &LazyEstimator::default()) {
+                        Err(DialectError::Malformed { at }) => assert_eq!(at, expected),
+                        other => panic!("{dialect:?} {pad} {bad:?}: {other:?}"),
+                    }
+                }
+            }
+        }
     }
 
     /// A rewrite copies every byte outside the replaced messages: whitespace, field order and

@@ -28,8 +28,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::json::NodeSeed;
-use super::json::{as_tokens, leaf_weight, node_counts, Rules, StrWeight};
-use super::split::{decode, object_fields, present, read_array, value_len};
+use super::json::{as_tokens, fast_node, leaf_weight, node_counts, Rules, StrWeight};
+use super::split::{decode, object_fields, present, read_array_with, value_len};
 use super::{DialectError, DialectKind, Scan, ScanFields};
 use crate::estimate::{Counts, LazyEstimator};
 use crate::transcript::{Message, Part, Role, ToolCall};
@@ -65,7 +65,9 @@ pub fn scan<'a>(body: &'a str, estimator: &LazyEstimator) -> Result<Scan<'a>, Di
         if !rest.starts_with('[') {
             return value_len(rest);
         }
-        let (read, len) = read_array::<ItemCounts>(rest)?;
+        // Items read by hand when plain (`super::json::fast_node`), by serde otherwise.
+        let fast = |item| fast_node(item, &RULES, 0).map(|(c, len)| (ItemCounts(c), len));
+        let (read, len) = read_array_with(rest, fast)?;
         read_items = read;
         Ok(len)
     })?;

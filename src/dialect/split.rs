@@ -5,14 +5,16 @@
 //! capture raw values checks every byte twice and stops at every escape; this pass finds string
 //! ends a word at a time and tracks nesting only between strings, so it costs a fraction of a
 //! decoding pass. It does not validate what it skips: every message is then read by its
-//! dialect's counter (serde_json, which rejects what is not JSON), and the top-level fields the
-//! scan reads are decoded one by one. A field nobody reads is forwarded as the client sent it,
-//! so an error in it reaches the provider exactly as it would have without compactor.
+//! dialect's counter (by hand for the common shapes, by serde_json for anything else; either
+//! rejects what is not JSON), and the top-level fields the scan reads are decoded one by one.
+//! A field nobody reads is forwarded as the client sent it, so an error in it reaches the
+//! provider exactly as it would have without compactor.
 //! Malformed structure is an error, never a panic or a slice out of bounds.
 
 use std::borrow::Cow;
 
 use super::DialectError;
+pub(crate) use crate::estimate::quote_or_backslash;
 
 /// One top-level field: its key (unescaped) and its value as sent.
 #[derive(Debug)]
@@ -71,6 +73,17 @@ pub(crate) fn object_fields<'a>(
 pub(crate) fn read_array<'a, T: serde::Deserialize<'a>>(
     text: &'a str,
 ) -> Result<(Option<(Vec<&'a str>, Vec<T>)>, usize), DialectError> {
+    read_array_with(text, |_| None)
+}
+
+/// [`read_array`] with a faster reader for the common shape of element: `fast` answers an
+/// element's value and length, or `None` to leave it to serde, which then reads the element
+/// from its start (so whatever `fast` refuses, every error included, is serde's to answer).
+#[allow(clippy::type_complexity)]
+pub(crate) fn read_array_with<'a, T: serde::Deserialize<'a>>(
+    text: &'a str,
+    mut fast: impl FnMut(&'a str) -> Option<(T, usize)>,
+) -> Result<(Option<(Vec<&'a str>, Vec<T>)>, usize), DialectError> {
     let b = text.as_bytes();
     if b.starts_with(b"null") {
         return Ok((None, 4));
@@ -84,10 +97,19 @@ pub(crate) fn read_array<'a, T: serde::Deserialize<'a>>(
     }
     loop {
         let rest = text.get(i..).ok_or_else(|| malformed(i))?;
-        let mut stream = serde_json::Deserializer::from_str(rest).into_iter::<T>();
-        values.push(stream.next().ok_or_else(|| malformed(i))??);
-        // The stream stops right after the element: it looks no further than a delimiter.
-        let len = stream.byte_offset();
+        let len = match fast(rest) {
+            Some((value, len)) => {
+                values.push(value);
+                len
+            }
+            None => {
+                let mut stream = serde_json::Deserializer::from_str(rest).into_iter::<T>();
+                values.push(stream.next().ok_or_else(|| malformed(i))??);
+                // The stream stops right after the element: it looks no further than a
+                // delimiter.
+                stream.byte_offset()
+            }
+        };
         elements.push(slice(text, i, i + len)?);
         i = skip_ws(b, i + len);
         match b.get(i) {
@@ -126,6 +148,14 @@ pub(crate) fn decode<T: serde::de::DeserializeOwned>(
         .map(serde_json::from_str)
         .transpose()
         .map_err(DialectError::from)
+}
+
+/// The JSON value at the start of `text` decoded as `T`, and the bytes it takes; `None` when it
+/// is not one (what serde would say is the caller's to find out).
+pub(crate) fn value<'a, T: serde::Deserialize<'a>>(text: &'a str) -> Option<(T, usize)> {
+    let mut stream = serde_json::Deserializer::from_str(text).into_iter::<T>();
+    let value = stream.next()?.ok()?;
+    Some((value, stream.byte_offset()))
 }
 
 /// How many bytes the JSON value at the start of `text` takes (not validated).
@@ -170,7 +200,7 @@ fn end(b: &[u8], i: usize) -> Result<(), DialectError> {
     }
 }
 
-fn skip_ws(b: &[u8], mut i: usize) -> usize {
+pub(crate) fn skip_ws(b: &[u8], mut i: usize) -> usize {
     while matches!(b.get(i), Some(b' ' | b'\n' | b'\r' | b'\t')) {
         i += 1;
     }
@@ -188,38 +218,6 @@ fn skip_string(b: &[u8], start: usize) -> Result<usize, DialectError> {
             _ => i += 2,
         }
     }
-}
-
-/// The index of the first `"` or `\\` in `b`.
-///
-/// Tool output is dense with escapes (a `\n` or `\"` every few dozen bytes), so the search is
-/// a word at a time rather than a vector search with its set-up cost per call.
-pub(crate) fn quote_or_backslash(b: &[u8]) -> Option<usize> {
-    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
-    const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
-    const QUOTES: u64 = u64::from_ne_bytes([b'"'; 8]);
-    const BACKSLASHES: u64 = u64::from_ne_bytes([b'\\'; 8]);
-    let mut chunks = b.chunks_exact(8);
-    let mut i = 0;
-    for chunk in chunks.by_ref() {
-        let Ok(bytes) = <[u8; 8]>::try_from(chunk) else {
-            break;
-        };
-        let word = u64::from_le_bytes(bytes);
-        let (q, s) = (word ^ QUOTES, word ^ BACKSLASHES);
-        // The lowest byte that is zero in `q` or `s` sets its high bit here (bytes above it
-        // may be false positives; only the lowest is used).
-        let hits = (q.wrapping_sub(ONES) & !q | s.wrapping_sub(ONES) & !s) & HIGHS;
-        if hits != 0 {
-            return Some(i + (hits.trailing_zeros() / 8) as usize);
-        }
-        i += 8;
-    }
-    chunks
-        .remainder()
-        .iter()
-        .position(|c| matches!(c, b'"' | b'\\'))
-        .map(|at| i + at)
 }
 
 /// The end (exclusive) of the value starting at `b[i]`.
