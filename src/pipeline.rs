@@ -919,10 +919,11 @@ impl Pipeline {
     /// The masking of the conversation `request` forwards after the first `covered` messages
     /// (a summary's; `None`: the whole request), whose messages and estimated tokens are
     /// `view` before masking; empty unless the strategy masks. `mask` masks every output the
-    /// rule allows. `hybrid` masks the fewest blocks that bring `view` under the request's
-    /// trigger, and never fewer than an earlier request of the conversation did (the
-    /// session's [`MaskFloor`](crate::session::MaskFloor)), so the masked prefix only grows
-    /// and every replica forwards the same bytes. A request whose outputs cannot be read is
+    /// rule allows. `hybrid` masks nothing while `view` is under the request's trigger; over
+    /// it, it steps back under the background watermark (in `mask_block` blocks when it
+    /// cannot get there), and never masks fewer than an earlier request of the conversation
+    /// did (the session's [`MaskFloor`](crate::session::MaskFloor)), so the masked prefix only
+    /// grows and every replica forwards the same bytes. A request whose outputs cannot be read is
     /// forwarded with its outputs as sent (counted).
     async fn plan_mask<'b>(
         &self,
