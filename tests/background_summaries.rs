@@ -6,14 +6,12 @@
 
 mod support;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use serde_json::{json, Value};
-use support::summary_calls::{completion, summary_prompt};
-use support::{
-    upstream_toml, Exchange, MockUpstream, Recorded, Reply, StreamSender, TestClient, TestProxy,
-};
+use support::summary_calls::{completion, summary_prompt, Summaries};
+use support::{upstream_toml, Exchange, MockUpstream, Recorded, Reply, TestClient, TestProxy};
 
 /// Compact above 10 messages, so the watermark (0.7) is above 7; summaries from the mock.
 fn config(mock: &MockUpstream) -> String {
@@ -27,14 +25,14 @@ fn config(mock: &MockUpstream) -> String {
 /// A provider whose summaries (`SUMMARY-<n>`) are held until the test releases them.
 #[derive(Default)]
 struct Provider {
-    summaries: Mutex<usize>,
-    held: Mutex<Vec<(StreamSender, Bytes)>>,
+    summarizer: Summaries,
 }
 
 impl Provider {
     async fn start() -> (MockUpstream, Arc<Provider>) {
         let mock = MockUpstream::start().await;
         let provider = Arc::new(Provider::default());
+        provider.summarizer.hold();
         let p = provider.clone();
         mock.set_handler(move |r| p.answer(r));
         (mock, provider)
@@ -45,30 +43,16 @@ impl Provider {
         if summary_prompt(&v).is_none() {
             return Reply::json(200, &completion("Next step."));
         }
-        let n = {
-            let mut summaries = self.summaries.lock().expect("lock");
-            *summaries += 1;
-            *summaries
-        };
-        let answer = Bytes::from(completion(&format!("SUMMARY-{n}")).to_string());
-        let (reply, tx) = Reply::stream_channel(
-            200,
-            vec![("content-type".into(), "application/json".into())],
-        );
-        self.held.lock().expect("lock").push((tx, answer));
-        reply
+        self.summarizer.answer(completion)
     }
 
     fn summaries(&self) -> usize {
-        *self.summaries.lock().expect("lock")
+        self.summarizer.count()
     }
 
     /// Sends every held summary.
     async fn release(&self) {
-        let held = std::mem::take(&mut *self.held.lock().expect("lock"));
-        for (tx, answer) in held {
-            tx.send(answer).await.expect("summarizer still waiting");
-        }
+        self.summarizer.release().await;
     }
 }
 

@@ -6,8 +6,7 @@
 
 mod support;
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -16,10 +15,10 @@ use compactor::session::{
     Claim, MaskNeed, MemoryStore, RedisSettings, RedisStore, SessionStore, StoreLimits, TenantId,
 };
 use serde_json::{json, Value};
-use support::summary_calls::{completion, summary_prompt};
+use support::summary_calls::{completion, summary_prompt, Summaries};
 use support::{
     eventually, upstream_toml, within, Exchange, MockUpstream, Recorded, RedisServer, Reply,
-    StreamSender, TestClient, TestProxy,
+    TestClient, TestProxy,
 };
 
 const CHAT: &str = "/v1/chat/completions";
@@ -30,9 +29,7 @@ const OTHER_AUTH: &str = "Bearer sk-redis-tenant-b";
 /// held until released; everything else is the agent's request.
 #[derive(Default)]
 struct Provider {
-    summaries: AtomicUsize,
-    hold: AtomicBool,
-    held: Mutex<Vec<(StreamSender, Bytes)>>,
+    summarizer: Summaries,
 }
 
 impl Provider {
@@ -48,32 +45,11 @@ impl Provider {
         if summary_prompt(&v).is_none() {
             return Reply::json(200, &completion("Next step."));
         }
-        let n = self.summaries.fetch_add(1, Ordering::SeqCst) + 1;
-        let answer = Bytes::from(completion(&format!("SUMMARY-{n}")).to_string());
-        if !self.hold.load(Ordering::SeqCst) {
-            return Reply::bytes(200, "application/json", answer);
-        }
-        let (reply, tx) = Reply::stream_channel(
-            200,
-            vec![("content-type".into(), "application/json".into())],
-        );
-        self.held.lock().expect("lock").push((tx, answer));
-        reply
+        self.summarizer.answer(completion)
     }
 
     fn summaries(&self) -> usize {
-        self.summaries.load(Ordering::SeqCst)
-    }
-
-    fn held(&self) -> usize {
-        self.held.lock().expect("lock").len()
-    }
-
-    async fn release(&self) {
-        let held = std::mem::take(&mut *self.held.lock().expect("lock"));
-        for (tx, answer) in held {
-            tx.send(answer).await.expect("summarizer still waiting");
-        }
+        self.summarizer.count()
     }
 }
 
@@ -285,7 +261,7 @@ async fn concurrent_requests_on_two_replicas_make_one_summary() {
     let redis = RedisServer::start().await;
     let mock = MockUpstream::start().await;
     let provider = Provider::install(&mock);
-    provider.hold.store(true, Ordering::SeqCst);
+    provider.summarizer.hold();
     let a = TestProxy::start(&toml(&mock, Some(&redis))).await;
     let b = TestProxy::start(&toml(&mock, Some(&redis))).await;
     let messages = conversation("concurrent", 8);
@@ -293,7 +269,7 @@ async fn concurrent_requests_on_two_replicas_make_one_summary() {
 
     let first = spawn_chat(&a, body.clone());
     eventually("replica A to ask for the summary", || async {
-        (provider.held() == 1).then_some(())
+        (provider.summarizer.held() == 1).then_some(())
     })
     .await;
     // Replica B gets the same request while A's summary is being made: it must wait for A's
@@ -322,8 +298,12 @@ async fn concurrent_requests_on_two_replicas_make_one_summary() {
         (polls().await > 0).then_some(())
     })
     .await;
-    assert_eq!(provider.held(), 1, "B asked for no summary of its own");
-    provider.release().await;
+    assert_eq!(
+        provider.summarizer.held(),
+        1,
+        "B asked for no summary of its own"
+    );
+    provider.summarizer.release().await;
     let first = within("replica A's answer", first).await.expect("task");
     let second = within("replica B's answer", second).await.expect("task");
     assert_eq!((first.status, second.status), (200, 200));

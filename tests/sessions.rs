@@ -12,7 +12,6 @@
 
 mod support;
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -21,10 +20,10 @@ use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use support::provider_rules::{check_chat, rejection_body};
-use support::summary_calls::{self, prompt_of, received_since, summary_prompt};
+use support::summary_calls::{self, prompt_of, received_since, summary_prompt, Summaries};
 use support::{
-    eventually, transcript, upstream_toml, Exchange, MockUpstream, Recorded, Reply, StreamSender,
-    TestClient, TestProxy, TRANSCRIPTS,
+    eventually, transcript, upstream_toml, Exchange, MockUpstream, Recorded, Reply, TestClient,
+    TestProxy, TRANSCRIPTS,
 };
 
 /// The mock provider's context window (its own count, 4 characters a token): gpt-4o's.
@@ -85,11 +84,8 @@ fn completion(content: &str) -> Value {
 /// The mock provider's state.
 #[derive(Default)]
 struct Provider {
-    /// Summarizer calls so far; call `n` is answered `SUMMARY-<n>`.
-    summaries: AtomicUsize,
-    /// Hold summarizer answers until the test releases them.
-    hold: AtomicBool,
-    held: Mutex<Vec<(StreamSender, Bytes)>>,
+    /// Summarizer calls; call `n` is answered `SUMMARY-<n>`, held while the test says so.
+    summarizer: Summaries,
     /// Every request the provider refused, and why.
     rejected: Mutex<Vec<String>>,
 }
@@ -120,18 +116,7 @@ impl Provider {
         if summary_prompt(&v).is_none() {
             return Reply::json(200, &completion("Next step."));
         }
-        let n = self.summaries.fetch_add(1, Ordering::SeqCst) + 1;
-        let answer = Bytes::from(completion(&format!("SUMMARY-{n}")).to_string());
-        if !self.hold.load(Ordering::SeqCst) {
-            return Reply::bytes(200, "application/json", answer);
-        }
-        // The head goes out now; the body waits for `release`.
-        let (reply, tx) = Reply::stream_channel(
-            200,
-            vec![("content-type".into(), "application/json".into())],
-        );
-        self.held.lock().expect("lock").push((tx, answer));
-        reply
+        self.summarizer.answer(completion)
     }
 
     fn reject(&self, why: String) {
@@ -139,23 +124,11 @@ impl Provider {
     }
 
     fn summaries(&self) -> usize {
-        self.summaries.load(Ordering::SeqCst)
+        self.summarizer.count()
     }
 
     fn rejected(&self) -> Vec<String> {
         self.rejected.lock().expect("lock").clone()
-    }
-
-    fn held(&self) -> usize {
-        self.held.lock().expect("lock").len()
-    }
-
-    /// Sends every held summarizer answer and ends its body.
-    async fn release(&self) {
-        let held = std::mem::take(&mut *self.held.lock().expect("lock"));
-        for (tx, answer) in held {
-            tx.send(answer).await.expect("summarizer still waiting");
-        }
     }
 }
 
@@ -692,7 +665,7 @@ async fn concurrent_identical_requests_share_one_compaction() {
     const N: usize = 20;
     let mock = MockUpstream::start().await;
     let provider = Provider::install(&mock);
-    provider.hold.store(true, Ordering::SeqCst);
+    provider.summarizer.hold();
     let proxy = Arc::new(TestProxy::start(&proxy_toml(&mock, 20)).await);
     let client = Arc::new(TestClient::http1());
     let messages = due_request(TRANSCRIPTS[2], 22);
@@ -716,7 +689,7 @@ async fn concurrent_identical_requests_share_one_compaction() {
                 .await
                 .unwrap_or(0.0);
             let missed = lookups(p, "miss").await;
-            (pr.held() >= 1 && in_flight >= N as f64 && missed >= N as f64).then_some(())
+            (pr.summarizer.held() >= 1 && in_flight >= N as f64 && missed >= N as f64).then_some(())
         },
     )
     .await;
@@ -725,7 +698,7 @@ async fn concurrent_identical_requests_share_one_compaction() {
         1,
         "one summarizer call while all wait"
     );
-    provider.release().await;
+    provider.summarizer.release().await;
 
     let mut exchanges = Vec::new();
     for task in tasks {

@@ -3,9 +3,13 @@
 //! last user message is the compaction prompt, which starts with `<task>`. Also the
 //! `chat.completion` answer the mocks give both.
 
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use bytes::Bytes;
 use serde_json::{json, Value};
 
-use super::mock::{MockUpstream, Recorded};
+use super::mock::{MockUpstream, Recorded, Reply, StreamSender};
 
 /// The compaction prompt of a Chat Completions body, when it is a summarizer call.
 pub fn summary_prompt(body: &Value) -> Option<&str> {
@@ -58,4 +62,55 @@ pub fn completion(content: &str) -> Value {
             "finish_reason": "stop"
         }]
     })
+}
+
+/// A mock provider's summarizer answers: call `n` is answered `SUMMARY-<n>` (so a test can
+/// tell which summary a request forwarded), and while held, answers wait until released (so
+/// compactions overlap).
+#[derive(Default)]
+pub struct Summaries {
+    count: AtomicUsize,
+    hold: AtomicBool,
+    held: Mutex<Vec<(StreamSender, Bytes)>>,
+}
+
+impl Summaries {
+    /// Answers the next summarizer call with `completion("SUMMARY-<n>")`: at once, or, while
+    /// held, with its head now and its body when released.
+    pub fn answer(&self, completion: impl Fn(&str) -> Value) -> Reply {
+        let n = self.count.fetch_add(1, Ordering::SeqCst) + 1;
+        let answer = Bytes::from(completion(&format!("SUMMARY-{n}")).to_string());
+        if !self.hold.load(Ordering::SeqCst) {
+            return Reply::bytes(200, "application/json", answer);
+        }
+        let (reply, tx) = Reply::stream_channel(
+            200,
+            vec![("content-type".into(), "application/json".into())],
+        );
+        self.held.lock().expect("lock").push((tx, answer));
+        reply
+    }
+
+    /// Holds every answer from now on.
+    pub fn hold(&self) {
+        self.hold.store(true, Ordering::SeqCst);
+    }
+
+    /// Summarizer calls so far.
+    pub fn count(&self) -> usize {
+        self.count.load(Ordering::SeqCst)
+    }
+
+    /// Answers held now.
+    pub fn held(&self) -> usize {
+        self.held.lock().expect("lock").len()
+    }
+
+    /// Sends every held answer and ends its body.
+    pub async fn release(&self) {
+        let held = std::mem::take(&mut *self.held.lock().expect("lock"));
+        for (tx, answer) in held {
+            tx.send(answer).await.expect("summarizer still waiting");
+        }
+    }
 }
