@@ -391,49 +391,46 @@ pub(crate) fn fast_object<'a>(
     text: &'a str,
     mut value: impl FnMut(&'a str, &'a str) -> Option<usize>,
 ) -> Option<usize> {
-    let b = text.as_bytes();
-    if b.first() != Some(&b'{') {
-        return None;
-    }
-    let mut i = skip_ws(b, 1);
-    if b.get(i) == Some(&b'}') {
-        return Some(i + 1);
-    }
-    loop {
-        let (key, len) = fast_str(text.get(i..)?)?;
-        i = skip_ws(b, i + len);
-        if b.get(i) != Some(&b':') {
+    fast_sequence(text, b'{', b'}', |member| {
+        let (key, len) = fast_str(member)?;
+        let b = member.as_bytes();
+        let colon = skip_ws(b, len);
+        if b.get(colon) != Some(&b':') {
             return None;
         }
-        i = skip_ws(b, i + 1);
-        i = skip_ws(b, i + value(key, text.get(i..)?)?);
-        match b.get(i) {
-            Some(b',') => i = skip_ws(b, i + 1),
-            Some(b'}') => return Some(i + 1),
-            _ => return None,
-        }
-    }
+        let at = skip_ws(b, colon + 1);
+        Some(at + value(key, member.get(at..)?)?)
+    })
 }
 
 /// Reads the array at the start of `text`, `element` reading each element (from its first
 /// byte) and answering how many bytes it took. Answers the bytes the array took.
-fn fast_array<'a>(
+fn fast_array<'a>(text: &'a str, element: impl FnMut(&'a str) -> Option<usize>) -> Option<usize> {
+    fast_sequence(text, b'[', b']', element)
+}
+
+/// The object or array opened by `open` at the start of `text`, `item` reading each member or
+/// element (from its first byte) and answering how many bytes it took: the bytes the whole
+/// took, or `None` when it is malformed or `item` answers `None`.
+fn fast_sequence<'a>(
     text: &'a str,
-    mut element: impl FnMut(&'a str) -> Option<usize>,
+    open: u8,
+    close: u8,
+    mut item: impl FnMut(&'a str) -> Option<usize>,
 ) -> Option<usize> {
     let b = text.as_bytes();
-    if b.first() != Some(&b'[') {
+    if b.first() != Some(&open) {
         return None;
     }
     let mut i = skip_ws(b, 1);
-    if b.get(i) == Some(&b']') {
+    if b.get(i) == Some(&close) {
         return Some(i + 1);
     }
     loop {
-        i = skip_ws(b, i + element(text.get(i..)?)?);
+        i = skip_ws(b, i + item(text.get(i..)?)?);
         match b.get(i) {
             Some(b',') => i = skip_ws(b, i + 1),
-            Some(b']') => return Some(i + 1),
+            Some(&c) if c == close => return Some(i + 1),
             _ => return None,
         }
     }
