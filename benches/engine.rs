@@ -7,39 +7,22 @@
 //!
 //! Run: `cargo bench --bench engine -- --warm-up-time 1 --measurement-time 3`
 
+mod common;
+
 use std::hint::black_box;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use common::InstantSummarizer;
 use compactor::config::Config;
 use compactor::dialect::DialectKind;
 use compactor::estimate::{count_chars, LazyEstimator};
 use compactor::metrics::Metrics;
 use compactor::pipeline::{Outcome, Pipeline, RequestContext};
 use compactor::session::hash::{chain, TenantId};
-use compactor_plugin_api::{
-    BoxFuture, Caller, SummarizeError, Summarizer, Summary, SummaryRequest,
-};
+use compactor_plugin_api::Caller;
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion, Throughput};
 use serde_json::{json, Value};
-
-/// Answers at once with a fixed summary.
-struct InstantSummarizer;
-
-impl Summarizer for InstantSummarizer {
-    fn name(&self) -> &str {
-        "instant"
-    }
-
-    fn summarize<'a>(
-        &'a self,
-        _request: &'a SummaryRequest,
-    ) -> BoxFuture<'a, Result<Summary, SummarizeError>> {
-        Box::pin(async {
-            Summary::new("1. Primary Request and Intent: fix the bug.\n8. Current Work: tests.")
-        })
-    }
-}
 
 /// An agentic conversation: system, task, then rounds of assistant text, a tool call and its
 /// output, with a user message every 10 rounds. `output` is the size of each tool output.

@@ -1,49 +1,34 @@
 //! The reuse path (a request whose history matches a checkpoint) with the memory store and
 //! with the Redis store on this machine: what Redis adds to a request.
 //!
-//! One conversation of 60 messages (9 KB, then 280 KB) is compacted once per store (a fixed summarizer), then the
+//! One conversation of 60 messages (9 KB, then 280 KB) is compacted once per store (an instant summarizer), then the
 //! same request is sent through `Pipeline::handle` again and again, alternating between the two
 //! pipelines so machine noise hits both alike. Each request's time in the pipeline (scan,
 //! lookup, splice, trigger) is measured; the report gives medians and the 90th percentile, and
-//! the difference of the medians is what the Redis store adds (two round trips: the longest
-//! covered prefix and the checkpoint probe; the latest request is written off the path).
+//! the difference of the medians is what the Redis store adds (one round trip: the lookup
+//! script probes the covered prefix lengths itself; the latest request is written off the
+//! path).
 //!
 //! Starts its own `redis-server` on a free port (Debian's package:
 //! `scripts/redis-server-install`). Run: `cargo bench --bench store` (a few seconds).
+
+mod common;
 
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use common::InstantSummarizer;
 use compactor::config::Config;
 use compactor::dialect::DialectKind;
 use compactor::metrics::Metrics;
 use compactor::pipeline::{Outcome, Pipeline, RequestContext};
-use compactor_plugin_api::{
-    BoxFuture, Caller, SummarizeError, Summarizer, Summary, SummaryRequest,
-};
+use compactor_plugin_api::Caller;
 use serde_json::{json, Value};
 
 const ROUNDS: usize = 3_000;
 const MESSAGES: usize = 60;
-
-struct FixedSummarizer;
-
-impl Summarizer for FixedSummarizer {
-    fn name(&self) -> &str {
-        "fixed"
-    }
-
-    fn summarize<'a>(
-        &'a self,
-        _request: &'a SummaryRequest,
-    ) -> BoxFuture<'a, Result<Summary, SummarizeError>> {
-        Box::pin(async {
-            Summary::new("1. Primary Request and Intent: fix the bug.\n8. Current Work: tests.")
-        })
-    }
-}
 
 fn free_port() -> u16 {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -74,7 +59,7 @@ fn pipeline(store: &str) -> Arc<Pipeline> {
     ))
     .expect("config");
     let metrics = Arc::new(Metrics::new().expect("metrics"));
-    Arc::new(Pipeline::new(&config, Arc::new(FixedSummarizer), metrics))
+    Arc::new(Pipeline::new(&config, Arc::new(InstantSummarizer), metrics))
 }
 
 fn percentile(v: &mut [Duration], p: f64) -> Duration {
