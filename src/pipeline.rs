@@ -962,8 +962,9 @@ impl Pipeline {
         };
         // A step goes back under the background watermark, so it buys headroom for many
         // requests. When masking every maskable output cannot get there, masking moves in
-        // whole blocks of `mask_block` (as `mask` does) if that is enough for the trigger, and
-        // not at all otherwise (the request is summarised): never one output per request.
+        // whole blocks of `mask_block` (as `mask` does) if that is enough for the trigger;
+        // else every maskable output, if that is enough (a summary would change the prefix
+        // too, and costs a call); and not at all otherwise (the request is summarised).
         let enough = candidates.needed(fits(request.limits));
         let soft = request
             .limits
@@ -976,7 +977,13 @@ impl Pipeline {
             enough.max(headroom)
         } else {
             let block = self.masker.block.max(1);
-            candidates.len() / block * block
+            let len = candidates.len();
+            let blocks = len / block * block;
+            if blocks < enough && fits(request.limits)(candidates.saving(len)) {
+                len
+            } else {
+                blocks
+            }
         };
         let need = MaskNeed { enough, step };
         let masked = self

@@ -157,28 +157,22 @@ fn an_unknown_strategy_is_refused_by_name() {
     assert!(stderr.contains("unknown strategy `squash`"), "{stderr}");
 }
 
-/// The windows and mask blocks of README's sweep.
+/// The windows of README's sweep.
 const SWEEP_WINDOWS: [usize; 6] = [4_000, 6_000, 8_000, 10_000, 12_000, 16_000];
-const SWEEP_BLOCKS: [usize; 2] = [10, 4];
 
 /// One line of the sweep: the four transcripts replayed under `summarize` and `hybrid` with a
-/// `window`-token window and `mask_block = block`, the rest as in `strategies.toml`, summed.
-fn sweep_line(dir: &Path, window: usize, block: usize) -> (String, [usize; 4]) {
+/// `window`-token context window, the rest as in `strategies.toml`, summed.
+fn sweep_line(dir: &Path, window: usize) -> (String, [usize; 2]) {
     let base = std::fs::read_to_string(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/transcripts/strategies.toml"),
     )
     .expect("strategies.toml");
-    let config = base
-        .replace(
-            "context_window = 4000",
-            &format!("context_window = {window}"),
-        )
-        .replace(
-            "[compaction]\n",
-            &format!("[compaction]\nmask_block = {block}\n"),
-        );
+    let config = base.replace(
+        "context_window = 4000",
+        &format!("context_window = {window}"),
+    );
     assert!(config.contains(&format!("context_window = {window}")));
-    let path = dir.join(format!("sweep-{window}-{block}.toml"));
+    let path = dir.join(format!("sweep-{window}.toml"));
     std::fs::write(&path, config).expect("write config");
     let output = replay(path.to_str().expect("utf-8 path"), "summarize,hybrid");
     let rows = rows(table(&output));
@@ -186,40 +180,36 @@ fn sweep_line(dir: &Path, window: usize, block: usize) -> (String, [usize; 4]) {
         rows.iter().filter(|r| r.strategy == strategy).map(f).sum()
     };
     let compared = sum("hybrid", |r| r.compared);
-    let figures = [
-        sum("summarize", |r| r.calls),
-        sum("hybrid", |r| r.calls),
-        sum("summarize", |r| r.stable),
-        sum("hybrid", |r| r.stable),
-    ];
-    let pct = |n: usize| n * 100 / compared.max(1);
+    let stable = |strategy: &str| {
+        let n = sum(strategy, |r| r.stable);
+        format!("{n}/{compared} ({}%)", n * 100 / compared.max(1))
+    };
+    let calls = [sum("summarize", |r| r.calls), sum("hybrid", |r| r.calls)];
     let line = format!(
-        "{window:>6}  {block:>10}  {:>15}  {:>12}  {:>17}  {:>14}",
-        figures[0],
-        figures[1],
-        format!("{}/{compared} ({}%)", figures[2], pct(figures[2])),
-        format!("{}/{compared} ({}%)", figures[3], pct(figures[3])),
+        "{window:>6}  {:>15}  {:>12}  {:>16}  {:>13}  {:>16}  {:>13}",
+        calls[0],
+        calls[1],
+        sum("summarize", |r| r.tokens),
+        sum("hybrid", |r| r.tokens),
+        stable("summarize"),
+        stable("hybrid"),
     );
-    (line, figures)
+    (line, calls)
 }
 
-/// README's sweep table: hybrid against summarize over windows and mask blocks.
+/// README's sweep table: hybrid against summarize over windows.
 #[test]
-fn the_readme_sweep_is_the_replay_over_windows_and_blocks() {
+fn the_readme_sweep_is_the_replay_over_windows() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut table = String::from(
-        "window  mask_block  summarize_calls  hybrid_calls  summarize_stable   hybrid_stable",
-    );
-    for block in SWEEP_BLOCKS {
-        for window in SWEEP_WINDOWS {
-            let (line, [summarize_calls, hybrid_calls, ..]) = sweep_line(dir.path(), window, block);
-            assert!(hybrid_calls <= summarize_calls, "{line}");
-            table.push('\n');
-            table.push_str(&line);
-        }
+    let mut table = String::from(HEADER);
+    for window in SWEEP_WINDOWS {
+        let (line, [summarize_calls, hybrid_calls]) = sweep_line(dir.path(), window);
+        assert!(hybrid_calls <= summarize_calls, "{line}");
+        table.push('\n');
+        table.push_str(&line);
     }
     let at = README
-        .find("```\nwindow  mask_block")
+        .find(&format!("```\n{HEADER}"))
         .expect("README's sweep table")
         + 4;
     let len = README[at..].find("\n```").expect("the table's end");
@@ -229,3 +219,6 @@ fn the_readme_sweep_is_the_replay_over_windows_and_blocks() {
         "README's sweep table is out of date; the replay gives:\n{table}"
     );
 }
+
+/// The sweep table's header.
+const HEADER: &str = "window  summarize_calls  hybrid_calls  summarize_tokens  hybrid_tokens  summarize_stable  hybrid_stable";

@@ -417,6 +417,30 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn when_whole_blocks_are_not_enough_hybrid_masks_every_old_output_before_it_summarises()
+    {
+        // 1,400 tokens: trigger 1,190, watermark 833. Masking cannot reach the watermark, and
+        // whole blocks (8 of the 9 old outputs) leave the request over the trigger; all 9
+        // bring it under. The request is masked, not held for a summary (one is made ahead),
+        // as a summary would change the prefix as much.
+        let (outcome, _) = twelve_outputs("hybrid", 1_400, true).await;
+        let Outcome::Masked {
+            masked,
+            post_tokens,
+            ..
+        } = outcome
+        else {
+            panic!("not masked: {outcome:?}");
+        };
+        assert_eq!(masked, 9);
+        assert!(post_tokens < 1_190, "{post_tokens}");
+        // Smaller still, masking everything is not enough: the request is summarised.
+        let (outcome, calls) = twelve_outputs("hybrid", 1_200, true).await;
+        assert!(matches!(outcome, Outcome::Rewritten { .. }), "{outcome:?}");
+        assert!(calls > 0);
+    }
+
+    #[tokio::test]
     async fn observations_sent_as_user_turns_are_masked_only_when_a_pattern_says_so() {
         // SWE-agent without function calling: each command's output comes back as the next
         // user message, ending with the shell prompt; so does the task.
