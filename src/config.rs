@@ -253,7 +253,7 @@ impl Strategy {
 }
 
 /// Default of `compaction.strategy`.
-pub const DEFAULT_STRATEGY: Strategy = Strategy::Summarize;
+pub const DEFAULT_STRATEGY: Strategy = Strategy::Hybrid;
 
 /// Default of `compaction.keep_recent_outputs`.
 pub const DEFAULT_KEEP_RECENT_OUTPUTS: usize = 5;

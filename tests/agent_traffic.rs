@@ -270,6 +270,13 @@ impl Sent {
     fn compacted(&self) -> bool {
         self.ex.header("x-compactor-compacted") == Some("true")
     }
+
+    /// Old outputs masked (`mask`, `hybrid`) and no summary: the estimate went down.
+    fn masked(&self) -> bool {
+        !self.compacted()
+            && self.ex.header("x-compactor-tokens-before")
+                != self.ex.header("x-compactor-tokens-after")
+    }
 }
 
 async fn send(
@@ -903,15 +910,28 @@ fn claude_code_body(messages: &[Value]) -> Vec<u8> {
 /// alternating) or does not fit the window.
 #[tokio::test]
 async fn claude_code_typed_words_survive_every_compaction() {
+    claude_code_session_through("summarize").await;
+}
+
+/// The same session under `hybrid` (the default): masking instead of most summaries, with
+/// the same guarantees, and signed thinking blocks forwarded exactly as the client sent them.
+#[tokio::test]
+async fn claude_code_typed_words_and_signed_thinking_survive_hybrid_masking() {
+    claude_code_session_through("hybrid").await;
+}
+
+async fn claude_code_session_through(strategy: &str) {
     let mock = MockUpstream::start().await;
     let provider = Provider::install(&mock);
-    let proxy = TestProxy::start(&proxy_toml(&mock, "", "extractive")).await;
+    let compaction = format!("strategy = \"{strategy}\"\n");
+    let proxy = TestProxy::start(&proxy_toml(&mock, &compaction, "extractive")).await;
     let client = TestClient::http1();
     let session = claude_code_session();
     let key = "sk-ant-api03-claude-code-typed-words";
     let mut max_num = 0;
     let mut losses = Losses::default();
     let mut compacted = 0;
+    let mut masked = 0;
 
     for (step, &k) in session.steps.iter().enumerate() {
         let what = format!("step {step} ({k} messages)");
@@ -934,8 +954,17 @@ async fn claude_code_typed_words_survive_every_compaction() {
         if sent.compacted() {
             compacted += 1;
             max_num = max_num.max(sent.ex.compaction_num().expect("compaction number"));
+        } else if sent.masked() {
+            masked += 1;
         } else {
             assert_eq!(sent.forwarded.body, body, "{what}: untouched");
+        }
+        let sent_thinking = thinking_blocks(&serde_json::from_slice(&body).expect("JSON"));
+        for block in thinking_blocks(&v) {
+            assert!(
+                sent_thinking.contains(&block),
+                "{what}: a thinking block the client did not send: {block}"
+            );
         }
         let view = View::of(&v["messages"]);
         let what = format!(
@@ -944,15 +973,31 @@ async fn claude_code_typed_words_survive_every_compaction() {
         );
         check_typed_words(&what, &view, &session.typed_before(k), &mut losses);
     }
-    assert!(
-        max_num >= 3,
-        "the session compacts several times (reached #{max_num})"
-    );
-    assert!(compacted > max_num as usize, "summaries are reused");
+    if strategy == "summarize" {
+        assert_eq!(masked, 0);
+        assert!(
+            max_num >= 3,
+            "the session compacts several times (reached #{max_num})"
+        );
+        assert!(compacted > max_num as usize, "summaries are reused");
+    } else {
+        assert!(masked > 0, "old outputs are masked");
+    }
     assert_eq!(provider.refused(), Vec::<String>::new());
     assert_eq!(automatic(&proxy, "failed").await, 0.0);
     losses.assert_none("the Claude Code session");
     proxy.shutdown().await;
+}
+
+/// Every `thinking` and `redacted_thinking` block of an Anthropic request, as sent.
+fn thinking_blocks(request: &Value) -> Vec<Value> {
+    let messages = request["messages"].as_array().into_iter().flatten();
+    messages
+        .filter_map(|m| m["content"].as_array())
+        .flatten()
+        .filter(|b| matches!(b["type"].as_str(), Some("thinking" | "redacted_thinking")))
+        .cloned()
+        .collect()
 }
 
 /// The `<user>` blocks of a compaction prompt.
@@ -1255,13 +1300,26 @@ fn codex_body(input: &[Value]) -> Vec<u8> {
 /// if a field other than `input` (`store`, `include`, `instructions`) changes.
 #[tokio::test]
 async fn codex_typed_words_survive_and_reasoning_items_are_never_altered() {
+    codex_session_through("summarize").await;
+}
+
+/// The same session under `hybrid` (the default): masked outputs keep their calls, and
+/// reasoning items stay exactly as sent.
+#[tokio::test]
+async fn codex_typed_words_and_reasoning_items_survive_hybrid_masking() {
+    codex_session_through("hybrid").await;
+}
+
+async fn codex_session_through(strategy: &str) {
     let mock = MockUpstream::start().await;
     let provider = Provider::install(&mock);
-    let proxy = TestProxy::start(&proxy_toml(&mock, "", "extractive")).await;
+    let compaction = format!("strategy = \"{strategy}\"\n");
+    let proxy = TestProxy::start(&proxy_toml(&mock, &compaction, "extractive")).await;
     let client = TestClient::http1();
     let session = codex_session();
     let key = "sk-proj-codex-typed-words";
     let mut max_num = 0;
+    let mut masked = 0;
     let mut losses = Losses::default();
 
     for (step, &k) in session.steps.iter().enumerate() {
@@ -1284,6 +1342,8 @@ async fn codex_typed_words_survive_and_reasoning_items_are_never_altered() {
         );
         if sent.compacted() {
             max_num = max_num.max(sent.ex.compaction_num().expect("compaction number"));
+        } else if sent.masked() {
+            masked += 1;
         } else {
             assert_eq!(sent.forwarded.body, body, "{what}: untouched");
         }
@@ -1323,10 +1383,15 @@ async fn codex_typed_words_survive_and_reasoning_items_are_never_altered() {
         );
         check_typed_words(&what, &view, &session.typed_before(k), &mut losses);
     }
-    assert!(
-        max_num >= 3,
-        "the session compacts several times (reached #{max_num})"
-    );
+    if strategy == "summarize" {
+        assert_eq!(masked, 0);
+        assert!(
+            max_num >= 3,
+            "the session compacts several times (reached #{max_num})"
+        );
+    } else {
+        assert!(masked > 0, "old outputs are masked");
+    }
     assert_eq!(provider.refused(), Vec::<String>::new());
     assert_eq!(automatic(&proxy, "failed").await, 0.0);
     losses.assert_none("the Codex session");

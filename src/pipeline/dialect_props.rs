@@ -110,7 +110,7 @@ fn runtime() -> tokio::runtime::Runtime {
 
 fn engine_toml(max_messages: usize, min_preserve: usize, max_preserve: usize) -> String {
     format!(
-        "[compaction]\nmax_messages = {max_messages}\nmin_preserve_tokens = {min_preserve}\n\
+        "[compaction]\nstrategy = \"summarize\"\nmax_messages = {max_messages}\nmin_preserve_tokens = {min_preserve}\n\
          max_preserve_tokens = {max_preserve}\n[models.\"claude-test\"]\ncontext_window = 3000\n\
          [models.\"gpt-test\"]\ncontext_window = 3000\n[summarizer.openai]\nmax_tokens = 200\n"
     )

@@ -417,8 +417,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn when_whole_blocks_are_not_enough_hybrid_masks_every_old_output_before_it_summarises()
-    {
+    async fn when_whole_blocks_are_not_enough_hybrid_masks_every_old_output_before_it_summarises() {
         // 1,400 tokens: trigger 1,190, watermark 833. Masking cannot reach the watermark, and
         // whole blocks (8 of the 9 old outputs) leave the request over the trigger; all 9
         // bring it under. The request is masked, not held for a summary (one is made ahead),

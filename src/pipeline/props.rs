@@ -277,7 +277,7 @@ fn rewritten_requests_stay_valid_verbatim_and_smaller() {
         let messages = render(&case.systems, &case.turns);
         let body = request(&case, &messages);
         let cfg = config(&format!(
-            "[compaction]\nmax_messages = {}\nmin_preserve_tokens = {}\nmax_preserve_tokens = {}\n\
+            "[compaction]\nstrategy = \"summarize\"\nmax_messages = {}\nmin_preserve_tokens = {}\nmax_preserve_tokens = {}\n\
              [models.tiny]\ncontext_window = 3000\n",
             case.max_messages, case.min_preserve, case.max_preserve
         ));
