@@ -936,29 +936,57 @@ impl Pipeline {
         }
         let scan = request.scan;
         let estimator = self.engine.estimator();
-        let planned = match covered {
-            None => masking::plan(scan, &self.masker, 0, 0, estimator),
-            Some(covered) => scan
-                .verbatim_from(covered)
-                .and_then(|from| masking::plan(scan, &self.masker, covered, from, estimator)),
+        let start = covered.unwrap_or(0);
+        let from = match covered.map_or(Ok(0), |covered| scan.verbatim_from(covered)) {
+            Ok(from) => from,
+            Err(e) => return self.unreadable(scan, &e),
         };
-        let candidates = match planned {
-            Ok(candidates) => candidates,
-            Err(e) => {
-                self.metrics.mask_failed(scan.dialect());
-                tracing::warn!(error = %e, "old outputs not readable; forwarding them as sent");
-                return Masking::default();
-            }
-        };
+        let find = || Found::in_scan(scan, &self.masker, start);
         if self.strategy != Strategy::Hybrid {
-            return candidates.all();
-        }
-        if candidates.is_empty() {
-            return Masking::default();
+            return match find().and_then(|f| f.weigh(scan, from, estimator, usize::MAX)) {
+                Ok(candidates) => candidates.all(),
+                Err(e) => self.unreadable(scan, &e),
+            };
         }
         let (count, tokens) = view;
         let fits = |limits: Limits| {
             move |saved: usize| limits.check(count, tokens.saturating_sub(saved)).is_none()
+        };
+        let soft = request
+            .limits
+            .watermark(self.background_ratio)
+            .unwrap_or(request.limits);
+        if fits(soft)(0) {
+            // Under the watermark as sent: no step is due and no summary is made ahead, so only
+            // the floor an earlier request left is masked, and only its outputs are read
+            // (reading and weighing every output of every request doubled a tool-heavy
+            // request's cost). A request that cannot hold an output old enough to mask
+            // (counted by a substring search) does not ask the store.
+            let bound = (start..scan.len())
+                .map(|i| scan.outputs_bound(i, self.masker.observations.is_some()))
+                .fold(0, usize::saturating_add);
+            if self.masker.rule.masked(bound) == 0 {
+                return Masking::default();
+            }
+            let floor = self
+                .mask_floor(request, start, MaskNeed { enough: 0, step: 0 })
+                .await;
+            if floor == 0 {
+                return Masking::default();
+            }
+            return match find().and_then(|f| f.weigh(scan, from, estimator, floor)) {
+                Ok(candidates) => candidates.first(floor),
+                Err(e) => self.unreadable(scan, &e),
+            };
+        }
+        let found = match find() {
+            Ok(found) if found.is_empty() => return Masking::default(),
+            Ok(found) => found,
+            Err(e) => return self.unreadable(scan, &e),
+        };
+        let candidates = match found.weigh(scan, from, estimator, usize::MAX) {
+            Ok(candidates) => candidates,
+            Err(e) => return self.unreadable(scan, &e),
         };
         // A step goes back under the background watermark, so it buys headroom for many
         // requests. When masking every maskable output cannot get there, masking moves in
@@ -966,10 +994,6 @@ impl Pipeline {
         // else every maskable output, if that is enough (a summary would change the prefix
         // too, and costs a call); and not at all otherwise (the request is summarised).
         let enough = candidates.needed(fits(request.limits));
-        let soft = request
-            .limits
-            .watermark(self.background_ratio)
-            .unwrap_or(request.limits);
         let headroom = candidates.needed(fits(soft));
         let step = if enough == 0 {
             0
@@ -985,21 +1009,29 @@ impl Pipeline {
                 blocks
             }
         };
-        let need = MaskNeed { enough, step };
         let masked = self
-            .store
-            .raise_mask_floor(
-                request.tenant,
-                request.session,
-                covered.unwrap_or(0),
-                need,
-            )
+            .mask_floor(request, start, MaskNeed { enough, step })
+            .await;
+        candidates.first(masked)
+    }
+
+    /// How many outputs `request` masks, from the conversation's stored mask floor and what
+    /// it `need`s (see [`MaskFloor::raise`]).
+    async fn mask_floor(&self, request: &Request<'_, '_>, covered: usize, need: MaskNeed) -> usize {
+        self.store
+            .raise_mask_floor(request.tenant, request.session, covered, need)
             .await
             .unwrap_or_else(|e| {
                 tracing::warn!(error = %e, "mask floor unavailable; masking as if it were the first step");
-                MaskFloor::raise(None, covered.unwrap_or(0), need).1
-            });
-        candidates.first(masked)
+                MaskFloor::raise(None, covered, need).1
+            })
+    }
+
+    /// Old outputs that cannot be read: forwarded as sent, counted.
+    fn unreadable<'b>(&self, scan: &Scan<'_>, e: &DialectError) -> Masking<'b> {
+        self.metrics.mask_failed(scan.dialect());
+        tracing::warn!(error = %e, "old outputs not readable; forwarding them as sent");
+        Masking::default()
     }
 
     /// After waiting on another request's compaction: splice whatever it stored. A request
@@ -1667,7 +1699,7 @@ mod background;
 mod masking;
 
 use background::Background;
-use masking::{Masker, Masking};
+use masking::{Found, Masker, Masking};
 
 #[cfg(test)]
 mod dialect_props;

@@ -64,6 +64,24 @@ pub const CALL_SEARCH_MESSAGES: usize = 64;
 const IMAGE_TYPES: &[&str] = &["image", "image_url", "input_image", "computer_screenshot"];
 
 impl<'a> Scan<'a> {
+    /// At most how many outputs message `index` holds, [`Scan::outputs`] and, with
+    /// `observations`, [`Scan::observation`] counted together: a substring search, no parse,
+    /// so a request with too few outputs to mask any is known without reading them.
+    pub fn outputs_bound(&self, index: usize, observations: bool) -> usize {
+        let Some(raw) = self.messages.get(index) else {
+            return 0;
+        };
+        let outputs = match self.dialect {
+            DialectKind::ChatCompletions => {
+                usize::from(raw.contains("\"tool\"") || raw.contains("\"function\""))
+            }
+            DialectKind::Messages => raw.matches("tool_result").count(),
+            DialectKind::Responses if self.input_is_string => 0,
+            DialectKind::Responses => usize::from(raw.contains("_call_output")),
+        };
+        outputs + usize::from(observations && raw.contains("\"user\""))
+    }
+
     /// The tool outputs message `index` holds, in order (Anthropic: one per `tool_result`
     /// block; otherwise at most one).
     pub fn outputs(&self, index: usize) -> Result<Vec<WireOutput<'a>>, DialectError> {

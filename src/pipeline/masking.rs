@@ -48,11 +48,6 @@ pub(super) struct Candidates<'a> {
 }
 
 impl<'a> Candidates<'a> {
-    /// Whether no output may be masked.
-    pub fn is_empty(&self) -> bool {
-        self.outputs.is_empty()
-    }
-
     /// Outputs that may be masked.
     pub fn len(&self) -> usize {
         self.outputs.len()
@@ -122,67 +117,84 @@ pub(super) struct Masker {
 
 /// The outputs of the conversation `scan` forwards from message `start` on (after the system
 /// head, or after the messages a stored summary covers) that the rule lets a request mask,
-/// with their placeholders; those in messages before `maskable_from` (a message the summary
-/// is merged into is rewritten whole) and those whose placeholder would be no shorter than the
-/// output as sent stay as sent.
-pub(super) fn plan<'a>(
-    scan: &Scan<'a>,
-    masker: &Masker,
-    start: usize,
-    maskable_from: usize,
-    estimator: &LazyEstimator,
-) -> Result<Candidates<'a>, DialectError> {
-    let mut outputs = Vec::new();
-    for i in start..scan.len() {
-        let found = scan.outputs(i)?;
-        if found.is_empty() {
-            if let Some(pattern) = &masker.observations {
-                if let Some(turn) = scan.observation(i)? {
-                    let said = turn.value.map(output_text).transpose()?;
-                    if said.is_some_and(|t| pattern.is_match(&t.text)) {
-                        outputs.push(WireOutput {
-                            name: Some(OBSERVATION.to_string()),
-                            ..turn
-                        });
+/// oldest first, not yet weighed.
+pub(super) struct Found<'a>(Vec<WireOutput<'a>>);
+
+impl<'a> Found<'a> {
+    /// Finds them: a substring test skips messages that cannot hold an output, and a
+    /// structural pass reads the others.
+    pub fn in_scan(scan: &Scan<'a>, masker: &Masker, start: usize) -> Result<Self, DialectError> {
+        let mut outputs = Vec::new();
+        for i in start..scan.len() {
+            let found = scan.outputs(i)?;
+            if found.is_empty() {
+                if let Some(pattern) = &masker.observations {
+                    if let Some(turn) = scan.observation(i)? {
+                        let said = turn.value.map(output_text).transpose()?;
+                        if said.is_some_and(|t| pattern.is_match(&t.text)) {
+                            outputs.push(WireOutput {
+                                name: Some(OBSERVATION.to_string()),
+                                ..turn
+                            });
+                        }
                     }
                 }
             }
+            outputs.extend(found);
         }
-        outputs.extend(found);
+        let masked = masker.rule.masked(outputs.len());
+        outputs.truncate(masked);
+        Ok(Found(outputs))
     }
-    let rule = masker.rule;
-    let mut candidates = Candidates::default();
-    let masked = rule.masked(outputs.len());
-    for output in outputs.into_iter().take(masked) {
-        let Some(value) = output.value.filter(|_| output.message >= maskable_from) else {
-            candidates.outputs.push(None);
-            continue;
-        };
-        let content = output_text(value)?;
-        let name = output.name.clone().or_else(|| {
-            output
-                .call_id
-                .as_deref()
-                .and_then(|id| scan.call_name(id, output.message))
-        });
-        let text = placeholder(
-            output.call_id.as_deref(),
-            name.as_deref(),
-            &content.text,
-            content.images,
-        );
-        if serde_json::to_string(&text)?.len() >= value.len() {
-            candidates.outputs.push(None); // already shorter than its placeholder
-            continue;
+
+    /// Whether the rule lets no output be masked.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The placeholders of the first `limit` of them and what each saves (the rest are not
+    /// weighed: [`Candidates`] then knows only those); those in messages before
+    /// `maskable_from` (a message the summary is merged into is rewritten whole) and those
+    /// whose placeholder would be no shorter than the output as sent stay as sent.
+    pub fn weigh(
+        self,
+        scan: &Scan<'a>,
+        maskable_from: usize,
+        estimator: &LazyEstimator,
+        limit: usize,
+    ) -> Result<Candidates<'a>, DialectError> {
+        let mut candidates = Candidates::default();
+        for output in self.0.into_iter().take(limit) {
+            let Some(value) = output.value.filter(|_| output.message >= maskable_from) else {
+                candidates.outputs.push(None);
+                continue;
+            };
+            let content = output_text(value)?;
+            let name = output.name.clone().or_else(|| {
+                output
+                    .call_id
+                    .as_deref()
+                    .and_then(|id| scan.call_name(id, output.message))
+            });
+            let text = placeholder(
+                output.call_id.as_deref(),
+                name.as_deref(),
+                &content.text,
+                content.images,
+            );
+            if serde_json::to_string(&text)?.len() >= value.len() {
+                candidates.outputs.push(None); // already shorter than its placeholder
+                continue;
+            }
+            let before = estimator.counts(Counts {
+                text: text_weight(&content.text),
+                images: content.images,
+            });
+            let saved = before.saturating_sub(estimator.text(&text));
+            candidates.outputs.push(Some((Edit { value, text }, saved)));
         }
-        let before = estimator.counts(Counts {
-            text: text_weight(&content.text),
-            images: content.images,
-        });
-        let saved = before.saturating_sub(estimator.text(&text));
-        candidates.outputs.push(Some((Edit { value, text }, saved)));
+        Ok(candidates)
     }
-    Ok(candidates)
 }
 
 #[cfg(test)]
@@ -397,6 +409,36 @@ mod tests {
                 .await,
         );
         assert_eq!(again, first);
+    }
+
+    #[tokio::test]
+    async fn far_under_its_trigger_a_request_still_masks_the_conversations_floor() {
+        let config = strategy(
+            "hybrid",
+            "[models.\"gpt-4o\"]\ncontext_window = 2500\n[models.big]\ncontext_window = 100000\n",
+        );
+        let messages = agent(12, 600);
+        let (c, _) = compactor(&config, FakeSummarizer::text("never"));
+        let first = masked(
+            &c.process(DialectKind::ChatCompletions, &request(&messages), &caller())
+                .await,
+        );
+        assert!(first > 0);
+        // The same conversation sent to a model with a far larger window: nowhere near its
+        // trigger, it masks what the first request masked, so the prefix stays as cached.
+        let big = json!({"model": "big", "messages": messages})
+            .to_string()
+            .into_bytes();
+        let again = c
+            .process(DialectKind::ChatCompletions, &big, &caller())
+            .await;
+        assert_eq!(masked(&again), first);
+        // A conversation the store holds no floor for is forwarded as sent.
+        let (fresh, _) = compactor(&config, FakeSummarizer::text("never"));
+        let alone = fresh
+            .process(DialectKind::ChatCompletions, &big, &caller())
+            .await;
+        assert!(matches!(alone, Outcome::Unchanged), "{alone:?}");
     }
 
     #[tokio::test]
