@@ -36,6 +36,7 @@ use crate::compaction::prompt::summary_message;
 use crate::compaction::trigger::{BackgroundOutcome, CompactionOutcome, Limits, Trigger};
 use crate::compaction::{CompactionResult, MAX_ATTEMPTS_PER_REQUEST};
 use crate::config::{Config, StoreBackend, Strategy};
+use crate::dialect::scan_memo::{Remembering, ScanMemo};
 use crate::dialect::{DialectError, DialectKind, Scan};
 use crate::metrics::Metrics;
 use crate::overflow::Overflow;
@@ -204,6 +205,8 @@ pub struct Pipeline {
     /// Chain hashes of histories already seen, so a long conversation's next request hashes
     /// only its new messages.
     memo: ChainMemo,
+    /// Conversation arrays already read, so a request reads only the messages it adds.
+    scan_memo: ScanMemo,
     enabled: bool,
     /// `compaction.strategy`.
     strategy: Strategy,
@@ -273,6 +276,7 @@ impl Pipeline {
             background: Arc::new(Background::new(config.summarizer.max_concurrent)),
             background_ratio: config.compaction.background_ratio,
             memo: ChainMemo::default(),
+            scan_memo: ScanMemo::default(),
             enabled: config.compaction.enabled,
             strategy: config.compaction.strategy,
             masker: Masker {
@@ -435,7 +439,13 @@ impl Pipeline {
         if !self.enabled {
             return Processed::default();
         }
-        let scan = match dialect.scan(body, self.engine.estimator()) {
+        let tenant = TenantId::from_caller(context.caller);
+        let remembering = Remembering {
+            memo: &self.scan_memo,
+            body,
+            scope: tenant.0,
+        };
+        let scan = match dialect.scan_remembering(&remembering, self.engine.estimator()) {
             Ok(scan) => scan,
             Err(DialectError::ServerState) => {
                 self.metrics.server_state_passthrough();
@@ -450,7 +460,6 @@ impl Pipeline {
             .request_tokens_estimated
             .observe(scan.tokens as f64);
 
-        let tenant = TenantId::from_caller(context.caller);
         let session = session_of(&scan, &tenant, context.session_header);
         let latest = LatestRequest {
             tenant,

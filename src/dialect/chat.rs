@@ -24,7 +24,8 @@ use super::json::{
     as_tokens, fast_object, fast_skip, fast_text, leaf_weight, skip_scalars, OneOf,
     StrWeightVisitor, TextWeight,
 };
-use super::split::{decode, field, object_fields, present, read_array_with, value};
+use super::scan_memo::{read_conversation, Remembering};
+use super::split::{decode, field, object_fields, present, value};
 use super::{DialectError, DialectKind, Scan, ScanFields};
 use crate::estimate::{
     json_literal_weight, json_string_weight, text_weight, Counts, LazyEstimator,
@@ -33,16 +34,21 @@ use crate::transcript::{Message, Part, Role, ToolCall};
 
 /// Reads a request once: its messages as raw slices of `body`, each counted (see
 /// [`super::Scan`]).
-pub fn scan<'a>(body: &'a str, estimator: &LazyEstimator) -> Result<Scan<'a>, DialectError> {
+pub fn scan<'a>(
+    body: &'a str,
+    estimator: &LazyEstimator,
+    memo: Option<&Remembering<'_>>,
+) -> Result<Scan<'a>, DialectError> {
     let mut conversation = None;
     let fields = object_fields(body, "messages", |rest| {
-        let (read, len) = read_array_with(rest, fast_message)?;
+        let fast = |m| fast_message(m).map(|(stats, len)| (stats.0, len));
+        let (read, len) = read_conversation::<MessageStats>(rest, fast, memo)?;
         conversation = read;
         Ok(len)
     })?;
     field(&fields, "messages")?;
     let (messages, stats) = conversation.ok_or(DialectError::NoConversation("messages"))?;
-    let tokens = stats.into_iter().map(|s| estimator.counts(s.0)).collect();
+    let tokens = stats.into_iter().map(|s| estimator.counts(s)).collect();
     let max_completion: Option<Value> = decode(&fields, "max_completion_tokens")?;
     let max_tokens: Option<Value> = decode(&fields, "max_tokens")?;
     let mut fixed_tokens = 0usize;

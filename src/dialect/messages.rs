@@ -32,7 +32,8 @@ use super::json::{
     as_tokens, fast_content, fast_object, fast_skip, fast_str, leaf_weight, node_counts,
     ContentSeed, OneOf, OrderedObject, Rules,
 };
-use super::split::{decode, field, object_fields, present, read_array_with};
+use super::scan_memo::{read_conversation, Remembering};
+use super::split::{decode, field, object_fields, present};
 use super::{DialectError, DialectKind, Scan, ScanFields};
 use crate::estimate::{Counts, LazyEstimator};
 use crate::transcript::{Message, Part, Role, ToolCall, ToolResult};
@@ -60,16 +61,21 @@ const ROLES: &[&str] = &["user", "assistant"];
 
 /// Reads a request once: its messages as raw slices of `body`, each counted (see
 /// [`super::Scan`]).
-pub fn scan<'a>(body: &'a str, estimator: &LazyEstimator) -> Result<Scan<'a>, DialectError> {
+pub fn scan<'a>(
+    body: &'a str,
+    estimator: &LazyEstimator,
+    memo: Option<&Remembering<'_>>,
+) -> Result<Scan<'a>, DialectError> {
     let mut conversation = None;
     let fields = object_fields(body, "messages", |rest| {
-        let (read, len) = read_array_with(rest, fast_message)?;
+        let fast = |m| fast_message(m).map(|(stats, len)| (stats.0, len));
+        let (read, len) = read_conversation::<MessageStats>(rest, fast, memo)?;
         conversation = read;
         Ok(len)
     })?;
     field(&fields, "messages")?;
     let (messages, stats) = conversation.ok_or(DialectError::NoConversation("messages"))?;
-    let tokens = stats.into_iter().map(|s| estimator.counts(s.0)).collect();
+    let tokens = stats.into_iter().map(|s| estimator.counts(s)).collect();
     let system = match present(&fields, "system")? {
         Some(raw) => {
             let mut de = serde_json::Deserializer::from_str(raw);

@@ -22,12 +22,14 @@ pub(crate) mod json;
 pub mod messages;
 pub mod outputs;
 pub mod responses;
+pub mod scan_memo;
 pub(crate) mod split;
 
 use std::ops::Range;
 
 use crate::estimate::LazyEstimator;
 use crate::transcript::{Message, Role, Transcript};
+use scan_memo::Remembering;
 
 /// Why a body could not be read or rewritten in its dialect. Every one of these sends the
 /// request upstream unchanged.
@@ -310,14 +312,33 @@ impl DialectKind {
         body: &'a [u8],
         estimator: &LazyEstimator,
     ) -> Result<Scan<'a>, DialectError> {
+        self.scan_with(body, estimator, None)
+    }
+
+    /// [`DialectKind::scan`], reading only what `memo` has not seen of the conversation (see
+    /// [`scan_memo`]): the same scan, for less work on the next request of a conversation.
+    pub fn scan_remembering<'a>(
+        self,
+        memo: &Remembering<'a>,
+        estimator: &LazyEstimator,
+    ) -> Result<Scan<'a>, DialectError> {
+        self.scan_with(memo.body, estimator, Some(memo))
+    }
+
+    fn scan_with<'a>(
+        self,
+        body: &'a [u8],
+        estimator: &LazyEstimator,
+        memo: Option<&Remembering<'_>>,
+    ) -> Result<Scan<'a>, DialectError> {
         // `compat` for where an invalid body stops being UTF-8, as `std::str::from_utf8` says.
         let text = simdutf8::compat::from_utf8(body).map_err(|e| DialectError::Malformed {
             at: e.valid_up_to(),
         })?;
         match self {
-            DialectKind::ChatCompletions => chat::scan(text, estimator),
-            DialectKind::Messages => messages::scan(text, estimator),
-            DialectKind::Responses => responses::scan(text, estimator),
+            DialectKind::ChatCompletions => chat::scan(text, estimator, memo),
+            DialectKind::Messages => messages::scan(text, estimator, memo),
+            DialectKind::Responses => responses::scan(text, estimator, memo),
         }
     }
 

@@ -29,7 +29,8 @@ use serde_json::Value;
 
 use super::json::NodeSeed;
 use super::json::{as_tokens, fast_node, leaf_weight, node_counts, Rules, StrWeight};
-use super::split::{decode, object_fields, present, read_array_with, value_len};
+use super::scan_memo::{read_conversation, Remembering};
+use super::split::{decode, object_fields, present, value_len};
 use super::{DialectError, DialectKind, Scan, ScanFields};
 use crate::estimate::{Counts, LazyEstimator};
 use crate::transcript::{Message, Part, Role, ToolCall};
@@ -59,15 +60,19 @@ pub(crate) static RULES: Rules = Rules {
 /// Reads a request once: its input items as raw slices of `body`, each counted (see
 /// [`super::Scan`]). A request whose history lives on the provider is
 /// [`DialectError::ServerState`].
-pub fn scan<'a>(body: &'a str, estimator: &LazyEstimator) -> Result<Scan<'a>, DialectError> {
+pub fn scan<'a>(
+    body: &'a str,
+    estimator: &LazyEstimator,
+    memo: Option<&Remembering<'_>>,
+) -> Result<Scan<'a>, DialectError> {
     let mut read_items = None;
     let fields = object_fields(body, "input", |rest| {
         if !rest.starts_with('[') {
             return value_len(rest);
         }
         // Items read by hand when plain (`super::json::fast_node`), by serde otherwise.
-        let fast = |item| fast_node(item, &RULES, 0).map(|(c, len)| (ItemCounts(c), len));
-        let (read, len) = read_array_with(rest, fast)?;
+        let fast = |item| fast_node(item, &RULES, 0);
+        let (read, len) = read_conversation::<ItemCounts>(rest, fast, memo)?;
         read_items = read;
         Ok(len)
     })?;
@@ -78,7 +83,7 @@ pub fn scan<'a>(body: &'a str, estimator: &LazyEstimator) -> Result<Scan<'a>, Di
     }
     let input = present(&fields, "input")?.ok_or(DialectError::NoConversation("input"))?;
     let (items, tokens, input_is_string) = if let Some((items, counts)) = read_items {
-        let tokens = counts.into_iter().map(|c| estimator.counts(c.0)).collect();
+        let tokens = counts.into_iter().map(|c| estimator.counts(c)).collect();
         (items, tokens, false)
     } else {
         // A string `input` is one user message (anything else is not a Responses request).
@@ -105,6 +110,12 @@ pub fn scan<'a>(body: &'a str, estimator: &LazyEstimator) -> Result<Scan<'a>, Di
 
 /// What the model reads of one input item, counted as a node.
 struct ItemCounts(Counts);
+
+impl From<ItemCounts> for Counts {
+    fn from(item: ItemCounts) -> Counts {
+        item.0
+    }
+}
 
 impl<'de> Deserialize<'de> for ItemCounts {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {

@@ -82,19 +82,45 @@ pub(crate) fn read_array<'a, T: serde::Deserialize<'a>>(
 #[allow(clippy::type_complexity)]
 pub(crate) fn read_array_with<'a, T: serde::Deserialize<'a>>(
     text: &'a str,
-    mut fast: impl FnMut(&'a str) -> Option<(T, usize)>,
+    fast: impl FnMut(&'a str) -> Option<(T, usize)>,
 ) -> Result<(Option<(Vec<&'a str>, Vec<T>)>, usize), DialectError> {
+    read_array_after::<T, T>(text, fast, None)
+}
+
+/// Leading elements of an array already read: their slices and values, and where the last
+/// ends (from the array's `[`).
+pub(crate) type Read<'a, V> = (Vec<&'a str>, Vec<V>, usize);
+
+/// [`read_array_with`], each element's value kept as a `V` (serde's `T` converted), after the
+/// elements `known` says were read already (`None`: from the start). Those are trusted as they
+/// are: the caller vouches that `text` holds them, byte for byte, where they say.
+#[allow(clippy::type_complexity)]
+pub(crate) fn read_array_after<'a, T: serde::Deserialize<'a> + Into<V>, V>(
+    text: &'a str,
+    mut fast: impl FnMut(&'a str) -> Option<(V, usize)>,
+    known: Option<Read<'a, V>>,
+) -> Result<(Option<(Vec<&'a str>, Vec<V>)>, usize), DialectError> {
     let b = text.as_bytes();
     if b.starts_with(b"null") {
         return Ok((None, 4));
     }
     expect(b, 0, b'[')?;
-    let mut i = skip_ws(b, 1);
-    let mut elements = Vec::with_capacity(64);
-    let mut values = Vec::with_capacity(64);
-    if b.get(i) == Some(&b']') {
-        return Ok((Some((elements, values)), i + 1));
-    }
+    let (mut elements, mut values, mut i) = match known {
+        Some((elements, values, end)) if !elements.is_empty() => {
+            // Right after an element: a delimiter.
+            match next(b, skip_ws(b, end))? {
+                Next::Element(i) => (elements, values, i),
+                Next::End(len) => return Ok((Some((elements, values)), len)),
+            }
+        }
+        _ => {
+            let i = skip_ws(b, 1);
+            if b.get(i) == Some(&b']') {
+                return Ok((Some((Vec::new(), Vec::new())), i + 1));
+            }
+            (Vec::with_capacity(64), Vec::with_capacity(64), i)
+        }
+    };
     loop {
         let rest = text.get(i..).ok_or_else(|| malformed(i))?;
         let len = match fast(rest) {
@@ -104,19 +130,34 @@ pub(crate) fn read_array_with<'a, T: serde::Deserialize<'a>>(
             }
             None => {
                 let mut stream = serde_json::Deserializer::from_str(rest).into_iter::<T>();
-                values.push(stream.next().ok_or_else(|| malformed(i))??);
+                values.push(stream.next().ok_or_else(|| malformed(i))??.into());
                 // The stream stops right after the element: it looks no further than a
                 // delimiter.
                 stream.byte_offset()
             }
         };
         elements.push(slice(text, i, i + len)?);
-        i = skip_ws(b, i + len);
-        match b.get(i) {
-            Some(b',') => i = skip_ws(b, i + 1),
-            Some(b']') => return Ok((Some((elements, values)), i + 1)),
-            _ => return Err(malformed(i)),
+        match next(b, skip_ws(b, i + len))? {
+            Next::Element(next) => i = next,
+            Next::End(len) => return Ok((Some((elements, values)), len)),
         }
+    }
+}
+
+/// What follows an array element.
+enum Next {
+    /// Another element, starting here.
+    Element(usize),
+    /// The array's end: the bytes it took.
+    End(usize),
+}
+
+/// The delimiter at `i`, after an element.
+fn next(b: &[u8], i: usize) -> Result<Next, DialectError> {
+    match b.get(i) {
+        Some(b',') => Ok(Next::Element(skip_ws(b, i + 1))),
+        Some(b']') => Ok(Next::End(i + 1)),
+        _ => Err(malformed(i)),
     }
 }
 

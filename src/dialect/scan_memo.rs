@@ -1,0 +1,381 @@
+//! Conversation arrays of recent requests, remembered by their bytes, so that the next request
+//! of a conversation reads only the messages it adds.
+//!
+//! Agents send the whole conversation on every call: the same bytes as last time, new
+//! messages at the end. Reading it (finding each message, weighing every string for the token
+//! estimate) is most of what inspecting a long request costs. [`ScanMemo`] keeps, per
+//! conversation, the bytes of the array read last (from its `[` to the end of its last
+//! element) with each element's place and counts. A request whose array starts with exactly
+//! those bytes (compared, not hashed: a match is certain, whatever the bytes) takes those
+//! elements as read and reads on from there; anything else is read in full, as without the
+//! memo. An element's counts depend on its bytes alone, so the answer is the same either way.
+//!
+//! Entries are found by a fingerprint of the array's first [`KEY_BYTES`] bytes under a scope
+//! (the tenant), so one tenant's requests never compare against another's. Conversations that
+//! open alike (one system prompt, many tasks) share a bucket of at most [`BUCKET`] entries; a
+//! comparison stops at the first differing byte. An entry holds a slice of its request's body
+//! (shared, not copied), and the bodies held count against [`BUDGET`]: when it would be
+//! exceeded the table is emptied, as the chain-hash memo does.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use bytes::Bytes;
+use serde::Deserialize;
+use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
+
+use super::split::{read_array_after, Read};
+use super::DialectError;
+use crate::estimate::Counts;
+
+/// Bytes of an array's start that find its entries. Shorter arrays are not remembered: they
+/// cost little to read, and their start changes as they grow.
+pub const KEY_BYTES: usize = 512;
+
+/// Entries kept per fingerprint (conversations that open with the same bytes).
+pub const BUCKET: usize = 8;
+
+/// Request bodies the memo may hold, in bytes, before it is emptied.
+pub const BUDGET: usize = 64 << 20;
+
+/// Remembered conversation arrays, shared by every request of the process.
+#[derive(Debug)]
+pub struct ScanMemo {
+    /// Random per process: fingerprints cannot be chosen to collide from outside.
+    seed: u64,
+    table: Mutex<Table>,
+}
+
+#[derive(Debug, Default)]
+struct Table {
+    entries: HashMap<([u8; 16], u64), Vec<Arc<Known>>, foldhash::fast::RandomState>,
+    /// Body bytes the entries keep alive.
+    held: usize,
+}
+
+/// One array as read: its bytes up to the end of its last element, and each element's place
+/// (from the `[`) and counts.
+#[derive(Debug)]
+struct Known {
+    bytes: Bytes,
+    spans: Vec<(u32, u32)>,
+    counts: Vec<Counts>,
+    /// The whole body `bytes` is a slice of (what keeping it costs).
+    held: usize,
+}
+
+impl Default for ScanMemo {
+    fn default() -> Self {
+        // A random value without a dependency for it: std's per-process hash keys.
+        let seed = std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish();
+        ScanMemo {
+            seed,
+            table: Mutex::new(Table::default()),
+        }
+    }
+}
+
+/// A request's use of the memo: the memo, the request's body (entries keep slices of it) and
+/// the scope its entries live under.
+#[derive(Debug, Clone, Copy)]
+pub struct Remembering<'m> {
+    pub memo: &'m ScanMemo,
+    pub body: &'m Bytes,
+    pub scope: [u8; 16],
+}
+
+impl ScanMemo {
+    fn key(&self, scope: &[u8; 16], text: &str) -> Option<([u8; 16], u64)> {
+        let start = text.as_bytes().get(..KEY_BYTES)?;
+        Some((*scope, xxh3_64_with_seed(start, self.seed ^ xxh3_64(scope))))
+    }
+
+    /// The longest remembered array that `text` starts with.
+    fn find(&self, key: &([u8; 16], u64), text: &str) -> Option<Arc<Known>> {
+        let bucket: Vec<Arc<Known>> = {
+            let table = self.table.lock().unwrap_or_else(PoisonError::into_inner);
+            table.entries.get(key)?.clone()
+        };
+        bucket
+            .into_iter()
+            .filter(|k| text.as_bytes().starts_with(&k.bytes))
+            .max_by_key(|k| k.bytes.len())
+    }
+
+    /// Remembers the array `elements` were read from, replacing `extended` (the entry it
+    /// grew from). Nothing when the array is not a slice of `body`, is too long to place in
+    /// 32 bits, or adds nothing to `extended`.
+    fn remember(
+        &self,
+        key: ([u8; 16], u64),
+        body: &Bytes,
+        text: &str,
+        elements: &[&str],
+        counts: &[Counts],
+        extended: Option<&Arc<Known>>,
+    ) {
+        if extended.is_some_and(|k| k.spans.len() >= elements.len()) {
+            return;
+        }
+        let Some(last) = elements.last() else {
+            return;
+        };
+        let origin = text.as_ptr() as usize;
+        let offset = |s: &str| (s.as_ptr() as usize).checked_sub(origin);
+        let Some(end) = offset(last).map(|at| at + last.len()) else {
+            return;
+        };
+        let Some(start) = origin.checked_sub(body.as_ptr() as usize) else {
+            return;
+        };
+        if start + end > body.len() {
+            return;
+        }
+        let spans: Option<Vec<(u32, u32)>> = elements
+            .iter()
+            .map(|e| {
+                Some((
+                    u32::try_from(offset(e)?).ok()?,
+                    u32::try_from(e.len()).ok()?,
+                ))
+            })
+            .collect();
+        let Some(spans) = spans else {
+            return;
+        };
+        let known = Arc::new(Known {
+            bytes: body.slice(start..start + end),
+            spans,
+            counts: counts.to_vec(),
+            held: body.len(),
+        });
+        let mut table = self.table.lock().unwrap_or_else(PoisonError::into_inner);
+        if table.held + known.held > BUDGET {
+            table.entries.clear();
+            table.held = 0;
+        }
+        let mut freed = 0;
+        let bucket = table.entries.entry(key).or_default();
+        if let Some(old) = extended {
+            if let Some(at) = bucket.iter().position(|k| Arc::ptr_eq(k, old)) {
+                freed += bucket.remove(at).held;
+            }
+        }
+        if bucket.len() >= BUCKET {
+            freed += bucket.remove(0).held;
+        }
+        let held = known.held;
+        bucket.push(known);
+        table.held = table.held + held - freed;
+    }
+}
+
+impl Known {
+    /// The elements as slices of `text`, which starts with `self.bytes`.
+    fn read<'a>(&self, text: &'a str) -> Result<Read<'a, Counts>, DialectError> {
+        let elements = self
+            .spans
+            .iter()
+            .map(|&(at, len)| {
+                let (at, len) = (at as usize, len as usize);
+                text.get(at..at + len).ok_or(DialectError::Malformed { at })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok((elements, self.counts.clone(), self.bytes.len()))
+    }
+}
+
+/// Reads a conversation array at the start of `text` as
+/// [`read_array_after`](super::split::read_array_after) does (each element's counts by `fast`,
+/// else serde as `T`), after what `memo` remembers of it, and remembers what it read.
+#[allow(clippy::type_complexity)]
+pub(crate) fn read_conversation<'a, T: Deserialize<'a> + Into<Counts>>(
+    text: &'a str,
+    fast: impl FnMut(&'a str) -> Option<(Counts, usize)>,
+    memo: Option<&Remembering<'_>>,
+) -> Result<(Option<(Vec<&'a str>, Vec<Counts>)>, usize), DialectError> {
+    let Some((m, key)) = memo.and_then(|m| Some((m, m.memo.key(&m.scope, text)?))) else {
+        return read_array_after::<T, Counts>(text, fast, None);
+    };
+    let found = m.memo.find(&key, text);
+    let known = found.as_ref().map(|k| k.read(text)).transpose()?;
+    let read = read_array_after::<T, Counts>(text, fast, known)?;
+    if let (Some((elements, counts)), _) = &read {
+        m.memo
+            .remember(key, m.body, text, elements, counts, found.as_ref());
+    }
+    Ok(read)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dialect::{DialectKind, Scan};
+    use crate::estimate::LazyEstimator;
+    use proptest::prelude::*;
+    use serde_json::{json, Value};
+
+    /// A request of `dialect` holding `turns` (alternating user and assistant, as each
+    /// dialect writes them) after a system prompt long enough to key the memo.
+    fn body(dialect: DialectKind, turns: &[String]) -> Bytes {
+        let system = "You are a careful agent. ".repeat(40);
+        let role = |i: usize| if i % 2 == 0 { "user" } else { "assistant" };
+        let v = match dialect {
+            DialectKind::ChatCompletions => {
+                let mut m = vec![json!({"role": "system", "content": system})];
+                m.extend(
+                    turns
+                        .iter()
+                        .enumerate()
+                        .map(|(i, t)| json!({"role": role(i), "content": t})),
+                );
+                json!({"model": "gpt-4o", "messages": m, "stream": true})
+            }
+            DialectKind::Messages => {
+                let mut m =
+                    vec![json!({"role": "user", "content": [{"type": "text", "text": system}]})];
+                m.extend(turns.iter().enumerate().map(
+                    |(i, t)| json!({"role": role(i + 1), "content": [{"type": "text", "text": t}]}),
+                ));
+                json!({"model": "claude", "max_tokens": 100, "messages": m})
+            }
+            DialectKind::Responses => {
+                let mut m =
+                    vec![json!({"type": "message", "role": "developer", "content": system})];
+                m.extend(turns.iter().enumerate().map(|(i, t)| {
+                    json!({"type": "message", "role": role(i),
+                           "content": [{"type": "input_text", "text": t}]})
+                }));
+                json!({"model": "gpt-5", "input": m, "store": false})
+            }
+        };
+        Bytes::from(serde_json::to_vec(&v).expect("serialise"))
+    }
+
+    /// What a scan says of a request, to compare one made with the memo and one without.
+    fn figures(scan: &Scan<'_>) -> (Vec<String>, Vec<usize>, usize, usize) {
+        (
+            scan.messages.iter().map(|m| m.to_string()).collect(),
+            scan.message_tokens.clone(),
+            scan.fixed_tokens,
+            scan.tokens,
+        )
+    }
+
+    /// Scans `body` with the memo, checks it against a scan without, and answers how many
+    /// elements the memo knew beforehand.
+    fn scan_both(
+        memo: &ScanMemo,
+        scope: [u8; 16],
+        dialect: DialectKind,
+        body: &Bytes,
+    ) -> Result<usize, TestCaseError> {
+        let est = LazyEstimator::default();
+        let known = memo.known(&scope, body);
+        let at = Remembering { memo, body, scope };
+        let with = dialect.scan_remembering(&at, &est).map(|s| figures(&s));
+        let without = dialect.scan(body, &est).map(|s| figures(&s));
+        match (with, without) {
+            (Ok(a), Ok(b)) => prop_assert_eq!(a, b),
+            (Err(a), Err(b)) => prop_assert_eq!(a.to_string(), b.to_string()),
+            (a, b) => prop_assert!(false, "with the memo {a:?}, without {b:?}"),
+        }
+        Ok(known)
+    }
+
+    impl ScanMemo {
+        /// How many leading elements of `body`'s conversation the memo holds.
+        fn known(&self, scope: &[u8; 16], body: &Bytes) -> usize {
+            let text = std::str::from_utf8(body).expect("utf-8");
+            let Some(at) = text
+                .find("\"messages\":")
+                .or_else(|| text.find("\"input\":"))
+            else {
+                return 0;
+            };
+            let array = &text[text[at..].find('[').map_or(0, |i| at + i)..];
+            self.key(scope, array)
+                .and_then(|key| self.find(&key, array))
+                .map_or(0, |k| k.spans.len())
+        }
+    }
+
+    fn dialects() -> impl Strategy<Value = DialectKind> {
+        prop_oneof![
+            Just(DialectKind::ChatCompletions),
+            Just(DialectKind::Messages),
+            Just(DialectKind::Responses),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// Breaks if a request read after its conversation's earlier requests scans
+        /// differently from the same bytes read afresh, or if the memo is not used.
+        #[test]
+        fn a_growing_conversation_scans_as_if_read_afresh(
+            dialect in dialects(),
+            turns in prop::collection::vec("[a-z0-9 \"\\\\\n\té日]{0,80}", 2..16),
+            edit in any::<prop::sample::Index>(),
+        ) {
+            let memo = ScanMemo::default();
+            let scope = [7; 16];
+            for k in 1..=turns.len() {
+                let known = scan_both(&memo, scope, dialect, &body(dialect, &turns[..k]))?;
+                // The system prompt and every turn but the newest: read before (the first
+                // request of the conversation finds nothing).
+                prop_assert_eq!(known, if k == 1 { 0 } else { k }, "request {}", k);
+            }
+            // Another tenant's identical request finds nothing.
+            prop_assert_eq!(scan_both(&memo, [8; 16], dialect, &body(dialect, &turns))?, 0);
+            // An earlier turn edited (a client that rewrites its history): read afresh from
+            // the edit on, with the same figures.
+            let mut edited = turns.clone();
+            let i = edit.index(edited.len());
+            edited[i].push_str(" (edited)");
+            let known = scan_both(&memo, scope, dialect, &body(dialect, &edited))?;
+            prop_assert!(known <= i + 1, "{} known, edit at turn {}", known, i);
+            // What follows the remembered bytes is still checked.
+            let whole = body(dialect, &turns);
+            let broken = Bytes::from([&whole[..whole.len() - 2], b"x}".as_slice()].concat());
+            scan_both(&memo, scope, dialect, &broken)?;
+        }
+    }
+
+    #[test]
+    fn held_bodies_stay_within_the_budget() {
+        let memo = ScanMemo::default();
+        let scope = [1; 16];
+        let est = LazyEstimator::default();
+        let dialect = DialectKind::ChatCompletions;
+        let big = "x".repeat(BUDGET / 3);
+        for i in 0..5 {
+            // Distinct conversations (their first bytes differ), each a third of the budget.
+            let turns = vec![format!("task {i}"), big.clone()];
+            let mut v: Value = serde_json::from_slice(&body(dialect, &turns)).expect("json");
+            v["messages"][0]["content"] = json!(format!("{i} {}", "system ".repeat(100)));
+            let b = Bytes::from(serde_json::to_vec(&v).expect("json"));
+            let at = Remembering {
+                memo: &memo,
+                body: &b,
+                scope,
+            };
+            dialect.scan_remembering(&at, &est).expect("scan");
+            let table = memo.table.lock().expect("lock");
+            assert!(table.held <= BUDGET, "{} held", table.held);
+            assert_eq!(
+                table.held,
+                table
+                    .entries
+                    .values()
+                    .flatten()
+                    .map(|k| k.held)
+                    .sum::<usize>()
+            );
+        }
+    }
+}
