@@ -106,8 +106,8 @@ impl ScanMemo {
     }
 
     /// Remembers the array `elements` were read from, replacing `extended` (the entry it
-    /// grew from). Nothing when the array is not a slice of `body`, is too long to place in
-    /// 32 bits, or adds nothing to `extended`.
+    /// grew from). Nothing when the array is not a slice of `body`, `body` takes more than a
+    /// bucket's share of the budget, or the array adds nothing to `extended`.
     fn remember(
         &self,
         key: ([u8; 16], u64),
@@ -117,7 +117,8 @@ impl ScanMemo {
         counts: &[Counts],
         extended: Option<&Arc<Known>>,
     ) {
-        if extended.is_some_and(|k| k.spans.len() >= elements.len()) {
+        if body.len() > BUDGET / BUCKET || extended.is_some_and(|k| k.spans.len() >= elements.len())
+        {
             return;
         }
         let Some(last) = elements.last() else {
@@ -352,30 +353,38 @@ mod tests {
         let scope = [1; 16];
         let est = LazyEstimator::default();
         let dialect = DialectKind::ChatCompletions;
-        let big = "x".repeat(BUDGET / 3);
-        for i in 0..5 {
-            // Distinct conversations (their first bytes differ), each a third of the budget.
-            let turns = vec![format!("task {i}"), big.clone()];
+        // Distinct conversations (their first bytes differ) of `size` bytes.
+        let request = |i: usize, size: usize| {
+            let turns = vec![format!("task {i}"), "x".repeat(size)];
             let mut v: Value = serde_json::from_slice(&body(dialect, &turns)).expect("json");
             v["messages"][0]["content"] = json!(format!("{i} {}", "system ".repeat(100)));
-            let b = Bytes::from(serde_json::to_vec(&v).expect("json"));
+            Bytes::from(serde_json::to_vec(&v).expect("json"))
+        };
+        let held = || {
+            let table = memo.table.lock().expect("lock");
+            let sum: usize = table.entries.values().flatten().map(|k| k.held).sum();
+            assert_eq!(table.held, sum);
+            sum
+        };
+        let scan = |b: &Bytes| {
             let at = Remembering {
                 memo: &memo,
-                body: &b,
+                body: b,
                 scope,
             };
             dialect.scan_remembering(&at, &est).expect("scan");
-            let table = memo.table.lock().expect("lock");
-            assert!(table.held <= BUDGET, "{} held", table.held);
-            assert_eq!(
-                table.held,
-                table
-                    .entries
-                    .values()
-                    .flatten()
-                    .map(|k| k.held)
-                    .sum::<usize>()
-            );
+        };
+        // A tenth of the budget each: the table is emptied when the next would not fit.
+        for i in 0..25 {
+            let b = request(i, BUDGET / 10);
+            scan(&b);
+            let now = held();
+            assert!(now <= BUDGET, "{now} held");
+            assert!(now >= b.len(), "the latest is kept");
         }
+        // A body over a bucket's share of the budget is read, not kept.
+        let before = held();
+        scan(&request(99, BUDGET / BUCKET + 1));
+        assert_eq!(held(), before);
     }
 }
