@@ -42,12 +42,13 @@ pub fn scan<'a>(
     let mut conversation = None;
     let fields = object_fields(body, "messages", |rest| {
         let fast = |m| fast_message(m).map(|(stats, len)| (stats.0, len));
-        let (read, len) = read_conversation::<MessageStats>(rest, fast, memo)?;
+        let (read, len) =
+            read_conversation::<MessageStats>(DialectKind::ChatCompletions, rest, fast, memo)?;
         conversation = read;
         Ok(len)
     })?;
     field(&fields, "messages")?;
-    let (messages, stats) = conversation.ok_or(DialectError::NoConversation("messages"))?;
+    let (messages, stats, marks) = conversation.ok_or(DialectError::NoConversation("messages"))?;
     let tokens = stats.into_iter().map(|s| estimator.counts(s)).collect();
     let max_completion: Option<Value> = decode(&fields, "max_completion_tokens")?;
     let max_tokens: Option<Value> = decode(&fields, "max_tokens")?;
@@ -69,6 +70,7 @@ pub fn scan<'a>(
         body.as_bytes(),
         messages,
         tokens,
+        marks,
         fields,
     ))
 }

@@ -69,12 +69,13 @@ pub fn scan<'a>(
     let mut conversation = None;
     let fields = object_fields(body, "messages", |rest| {
         let fast = |m| fast_message(m).map(|(stats, len)| (stats.0, len));
-        let (read, len) = read_conversation::<MessageStats>(rest, fast, memo)?;
+        let (read, len) =
+            read_conversation::<MessageStats>(DialectKind::Messages, rest, fast, memo)?;
         conversation = read;
         Ok(len)
     })?;
     field(&fields, "messages")?;
-    let (messages, stats) = conversation.ok_or(DialectError::NoConversation("messages"))?;
+    let (messages, stats, marks) = conversation.ok_or(DialectError::NoConversation("messages"))?;
     let tokens = stats.into_iter().map(|s| estimator.counts(s)).collect();
     let system = match present(&fields, "system")? {
         Some(raw) => {
@@ -98,6 +99,7 @@ pub fn scan<'a>(
         body.as_bytes(),
         messages,
         tokens,
+        marks,
         fields,
     ))
 }

@@ -94,6 +94,9 @@ pub struct Scan<'a> {
     pub messages: Vec<&'a str>,
     /// Estimated tokens of each message.
     pub message_tokens: Vec<usize>,
+    /// Each message's output marks (`outputs::marks`): how many outputs it may hold, and
+    /// whether it may be a user turn.
+    marks: Vec<u32>,
     /// The `model` field.
     pub model: Option<String>,
     /// Output tokens the request reserves (`max_tokens` and friends).
@@ -111,6 +114,7 @@ impl<'a> Scan<'a> {
         body: &'a [u8],
         messages: Vec<&'a str>,
         message_tokens: Vec<usize>,
+        marks: Vec<u32>,
         fields: ScanFields,
     ) -> Scan<'a> {
         let tokens = message_tokens
@@ -122,6 +126,7 @@ impl<'a> Scan<'a> {
             input_is_string: fields.input_is_string,
             messages,
             message_tokens,
+            marks,
             model: fields.model,
             requested_output: fields.requested_output,
             fixed_tokens: fields.fixed_tokens,

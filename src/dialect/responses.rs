@@ -72,7 +72,8 @@ pub fn scan<'a>(
         }
         // Items read by hand when plain (`super::json::fast_node`), by serde otherwise.
         let fast = |item| fast_node(item, &RULES, 0);
-        let (read, len) = read_conversation::<ItemCounts>(rest, fast, memo)?;
+        let (read, len) =
+            read_conversation::<ItemCounts>(DialectKind::Responses, rest, fast, memo)?;
         read_items = read;
         Ok(len)
     })?;
@@ -82,13 +83,13 @@ pub fn scan<'a>(
         return Err(DialectError::ServerState);
     }
     let input = present(&fields, "input")?.ok_or(DialectError::NoConversation("input"))?;
-    let (items, tokens, input_is_string) = if let Some((items, counts)) = read_items {
+    let (items, tokens, marks, input_is_string) = if let Some((items, counts, marks)) = read_items {
         let tokens = counts.into_iter().map(|c| estimator.counts(c)).collect();
-        (items, tokens, false)
+        (items, tokens, marks, false)
     } else {
         // A string `input` is one user message (anything else is not a Responses request).
         let text: String = serde_json::from_str(input)?;
-        (vec![input], vec![estimator.text(&text)], true)
+        (vec![input], vec![estimator.text(&text)], vec![0], true)
     };
     let instructions = decode::<StrWeight>(&fields, "instructions")?.map_or(0, |s| s.0);
     let tools = present(&fields, "tools")?.map_or(0, |t| estimator.text(t));
@@ -104,6 +105,7 @@ pub fn scan<'a>(
         body.as_bytes(),
         items,
         tokens,
+        marks,
         fields,
     ))
 }

@@ -25,8 +25,9 @@ use bytes::Bytes;
 use serde::Deserialize;
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
+use super::outputs::marks;
 use super::split::{read_array_after, Read};
-use super::DialectError;
+use super::{DialectError, DialectKind};
 use crate::estimate::Counts;
 
 /// Bytes of an array's start that find its entries. Shorter arrays are not remembered: they
@@ -61,6 +62,8 @@ struct Known {
     bytes: Bytes,
     spans: Vec<(u32, u32)>,
     counts: Vec<Counts>,
+    /// Each element's output marks ([`marks`]).
+    marks: Vec<u32>,
     /// The whole body `bytes` is a slice of (what keeping it costs).
     held: usize,
 }
@@ -113,8 +116,7 @@ impl ScanMemo {
         key: ([u8; 16], u64),
         body: &Bytes,
         text: &str,
-        elements: &[&str],
-        counts: &[Counts],
+        (elements, counts, marks): &Conversation<'_>,
         extended: Option<&Arc<Known>>,
     ) {
         if body.len() > BUDGET / BUCKET || extended.is_some_and(|k| k.spans.len() >= elements.len())
@@ -132,7 +134,7 @@ impl ScanMemo {
         let Some(start) = origin.checked_sub(body.as_ptr() as usize) else {
             return;
         };
-        if start + end > body.len() {
+        if start.checked_add(end).is_none_or(|stop| stop > body.len()) {
             return;
         }
         let spans: Option<Vec<(u32, u32)>> = elements
@@ -151,6 +153,7 @@ impl ScanMemo {
             bytes: body.slice(start..start + end),
             spans,
             counts: counts.to_vec(),
+            marks: marks.to_vec(),
             held: body.len(),
         });
         let mut table = self.table.lock().unwrap_or_else(PoisonError::into_inner);
@@ -189,26 +192,43 @@ impl Known {
     }
 }
 
-/// Reads a conversation array at the start of `text` as
+/// A conversation array as read: each element's slice, counts and output marks.
+pub(crate) type Conversation<'a> = (Vec<&'a str>, Vec<Counts>, Vec<u32>);
+
+/// Reads a conversation array of `dialect` at the start of `text` as
 /// [`read_array_after`](super::split::read_array_after) does (each element's counts by `fast`,
-/// else serde as `T`), after what `memo` remembers of it, and remembers what it read.
-#[allow(clippy::type_complexity)]
+/// else serde as `T`), after what `memo` remembers of it, and remembers what it read. Each
+/// element's output marks ([`marks`]) are found for the elements the memo did not hold.
 pub(crate) fn read_conversation<'a, T: Deserialize<'a> + Into<Counts>>(
+    dialect: DialectKind,
     text: &'a str,
     fast: impl FnMut(&'a str) -> Option<(Counts, usize)>,
     memo: Option<&Remembering<'_>>,
-) -> Result<(Option<(Vec<&'a str>, Vec<Counts>)>, usize), DialectError> {
+) -> Result<(Option<Conversation<'a>>, usize), DialectError> {
+    let with_marks = |read: Option<(Vec<&'a str>, Vec<Counts>)>, mut known: Vec<u32>| {
+        read.map(|(elements, counts)| {
+            let from = known.len().min(elements.len());
+            known.truncate(from);
+            known.extend(elements[from..].iter().map(|e| marks(dialect, e)));
+            (elements, counts, known)
+        })
+    };
     let Some((m, key)) = memo.and_then(|m| Some((m, m.memo.key(&m.scope, text)?))) else {
-        return read_array_after::<T, Counts>(text, fast, None);
+        let (read, len) = read_array_after::<T, Counts>(text, fast, None)?;
+        return Ok((with_marks(read, Vec::new()), len));
     };
     let found = m.memo.find(&key, text);
     let known = found.as_ref().map(|k| k.read(text)).transpose()?;
-    let read = read_array_after::<T, Counts>(text, fast, known)?;
-    if let (Some((elements, counts)), _) = &read {
+    let (read, len) = read_array_after::<T, Counts>(text, fast, known)?;
+    let read = with_marks(
+        read,
+        found.as_ref().map_or_else(Vec::new, |k| k.marks.clone()),
+    );
+    if let Some(conversation) = &read {
         m.memo
-            .remember(key, m.body, text, elements, counts, found.as_ref());
+            .remember(key, m.body, text, conversation, found.as_ref());
     }
-    Ok(read)
+    Ok((read, len))
 }
 
 #[cfg(test)]
@@ -257,10 +277,11 @@ mod tests {
     }
 
     /// What a scan says of a request, to compare one made with the memo and one without.
-    fn figures(scan: &Scan<'_>) -> (Vec<String>, Vec<usize>, usize, usize) {
+    fn figures(scan: &Scan<'_>) -> (Vec<String>, Vec<usize>, Vec<u32>, usize, usize) {
         (
             scan.messages.iter().map(|m| m.to_string()).collect(),
             scan.message_tokens.clone(),
+            scan.marks.clone(),
             scan.fixed_tokens,
             scan.tokens,
         )
@@ -320,7 +341,7 @@ mod tests {
         #[test]
         fn a_growing_conversation_scans_as_if_read_afresh(
             dialect in dialects(),
-            turns in prop::collection::vec("[a-z0-9 \"\\\\\n\té日]{0,80}", 2..16),
+            turns in prop::collection::vec("[a-z0-9 \"\\\\\n\té日]{0,80}|\"user\"|tool_result|_call_output", 2..16),
             edit in any::<prop::sample::Index>(),
         ) {
             let memo = ScanMemo::default();
