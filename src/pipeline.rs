@@ -929,8 +929,8 @@ impl Pipeline {
     /// (a summary's; `None`: the whole request), whose messages and estimated tokens are
     /// `view` before masking; empty unless the strategy masks. `mask` masks every output the
     /// rule allows. `hybrid` masks nothing while `view` is under the request's trigger; over
-    /// it, it steps back under the background watermark (in `mask_block` blocks when it
-    /// cannot get there), and never masks fewer than an earlier request of the conversation
+    /// it, one step masks every maskable output (in `mask_block` blocks when even that cannot
+    /// get back under the background watermark), and never masks fewer than an earlier request of the conversation
     /// did (the session's [`MaskFloor`](crate::session::MaskFloor)), so the masked prefix only
     /// grows and every replica forwards the same bytes. A request whose outputs cannot be read is
     /// forwarded with its outputs as sent (counted).
@@ -997,23 +997,27 @@ impl Pipeline {
             Ok(candidates) => candidates,
             Err(e) => return self.unreadable(scan, &e),
         };
-        // A step goes back under the background watermark, so it buys headroom for many
-        // requests. When masking every maskable output cannot get there, masking moves in
-        // whole blocks of `mask_block` (as `mask` does) if that is enough for the trigger;
-        // else every maskable output, if that is enough (a summary would change the prefix
-        // too, and costs a call); and not at all otherwise (the request is summarised).
+        // A step masks every maskable output (all but the `keep_recent_outputs` most recent), as
+        // Anthropic's context editing clears all but the most recent tool results: that buys
+        // the most headroom, so the next step (a break in the provider's prompt cache) is as
+        // far away as it can be, and the request is smallest. Masking only down to the
+        // watermark broke the prefix more often for more tokens forwarded, with the same
+        // summarizer calls (README's long-session replay). When masking every maskable output
+        // cannot get back under the background watermark, masking moves in whole blocks of
+        // `mask_block` (as `mask` does) if that is enough for the trigger; else every maskable
+        // output, if that is enough (a summary would change the prefix too, and costs a call);
+        // and not at all otherwise (the request is summarised).
         let enough = candidates.needed(fits(request.limits));
-        let headroom = candidates.needed(fits(soft));
+        let all = candidates.len();
         let step = if enough == 0 {
             0
-        } else if fits(soft)(candidates.saving(headroom)) {
-            enough.max(headroom)
+        } else if fits(soft)(candidates.saving(all)) {
+            all
         } else {
             let block = self.masker.block.max(1);
-            let len = candidates.len();
-            let blocks = len / block * block;
-            if blocks < enough && fits(request.limits)(candidates.saving(len)) {
-                len
+            let blocks = all / block * block;
+            if blocks < enough && fits(request.limits)(candidates.saving(all)) {
+                all
             } else {
                 blocks
             }

@@ -160,21 +160,41 @@ fn an_unknown_strategy_is_refused_by_name() {
 /// The windows of README's sweep.
 const SWEEP_WINDOWS: [usize; 6] = [4_000, 6_000, 8_000, 10_000, 12_000, 16_000];
 
-/// One line of the sweep: the four transcripts replayed under `summarize` and `hybrid` with a
-/// `window`-token context window, the rest as in `strategies.toml`, summed.
-fn sweep_line(dir: &Path, window: usize) -> (String, [usize; 2]) {
-    let base = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/transcripts/strategies.toml"),
-    )
-    .expect("strategies.toml");
-    let config = base.replace(
-        "context_window = 4000",
-        &format!("context_window = {window}"),
-    );
-    assert!(config.contains(&format!("context_window = {window}")));
-    let path = dir.join(format!("sweep-{window}.toml"));
+/// The long session, its sweep configuration and its windows.
+const LONG_SESSION: &str = "tests/fixtures/long-session/swe-agent-marshmallow-x12.json";
+const LONG_CONFIG: &str = "tests/fixtures/long-session/sweep.toml";
+const LONG_WINDOWS: [usize; 5] = [16_000, 24_000, 32_000, 48_000, 64_000];
+
+/// `max_messages` out of reach: only the token trigger fires.
+const NO_COUNT_TRIGGER: usize = 1_000_000;
+
+/// `path` (from the repository root) as text.
+fn read(path: &str) -> String {
+    std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(path))
+        .unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// `config` with `from` replaced by `to` (which must then be in it).
+fn with(config: String, from: &str, to: &str) -> String {
+    let config = config.replace(from, to);
+    assert!(config.contains(to), "{to} not set");
+    config
+}
+
+/// Sums of the `summarize` and `hybrid` rows of one replay of `files` under `config`,
+/// formatted after `lead` (the columns that say which replay it is); and the calls of each.
+fn sweep_line(dir: &Path, config: &str, files: &[String], lead: &str) -> (String, [usize; 2]) {
+    let path = dir.join("sweep.toml");
     std::fs::write(&path, config).expect("write config");
-    let output = replay(path.to_str().expect("utf-8 path"), "summarize,hybrid");
+    let mut args = vec![
+        "replay",
+        "--config",
+        path.to_str().expect("utf-8 path"),
+        "--strategy",
+        "summarize,hybrid",
+    ];
+    args.extend(files.iter().map(String::as_str));
+    let output = compactor(&args);
     let rows = rows(table(&output));
     let sum = |strategy: &str, f: fn(&Row) -> usize| -> usize {
         rows.iter().filter(|r| r.strategy == strategy).map(f).sum()
@@ -186,7 +206,7 @@ fn sweep_line(dir: &Path, window: usize) -> (String, [usize; 2]) {
     };
     let calls = [sum("summarize", |r| r.calls), sum("hybrid", |r| r.calls)];
     let line = format!(
-        "{window:>6}  {:>15}  {:>12}  {:>16}  {:>13}  {:>16}  {:>13}",
+        "{lead}  {:>15}  {:>12}  {:>16}  {:>13}  {:>16}  {:>13}",
         calls[0],
         calls[1],
         sum("summarize", |r| r.tokens),
@@ -197,24 +217,39 @@ fn sweep_line(dir: &Path, window: usize) -> (String, [usize; 2]) {
     (line, calls)
 }
 
-/// README's sweep table: hybrid against summarize over windows.
+/// The fenced block of README that starts with `header`.
+fn readme_block(header: &str) -> &'static str {
+    let at = README
+        .find(&format!("```\n{header}\n"))
+        .unwrap_or_else(|| panic!("README has no table headed {header}"))
+        + 4;
+    let len = README[at..].find("\n```").expect("the table's end");
+    &README[at..at + len]
+}
+
+/// README's sweep table: hybrid against summarize over windows, on the four transcripts.
 #[test]
 fn the_readme_sweep_is_the_replay_over_windows() {
     let dir = tempfile::tempdir().expect("tempdir");
+    let files: Vec<String> = TRANSCRIPTS
+        .iter()
+        .map(|t| format!("tests/fixtures/transcripts/{t}"))
+        .collect();
     let mut table = String::from(HEADER);
     for window in SWEEP_WINDOWS {
-        let (line, [summarize_calls, hybrid_calls]) = sweep_line(dir.path(), window);
+        let config = with(
+            read("tests/fixtures/transcripts/strategies.toml"),
+            "context_window = 4000",
+            &format!("context_window = {window}"),
+        );
+        let (line, [summarize_calls, hybrid_calls]) =
+            sweep_line(dir.path(), &config, &files, &format!("{window:>6}"));
         assert!(hybrid_calls <= summarize_calls, "{line}");
         table.push('\n');
         table.push_str(&line);
     }
-    let at = README
-        .find(&format!("```\n{HEADER}"))
-        .expect("README's sweep table")
-        + 4;
-    let len = README[at..].find("\n```").expect("the table's end");
     assert_eq!(
-        &README[at..at + len],
+        readme_block(HEADER),
         table,
         "README's sweep table is out of date; the replay gives:\n{table}"
     );
@@ -222,3 +257,82 @@ fn the_readme_sweep_is_the_replay_over_windows() {
 
 /// The sweep table's header.
 const HEADER: &str = "window  summarize_calls  hybrid_calls  summarize_tokens  hybrid_tokens  summarize_stable  hybrid_stable";
+
+/// README's long-session table: the same sweep on the 132-call session, with the message-count
+/// trigger as by default and out of reach.
+#[test]
+fn the_readme_long_session_sweep_is_the_replay_over_windows() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let files = [LONG_SESSION.to_string()];
+    let mut table = String::from(LONG_HEADER);
+    for max_messages in [80, NO_COUNT_TRIGGER] {
+        for window in LONG_WINDOWS {
+            let config = with(
+                read(LONG_CONFIG),
+                "context_window = 16000",
+                &format!("context_window = {window}"),
+            );
+            let config = with(
+                config,
+                "max_messages = 80",
+                &format!("max_messages = {max_messages}"),
+            );
+            let shown = if max_messages == NO_COUNT_TRIGGER {
+                "off".to_string()
+            } else {
+                max_messages.to_string()
+            };
+            let (line, [summarize_calls, hybrid_calls]) = sweep_line(
+                dir.path(),
+                &config,
+                &files,
+                &format!("{window:>6}  {shown:>12}"),
+            );
+            assert!(hybrid_calls <= summarize_calls, "{line}");
+            table.push('\n');
+            table.push_str(&line);
+        }
+    }
+    assert_eq!(
+        readme_block(LONG_HEADER),
+        table,
+        "README's long-session table is out of date; the replay gives:\n{table}"
+    );
+}
+
+/// The long-session table's header.
+const LONG_HEADER: &str = "window  max_messages  summarize_calls  hybrid_calls  summarize_tokens  hybrid_tokens  summarize_stable  hybrid_stable";
+
+/// The long session is the marshmallow session's tool steps, twelve rounds of them with
+/// per-round call ids, after its system prompt and task: nothing added, nothing changed.
+#[test]
+fn the_long_session_is_rounds_of_the_recorded_one() {
+    let json = |path: &str| -> serde_json::Value {
+        serde_json::from_str(&read(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
+    };
+    let source = json("tests/fixtures/transcripts/swe-agent-marshmallow-function-calling.json");
+    let long = json(LONG_SESSION);
+    let source = source["messages"].as_array().expect("messages");
+    let (head, steps) = source.split_at(2);
+    let mut expected: Vec<serde_json::Value> = head.to_vec();
+    for round in 1..=12 {
+        for step in steps {
+            let mut step = step.clone();
+            if let Some(calls) = step
+                .get_mut("tool_calls")
+                .and_then(serde_json::Value::as_array_mut)
+            {
+                for call in calls {
+                    let id = format!("{}_{round}", call["id"].as_str().expect("id"));
+                    call["id"] = id.into();
+                }
+            }
+            if let Some(id) = step["tool_call_id"].as_str() {
+                step["tool_call_id"] = format!("{id}_{round}").into();
+            }
+            expected.push(step);
+        }
+    }
+    assert_eq!(long["messages"].as_array().expect("messages"), &expected);
+    assert_eq!(expected.len(), 266);
+}

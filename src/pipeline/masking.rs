@@ -348,34 +348,30 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn hybrid_masks_nothing_under_the_trigger_and_steps_back_under_the_watermark() {
+    async fn hybrid_masks_nothing_under_the_trigger_and_every_old_output_over_it() {
         // Under the trigger (a 3,500-token window triggers at 2,975): forwarded as sent, and
         // no summary is made ahead although the request is over the watermark (2,082): masked
         // whole it would be under it.
         let (outcome, calls) = twelve_outputs("hybrid", 3_500, true).await;
         assert!(matches!(outcome, Outcome::Unchanged), "{outcome:?}");
         assert_eq!(calls, 0);
-        // Over it (2,500: trigger 2,125, watermark 1,487), one step masks the oldest outputs
-        // until the request is under the watermark, not just under the trigger.
-        let (outcome, calls) = twelve_outputs("hybrid", 2_500, true).await;
-        let Outcome::Masked {
-            masked: to_watermark,
-            post_tokens,
-            ..
-        } = outcome
-        else {
-            panic!("not masked: {outcome:?}");
-        };
-        assert!(post_tokens < 1_487, "{post_tokens}");
-        assert_eq!(calls, 0);
-        // Without background summaries the watermark is the trigger: fewer outputs do.
-        let (outcome, calls) = twelve_outputs("hybrid", 2_500, false).await;
-        let to_trigger = masked(&outcome);
-        assert!(
-            0 < to_trigger && to_trigger < to_watermark,
-            "{to_trigger} {to_watermark}"
-        );
-        assert_eq!(calls, 0);
+        // Over it (2,500: trigger 2,125, watermark 1,487), one step masks every old output,
+        // not just enough for the watermark or the trigger, so the next step is as far away
+        // as it can be.
+        for background in [true, false] {
+            let (outcome, calls) = twelve_outputs("hybrid", 2_500, background).await;
+            let Outcome::Masked {
+                masked,
+                post_tokens,
+                ..
+            } = outcome
+            else {
+                panic!("not masked: {outcome:?}");
+            };
+            assert_eq!(masked, 9);
+            assert!(post_tokens < 1_487, "{post_tokens}");
+            assert_eq!(calls, 0);
+        }
         // `mask` masks every old output it may, in blocks, whatever the trigger.
         let (outcome, _) = twelve_outputs("mask", 20_000, false).await;
         assert_eq!(masked(&outcome), 8);
@@ -383,32 +379,33 @@ mod tests {
 
     #[tokio::test]
     async fn hybrid_never_unmasks_what_an_earlier_request_of_the_conversation_masked() {
-        let config = strategy("hybrid", "[models.\"gpt-4o\"]\ncontext_window = 2500\n");
+        // `mid`'s window puts the conversation between its watermark (2,380) and its trigger
+        // (3,400): no step is due there.
+        let config = strategy(
+            "hybrid",
+            "[models.\"gpt-4o\"]\ncontext_window = 2500\n[models.mid]\ncontext_window = 4000\n",
+        );
         let messages = agent(12, 600);
-        // Reserving 500 output tokens lowers the trigger to 0.85 × 2,000 = 1,700.
-        let reserving = json!({"model": "gpt-4o", "max_tokens": 500, "messages": messages})
+        let (c, _) = compactor(&config, FakeSummarizer::text("never"));
+        let first = masked(
+            &c.process(DialectKind::ChatCompletions, &request(&messages), &caller())
+                .await,
+        );
+        assert_eq!(first, 9);
+        // The next request of the conversation goes to `mid`: a compactor that never saw the
+        // first forwards it as sent, this one keeps the first's outputs masked.
+        let mid = json!({"model": "mid", "messages": messages})
             .to_string()
             .into_bytes();
-        let (c, _) = compactor(&config, FakeSummarizer::text("never"));
-        let first = c
-            .process(DialectKind::ChatCompletions, &reserving, &caller())
-            .await;
-        let first = masked(&first);
-        // The next request of the conversation reserves nothing (trigger 2,125): a compactor
-        // that never saw the first masks fewer outputs, this one keeps the first's masked.
-        let next = request(&messages);
         let (fresh, _) = compactor(&config, FakeSummarizer::text("never"));
-        let alone = masked(
-            &fresh
-                .process(DialectKind::ChatCompletions, &next, &caller())
-                .await,
-        );
-        assert!(0 < alone && alone < first, "{alone} {first}");
-        let again = masked(
-            &c.process(DialectKind::ChatCompletions, &next, &caller())
-                .await,
-        );
-        assert_eq!(again, first);
+        let alone = fresh
+            .process(DialectKind::ChatCompletions, &mid, &caller())
+            .await;
+        assert!(matches!(alone, Outcome::Unchanged), "{alone:?}");
+        let again = c
+            .process(DialectKind::ChatCompletions, &mid, &caller())
+            .await;
+        assert_eq!(masked(&again), first);
     }
 
     #[tokio::test]
