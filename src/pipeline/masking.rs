@@ -341,8 +341,17 @@ mod tests {
     }
 
     fn masked(outcome: &Outcome) -> usize {
+        masked_to(outcome).0
+    }
+
+    /// Outputs masked and estimated tokens forwarded of a masked outcome.
+    fn masked_to(outcome: &Outcome) -> (usize, usize) {
         match outcome {
-            Outcome::Masked { masked, .. } => *masked,
+            Outcome::Masked {
+                masked,
+                post_tokens,
+                ..
+            } => (*masked, *post_tokens),
             other => panic!("not masked: {other:?}"),
         }
     }
@@ -360,14 +369,7 @@ mod tests {
         // as it can be.
         for background in [true, false] {
             let (outcome, calls) = twelve_outputs("hybrid", 2_500, background).await;
-            let Outcome::Masked {
-                masked,
-                post_tokens,
-                ..
-            } = outcome
-            else {
-                panic!("not masked: {outcome:?}");
-            };
+            let (masked, post_tokens) = masked_to(&outcome);
             assert_eq!(masked, 9);
             assert!(post_tokens < 1_487, "{post_tokens}");
             assert_eq!(calls, 0);
@@ -462,14 +464,7 @@ mod tests {
         // bring it under. The request is masked, not held for a summary (one is made ahead),
         // as a summary would change the prefix as much.
         let (outcome, _) = twelve_outputs("hybrid", 1_400, true).await;
-        let Outcome::Masked {
-            masked,
-            post_tokens,
-            ..
-        } = outcome
-        else {
-            panic!("not masked: {outcome:?}");
-        };
+        let (masked, post_tokens) = masked_to(&outcome);
         assert_eq!(masked, 9);
         assert!(post_tokens < 1_190, "{post_tokens}");
         // Smaller still, masking everything is not enough: the request is summarised.
