@@ -181,10 +181,12 @@ fn with(config: String, from: &str, to: &str) -> String {
     config
 }
 
-/// Sums of the `summarize` and `hybrid` rows of one replay of `files` under `config`,
-/// formatted after `lead` (the columns that say which replay it is); and the calls of each.
+/// Sums of the `summarize` and `hybrid` rows of one replay of `files` under `config` (written
+/// to `dir` under a name of its own), formatted after `lead` (the columns that say which
+/// replay it is); and the calls of each.
 fn sweep_line(dir: &Path, config: &str, files: &[String], lead: &str) -> (String, [usize; 2]) {
-    let path = dir.join("sweep.toml");
+    let name: String = lead.split_whitespace().collect::<Vec<_>>().join("-");
+    let path = dir.join(format!("sweep-{name}.toml"));
     std::fs::write(&path, config).expect("write config");
     let mut args = vec![
         "replay",
@@ -264,7 +266,7 @@ const HEADER: &str = "window  summarize_calls  hybrid_calls  summarize_tokens  h
 fn the_readme_long_session_sweep_is_the_replay_over_windows() {
     let dir = tempfile::tempdir().expect("tempdir");
     let files = [LONG_SESSION.to_string()];
-    let mut table = String::from(LONG_HEADER);
+    let mut lines = Vec::new();
     for max_messages in [80, NO_COUNT_TRIGGER] {
         for window in LONG_WINDOWS {
             let config = with(
@@ -282,16 +284,29 @@ fn the_readme_long_session_sweep_is_the_replay_over_windows() {
             } else {
                 max_messages.to_string()
             };
-            let (line, [summarize_calls, hybrid_calls]) = sweep_line(
-                dir.path(),
-                &config,
-                &files,
-                &format!("{window:>6}  {shown:>12}"),
-            );
-            assert!(hybrid_calls <= summarize_calls, "{line}");
-            table.push('\n');
-            table.push_str(&line);
+            lines.push((config, format!("{window:>6}  {shown:>12}")));
         }
+    }
+    // Ten replays of a 132-request session: run side by side.
+    let done: Vec<(String, [usize; 2])> = std::thread::scope(|scope| {
+        let running: Vec<_> = lines
+            .iter()
+            .map(|(config, lead)| {
+                let dir = dir.path();
+                let files = &files;
+                scope.spawn(move || sweep_line(dir, config, files, lead))
+            })
+            .collect();
+        running
+            .into_iter()
+            .map(|line| line.join().expect("a sweep line"))
+            .collect()
+    });
+    let mut table = String::from(LONG_HEADER);
+    for (line, [summarize_calls, hybrid_calls]) in done {
+        assert!(hybrid_calls <= summarize_calls, "{line}");
+        table.push('\n');
+        table.push_str(&line);
     }
     assert_eq!(
         readme_block(LONG_HEADER),
