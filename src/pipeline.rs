@@ -620,7 +620,9 @@ impl Pipeline {
         };
         // Old outputs are masked first (`mask`, `hybrid`): the trigger reads what the upstream
         // would receive without a new summary.
-        let mut mask = self.mask_view(request, splice.as_ref()).await;
+        let mut mask = self
+            .mask_view(request, splice.as_ref(), staged.is_some())
+            .await;
         let (count, mut tokens) = self.view_size(request.scan, splice.as_ref(), &mask);
         if self.strategy.masks() {
             figures.masked_tokens = Some(tokens);
@@ -639,7 +641,7 @@ impl Pipeline {
         if let Some(staged) = staged {
             match self.splice(request.scan, staged) {
                 Ok(Some(ready)) => {
-                    let ready_mask = self.mask_view(request, Some(&ready)).await;
+                    let ready_mask = self.mask_view(request, Some(&ready), false).await;
                     let (count, ready_tokens) =
                         self.view_size(request.scan, Some(&ready), &ready_mask);
                     self.promote(request, &ready).await;
@@ -911,17 +913,19 @@ impl Pipeline {
     }
 
     /// The masking of the conversation `request` forwards with `splice` (`None`: the whole
-    /// request); see [`Pipeline::plan_mask`].
+    /// request), `summary_ready` when a summary made ahead could stand in for a step; see
+    /// [`Pipeline::plan_mask`].
     async fn mask_view<'b>(
         &self,
         request: &Request<'_, 'b>,
         splice: Option<&Splice>,
+        summary_ready: bool,
     ) -> Masking<'b> {
         if !self.strategy.masks() {
             return Masking::default();
         }
         let view = self.spliced_size(request.scan, splice);
-        self.plan_mask(request, splice.map(|s| s.covered), view)
+        self.plan_mask(request, splice.map(|s| s.covered), view, summary_ready)
             .await
     }
 
@@ -929,8 +933,9 @@ impl Pipeline {
     /// (a summary's; `None`: the whole request), whose messages and estimated tokens are
     /// `view` before masking; empty unless the strategy masks. `mask` masks every output the
     /// rule allows. `hybrid` masks nothing while `view` is under the request's trigger; over
-    /// it, one step masks every maskable output (in `mask_block` blocks when even that cannot
-    /// get back under the background watermark), and never masks fewer than an earlier request of the conversation
+    /// it, one step masks every maskable output (when even that cannot get back under the
+    /// background watermark: none if a summary made ahead is `summary_ready`, else in
+    /// `mask_block` blocks), and never masks fewer than an earlier request of the conversation
     /// did (the session's [`MaskFloor`](crate::session::MaskFloor)), so the masked prefix only
     /// grows and every replica forwards the same bytes. A request whose outputs cannot be read is
     /// forwarded with its outputs as sent (counted).
@@ -939,6 +944,7 @@ impl Pipeline {
         request: &Request<'_, 'b>,
         covered: Option<usize>,
         view: (usize, usize),
+        summary_ready: bool,
     ) -> Masking<'b> {
         if !self.strategy.masks() {
             return Masking::default();
@@ -1003,16 +1009,22 @@ impl Pipeline {
         // far away as it can be, and the request is smallest. Masking only down to the
         // watermark broke the prefix more often for more tokens forwarded, with the same
         // summarizer calls (README's long-session replay). When masking every maskable output
-        // cannot get back under the background watermark, masking moves in whole blocks of
-        // `mask_block` (as `mask` does) if that is enough for the trigger; else every maskable
-        // output, if that is enough (a summary would change the prefix too, and costs a call);
-        // and not at all otherwise (the request is summarised).
+        // cannot get back under the background watermark, a step buys a request or two: the
+        // next one is over its trigger again and masks one output more, a break of the prefix
+        // each time. So a summary made ahead, when one is ready, stands in (no step: the
+        // request goes over its trigger and splices it, far under). Without one, masking
+        // moves in whole blocks of `mask_block` (as `mask` does) if that is enough for the
+        // trigger; else every maskable output, if that is enough (a summary would change the
+        // prefix too, and costs a call, on the request path); and not at all otherwise (the
+        // request is summarised).
         let enough = candidates.needed(fits(request.limits));
         let all = candidates.len();
         let step = if enough == 0 {
             0
         } else if fits(soft)(candidates.saving(all)) {
             all
+        } else if summary_ready {
+            0
         } else {
             let block = self.masker.block.max(1);
             let blocks = all / block * block;
@@ -1063,7 +1075,7 @@ impl Pipeline {
             // What it waited for may have been a background summary: needed now.
             self.promote(request, s).await;
         }
-        let mask = self.mask_view(request, splice.as_ref()).await;
+        let mask = self.mask_view(request, splice.as_ref(), false).await;
         let (count, tokens) = self.view_size(scan, splice.as_ref(), &mask);
         let outcome = self.reuse(scan, splice.as_ref(), &mask, tokens, figures);
         if request.limits.check(count, tokens).is_none() {
@@ -1127,7 +1139,7 @@ impl Pipeline {
         // The tail after the new summary is masked by the same rule as any later request's.
         let view = (compaction.messages, compaction.result.post_tokens);
         let mut mask = self
-            .plan_mask(request, Some(compaction.boundary), view)
+            .plan_mask(request, Some(compaction.boundary), view, false)
             .await;
         let body = match request.scan.rewrite_with(Some(summary), &mask.edits) {
             Ok(body) => body,

@@ -458,6 +458,47 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_summary_made_ahead_stands_in_for_a_step_that_cannot_reach_the_watermark() {
+        // 1,400 tokens: trigger 1,190, watermark 833. The first request masks every old output
+        // (9) to get under its trigger, and a summary is made ahead.
+        let mut config = strategy("hybrid", "[models.\"gpt-4o\"]\ncontext_window = 1400\n");
+        config.compaction.background_ratio = 0.7;
+        let fake = FakeSummarizer::text("Summary of the work so far.");
+        let (c, _) = compactor(&config, fake.clone());
+        let first = c
+            .process(
+                DialectKind::ChatCompletions,
+                &request(&agent(12, 600)),
+                &caller(),
+            )
+            .await;
+        assert_eq!(masked(&first), 9);
+        c.background_idle().await;
+        let calls = fake.requests().len();
+        assert!(calls > 0, "a summary is made ahead");
+        // One output more: masking it too would bring the request under its trigger again but
+        // not under the watermark, so each later request would mask one output more (a break
+        // of the prompt cache every time). The summary made ahead stands in instead.
+        let next = c
+            .process(
+                DialectKind::ChatCompletions,
+                &request(&agent(13, 600)),
+                &caller(),
+            )
+            .await;
+        assert!(
+            matches!(next, Outcome::Reused { .. } | Outcome::Rewritten { .. }),
+            "{next:?}"
+        );
+        c.background_idle().await;
+        assert_eq!(
+            fake.requests().len(),
+            calls,
+            "no summary but the one made ahead"
+        );
+    }
+
+    #[tokio::test]
     async fn when_whole_blocks_are_not_enough_hybrid_masks_every_old_output_before_it_summarises() {
         // 1,400 tokens: trigger 1,190, watermark 833. Masking cannot reach the watermark, and
         // whole blocks (8 of the 9 old outputs) leave the request over the trigger; all 9

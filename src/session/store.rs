@@ -287,10 +287,10 @@ pub struct MaskFloor {
 
 /// What one `hybrid` request needs masked, in leading maskable outputs: `enough` to be
 /// under its trigger (0: it is), and `step`, how far masking moves when the floor falls short
-/// of that: back under the background watermark, so a step frees a share of the window, the
+/// of that: every maskable output, so a step frees as much of the window as masking can, the
 /// next one is many requests away and the prompt cache holds in between. A `step` short of
-/// `enough` (masking everything cannot buy that headroom) leaves the floor where it is, and
-/// the request over its trigger.
+/// `enough` (masking cannot buy that headroom, or a summary made ahead stands in) leaves the
+/// floor where it is, and the request over its trigger.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MaskNeed {
     /// Outputs that bring the request under its trigger.
