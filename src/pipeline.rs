@@ -621,7 +621,7 @@ impl Pipeline {
         // Old outputs are masked first (`mask`, `hybrid`): the trigger reads what the upstream
         // would receive without a new summary.
         let mut mask = self
-            .mask_view(request, splice.as_ref(), staged.is_some())
+            .mask_view(request, splice.as_ref(), staged.as_ref())
             .await;
         let (count, mut tokens) = self.view_size(request.scan, splice.as_ref(), &mask);
         if self.strategy.masks() {
@@ -641,7 +641,7 @@ impl Pipeline {
         if let Some(staged) = staged {
             match self.splice(request.scan, staged) {
                 Ok(Some(ready)) => {
-                    let ready_mask = self.mask_view(request, Some(&ready), false).await;
+                    let ready_mask = self.mask_view(request, Some(&ready), None).await;
                     let (count, ready_tokens) =
                         self.view_size(request.scan, Some(&ready), &ready_mask);
                     self.promote(request, &ready).await;
@@ -913,19 +913,19 @@ impl Pipeline {
     }
 
     /// The masking of the conversation `request` forwards with `splice` (`None`: the whole
-    /// request), `summary_ready` when a summary made ahead could stand in for a step; see
+    /// request), with the conversation's `staged` summary (made ahead) if it has one; see
     /// [`Pipeline::plan_mask`].
     async fn mask_view<'b>(
         &self,
         request: &Request<'_, 'b>,
         splice: Option<&Splice>,
-        summary_ready: bool,
+        staged: Option<&Arc<Checkpoint>>,
     ) -> Masking<'b> {
         if !self.strategy.masks() {
             return Masking::default();
         }
         let view = self.spliced_size(request.scan, splice);
-        self.plan_mask(request, splice.map(|s| s.covered), view, summary_ready)
+        self.plan_mask(request, splice.map(|s| s.covered), view, staged)
             .await
     }
 
@@ -934,8 +934,8 @@ impl Pipeline {
     /// `view` before masking; empty unless the strategy masks. `mask` masks every output the
     /// rule allows. `hybrid` masks nothing while `view` is under the request's trigger; over
     /// it, one step masks every maskable output (when even that cannot get back under the
-    /// background watermark: none if a summary made ahead is `summary_ready`, else in
-    /// `mask_block` blocks), and never masks fewer than an earlier request of the conversation
+    /// background watermark: none if the `staged` summary made ahead fits the request, else
+    /// in `mask_block` blocks), and never masks fewer than an earlier request of the conversation
     /// did (the session's [`MaskFloor`](crate::session::MaskFloor)), so the masked prefix only
     /// grows and every replica forwards the same bytes. A request whose outputs cannot be read is
     /// forwarded with its outputs as sent (counted).
@@ -944,7 +944,7 @@ impl Pipeline {
         request: &Request<'_, 'b>,
         covered: Option<usize>,
         view: (usize, usize),
-        summary_ready: bool,
+        staged: Option<&Arc<Checkpoint>>,
     ) -> Masking<'b> {
         if !self.strategy.masks() {
             return Masking::default();
@@ -1011,8 +1011,9 @@ impl Pipeline {
         // summarizer calls (README's long-session replay). When masking every maskable output
         // cannot get back under the background watermark, a step buys a request or two: the
         // next one is over its trigger again and masks one output more, a break of the prefix
-        // each time. So a summary made ahead, when one is ready, stands in (no step: the
-        // request goes over its trigger and splices it, far under). Without one, masking
+        // each time. So a summary made ahead, when one is ready and fits this request, stands
+        // in (no step: the request goes over its trigger and splices it, far under); one that
+        // does not fit (an edited conversation) would mean a summary on the request path. Without one, masking
         // moves in whole blocks of `mask_block` (as `mask` does) if that is enough for the
         // trigger; else every maskable output, if that is enough (a summary would change the
         // prefix too, and costs a call, on the request path); and not at all otherwise (the
@@ -1023,7 +1024,7 @@ impl Pipeline {
             0
         } else if fits(soft)(candidates.saving(all)) {
             all
-        } else if summary_ready {
+        } else if staged.is_some_and(|c| matches!(self.splice(scan, c.clone()), Ok(Some(_)))) {
             0
         } else {
             let block = self.masker.block.max(1);
@@ -1075,7 +1076,7 @@ impl Pipeline {
             // What it waited for may have been a background summary: needed now.
             self.promote(request, s).await;
         }
-        let mask = self.mask_view(request, splice.as_ref(), false).await;
+        let mask = self.mask_view(request, splice.as_ref(), None).await;
         let (count, tokens) = self.view_size(scan, splice.as_ref(), &mask);
         let outcome = self.reuse(scan, splice.as_ref(), &mask, tokens, figures);
         if request.limits.check(count, tokens).is_none() {
@@ -1139,7 +1140,7 @@ impl Pipeline {
         // The tail after the new summary is masked by the same rule as any later request's.
         let view = (compaction.messages, compaction.result.post_tokens);
         let mut mask = self
-            .plan_mask(request, Some(compaction.boundary), view, false)
+            .plan_mask(request, Some(compaction.boundary), view, None)
             .await;
         let body = match request.scan.rewrite_with(Some(summary), &mask.edits) {
             Ok(body) => body,
