@@ -2,7 +2,9 @@
 //! comparison table README's "Strategies" section shows is the one the replay prints today,
 //! and its numbers keep what the section says of them (mask never calls the summarizer,
 //! hybrid never makes more summarizer calls than summarize, masking keeps the prefix between
-//! its steps), and so does the sweep of windows and mask blocks beside it.
+//! its steps), and so do the sweeps of windows beside it, over the recorded transcripts and
+//! over the long session (which is checked to be made of a recorded one, and whose findings
+//! are checked in the Messages and Responses shapes too).
 
 use std::path::Path;
 use std::process::Command;
@@ -350,4 +352,131 @@ fn the_long_session_is_rounds_of_the_recorded_one() {
     }
     assert_eq!(long["messages"].as_array().expect("messages"), &expected);
     assert_eq!(expected.len(), 266);
+}
+
+/// The long session in the shape each agent family sends: Chat Completions as recorded,
+/// Anthropic Messages (Claude Code: top-level system, `tool_use` blocks, `tool_result` blocks
+/// in user turns) and OpenAI Responses (Codex: `function_call` and `function_call_output`
+/// items, `store: false`). Same messages, same outputs.
+fn long_session_shapes() -> Vec<(&'static str, serde_json::Value)> {
+    use serde_json::{json, Value};
+    let chat: Value = serde_json::from_str(&read(LONG_SESSION)).expect("the long session");
+    let messages = chat["messages"].as_array().expect("messages");
+    let (system, rest) = messages.split_first().expect("a system prompt");
+    let text = |m: &Value| m["content"].as_str().unwrap_or_default().to_string();
+    let calls = |m: &Value| m["tool_calls"].as_array().cloned().unwrap_or_default();
+    let mut anthropic = Vec::new();
+    let mut responses = Vec::new();
+    for m in rest {
+        match m["role"].as_str() {
+            Some("user") => {
+                anthropic.push(json!({"role": "user", "content": text(m)}));
+                responses.push(json!({"type": "message", "role": "user",
+                    "content": [{"type": "input_text", "text": text(m)}]}));
+            }
+            Some("assistant") => {
+                let mut blocks = vec![json!({"type": "text", "text": text(m)})];
+                responses.push(json!({"type": "message", "role": "assistant",
+                    "content": [{"type": "output_text", "text": text(m)}]}));
+                for call in calls(m) {
+                    let arguments = call["function"]["arguments"].as_str().expect("arguments");
+                    let input: Value = serde_json::from_str(arguments).expect("JSON arguments");
+                    blocks.push(json!({"type": "tool_use", "id": call["id"],
+                        "name": call["function"]["name"], "input": input}));
+                    responses.push(json!({"type": "function_call", "call_id": call["id"],
+                        "name": call["function"]["name"], "arguments": arguments}));
+                }
+                anthropic.push(json!({"role": "assistant", "content": blocks}));
+            }
+            Some("tool") => {
+                anthropic.push(json!({"role": "user", "content": [{"type": "tool_result",
+                    "tool_use_id": m["tool_call_id"], "content": text(m)}]}));
+                responses.push(json!({"type": "function_call_output",
+                    "call_id": m["tool_call_id"], "output": text(m)}));
+            }
+            other => panic!("unexpected role {other:?}"),
+        }
+    }
+    vec![
+        ("chat_completions", chat.clone()),
+        (
+            "messages",
+            json!({"model": "gpt-4o", "max_tokens": 1024, "system": text(system),
+                "messages": anthropic}),
+        ),
+        (
+            "responses",
+            json!({"model": "gpt-4o", "store": false, "instructions": text(system),
+                "input": responses}),
+        ),
+    ]
+}
+
+/// What the long-session table shows holds for Claude Code's and Codex's request shapes too:
+/// at 32,000 tokens with the token trigger alone, `hybrid` masks, makes at most half the
+/// summarizer calls of `summarize`, and keeps the prefix on at least 90% of requests and at
+/// least as often as `summarize`.
+#[test]
+fn the_long_session_findings_hold_in_every_dialect() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = with(
+        read(LONG_CONFIG),
+        "context_window = 16000",
+        "context_window = 32000",
+    );
+    let config = with(
+        config,
+        "max_messages = 80",
+        &format!("max_messages = {NO_COUNT_TRIGGER}"),
+    );
+    let config_path = dir.path().join("dialects.toml");
+    std::fs::write(&config_path, config).expect("write config");
+    let shapes = long_session_shapes();
+    let outputs: Vec<(&str, String)> = std::thread::scope(|scope| {
+        let running: Vec<_> = shapes
+            .iter()
+            .map(|(dialect, body)| {
+                let path = dir.path().join(format!("long-{dialect}.json"));
+                std::fs::write(&path, body.to_string()).expect("write session");
+                let config_path = &config_path;
+                scope.spawn(move || {
+                    let output = compactor(&[
+                        "replay",
+                        "--config",
+                        config_path.to_str().expect("utf-8 path"),
+                        "--strategy",
+                        "summarize,hybrid",
+                        path.to_str().expect("utf-8 path"),
+                    ]);
+                    (*dialect, output)
+                })
+            })
+            .collect();
+        running
+            .into_iter()
+            .map(|r| r.join().expect("a replay"))
+            .collect()
+    });
+    for (dialect, output) in outputs {
+        assert!(
+            output.contains(&format!("({dialect} transcript")),
+            "{dialect}: read as another dialect:\n{output}"
+        );
+        let rows = rows(table(&output));
+        let of = |strategy: &str| {
+            rows.iter()
+                .find(|r| r.strategy == strategy)
+                .unwrap_or_else(|| panic!("{dialect}: no {strategy} row"))
+        };
+        let (summarize, hybrid) = (of("summarize"), of("hybrid"));
+        assert!(hybrid.masked > 0, "{dialect}: {hybrid:?}");
+        assert!(
+            hybrid.calls * 2 <= summarize.calls,
+            "{dialect}: {hybrid:?} {summarize:?}"
+        );
+        assert!(
+            hybrid.stable * 10 >= hybrid.compared * 9 && hybrid.stable >= summarize.stable,
+            "{dialect}: {hybrid:?} {summarize:?}"
+        );
+    }
 }
