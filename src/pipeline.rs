@@ -935,10 +935,10 @@ impl Pipeline {
     /// rule allows. `hybrid` masks nothing while `view` is under the request's trigger; over
     /// it, one step masks every maskable output (when even that cannot get back under the
     /// background watermark: none if the `staged` summary made ahead fits the request, else
-    /// in `mask_block` blocks), and never masks fewer than an earlier request of the conversation
-    /// did (the session's [`MaskFloor`](crate::session::MaskFloor)), so the masked prefix only
-    /// grows and every replica forwards the same bytes. A request whose outputs cannot be read is
-    /// forwarded with its outputs as sent (counted).
+    /// in `mask_block` blocks), and never masks fewer than an earlier request of the
+    /// conversation did (the session's [`MaskFloor`](crate::session::MaskFloor)), so the
+    /// masked prefix only grows and every replica forwards the same bytes. A request whose
+    /// outputs cannot be read is forwarded with its outputs as sent (counted).
     async fn plan_mask<'b>(
         &self,
         request: &Request<'_, 'b>,
@@ -1003,21 +1003,22 @@ impl Pipeline {
             Ok(candidates) => candidates,
             Err(e) => return self.unreadable(scan, &e),
         };
-        // A step masks every maskable output (all but the `keep_recent_outputs` most recent), as
-        // Anthropic's context editing clears all but the most recent tool results: that buys
-        // the most headroom, so the next step (a break in the provider's prompt cache) is as
-        // far away as it can be, and the request is smallest. Masking only down to the
+        // A step masks every maskable output (all but the `keep_recent_outputs` most recent),
+        // as Anthropic's context editing clears all but the most recent tool results: that
+        // buys the most headroom, so the next step (a break in the provider's prompt cache) is
+        // as far away as it can be, and the request is smallest. Masking only down to the
         // watermark broke the prefix more often for more tokens forwarded, with the same
-        // summarizer calls (README's long-session replay). When masking every maskable output
-        // cannot get back under the background watermark, a step buys a request or two: the
-        // next one is over its trigger again and masks one output more, a break of the prefix
-        // each time. So a summary made ahead, when one is ready and fits this request, stands
-        // in (no step: the request goes over its trigger and splices it, far under); one that
-        // does not fit (an edited conversation) would mean a summary on the request path. Without one, masking
-        // moves in whole blocks of `mask_block` (as `mask` does) if that is enough for the
-        // trigger; else every maskable output, if that is enough (a summary would change the
-        // prefix too, and costs a call, on the request path); and not at all otherwise (the
-        // request is summarised).
+        // summarizer calls (README's long-session replay).
+        //
+        // When masking every maskable output cannot get back under the background watermark,
+        // a step buys a request or two: the next one is over its trigger again and masks one
+        // output more, a break of the prefix each time. So a summary made ahead, when one is
+        // ready and fits this request, stands in (no step: the request goes over its trigger
+        // and splices it, far under); one that does not fit (an edited conversation) would
+        // mean a summary on the request path. Without one, masking moves in whole blocks of
+        // `mask_block` (as `mask` does) if that is enough for the trigger; else every maskable
+        // output, if that is enough (a summary would change the prefix too, and costs a call,
+        // on the request path); and not at all otherwise (the request is summarised).
         let enough = candidates.needed(fits(request.limits));
         let all = candidates.len();
         let step = if enough == 0 {

@@ -231,27 +231,57 @@ fn readme_block(header: &str) -> &'static str {
     &README[at..at + len]
 }
 
-/// README's sweep table: hybrid against summarize over windows, on the four transcripts.
-#[test]
-fn the_readme_sweep_is_the_replay_over_windows() {
+/// Runs `f` on each of `items` side by side (each a replay in its own process); the results
+/// in order.
+fn side_by_side<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let f = &f;
+    std::thread::scope(|scope| {
+        let running: Vec<_> = items
+            .iter()
+            .map(|item| scope.spawn(move || f(item)))
+            .collect();
+        running
+            .into_iter()
+            .map(|r| r.join().expect("a replay"))
+            .collect()
+    })
+}
+
+/// The sweep table headed `header`: a [`sweep_line`] of `files` per (configuration, lead) of
+/// `lines`, in order, each checked to make no more calls under `hybrid` than `summarize`.
+fn sweep_table(header: &str, files: &[String], lines: &[(String, String)]) -> String {
     let dir = tempfile::tempdir().expect("tempdir");
-    let files: Vec<String> = TRANSCRIPTS
-        .iter()
-        .map(|t| format!("tests/fixtures/transcripts/{t}"))
-        .collect();
-    let mut table = String::from(HEADER);
-    for window in SWEEP_WINDOWS {
-        let config = with(
-            read("tests/fixtures/transcripts/strategies.toml"),
-            "context_window = 4000",
-            &format!("context_window = {window}"),
-        );
-        let (line, [summarize_calls, hybrid_calls]) =
-            sweep_line(dir.path(), &config, &files, &format!("{window:>6}"));
+    let done = side_by_side(lines, |(config, lead)| {
+        sweep_line(dir.path(), config, files, lead)
+    });
+    let mut table = String::from(header);
+    for (line, [summarize_calls, hybrid_calls]) in done {
         assert!(hybrid_calls <= summarize_calls, "{line}");
         table.push('\n');
         table.push_str(&line);
     }
+    table
+}
+
+/// README's sweep table: hybrid against summarize over windows, on the four transcripts.
+#[test]
+fn the_readme_sweep_is_the_replay_over_windows() {
+    let files: Vec<String> = TRANSCRIPTS
+        .iter()
+        .map(|t| format!("tests/fixtures/transcripts/{t}"))
+        .collect();
+    let lines: Vec<(String, String)> = SWEEP_WINDOWS
+        .iter()
+        .map(|window| {
+            let config = with(
+                read("tests/fixtures/transcripts/strategies.toml"),
+                "context_window = 4000",
+                &format!("context_window = {window}"),
+            );
+            (config, format!("{window:>6}"))
+        })
+        .collect();
+    let table = sweep_table(HEADER, &files, &lines);
     assert_eq!(
         readme_block(HEADER),
         table,
@@ -266,7 +296,6 @@ const HEADER: &str = "window  summarize_calls  hybrid_calls  summarize_tokens  h
 /// trigger as by default and out of reach.
 #[test]
 fn the_readme_long_session_sweep_is_the_replay_over_windows() {
-    let dir = tempfile::tempdir().expect("tempdir");
     let files = [LONG_SESSION.to_string()];
     let mut lines = Vec::new();
     for max_messages in [80, NO_COUNT_TRIGGER] {
@@ -289,27 +318,7 @@ fn the_readme_long_session_sweep_is_the_replay_over_windows() {
             lines.push((config, format!("{window:>6}  {shown:>12}")));
         }
     }
-    // Ten replays of a 132-request session: run side by side.
-    let done: Vec<(String, [usize; 2])> = std::thread::scope(|scope| {
-        let running: Vec<_> = lines
-            .iter()
-            .map(|(config, lead)| {
-                let dir = dir.path();
-                let files = &files;
-                scope.spawn(move || sweep_line(dir, config, files, lead))
-            })
-            .collect();
-        running
-            .into_iter()
-            .map(|line| line.join().expect("a sweep line"))
-            .collect()
-    });
-    let mut table = String::from(LONG_HEADER);
-    for (line, [summarize_calls, hybrid_calls]) in done {
-        assert!(hybrid_calls <= summarize_calls, "{line}");
-        table.push('\n');
-        table.push_str(&line);
-    }
+    let table = sweep_table(LONG_HEADER, &files, &lines);
     assert_eq!(
         readme_block(LONG_HEADER),
         table,
@@ -431,31 +440,18 @@ fn the_long_session_findings_hold_in_every_dialect() {
     );
     let config_path = dir.path().join("dialects.toml");
     std::fs::write(&config_path, config).expect("write config");
-    let shapes = long_session_shapes();
-    let outputs: Vec<(&str, String)> = std::thread::scope(|scope| {
-        let running: Vec<_> = shapes
-            .iter()
-            .map(|(dialect, body)| {
-                let path = dir.path().join(format!("long-{dialect}.json"));
-                std::fs::write(&path, body.to_string()).expect("write session");
-                let config_path = &config_path;
-                scope.spawn(move || {
-                    let output = compactor(&[
-                        "replay",
-                        "--config",
-                        config_path.to_str().expect("utf-8 path"),
-                        "--strategy",
-                        "summarize,hybrid",
-                        path.to_str().expect("utf-8 path"),
-                    ]);
-                    (*dialect, output)
-                })
-            })
-            .collect();
-        running
-            .into_iter()
-            .map(|r| r.join().expect("a replay"))
-            .collect()
+    let outputs = side_by_side(&long_session_shapes(), |(dialect, body)| {
+        let path = dir.path().join(format!("long-{dialect}.json"));
+        std::fs::write(&path, body.to_string()).expect("write session");
+        let output = compactor(&[
+            "replay",
+            "--config",
+            config_path.to_str().expect("utf-8 path"),
+            "--strategy",
+            "summarize,hybrid",
+            path.to_str().expect("utf-8 path"),
+        ]);
+        (*dialect, output)
     });
     for (dialect, output) in outputs {
         assert!(
