@@ -49,6 +49,11 @@ use crate::session::{
 };
 use crate::transcript::Transcript;
 
+/// Messages one more turn of an agent's loop adds, about: its call and the call's output.
+/// `hybrid` without background summaries leaves that much room when it masks
+/// (`Pipeline::plan_mask`).
+const TURN: usize = 2;
+
 /// What the proxy knows about a request besides its body.
 #[derive(Debug, Clone, Copy)]
 pub struct RequestContext<'a> {
@@ -935,7 +940,8 @@ impl Pipeline {
     /// rule allows. `hybrid` masks nothing while `view` is under the request's trigger; over
     /// it, one step masks every maskable output (when even that cannot get back under the
     /// background watermark: none if the `staged` summary made ahead fits the request, else
-    /// in `mask_block` blocks), and never masks fewer than an earlier request of the
+    /// in `mask_block` blocks; with background summaries off, none unless it leaves room for
+    /// one more turn), and never masks fewer than an earlier request of the
     /// conversation did (the session's [`MaskFloor`](crate::session::MaskFloor)), so the
     /// masked prefix only grows and every replica forwards the same bytes. A request whose
     /// outputs cannot be read is forwarded with its outputs as sent (counted).
@@ -967,10 +973,8 @@ impl Pipeline {
         let fits = |limits: Limits| {
             move |saved: usize| limits.check(count, tokens.saturating_sub(saved)).is_none()
         };
-        let soft = request
-            .limits
-            .watermark(self.background_ratio)
-            .unwrap_or(request.limits);
+        let watermark = request.limits.watermark(self.background_ratio);
+        let soft = watermark.unwrap_or(request.limits);
         if fits(soft)(0) {
             // Under the watermark as sent: no step is due and no summary is made ahead, so only
             // the floor an earlier request left is masked, and only its outputs are read
@@ -1019,13 +1023,25 @@ impl Pipeline {
         // `mask_block` (as `mask` does) if that is enough for the trigger; else every maskable
         // output, if that is enough (a summary would change the prefix too, and costs a call,
         // on the request path); and not at all otherwise (the request is summarised).
+        //
+        // Without background summaries there is no watermark and no summary made ahead: a
+        // step must leave room under the trigger for the next request, about one more turn
+        // like the last (its call and output), or the next request is over again and masks
+        // one output more, a break of the prefix on every request until the conversation is
+        // summarised anyway. Such a request is summarised now instead.
         let enough = candidates.needed(fits(request.limits));
         let all = candidates.len();
+        let target = watermark.unwrap_or_else(|| {
+            let turn = scan.len().saturating_sub(TURN)..scan.len();
+            request.limits.less(turn.len(), scan.tokens_of(turn))
+        });
         let step = if enough == 0 {
             0
-        } else if fits(soft)(candidates.saving(all)) {
+        } else if fits(target)(candidates.saving(all)) {
             all
-        } else if staged.is_some_and(|c| matches!(self.splice(scan, c.clone()), Ok(Some(_)))) {
+        } else if watermark.is_none()
+            || staged.is_some_and(|c| matches!(self.splice(scan, c.clone()), Ok(Some(_))))
+        {
             0
         } else {
             let block = self.masker.block.max(1);

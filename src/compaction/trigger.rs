@@ -192,6 +192,16 @@ impl Limits {
         }
     }
 
+    /// These limits less room for `messages` more messages of `tokens` more estimated tokens:
+    /// a request under them leaves that room under these.
+    pub fn less(&self, messages: usize, tokens: usize) -> Limits {
+        Limits {
+            token_threshold: self.token_threshold.saturating_sub(tokens),
+            max_messages: self.max_messages.saturating_sub(messages),
+            ..*self
+        }
+    }
+
     /// The token threshold and message limit scaled by `factor` (the window and the reserved
     /// output stay).
     fn scaled(&self, factor: f64) -> Limits {

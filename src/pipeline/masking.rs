@@ -515,6 +515,23 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn without_background_summaries_a_step_that_leaves_no_room_for_a_turn_is_a_summary() {
+        // 1,400 tokens: trigger 1,190. Masking all 9 old outputs brings the request under it,
+        // but by less than one more turn (a call and its ~200-token output): the next request
+        // would be over again and mask one output more, a break of the prefix on every
+        // request. With no summary made ahead to stand in, it is summarised now.
+        let (outcome, calls) = twelve_outputs("hybrid", 1_400, false).await;
+        assert!(matches!(outcome, Outcome::Rewritten { .. }), "{outcome:?}");
+        assert!(calls > 0);
+        // With room for a turn left (1,700: trigger 1,445) the step is taken.
+        let (outcome, calls) = twelve_outputs("hybrid", 1_700, false).await;
+        let (masked, post_tokens) = masked_to(&outcome);
+        assert_eq!(masked, 9);
+        assert!(post_tokens + 200 < 1_445, "{post_tokens}");
+        assert_eq!(calls, 0);
+    }
+
+    #[tokio::test]
     async fn observations_sent_as_user_turns_are_masked_only_when_a_pattern_says_so() {
         // SWE-agent without function calling: each command's output comes back as the next
         // user message, ending with the shell prompt; so does the task.
