@@ -21,7 +21,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use compactor_plugin_api::Caller;
-use http::header::{self, HeaderMap, HeaderValue};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response};
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Body, Frame, Incoming};
@@ -40,18 +40,18 @@ pub mod budget;
 mod client_body;
 
 /// Response header: whether the forwarded request carries a summary, new or reused.
-pub const HEADER_COMPACTED: &str = "x-compactor-compacted";
+pub const HEADER_COMPACTED: HeaderName = HeaderName::from_static("x-compactor-compacted");
 /// `true` when the provider refused the request for its length and the response answers the
 /// compacted request sent again.
-pub const HEADER_RETRIED: &str = "x-compactor-retried";
+pub const HEADER_RETRIED: HeaderName = HeaderName::from_static("x-compactor-retried");
 /// Response header: the conversation's session id.
-pub const HEADER_SESSION: &str = "x-compactor-session";
+pub const HEADER_SESSION: HeaderName = HeaderName::from_static("x-compactor-session");
 /// Response header: estimated input tokens as received.
-pub const HEADER_TOKENS_BEFORE: &str = "x-compactor-tokens-before";
+pub const HEADER_TOKENS_BEFORE: HeaderName = HeaderName::from_static("x-compactor-tokens-before");
 /// Response header: estimated input tokens as forwarded.
-pub const HEADER_TOKENS_AFTER: &str = "x-compactor-tokens-after";
+pub const HEADER_TOKENS_AFTER: HeaderName = HeaderName::from_static("x-compactor-tokens-after");
 /// Response header: the 1-based number of the compaction whose summary was forwarded.
-pub const HEADER_COMPACTION_NUM: &str = "x-compactor-compaction-num";
+pub const HEADER_COMPACTION_NUM: HeaderName = HeaderName::from_static("x-compactor-compaction-num");
 
 /// Request headers whose values are credentials: handed to summarizers that call the caller's
 /// own provider, never logged.
@@ -149,11 +149,16 @@ async fn forward(
                 caller: &caller,
                 session_header: session_header.as_deref(),
             };
-            let processed = app.compactor.handle(dialect, &original, &context).await;
+            let mut processed = app.compactor.handle(dialect, &original, &context).await;
             overhead.exclude(processed.summarizer_time);
-            estimate = processed.estimate.clone();
+            estimate = processed.estimate.take();
             let forwarded_tokens = estimate.as_ref().map_or(0, |e| e.tokens);
-            let forwarded = annotate(&mut chat_headers, processed, original.clone());
+            let forwarded = annotate(
+                &mut chat_headers,
+                processed,
+                estimate.as_ref(),
+                original.clone(),
+            );
             parts
                 .headers
                 .insert(header::CONTENT_LENGTH, HeaderValue::from(forwarded.len()));
@@ -208,18 +213,18 @@ async fn forward(
     };
     let body = match (estimate, scan) {
         (Some(estimate), Some((format, encoding))) => {
-            let recorder = usage::recorder(
-                app.metrics.clone(),
-                app.compactor.calibration().clone(),
-                estimate.model.clone(),
-                Some(estimate.tokens as u64),
-            );
             let app = app.clone();
             let record: usage::OnUsage = Box::new(move |usage| {
                 if let Some(usage) = &usage {
                     learn_from_usage(&app, &estimate, usage);
+                    usage::record(
+                        &app.metrics,
+                        app.compactor.calibration(),
+                        estimate.model.as_deref(),
+                        Some(estimate.tokens as u64),
+                        usage,
+                    );
                 }
-                recorder(usage);
             });
             Observed::new(body, Some(format), record)
                 .encoded(encoding)
@@ -235,12 +240,12 @@ async fn forward(
 /// path. Rare (a window the table has too small), so the check comes first.
 fn learn_from_usage(app: &Arc<App>, estimate: &ForwardedEstimate, usage: &Usage) {
     let used = usage.input.saturating_add(usage.output);
-    let Some(model) = estimate.model.clone() else {
-        return;
-    };
     if used <= estimate.context_window as u64 {
         return;
     }
+    let Some(model) = estimate.model.clone() else {
+        return;
+    };
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };
@@ -428,9 +433,14 @@ async fn retry_after_refusal(
     })
 }
 
-/// Fills the `x-compactor-*` response headers from the compaction outcome and returns the
-/// body to forward.
-fn annotate(headers: &mut HeaderMap, processed: Processed, original: Bytes) -> Bytes {
+/// Fills the `x-compactor-*` response headers from the compaction outcome and the estimate
+/// of the request as forwarded, and returns the body to forward.
+fn annotate(
+    headers: &mut HeaderMap,
+    processed: Processed,
+    estimate: Option<&ForwardedEstimate>,
+    original: Bytes,
+) -> Bytes {
     if let Some(v) = processed
         .session_id
         .and_then(|id| HeaderValue::from_str(&id).ok())
@@ -456,7 +466,7 @@ fn annotate(headers: &mut HeaderMap, processed: Processed, original: Bytes) -> B
         headers.insert(HEADER_TOKENS_AFTER, HeaderValue::from(after));
         return body;
     }
-    match (result, processed.estimate) {
+    match (result, estimate) {
         (Some(r), _) => {
             headers.insert(HEADER_TOKENS_BEFORE, HeaderValue::from(r.pre_tokens));
             headers.insert(HEADER_TOKENS_AFTER, HeaderValue::from(r.post_tokens));

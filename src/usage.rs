@@ -26,8 +26,8 @@
 //!
 //! When the body ends, fails or is dropped (the client went away), the completion callback
 //! runs exactly once with what was found (`None` when no usage was seen, e.g. non-JSON bodies
-//! or an encoding other than gzip and deflate, whose decompressed copy the scanner reads). [`recorder`] builds the callback that feeds the metrics and the
-//! per-model [`Calibration`].
+//! or an encoding other than gzip and deflate, whose decompressed copy the scanner reads).
+//! [`record`] feeds the metrics and the per-model [`Calibration`].
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -45,6 +45,10 @@ use crate::metrics::{Metrics, UsageKind};
 
 /// Most bytes of a JSON body's top-level `usage` value kept for parsing.
 pub const JSON_CAPTURE_LIMIT: usize = 64 * 1024;
+
+/// Bytes reserved for a JSON body's `usage` value when it starts (it grows past them if
+/// need be, up to [`JSON_CAPTURE_LIMIT`]).
+const USAGE_CAPACITY: usize = 512;
 
 /// Longest SSE line (and event data) kept; longer ones are skipped.
 pub const SSE_LINE_LIMIT: usize = 1024 * 1024;
@@ -269,30 +273,10 @@ impl<B> Drop for Observed<B> {
     }
 }
 
-/// The completion callback the proxy hands to [`Observed`]: counts the usage in
-/// `compactor_upstream_usage_tokens_total` and, given the raw (uncalibrated) estimate of the
-/// forwarded request's input tokens, records `compactor_estimate_error_ratio` and feeds the
-/// model's calibration.
-pub fn recorder(
-    metrics: Arc<Metrics>,
-    calibration: Arc<Calibration>,
-    model: Option<String>,
-    estimated_input: Option<u64>,
-) -> OnUsage {
-    Box::new(move |usage| {
-        if let Some(usage) = usage {
-            record(
-                &metrics,
-                &calibration,
-                model.as_deref(),
-                estimated_input,
-                &usage,
-            );
-        }
-    })
-}
-
-/// What [`recorder`]'s callback does with a usage.
+/// Records a response's usage: counts it in `compactor_upstream_usage_tokens_total` and,
+/// given the raw (uncalibrated) estimate of the forwarded request's input tokens, records
+/// `compactor_estimate_error_ratio` and feeds the model's calibration. The proxy calls it from
+/// an [`Observed`] body's completion callback.
 pub fn record(
     metrics: &Metrics,
     calibration: &Calibration,
@@ -597,6 +581,8 @@ impl JsonScan {
                 if self.key_len == 5 && &self.key[..5] == b"usage" {
                     self.capturing = true;
                     self.capture.clear();
+                    // Room for a usage object with its details at once, not grown byte by byte.
+                    self.capture.reserve(USAGE_CAPACITY);
                 }
             }
             b' ' | b'\t' | b'\n' | b'\r' if self.depth == 0 => {}

@@ -58,7 +58,13 @@ impl ModelTable {
 
     /// The table entry for `model`, if any.
     pub fn lookup(&self, model: &str) -> Option<usize> {
-        let name = model.trim().to_ascii_lowercase();
+        let name = model.trim();
+        // Model names are sent lowercase: no copy then.
+        let name = if name.bytes().any(|b| b.is_ascii_uppercase()) {
+            std::borrow::Cow::Owned(name.to_ascii_lowercase())
+        } else {
+            std::borrow::Cow::Borrowed(name)
+        };
         self.lookup_lower(&name).or_else(|| {
             let (_, short) = name.rsplit_once('/')?;
             self.lookup_lower(short)
@@ -154,39 +160,66 @@ impl LearnedWindow {
 }
 
 /// Whether `text` matches `pattern`, where `*` matches any run of characters (including none)
-/// and everything else matches itself, ignoring ASCII case. Linear time with one backtrack
-/// point (the classic wildcard algorithm).
+/// and everything else matches itself, ignoring ASCII case. It runs on every chat request for
+/// each pattern until one matches, so the literal ends are compared first (most patterns fail
+/// on their first byte), then each literal between stars is found at its leftmost place.
 pub fn glob_match(pattern: &str, text: &str) -> bool {
-    let p = pattern.as_bytes();
-    let t = text.as_bytes();
-    let (mut pi, mut ti) = (0usize, 0usize);
-    let mut star: Option<(usize, usize)> = None;
-    while ti < t.len() {
-        match p.get(pi) {
-            Some(b'*') => {
-                star = Some((pi, ti));
-                pi += 1;
-            }
-            Some(c) if c.eq_ignore_ascii_case(&t[ti]) => {
-                pi += 1;
-                ti += 1;
-            }
-            _ => match star {
-                Some((sp, st)) => {
-                    pi = sp + 1;
-                    ti = st + 1;
-                    star = Some((sp, st + 1));
-                }
-                None => return false,
-            },
+    let (p, t) = (pattern.as_bytes(), text.as_bytes());
+    let Some(star) = p.iter().position(|&b| b == b'*') else {
+        return p.eq_ignore_ascii_case(t);
+    };
+    let last_star = p.iter().rposition(|&b| b == b'*').unwrap_or(star);
+    let (head, tail) = (&p[..star], &p[last_star + 1..]);
+    // Literal ends first: most patterns fail there, on a byte or two.
+    if t.len() < head.len() + tail.len()
+        || !t[..head.len()].eq_ignore_ascii_case(head)
+        || !t[t.len() - tail.len()..].eq_ignore_ascii_case(tail)
+    {
+        return false;
+    }
+    // Each literal between stars, leftmost first: taking the earliest place for one never
+    // leaves less room for the next.
+    let mut rest = &t[head.len()..t.len() - tail.len()];
+    for segment in p[star + 1..last_star.max(star + 1)]
+        .split(|&b| b == b'*')
+        .filter(|s| !s.is_empty())
+    {
+        match rest
+            .windows(segment.len())
+            .position(|w| w.eq_ignore_ascii_case(segment))
+        {
+            Some(at) => rest = &rest[at + segment.len()..],
+            None => return false,
         }
     }
-    p[pi.min(p.len())..].iter().all(|c| *c == b'*')
+    true
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    /// Wildcard matching by its definition, for comparison.
+    fn matches_by_definition(p: &[u8], t: &[u8]) -> bool {
+        match p.split_first() {
+            None => t.is_empty(),
+            Some((b'*', rest)) => (0..=t.len()).any(|i| matches_by_definition(rest, &t[i..])),
+            Some((c, rest)) => t
+                .split_first()
+                .is_some_and(|(d, t)| c.eq_ignore_ascii_case(d) && matches_by_definition(rest, t)),
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn glob_match_is_wildcard_matching(pattern in "[abA*]{0,8}", text in "[abB]{0,10}") {
+            prop_assert_eq!(
+                glob_match(&pattern, &text),
+                matches_by_definition(pattern.as_bytes(), text.as_bytes())
+            );
+        }
+    }
 
     fn table(entries: &[(&str, usize)]) -> ModelTable {
         let models = entries

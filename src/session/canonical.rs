@@ -36,11 +36,13 @@ pub fn canonical_json(json: &[u8]) -> Result<Vec<u8>, CanonicalError> {
 /// The canonical form of `json` (valid JSON: a `RawValue`'s text) into `out` (cleared first).
 pub fn canonical_into(json: &str, out: &mut Vec<u8>) -> Result<(), CanonicalError> {
     out.clear();
+    // The canonical form is about as long as the text: one allocation, not one per doubling.
+    out.reserve(json.len());
     let mut c = Canon {
         text: json,
         s: json.as_bytes(),
         i: 0,
-        entries: Vec::new(),
+        entries: Vec::with_capacity(ENTRIES),
         scratch: Vec::new(),
     };
     c.value(out)?;
@@ -50,6 +52,10 @@ pub fn canonical_into(json: &str, out: &mut Vec<u8>) -> Result<(), CanonicalErro
     }
     Ok(())
 }
+
+/// Object entries room is made for at first: a chat message's keys (`role`, `content`,
+/// `tool_calls`, `name`, ...) and a content block's, in one allocation.
+const ENTRIES: usize = 8;
 
 /// A cursor over JSON text.
 struct Canon<'a> {

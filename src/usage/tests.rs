@@ -642,7 +642,7 @@ async fn callback_runs_exactly_once_when_dropped_mid_stream() {
 }
 
 #[test]
-fn recorder_feeds_metrics_and_calibration() {
+fn record_feeds_metrics_and_calibration() {
     let metrics = Arc::new(Metrics::new().expect("metrics"));
     let calibration = Arc::new(Calibration::new());
     let usage = Usage {
@@ -651,25 +651,9 @@ fn recorder_feeds_metrics_and_calibration() {
         cache_read: 600,
         cache_write: 100,
     };
-    recorder(
-        metrics.clone(),
-        calibration.clone(),
-        Some("gpt-4o".into()),
-        Some(800),
-    )(Some(usage));
-    // No usage: nothing recorded. No estimate: usage counted, no calibration.
-    recorder(
-        metrics.clone(),
-        calibration.clone(),
-        Some("gpt-4o".into()),
-        Some(800),
-    )(None);
-    recorder(
-        metrics.clone(),
-        calibration.clone(),
-        Some("other".into()),
-        None,
-    )(Some(usage));
+    record(&metrics, &calibration, Some("gpt-4o"), Some(800), &usage);
+    // No estimate: usage counted, no calibration.
+    record(&metrics, &calibration, Some("other"), None, &usage);
 
     let text = metrics.render();
     for (kind, n) in [
