@@ -30,7 +30,6 @@
 //! [`record`] feeds the metrics and the per-model [`Calibration`].
 
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;

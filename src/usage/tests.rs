@@ -1,7 +1,7 @@
 use std::collections::VecDeque;
 use std::future::poll_fn;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use http::HeaderValue;
 use http_body_util::BodyExt;
