@@ -506,6 +506,16 @@ impl JsonScan {
                 }
                 self.string_byte(chunk[i]);
             } else {
+                if self.depth >= 2 && !self.capturing {
+                    // Fast path: inside a value nobody keeps only strings and nesting matter.
+                    match chunk[i..]
+                        .iter()
+                        .position(|&b| matches!(b, b'"' | b'{' | b'}' | b'[' | b']'))
+                    {
+                        Some(n) => i += n,
+                        None => return,
+                    }
+                }
                 self.structural_byte(chunk[i]);
             }
             i += 1;

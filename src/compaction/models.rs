@@ -23,7 +23,7 @@ use crate::config::ModelConfig;
 pub struct ModelTable {
     exact: HashMap<String, usize>,
     /// Lowercased patterns containing `*`, longest first.
-    globs: Vec<(String, usize)>,
+    globs: Vec<(Glob, usize)>,
     default_window: usize,
 }
 
@@ -44,7 +44,10 @@ impl ModelTable {
         globs.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then_with(|| a.0.cmp(&b.0)));
         ModelTable {
             exact,
-            globs,
+            globs: globs
+                .into_iter()
+                .map(|(pattern, window)| (Glob::new(&pattern), window))
+                .collect(),
             default_window,
         }
     }
@@ -80,7 +83,7 @@ impl ModelTable {
         }
         self.globs
             .iter()
-            .find(|(pattern, _)| glob_match(pattern, name))
+            .find(|(glob, _)| glob.matches(name))
             .map(|(_, w)| *w)
     }
 }
@@ -159,40 +162,59 @@ impl LearnedWindow {
     }
 }
 
-/// Whether `text` matches `pattern`, where `*` matches any run of characters (including none)
-/// and everything else matches itself, ignoring ASCII case. It runs on every chat request for
-/// each pattern until one matches, so the literal ends are compared first (most patterns fail
-/// on their first byte), then each literal between stars is found at its leftmost place.
-pub fn glob_match(pattern: &str, text: &str) -> bool {
-    let (p, t) = (pattern.as_bytes(), text.as_bytes());
-    let Some(star) = p.iter().position(|&b| b == b'*') else {
-        return p.eq_ignore_ascii_case(t);
-    };
-    let last_star = p.iter().rposition(|&b| b == b'*').unwrap_or(star);
-    let (head, tail) = (&p[..star], &p[last_star + 1..]);
-    // Literal ends first: most patterns fail there, on a byte or two.
-    if t.len() < head.len() + tail.len()
-        || !t[..head.len()].eq_ignore_ascii_case(head)
-        || !t[t.len() - tail.len()..].eq_ignore_ascii_case(tail)
-    {
-        return false;
-    }
-    // Each literal between stars, leftmost first: taking the earliest place for one never
-    // leaves less room for the next.
-    let mut rest = &t[head.len()..t.len() - tail.len()];
-    for segment in p[star + 1..last_star.max(star + 1)]
-        .split(|&b| b == b'*')
-        .filter(|s| !s.is_empty())
-    {
-        match rest
-            .windows(segment.len())
-            .position(|w| w.eq_ignore_ascii_case(segment))
-        {
-            Some(at) => rest = &rest[at + segment.len()..],
-            None => return false,
+/// A model-name pattern where `*` matches any run of characters (including none) and
+/// everything else matches itself, ignoring ASCII case. It is tried on every chat request
+/// until one matches, so where its stars are is found once, here, and a match compares the
+/// literal ends first (most patterns fail on their first byte) and then finds each literal
+/// between stars at its leftmost place.
+#[derive(Debug, Clone)]
+pub struct Glob {
+    pattern: Box<[u8]>,
+    /// The first and last `*` (equal with one star); `None` without any.
+    stars: Option<(usize, usize)>,
+}
+
+impl Glob {
+    /// Compiles `pattern`.
+    pub fn new(pattern: &str) -> Glob {
+        let p = pattern.as_bytes();
+        let first = p.iter().position(|&b| b == b'*');
+        let last = p.iter().rposition(|&b| b == b'*');
+        Glob {
+            pattern: p.into(),
+            stars: first.zip(last),
         }
     }
-    true
+
+    /// Whether `text` matches.
+    pub fn matches(&self, text: &str) -> bool {
+        let (p, t) = (&*self.pattern, text.as_bytes());
+        let Some((first, last)) = self.stars else {
+            return p.eq_ignore_ascii_case(t);
+        };
+        let (head, tail) = (&p[..first], &p[last + 1..]);
+        if t.len() < head.len() + tail.len()
+            || !t[..head.len()].eq_ignore_ascii_case(head)
+            || !t[t.len() - tail.len()..].eq_ignore_ascii_case(tail)
+        {
+            return false;
+        }
+        // Taking the earliest place for a literal never leaves less room for the next.
+        let mut rest = &t[head.len()..t.len() - tail.len()];
+        for literal in p[first + 1..last.max(first + 1)]
+            .split(|&b| b == b'*')
+            .filter(|s| !s.is_empty())
+        {
+            match rest
+                .windows(literal.len())
+                .position(|w| w.eq_ignore_ascii_case(literal))
+            {
+                Some(at) => rest = &rest[at + literal.len()..],
+                None => return false,
+            }
+        }
+        true
+    }
 }
 
 #[cfg(test)]
@@ -213,9 +235,9 @@ mod tests {
 
     proptest! {
         #[test]
-        fn glob_match_is_wildcard_matching(pattern in "[abA*]{0,8}", text in "[abB]{0,10}") {
+        fn a_glob_matches_as_wildcards_are_defined(pattern in "[abA*]{0,8}", text in "[abB]{0,10}") {
             prop_assert_eq!(
-                glob_match(&pattern, &text),
+                Glob::new(&pattern).matches(&text),
                 matches_by_definition(pattern.as_bytes(), text.as_bytes())
             );
         }
@@ -231,17 +253,17 @@ mod tests {
 
     #[test]
     fn globs_match_any_run() {
-        assert!(glob_match("gpt-4o*", "gpt-4o"));
-        assert!(glob_match("gpt-4o*", "gpt-4o-mini-2024"));
-        assert!(glob_match("*llama-3.1*", "meta-llama/llama-3.1-70b"));
-        assert!(glob_match("a*b*c", "axxbyyc"));
-        assert!(glob_match("a*b*c", "abc"));
-        assert!(glob_match("*", ""));
-        assert!(glob_match("GPT-*", "gpt-5"), "ASCII case is ignored");
-        assert!(!glob_match("gpt-4o*", "gpt-4"));
-        assert!(!glob_match("a*b*c", "axxbyy"));
-        assert!(!glob_match("abc", "abcd"));
-        assert!(!glob_match("", "a"));
+        assert!(Glob::new("gpt-4o*").matches("gpt-4o"));
+        assert!(Glob::new("gpt-4o*").matches("gpt-4o-mini-2024"));
+        assert!(Glob::new("*llama-3.1*").matches("meta-llama/llama-3.1-70b"));
+        assert!(Glob::new("a*b*c").matches("axxbyyc"));
+        assert!(Glob::new("a*b*c").matches("abc"));
+        assert!(Glob::new("*").matches(""));
+        assert!(Glob::new("GPT-*").matches("gpt-5"), "ASCII case is ignored");
+        assert!(!Glob::new("gpt-4o*").matches("gpt-4"));
+        assert!(!Glob::new("a*b*c").matches("axxbyy"));
+        assert!(!Glob::new("abc").matches("abcd"));
+        assert!(!Glob::new("").matches("a"));
     }
 
     #[test]
