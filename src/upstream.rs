@@ -83,6 +83,12 @@ const HOP_BY_HOP: [HeaderName; 8] = [
     header::PROXY_AUTHORIZATION,
 ];
 
+/// `X-Forwarded-For`, which the proxy appends the client's address to.
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+
+/// A response header that is hop-by-hop too (it answers `Proxy-Authorization`).
+const PROXY_AUTHENTICATE: HeaderName = header::PROXY_AUTHENTICATE;
+
 /// Where one upstream lives.
 #[derive(Debug, Clone)]
 struct Target {
@@ -290,6 +296,12 @@ impl From<SendError> for Error {
 /// Cleans request or response headers for the other side of the proxy: removes the fixed
 /// hop-by-hop set and every header the `Connection` header names.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Usually there is none: one look at each header present is cheaper than a removal (a
+    // hash and a probe) per hop-by-hop name.
+    let hop = |name: &HeaderName| HOP_BY_HOP.contains(name) || name == PROXY_AUTHENTICATE;
+    if !headers.keys().any(hop) {
+        return;
+    }
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -300,7 +312,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     for name in named.iter().chain(HOP_BY_HOP.iter()) {
         headers.remove(name);
     }
-    headers.remove("proxy-authenticate");
+    headers.remove(PROXY_AUTHENTICATE);
 }
 
 /// Prepares request headers for the upstream: hop-by-hop removed, `Host` set to the target,
@@ -309,7 +321,7 @@ pub fn prepare_headers(headers: &mut HeaderMap, host: &HeaderValue, client_ip: I
     strip_hop_by_hop(headers);
     headers.insert(header::HOST, host.clone());
     let prior: Vec<&str> = headers
-        .get_all("x-forwarded-for")
+        .get_all(&X_FORWARDED_FOR)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .collect();
@@ -318,8 +330,9 @@ pub fn prepare_headers(headers: &mut HeaderMap, host: &HeaderValue, client_ip: I
     } else {
         format!("{}, {client_ip}", prior.join(", "))
     };
-    if let Ok(v) = HeaderValue::from_str(&value) {
-        headers.insert("x-forwarded-for", v);
+    // The string's buffer becomes the value's: no copy.
+    if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(value)) {
+        headers.insert(X_FORWARDED_FOR, v);
     }
 }
 
@@ -383,5 +396,26 @@ mod tests {
         assert_eq!(h[header::AUTHORIZATION], "Bearer k");
         assert_eq!(h[header::HOST], "up:1");
         assert_eq!(h["x-forwarded-for"], "10.0.0.1, 127.0.0.1");
+    }
+
+    #[test]
+    fn each_hop_by_hop_header_is_removed_alone() {
+        for name in [
+            "keep-alive",
+            "proxy-connection",
+            "te",
+            "trailer",
+            "transfer-encoding",
+            "upgrade",
+            "proxy-authorization",
+            "proxy-authenticate",
+        ] {
+            let mut h = HeaderMap::new();
+            h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+            h.insert(HeaderName::from_static(name), HeaderValue::from_static("x"));
+            strip_hop_by_hop(&mut h);
+            assert!(h.get(name).is_none(), "{name} is forwarded");
+            assert_eq!(h.len(), 1, "{name}: the rest stays");
+        }
     }
 }
