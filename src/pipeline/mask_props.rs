@@ -12,6 +12,8 @@
 //!   count is the previous request's forwards the previous forwarded conversation byte for
 //!   byte before its new messages, so the prefix changes only at mask steps (at most one per
 //!   `mask_block` outputs).
+//! - **Hybrid's floor**: under `hybrid`, until a summary, a request never masks fewer outputs
+//!   than the one before, and one that masks as many carries its forwarded prefix.
 //! - **Replicas**: under `hybrid`, a second compactor sharing the session store forwards the
 //!   same bytes for every request that needs no new summary: the mask state is a function of
 //!   the request and the stored checkpoint.
@@ -318,6 +320,61 @@ fn masking_moves_in_blocks_and_keeps_the_prefix_between_steps() {
         panic!("{e}");
     }
     assert!(steps_seen.get() > 0, "no mask step was exercised");
+}
+
+#[test]
+fn under_hybrid_the_mask_only_grows_and_the_prefix_holds_until_it_does() {
+    let rt = runtime();
+    let masked_seen = Cell::new(0usize);
+    let mut runner = TestRunner::new(ProptestConfig {
+        cases: cases() / 2,
+        ..ProptestConfig::default()
+    });
+    // Windows small enough for the generated conversations to cross their trigger; the count
+    // trigger out of reach, so masking is what answers it for as long as it can.
+    let small = "max_messages = 100000\n[models.\"tiny\"]\ncontext_window = 1500\n\
+                 [models.\"claude-test\"]\ncontext_window = 1500\n\
+                 [models.\"gpt-test\"]\ncontext_window = 1500\n";
+    let result = runner.run(&(request(), rule()), |((dialect, body, thinking), rule)| {
+        let (c, _) = compactor(
+            &mask_config("hybrid", rule, small),
+            FakeSummarizer::text("s"),
+        );
+        let whole = scan(dialect, &body)?;
+        let mut previous: Option<(Vec<u8>, usize)> = None;
+        for k in 1..=whole.len() {
+            let request = prefix(&body, &whole, k);
+            if valid(dialect, &request, thinking).is_err() {
+                continue; // a cut in the middle of a tool loop is no request
+            }
+            let (forwarded, masked) = match rt.block_on(c.process(dialect, &request, &caller())) {
+                Outcome::Masked { body, masked, .. } => (body.to_vec(), masked),
+                Outcome::Unchanged => (request.clone(), 0),
+                // A summary changes the prefix on purpose; what follows is another test's.
+                _ => break,
+            };
+            if let Some((before, before_masked)) = &previous {
+                ensure(
+                    masked >= *before_masked,
+                    format!("step {k}: {masked} outputs masked after {before_masked}"),
+                )?;
+                if masked == *before_masked {
+                    let (b, n) = (scan(dialect, before)?, scan(dialect, &forwarded)?);
+                    ensure(
+                        carries(&b, &n),
+                        format!("step {k}: prefix changed without a mask step"),
+                    )?;
+                }
+            }
+            masked_seen.set(masked_seen.get() + masked);
+            previous = Some((forwarded, masked));
+        }
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+    assert!(masked_seen.get() > 0, "no request was masked");
 }
 
 /// Two compactors sharing one session store.
