@@ -315,6 +315,72 @@ pub struct Metrics {
     mask_failures: IntCounterVec,
     /// `compactor_compaction_strategy{strategy}`: 1 for the strategy in use, 0 for the others.
     strategy: IntGaugeVec,
+    /// The children every chat request updates, looked up once.
+    hot: Hot,
+}
+
+/// The series every chat request updates, resolved from their vectors once. A label lookup
+/// hashes the values, takes the vector's lock and clones the child (atomics that two
+/// workers' requests contend for); ten of them per request were measurable at 1 KB.
+struct Hot {
+    /// `compactor_request_duration_seconds` and `compactor_overhead_seconds` per route: the
+    /// three dialects in [`DIALECTS`] order, then other routes.
+    duration: [Histogram; 4],
+    overhead: [Histogram; 4],
+    /// `compactor_request_tokens` as received and as forwarded, and
+    /// `compactor_context_utilization_ratio`, per dialect.
+    received: [Histogram; 3],
+    forwarded: [Histogram; 3],
+    utilization: [Histogram; 3],
+    /// `compactor_checkpoint_lookups_total`, in [`LOOKUP_RESULTS`] order.
+    lookups: [IntCounter; 2],
+    /// `compactor_upstream_usage_tokens_total`, in [`UsageKind::ALL`] order.
+    usage: [IntCounter; 4],
+}
+
+impl Hot {
+    /// Looks the series up (creating them, as `initialise_labels` does).
+    fn resolve(
+        request_duration: &HistogramVec,
+        overhead: &HistogramVec,
+        request_tokens: &HistogramVec,
+        context_utilization: &HistogramVec,
+        checkpoint_lookups: &IntCounterVec,
+        upstream_usage_tokens: &IntCounterVec,
+    ) -> Hot {
+        let routes = [
+            Some(DIALECTS[0]),
+            Some(DIALECTS[1]),
+            Some(DIALECTS[2]),
+            None,
+        ];
+        let [received, _, forwarded] = TOKEN_STAGES;
+        let tokens =
+            |stage: &str| DIALECTS.map(|d| request_tokens.with_label_values(&[d.label(), stage]));
+        Hot {
+            duration: routes.map(|r| request_duration.with_label_values(&[route_label(r)])),
+            overhead: routes.map(|r| overhead.with_label_values(&[route_label(r)])),
+            received: tokens(received),
+            forwarded: tokens(forwarded),
+            utilization: DIALECTS.map(|d| context_utilization.with_label_values(&[d.label()])),
+            lookups: LOOKUP_RESULTS.map(|r| checkpoint_lookups.with_label_values(&[r])),
+            usage: UsageKind::ALL.map(|k| upstream_usage_tokens.with_label_values(&[k.label()])),
+        }
+    }
+}
+
+/// A dialect's place in [`DIALECTS`] (and in [`Hot`]'s arrays).
+fn dialect_index(dialect: DialectKind) -> usize {
+    match dialect {
+        DialectKind::ChatCompletions => 0,
+        DialectKind::Messages => 1,
+        DialectKind::Responses => 2,
+    }
+}
+
+/// A route's place in [`Hot`]'s per-route arrays: the dialect's, other routes last.
+fn route_index(route: Option<DialectKind>) -> usize {
+    route.map_or(3, dialect_index)
 }
 
 /// The `route` label (and log field): the dialect of a chat call, else `other`.
@@ -352,6 +418,57 @@ impl Metrics {
     pub fn new() -> Result<Metrics, prometheus::Error> {
         let registry = Registry::new();
         let r = &registry;
+        let request_duration = histogram_vec(
+            r,
+            "compactor_request_duration_seconds",
+            "Time from request received to response head sent, by route kind.",
+            &["route"],
+            LATENCY_BUCKETS,
+        )?;
+        let checkpoint_lookups = counter_vec(
+            r,
+            "compactor_checkpoint_lookups_total",
+            "Checkpoint lookups of chat requests by result (hit or miss).",
+            &["result"],
+        )?;
+        let overhead = histogram_vec(
+            r,
+            "compactor_overhead_seconds",
+            "Time compactor itself added before the response head: request duration minus \
+             time spent waiting on the upstream and the summarizer.",
+            &["route"],
+            OVERHEAD_BUCKETS,
+        )?;
+        let request_tokens = histogram_vec(
+            r,
+            "compactor_request_tokens",
+            "Estimated input tokens of chat requests, as received and as forwarded.",
+            &["dialect", "stage"],
+            TOKEN_BUCKETS,
+        )?;
+        let context_utilization = histogram_vec(
+            r,
+            "compactor_context_utilization_ratio",
+            "Estimated input tokens of chat requests as received divided by the model's \
+             context window.",
+            &["dialect"],
+            UTILIZATION_BUCKETS,
+        )?;
+        let upstream_usage_tokens = counter_vec(
+            r,
+            "compactor_upstream_usage_tokens_total",
+            "Tokens reported by the upstream in response usage, by kind (input includes \
+             cached and cache-write tokens).",
+            &["kind"],
+        )?;
+        let hot = Hot::resolve(
+            &request_duration,
+            &overhead,
+            &request_tokens,
+            &context_utilization,
+            &checkpoint_lookups,
+            &upstream_usage_tokens,
+        );
         let m = Metrics {
             requests: counter_vec(
                 r,
@@ -359,13 +476,7 @@ impl Metrics {
                 "Requests handled, by route kind, method and response status class.",
                 &["route", "method", "status_class"],
             )?,
-            request_duration: histogram_vec(
-                r,
-                "compactor_request_duration_seconds",
-                "Time from request received to response head sent, by route kind.",
-                &["route"],
-                LATENCY_BUCKETS,
-            )?,
+            request_duration,
             upstream_ttfb: histogram(
                 r,
                 "compactor_upstream_ttfb_seconds",
@@ -449,12 +560,7 @@ impl Metrics {
                 &["backend"],
                 WORK_BUCKETS,
             )?,
-            checkpoint_lookups: counter_vec(
-                r,
-                "compactor_checkpoint_lookups_total",
-                "Checkpoint lookups of chat requests by result (hit or miss).",
-                &["result"],
-            )?,
+            checkpoint_lookups,
             retries: counter_vec(
                 r,
                 "compactor_retries_total",
@@ -491,42 +597,16 @@ impl Metrics {
                     "Times a session's breaker opened after repeated failed compactions.",
                 )?,
             )?,
-            overhead: histogram_vec(
-                r,
-                "compactor_overhead_seconds",
-                "Time compactor itself added before the response head: request duration minus \
-                 time spent waiting on the upstream and the summarizer.",
-                &["route"],
-                OVERHEAD_BUCKETS,
-            )?,
-            request_tokens: histogram_vec(
-                r,
-                "compactor_request_tokens",
-                "Estimated input tokens of chat requests, as received and as forwarded.",
-                &["dialect", "stage"],
-                TOKEN_BUCKETS,
-            )?,
+            overhead,
+            request_tokens,
             compaction_ratio: histogram(
                 r,
                 "compactor_compaction_ratio",
                 "Estimated tokens forwarded divided by tokens received, for compacted requests.",
                 COMPACTION_RATIO_BUCKETS,
             )?,
-            context_utilization: histogram_vec(
-                r,
-                "compactor_context_utilization_ratio",
-                "Estimated input tokens of chat requests as received divided by the model's \
-                 context window.",
-                &["dialect"],
-                UTILIZATION_BUCKETS,
-            )?,
-            upstream_usage_tokens: counter_vec(
-                r,
-                "compactor_upstream_usage_tokens_total",
-                "Tokens reported by the upstream in response usage, by kind (input includes \
-                 cached and cache-write tokens).",
-                &["kind"],
-            )?,
+            context_utilization,
+            upstream_usage_tokens,
             estimate_error: histogram(
                 r,
                 "compactor_estimate_error_ratio",
@@ -565,6 +645,7 @@ impl Metrics {
                 )?,
             )?,
             store_evictions_counted: AtomicU64::new(0),
+            hot,
             registry,
         };
         m.build_info
@@ -676,16 +757,16 @@ impl Metrics {
         duration: Duration,
         overhead: Duration,
     ) {
-        let route = route_label(route);
         self.requests
-            .with_label_values(&[route, method_label(method), status_class(status)])
+            .with_label_values(&[
+                route_label(route),
+                method_label(method),
+                status_class(status),
+            ])
             .inc();
-        self.request_duration
-            .with_label_values(&[route])
-            .observe(duration.as_secs_f64());
-        self.overhead
-            .with_label_values(&[route])
-            .observe(overhead.as_secs_f64());
+        let route = route_index(route);
+        self.hot.duration[route].observe(duration.as_secs_f64());
+        self.hot.overhead[route].observe(overhead.as_secs_f64());
     }
 
     /// A request went upstream: one more in flight until [`Metrics::request_ended`].
@@ -822,12 +903,7 @@ impl Metrics {
 
     /// A chat request's checkpoint lookup found a stored summary (`hit`) or not.
     pub fn checkpoint_lookup(&self, hit: bool) {
-        let result = if hit {
-            LOOKUP_RESULTS[0]
-        } else {
-            LOOKUP_RESULTS[1]
-        };
-        self.checkpoint_lookups.with_label_values(&[result]).inc();
+        self.hot.lookups[usize::from(!hit)].inc();
     }
 
     /// The token figures of one chat request: estimated input tokens as `received` and as
@@ -840,18 +916,11 @@ impl Metrics {
         forwarded: usize,
         context_window: usize,
     ) {
-        let d = dialect.label();
-        let [received_stage, _, forwarded_stage] = TOKEN_STAGES;
-        self.request_tokens
-            .with_label_values(&[d, received_stage])
-            .observe(received as f64);
-        self.request_tokens
-            .with_label_values(&[d, forwarded_stage])
-            .observe(forwarded as f64);
+        let d = dialect_index(dialect);
+        self.hot.received[d].observe(received as f64);
+        self.hot.forwarded[d].observe(forwarded as f64);
         if context_window > 0 {
-            self.context_utilization
-                .with_label_values(&[d])
-                .observe(received as f64 / context_window as f64);
+            self.hot.utilization[d].observe(received as f64 / context_window as f64);
         }
         if forwarded != received && received > 0 {
             self.compaction_ratio
@@ -892,9 +961,7 @@ impl Metrics {
 
     /// The upstream reported `tokens` of `kind` in a response's `usage`.
     pub fn upstream_usage(&self, kind: UsageKind, tokens: u64) {
-        self.upstream_usage_tokens
-            .with_label_values(&[kind.label()])
-            .inc_by(tokens);
+        self.hot.usage[kind as usize].inc_by(tokens);
     }
 
     /// A response's reported input tokens differed from the estimate by `ratio` of them
@@ -1180,6 +1247,71 @@ mod tests {
         }
         assert_eq!(m.compactions_counted("tokens", "blank"), 1);
         assert_eq!(m.compactions_counted("nonsense", "blank"), 0);
+    }
+
+    #[test]
+    fn every_pre_resolved_series_is_its_own_label() {
+        let m = Metrics::new().expect("metrics");
+        let routes = DIALECTS.map(Some).into_iter().chain([None]);
+        for (i, route) in routes.enumerate() {
+            let ms = (i + 1) as u64;
+            let d = Duration::from_millis(ms);
+            m.request_finished(route, &Method::POST, 200, d, d / 2);
+        }
+        for (i, dialect) in DIALECTS.into_iter().enumerate() {
+            m.chat_request_tokens(dialect, 100 + i, 10 + i, 1_000);
+        }
+        m.checkpoint_lookup(true);
+        m.checkpoint_lookup(true);
+        m.checkpoint_lookup(false);
+        for (i, kind) in UsageKind::ALL.into_iter().enumerate() {
+            m.upstream_usage(kind, 1 + i as u64);
+        }
+        let text = m.render();
+        let mut expected = vec![
+            "compactor_checkpoint_lookups_total{result=\"hit\"} 2".to_string(),
+            "compactor_checkpoint_lookups_total{result=\"miss\"} 1".to_string(),
+        ];
+        let routes = DIALECTS.map(Some).into_iter().chain([None]);
+        for (i, route) in routes.enumerate() {
+            let r = route_label(route);
+            let secs = (i + 1) as f64 / 1000.0;
+            expected.push(format!(
+                "compactor_request_duration_seconds_sum{{route=\"{r}\"}} {secs}"
+            ));
+            expected.push(format!(
+                "compactor_overhead_seconds_sum{{route=\"{r}\"}} {}",
+                secs / 2.0
+            ));
+        }
+        for (i, dialect) in DIALECTS.into_iter().enumerate() {
+            let d = dialect.label();
+            expected.push(format!(
+                "compactor_request_tokens_sum{{dialect=\"{d}\",stage=\"received\"}} {}",
+                100 + i
+            ));
+            expected.push(format!(
+                "compactor_request_tokens_sum{{dialect=\"{d}\",stage=\"forwarded\"}} {}",
+                10 + i
+            ));
+            expected.push(format!(
+                "compactor_context_utilization_ratio_sum{{dialect=\"{d}\"}} {}",
+                (100 + i) as f64 / 1_000.0
+            ));
+        }
+        for (i, kind) in UsageKind::ALL.into_iter().enumerate() {
+            expected.push(format!(
+                "compactor_upstream_usage_tokens_total{{kind=\"{}\"}} {}",
+                kind.label(),
+                1 + i
+            ));
+        }
+        for series in expected {
+            assert!(
+                text.contains(&format!("{series}\n")),
+                "{series} missing:\n{text}"
+            );
+        }
     }
 
     #[test]
