@@ -330,17 +330,21 @@ fn under_hybrid_the_mask_only_grows_and_the_prefix_holds_until_it_does() {
         cases: cases() / 2,
         ..ProptestConfig::default()
     });
-    // Windows small enough for the generated conversations to cross their trigger; the count
-    // trigger out of reach, so masking is what answers it for as long as it can.
-    let small = "max_messages = 100000\n[models.\"tiny\"]\ncontext_window = 1500\n\
-                 [models.\"claude-test\"]\ncontext_window = 1500\n\
-                 [models.\"gpt-test\"]\ncontext_window = 1500\n";
     let result = runner.run(&(request(), rule()), |((dialect, body, thinking), rule)| {
+        let whole = scan(dialect, &body)?;
+        // A window whose trigger the conversation crosses about halfway, whatever model it
+        // names; the count trigger out of reach, so masking answers it as long as it can.
+        let window = (whole.tokens * 3 / 5).max(200);
+        let extra = format!(
+            "max_messages = 100000\ndefault_context_window = {window}\n\
+             [models.\"tiny\"]\ncontext_window = {window}\n\
+             [models.\"claude-test\"]\ncontext_window = {window}\n\
+             [models.\"gpt-test\"]\ncontext_window = {window}\n"
+        );
         let (c, _) = compactor(
-            &mask_config("hybrid", rule, small),
+            &mask_config("hybrid", rule, &extra),
             FakeSummarizer::text("s"),
         );
-        let whole = scan(dialect, &body)?;
         let mut previous: Option<(Vec<u8>, usize)> = None;
         for k in 1..=whole.len() {
             let request = prefix(&body, &whole, k);
