@@ -63,12 +63,12 @@ async fn run(background_ratio: f64) -> (Vec<Duration>, Vec<Duration>) {
     .expect("config");
     let metrics = Arc::new(Metrics::new().expect("metrics"));
     let pipeline = Arc::new(Pipeline::new(&config, Arc::new(SlowSummarizer), metrics));
-    let caller = Caller {
+    let caller = Arc::new(Caller {
         upstream_base_url: "http://127.0.0.1:9".into(),
         api_prefix: "/v1".into(),
         credentials: vec![("authorization".into(), "Bearer sk-bench".into())],
         api: DialectKind::ChatCompletions.api(),
-    };
+    });
     let context = RequestContext {
         caller: &caller,
         session_header: None,

@@ -88,7 +88,7 @@ fn setup() -> (Arc<Pipeline>, tokio::runtime::Runtime) {
 
 fn compaction(c: &mut Criterion) {
     let (compactor, rt) = setup();
-    let caller = Caller::default();
+    let caller = Arc::new(Caller::default());
     let mut group = c.benchmark_group("compact");
     for n in [100usize, 1_000, 10_000] {
         let body = request("gpt-4o", conversation(n, 400));
@@ -163,7 +163,7 @@ fn hot_path(c: &mut Criterion) {
     let config = Config::from_toml("[compaction]\nmax_messages = 200\n").expect("config");
     let metrics = Arc::new(Metrics::new().expect("metrics"));
     let compactor = Arc::new(Pipeline::new(&config, Arc::new(InstantSummarizer), metrics));
-    let caller = Caller::default();
+    let caller = Arc::new(Caller::default());
     // ~500 KB, 70 messages (under max_messages), for a 1M-token model: no compaction due.
     let body = request("gpt-4.1", conversation(70, 14_000));
     assert!(
@@ -213,10 +213,10 @@ fn hot_path(c: &mut Criterion) {
 /// path (scan, session id, store, lookup, trigger, metrics) that every agent call pays.
 fn small_request(c: &mut Criterion) {
     let (compactor, rt) = setup();
-    let caller = Caller {
+    let caller = Arc::new(Caller {
         credentials: vec![("authorization".into(), "Bearer sk-bench".into())],
         ..Caller::default()
-    };
+    });
     let body = Bytes::from(request("gpt-4o-mini", conversation(4, 200)));
     let context = RequestContext {
         caller: &caller,

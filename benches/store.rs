@@ -144,12 +144,12 @@ async fn main() {
             )),
         ),
     ];
-    let caller = Caller {
+    let caller = Arc::new(Caller {
         upstream_base_url: "http://127.0.0.1:9".into(),
         api_prefix: "/v1".into(),
         credentials: vec![("authorization".into(), "Bearer sk-bench".into())],
         api: DialectKind::ChatCompletions.api(),
-    };
+    });
     let context = RequestContext {
         caller: &caller,
         session_header: None,

@@ -58,7 +58,7 @@ const TURN: usize = 2;
 #[derive(Debug, Clone, Copy)]
 pub struct RequestContext<'a> {
     /// Destination and credentials (summarizers that call the caller's provider use them).
-    pub caller: &'a Caller,
+    pub caller: &'a Arc<Caller>,
     /// The value of the configured session header, if the client sent one.
     pub session_header: Option<&'a str>,
 }
@@ -117,7 +117,7 @@ struct Request<'r, 'b> {
     scan: &'r Scan<'b>,
     /// The bytes `scan` reads (a background summary takes its own reference).
     body: &'r Bytes,
-    caller: &'r Caller,
+    caller: &'r Arc<Caller>,
     tenant: TenantId,
     session: &'r str,
     limits: Limits,
@@ -166,7 +166,7 @@ impl Compacted {
 struct BackgroundJob {
     dialect: DialectKind,
     body: Bytes,
-    caller: Caller,
+    caller: Arc<Caller>,
     session: String,
     /// What the summary is made for ([`Limits::for_background`]).
     limits: Limits,
@@ -403,7 +403,7 @@ impl Pipeline {
         self: &Arc<Self>,
         dialect: DialectKind,
         body: &[u8],
-        caller: &Caller,
+        caller: &Arc<Caller>,
     ) -> Outcome {
         let context = RequestContext {
             caller,

@@ -139,7 +139,7 @@ async fn forward(
                     break 'chat streaming.into_body(app.config.client_timeout());
                 }
             };
-            let caller = caller(&parts.headers, &resolved, dialect);
+            let caller = Arc::new(caller(&parts.headers, &resolved, dialect));
             let session_header = parts
                 .headers
                 .get(app.config.session.header.as_str())
@@ -279,7 +279,7 @@ struct Retry {
     original: Bytes,
     /// The original's share of `server.max_buffered_bytes`, held as long as it is.
     _held: budget::Held,
-    caller: Caller,
+    caller: Arc<Caller>,
     session_header: Option<String>,
     /// Estimated tokens of the body that was sent.
     forwarded_tokens: usize,

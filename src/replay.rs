@@ -466,12 +466,12 @@ impl Replayer {
                 None => (step.model.clone(), step.requested_output),
             };
             // No credentials: a summarizer calling the provider needs its `api_key_env`.
-            let caller = Caller {
+            let caller = Arc::new(Caller {
                 upstream_base_url: self.config.upstream.base_url.clone(),
                 api_prefix: "/v1".into(),
                 credentials: Vec::new(),
                 api: step.dialect.api(),
-            };
+            });
             let context = RequestContext {
                 caller: &caller,
                 session_header: None,

@@ -143,8 +143,8 @@ pub(crate) fn compactor(
     )
 }
 
-pub(crate) fn caller() -> Caller {
-    Caller::default()
+pub(crate) fn caller() -> Arc<Caller> {
+    Arc::default()
 }
 
 /// A chat request body of `model` with `messages`.

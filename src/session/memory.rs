@@ -718,7 +718,6 @@ impl Inner {
 #[cfg(test)]
 mod tests {
     use bytes::Bytes;
-    use compactor_plugin_api::Caller;
 
     use super::*;
     use crate::dialect::DialectKind;
@@ -805,7 +804,7 @@ mod tests {
             tenant: TenantId::ANONYMOUS,
             dialect: DialectKind::ChatCompletions,
             body: Bytes::from(vec![b'x'; body_len]),
-            caller: Caller::default(),
+            caller: Arc::default(),
         }
     }
 

@@ -807,12 +807,12 @@ impl Shared {
             tenant,
             dialect,
             body: Bytes::from(body.clone()),
-            caller: Caller {
+            caller: Arc::new(Caller {
                 upstream_base_url: text("upstream").unwrap_or_default(),
                 api_prefix: text("prefix").unwrap_or_default(),
                 credentials: Vec::new(),
                 api: dialect.api(),
-            },
+            }),
         }))
     }
 

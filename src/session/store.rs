@@ -101,8 +101,8 @@ pub struct LatestRequest {
     pub dialect: DialectKind,
     /// The request body exactly as received.
     pub body: Bytes,
-    /// Where it went and with which credentials.
-    pub caller: Caller,
+    /// Where it went and with which credentials (shared with the request that carried it).
+    pub caller: Arc<Caller>,
 }
 
 impl LatestRequest {
@@ -474,10 +474,10 @@ mod tests {
             tenant: TenantId::ANONYMOUS,
             dialect: DialectKind::ChatCompletions,
             body: Bytes::from_static(br#"{"messages":[{"content":"private"}]}"#),
-            caller: Caller {
+            caller: Arc::new(Caller {
                 credentials: vec![("authorization".into(), "Bearer sk-secret".into())],
                 ..Caller::default()
-            },
+            }),
         };
         let shown = format!("{latest:?}");
         assert!(
