@@ -1688,13 +1688,8 @@ impl Pipeline {
 
 /// The session id of a scanned request: the header when sent, else from its first messages.
 fn session_of(scan: &Scan<'_>, tenant: &TenantId, header: Option<&str>) -> String {
-    let first: Vec<&str> = scan
-        .messages
-        .iter()
-        .take(SESSION_ID_MESSAGES)
-        .copied()
-        .collect();
-    session_id(tenant, header, &first)
+    let first = &scan.messages[..scan.messages.len().min(SESSION_ID_MESSAGES)];
+    session_id(tenant, header, first)
 }
 
 /// What the proxy should forward.
