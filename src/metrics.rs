@@ -244,8 +244,6 @@ pub struct Metrics {
     registry: Registry,
     /// `compactor_requests_total{route,method,status_class}`
     requests: IntCounterVec,
-    /// `compactor_request_duration_seconds{route}`
-    request_duration: HistogramVec,
     /// `compactor_upstream_ttfb_seconds`
     upstream_ttfb: Histogram,
     /// `compactor_in_flight_requests`
@@ -272,8 +270,6 @@ pub struct Metrics {
     summarizer_requests: IntCounterVec,
     /// `compactor_summarizer_duration_seconds{backend}`
     summarizer_duration: HistogramVec,
-    /// `compactor_checkpoint_lookups_total{result}`
-    checkpoint_lookups: IntCounterVec,
     /// `compactor_retries_total{reason,outcome}`
     retries: IntCounterVec,
     /// `compactor_context_window_learned_total{source}`
@@ -288,21 +284,12 @@ pub struct Metrics {
     store_evictions_counted: AtomicU64,
     /// `compactor_breaker_open_total`
     pub breaker_open: IntCounter,
-    /// `compactor_overhead_seconds{route}`: time compactor itself adds before the response
-    /// head (see [`crate::timing::Overhead`]).
-    overhead: HistogramVec,
     /// `compactor_request_tokens{dialect,stage}`: estimated input tokens as received and as
     /// forwarded (`stage` ∈ [`TOKEN_STAGES`]).
     request_tokens: HistogramVec,
     /// `compactor_compaction_ratio`: forwarded ÷ received estimated tokens of compacted
     /// requests.
     compaction_ratio: Histogram,
-    /// `compactor_context_utilization_ratio{dialect}`: estimated input tokens ÷ the model's
-    /// context window.
-    context_utilization: HistogramVec,
-    /// `compactor_upstream_usage_tokens_total{kind}`: tokens the upstream reported in `usage`
-    /// (`kind` ∈ [`UsageKind`]).
-    upstream_usage_tokens: IntCounterVec,
     /// `compactor_estimate_error_ratio`: (estimated − actual) ÷ actual input tokens.
     estimate_error: Histogram,
     /// `compactor_config_reloads_total{result}` (`result` ∈ [`RELOAD_RESULTS`]).
@@ -315,7 +302,11 @@ pub struct Metrics {
     mask_failures: IntCounterVec,
     /// `compactor_compaction_strategy{strategy}`: 1 for the strategy in use, 0 for the others.
     strategy: IntGaugeVec,
-    /// The children every chat request updates, looked up once.
+    /// `compactor_request_duration_seconds{route}`, `compactor_overhead_seconds{route}` (see
+    /// [`crate::timing::Overhead`]), `compactor_checkpoint_lookups_total{result}`,
+    /// `compactor_context_utilization_ratio{dialect}` (estimated input tokens ÷ the model's
+    /// context window), `compactor_upstream_usage_tokens_total{kind}` and the received and
+    /// forwarded `compactor_request_tokens`: every child, looked up once.
     hot: Hot,
 }
 
@@ -339,7 +330,8 @@ struct Hot {
 }
 
 impl Hot {
-    /// Looks the series up (creating them, as `initialise_labels` does).
+    /// Looks every known child up, which creates it (exported as 0 before its first event, as
+    /// `Metrics::initialise_labels` does for the other vectors).
     fn resolve(
         request_duration: &HistogramVec,
         overhead: &HistogramVec,
@@ -476,7 +468,6 @@ impl Metrics {
                 "Requests handled, by route kind, method and response status class.",
                 &["route", "method", "status_class"],
             )?,
-            request_duration,
             upstream_ttfb: histogram(
                 r,
                 "compactor_upstream_ttfb_seconds",
@@ -560,7 +551,6 @@ impl Metrics {
                 &["backend"],
                 WORK_BUCKETS,
             )?,
-            checkpoint_lookups,
             retries: counter_vec(
                 r,
                 "compactor_retries_total",
@@ -597,7 +587,6 @@ impl Metrics {
                     "Times a session's breaker opened after repeated failed compactions.",
                 )?,
             )?,
-            overhead,
             request_tokens,
             compaction_ratio: histogram(
                 r,
@@ -605,8 +594,6 @@ impl Metrics {
                 "Estimated tokens forwarded divided by tokens received, for compacted requests.",
                 COMPACTION_RATIO_BUCKETS,
             )?,
-            context_utilization,
-            upstream_usage_tokens,
             estimate_error: histogram(
                 r,
                 "compactor_estimate_error_ratio",
@@ -685,11 +672,6 @@ impl Metrics {
                     .with_label_values(&[OTHER_ROUTE, method, class]);
             }
         }
-        for route in DIALECTS.map(Some).into_iter().chain([None]) {
-            self.request_duration
-                .with_label_values(&[route_label(route)]);
-            self.overhead.with_label_values(&[route_label(route)]);
-        }
         for kind in UpstreamErrorKind::ALL {
             self.upstream_errors.with_label_values(&[kind.label()]);
         }
@@ -701,9 +683,6 @@ impl Metrics {
         }
         for outcome in [CompactionOutcome::Panic.label(), SERVER_STATE] {
             self.compactions.with_label_values(&[NO_TRIGGER, outcome]);
-        }
-        for result in LOOKUP_RESULTS {
-            self.checkpoint_lookups.with_label_values(&[result]);
         }
         for outcome in RETRY_OUTCOMES {
             self.retries
@@ -720,16 +699,10 @@ impl Metrics {
             self.store_errors.with_label_values(&[op.label()]);
         }
         for dialect in DIALECTS {
-            self.context_utilization
-                .with_label_values(&[dialect.label()]);
             for stage in TOKEN_STAGES {
                 self.request_tokens
                     .with_label_values(&[dialect.label(), stage]);
             }
-        }
-        for kind in UsageKind::ALL {
-            self.upstream_usage_tokens
-                .with_label_values(&[kind.label()]);
         }
         for result in RELOAD_RESULTS {
             self.config_reloads.with_label_values(&[result]);
@@ -1317,9 +1290,7 @@ mod tests {
     #[test]
     fn overhead_buckets_resolve_sub_millisecond_times() {
         let m = Metrics::new().expect("metrics");
-        m.overhead
-            .with_label_values(&["chat_completions"])
-            .observe(0.000_2);
+        m.hot.overhead[route_index(Some(DialectKind::ChatCompletions))].observe(0.000_2);
         let text = m.render();
         assert!(text.contains(
             "compactor_overhead_seconds_bucket{route=\"chat_completions\",le=\"0.0001\"} 0"
