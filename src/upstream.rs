@@ -71,8 +71,9 @@ impl<G: Unpin> hyper::body::Body for Holding<G> {
     }
 }
 
-/// Headers that describe one connection, not the message: never forwarded (RFC 9110 §7.6.1).
-const HOP_BY_HOP: [HeaderName; 8] = [
+/// Headers that describe one connection, not the message: never forwarded (RFC 9110 §7.6.1;
+/// `Proxy-Authenticate` answers `Proxy-Authorization`).
+const HOP_BY_HOP: [HeaderName; 9] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),
@@ -81,13 +82,11 @@ const HOP_BY_HOP: [HeaderName; 8] = [
     header::TRANSFER_ENCODING,
     header::UPGRADE,
     header::PROXY_AUTHORIZATION,
+    header::PROXY_AUTHENTICATE,
 ];
 
 /// `X-Forwarded-For`, which the proxy appends the client's address to.
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-
-/// A response header that is hop-by-hop too (it answers `Proxy-Authorization`).
-const PROXY_AUTHENTICATE: HeaderName = header::PROXY_AUTHENTICATE;
 
 /// Where one upstream lives.
 #[derive(Debug, Clone)]
@@ -307,9 +306,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // (a hash and a probe) per hop-by-hop name, and most messages carry one or two of them.
     let present: Vec<HeaderName> = headers
         .keys()
-        .filter(|name| {
-            HOP_BY_HOP.contains(name) || *name == PROXY_AUTHENTICATE || named.contains(name)
-        })
+        .filter(|name| HOP_BY_HOP.contains(name) || named.contains(name))
         .cloned()
         .collect();
     for name in present {
