@@ -10,8 +10,9 @@
 //! Workloads: a 1 KB request and a 200 KB one (769 messages), each at concurrency 1 and 32.
 //! Rounds are interleaved (every round runs every target once per cell, in a rotated order) so
 //! that the noise of a shared machine lands on all targets alike; the report gives medians of
-//! the rounds, p50 latency, the p50 added over direct, req/s and req/s ratios, then checks the
-//! overhead goals (printed as met / not met, never failing the run).
+//! the rounds, p50 latency, the p50 added over direct, req/s and req/s ratios, each target's CPU
+//! time per request (user space and kernel, from `/proc`), then checks the overhead goals
+//! (printed as met / not met, never failing the run).
 //!
 //! Run: `cargo bench --bench load`. `LOAD_SECS` (default 3) sets the seconds per measurement,
 //! `LOAD_ROUNDS` (default 3) the rounds; the default run takes about 2.5 minutes.
@@ -91,6 +92,9 @@ impl Kind {
 struct Target {
     kind: Kind,
     port: u16,
+    /// The process whose CPU time (with its children's: nginx's worker, LiteLLM's) is the
+    /// target's; `None` for the in-process mock provider.
+    pid: Option<u32>,
 }
 
 /// One request body.
@@ -113,8 +117,45 @@ struct Cell {
 struct Stats {
     p50_us: f64,
     rps: f64,
+    /// Requests completed.
+    requests: u64,
     /// Non-2xx answers and socket errors; any makes the figures suspect, so they are shown.
     errors: u64,
+    /// The target's CPU time per request, where `/proc` tells it.
+    cpu: Option<Cpu>,
+}
+
+/// CPU time per request, in microseconds: in user space and in the kernel on the process's
+/// behalf (its share of the loopback TCP path, wake-ups).
+#[derive(Clone, Copy)]
+struct Cpu {
+    user_us: f64,
+    sys_us: f64,
+}
+
+/// `/proc`'s clock tick: the kernel reports `utime` and `stime` in units of `USER_HZ`, which
+/// is 100 on every Linux architecture's ABI.
+const USER_HZ: f64 = 100.0;
+
+/// User and system CPU ticks of `pid` and of its live descendants (nginx's worker under its
+/// master, LiteLLM's workers), from `/proc`; `None` where there is no `/proc`.
+fn cpu_ticks(pid: u32) -> Option<(u64, u64)> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name, in parentheses, may hold spaces: fields are counted after it. utime
+    // and stime are fields 14 and 15, the 12th and 13th after the name.
+    let mut fields = stat.rsplit_once(')')?.1.split_whitespace().skip(11);
+    let mut user: u64 = fields.next()?.parse().ok()?;
+    let mut sys: u64 = fields.next()?.parse().ok()?;
+    for task in fs::read_dir(format!("/proc/{pid}/task")).ok()?.flatten() {
+        let children = fs::read_to_string(task.path().join("children")).unwrap_or_default();
+        for child in children.split_whitespace().filter_map(|c| c.parse().ok()) {
+            if let Some((u, s)) = cpu_ticks(child) {
+                user += u;
+                sys += s;
+            }
+        }
+    }
+    Some((user, sys))
 }
 
 /// Child processes, stopped (TERM, then KILL after a grace period) when dropped, including
@@ -396,7 +437,8 @@ fn start_nginx(
     let log = dir.join("nginx.log");
     let child = spawn(children, "nginx", command, &log);
     wait_ready("nginx", child, port, "/", &log);
-    Target { kind, port }
+    let pid = Some(child.id());
+    Target { kind, port, pid }
 }
 
 /// Starts `compactor serve` with a generated configuration under `dir` and waits for `/livez`.
@@ -435,7 +477,8 @@ fn start_compactor(
     let log = dir.join("compactor.log");
     let child = spawn(children, kind.label(), command, &log);
     wait_ready(kind.label(), child, admin, "/livez", &log);
-    (Target { kind, port }, admin)
+    let pid = Some(child.id());
+    (Target { kind, port, pid }, admin)
 }
 
 /// Starts LiteLLM's proxy with one model routed to the provider and waits until it is live.
@@ -474,6 +517,7 @@ fn start_litellm(children: &mut Children, litellm: &Path, dir: &Path, provider: 
     Target {
         kind: Kind::LiteLlm,
         port,
+        pid: Some(child.id()),
     }
 }
 
@@ -517,7 +561,8 @@ fn measure(
     secs: u64,
 ) -> Stats {
     let url = format!("http://127.0.0.1:{}{PATH}", target.port);
-    match load {
+    let before = target.pid.and_then(cpu_ticks);
+    let mut stats = match load {
         Load::Wrk(wrk) => run_wrk(wrk, &url, &workload.script, concurrency, secs),
         Load::InProcess(client) => runtime.block_on(client_cell(
             client.clone(),
@@ -526,7 +571,16 @@ fn measure(
             concurrency,
             secs,
         )),
+    };
+    let after = target.pid.and_then(cpu_ticks);
+    if let (Some((u0, s0)), Some((u1, s1))) = (before, after) {
+        let per_request = |ticks: u64| ticks as f64 / USER_HZ * 1e6 / stats.requests.max(1) as f64;
+        stats.cpu = Some(Cpu {
+            user_us: per_request(u1.saturating_sub(u0)),
+            sys_us: per_request(s1.saturating_sub(s0)),
+        });
     }
+    stats
 }
 
 /// wrk's Lua script posting the body in `body_file` with the bench's headers.
@@ -573,9 +627,12 @@ fn parse_wrk(text: &str) -> Option<Stats> {
     let mut lines = text.lines().map(str::trim);
     let mut p50_us = None;
     let mut rps = None;
+    let mut requests = None;
     let mut errors = 0u64;
     while let Some(line) = lines.next() {
-        if line == "Latency Distribution" {
+        if let Some((count, _)) = line.split_once(" requests in ") {
+            requests = count.trim().parse().ok();
+        } else if line == "Latency Distribution" {
             let first = lines.next()?;
             let value = first.strip_prefix("50%")?.trim();
             p50_us = Some(wrk_duration_us(value)?);
@@ -593,7 +650,9 @@ fn parse_wrk(text: &str) -> Option<Stats> {
     Some(Stats {
         p50_us: p50_us?,
         rps: rps?,
+        requests: requests?,
         errors,
+        cpu: None,
     })
 }
 
@@ -652,7 +711,9 @@ async fn client_cell(
     Stats {
         p50_us: latencies[latencies.len() / 2].as_secs_f64() * 1e6,
         rps: latencies.len() as f64 / wall.as_secs_f64(),
+        requests: latencies.len() as u64,
         errors,
+        cpu: None,
     }
 }
 
@@ -784,6 +845,7 @@ fn main() {
             Target {
                 kind: Kind::Direct,
                 port,
+                pid: None,
             }
         }
     };
@@ -966,8 +1028,15 @@ fn main() {
         );
         let _ = writeln!(
             report,
-            "  {:<13} {:>9} {:>10} {:>8} {:>9} {:>10} {:>16}",
-            "target", "p50", "added p50", "req/s", "vs nginx", "vs direct", "req/s rounds"
+            "  {:<13} {:>9} {:>10} {:>8} {:>9} {:>10} {:>16} {:>16}",
+            "target",
+            "p50",
+            "added p50",
+            "req/s",
+            "vs nginx",
+            "vs direct",
+            "req/s rounds",
+            "CPU/req usr+sys"
         );
         let mut cell_p50s = Vec::new();
         for (t, target) in targets.iter().enumerate() {
@@ -987,6 +1056,14 @@ fn main() {
             };
             let vs_nginx = i_nginx.map_or("—".to_owned(), |n| fmt_ratio(ratio(n)));
             let vs_direct = fmt_ratio(ratio(i_direct));
+            let cpu = if r[t].iter().all(|s| s.cpu.is_some()) {
+                let of = |f: fn(&Cpu) -> f64| {
+                    median(r[t].iter().flat_map(|s| s.cpu.as_ref().map(f)).collect())
+                };
+                format!("{:.1}+{:.1}µs", of(|c| c.user_us), of(|c| c.sys_us))
+            } else {
+                "—".to_owned()
+            };
             let errors: u64 = r[t].iter().map(|s| s.errors).sum();
             let errors = if errors > 0 {
                 format!("  ({errors} errors: figures suspect)")
@@ -995,7 +1072,7 @@ fn main() {
             };
             let _ = writeln!(
                 report,
-                "  {:<13} {:>9} {:>10} {:>8} {:>9} {:>10} {:>16}{errors}",
+                "  {:<13} {:>9} {:>10} {:>8} {:>9} {:>10} {:>16} {:>16}{errors}",
                 target.kind.label(),
                 fmt_us(p50),
                 added,
@@ -1003,6 +1080,7 @@ fn main() {
                 vs_nginx,
                 vs_direct,
                 spread,
+                cpu,
             );
             cell_p50s.push(p50);
         }
@@ -1012,7 +1090,8 @@ fn main() {
     println!(
         "\np50 and req/s: medians of the rounds; added p50 and ratios: medians of the per-round \
          figures (each round compares targets measured seconds apart). Latency = request sent → \
-         response received, as the load generator sees it."
+         response received, as the load generator sees it. CPU/req: the target's own processes \
+         (user space + kernel), from /proc, medians of the rounds; direct's is the provider's."
     );
 
     // Goals, read from the figures above. Workload 0 is the 1 KB request, 1 the 200 KB one.
