@@ -3,9 +3,11 @@
 //!
 //! Thresholds, the models table, summarizer settings and routes take effect for every request
 //! that arrives after the swap (in-flight requests finish on the settings they started with).
-//! Counters, sessions and stored summaries survive. What is bound at start-up (listener
-//! addresses, inbound TLS, log format, store limits) needs a restart, and the log says so. An
-//! invalid file keeps the running configuration, logs why and counts the failure.
+//! Counters, sessions and stored summaries survive; new connections take the new client
+//! timeout. What is bound at start-up (listener addresses, inbound TLS, log format, the
+//! connection limit, the buffered-bytes budget, the summarizer concurrency limit, the `[store]`
+//! settings) needs a restart, and the log says so. An invalid file keeps the running
+//! configuration, logs why and counts the failure.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -119,6 +121,10 @@ fn restart_needed(old: &Config, new: &Config) -> Vec<&'static str> {
             o.max_connections != n.max_connections,
         ),
         (
+            "server.max_buffered_bytes",
+            o.max_buffered_bytes != n.max_buffered_bytes,
+        ),
+        (
             "summarizer.max_concurrent",
             old.summarizer.max_concurrent != new.summarizer.max_concurrent,
         ),
@@ -132,6 +138,7 @@ fn restart_needed(old: &Config, new: &Config) -> Vec<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Seconds;
 
     #[test]
     fn start_up_bound_settings_are_reported() {
@@ -139,8 +146,17 @@ mod tests {
         let mut new = old.clone();
         new.compaction.max_messages = 10;
         assert!(restart_needed(&old, &new).is_empty());
+        new.server.client_timeout_secs = Seconds::try_from(31.0).expect("seconds");
+        assert!(
+            restart_needed(&old, &new).is_empty(),
+            "new connections take the new client timeout"
+        );
         new.server.listen = "127.0.0.1:1".parse().expect("addr");
+        new.server.max_buffered_bytes += 1;
         new.store.max_sessions = 1;
-        assert_eq!(restart_needed(&old, &new), vec!["server.listen", "store"]);
+        assert_eq!(
+            restart_needed(&old, &new),
+            vec!["server.listen", "server.max_buffered_bytes", "store"]
+        );
     }
 }

@@ -103,12 +103,8 @@ impl Server {
             admin,
             tls,
         } = self;
-        let client_timeout = app.current().config.client_timeout();
         let mut builder = auto::Builder::new(TokioExecutor::new());
-        builder
-            .http1()
-            .timer(TokioTimer::new())
-            .header_read_timeout(client_timeout);
+        builder.http1().timer(TokioTimer::new());
         let max_connections = connection_limit(app.current().config.server.max_connections);
         let proxy_slots = Arc::new(Semaphore::new(max_connections));
         let admin_slots = Arc::new(Semaphore::new(ADMIN_CONNECTIONS));
@@ -139,11 +135,16 @@ impl Server {
                 Listener::Proxy => tls.clone(),
                 Listener::Admin => None,
             };
+            // Read per connection, so a reloaded `server.client_timeout_secs` applies to the
+            // connections accepted after it.
+            let client_timeout = app.current().config.client_timeout();
+            let mut builder = builder.clone();
+            builder.http1().header_read_timeout(client_timeout);
             let connection = Connection {
                 app: app.clone(),
-                builder: builder.clone(),
+                builder,
                 shutdown: shutdown_rx.clone(),
-                client_timeout: app.current().config.client_timeout(),
+                client_timeout,
                 _slot: slot,
                 _drain: drain_tx.clone(),
             };

@@ -430,3 +430,108 @@ async fn unknown_fields_survive_a_real_rewrite() {
     );
     proxy.shutdown().await;
 }
+
+/// `depth` nested arrays around `0`: valid JSON that no reader may walk by recursion.
+fn nested(depth: usize) -> String {
+    format!("{}0{}", "[".repeat(depth), "]".repeat(depth))
+}
+
+/// JSON nested far deeper than any reader's recursion could survive, wherever compactor reads
+/// (a message's unknown field, a content block, tool definitions, a top-level field; in every
+/// dialect, below and over the trigger) is forwarded as sent: the proxy neither crashes nor
+/// refuses it, and the upstream decides.
+#[tokio::test]
+async fn deeply_nested_json_anywhere_is_forwarded_byte_identical_in_every_dialect() {
+    let mock = mock_with(|| completion("SUMMARY")).await;
+    let proxy = TestProxy::start(&format!("{}{SMALL}", upstream_toml(&mock.url()))).await;
+    let deep = nested(200_000);
+    let old_turns: Vec<String> = (0..12)
+        .map(|i| {
+            let role = if i % 2 == 0 { "user" } else { "assistant" };
+            format!(r#"{{"role":"{role}","content":"turn {i}","x":{deep}}}"#)
+        })
+        .collect();
+    let old_turns = old_turns.join(",");
+    // Tool calls and outputs enough for masking to weigh them (strategy `hybrid`, the default).
+    let chat_tools: Vec<String> = (0..20)
+        .map(|i| {
+            format!(
+                r#"{{"role":"assistant","content":null,"tool_calls":[{{"id":"c{i}","type":"function","function":{{"name":"f","arguments":"{{}}"}},"x":{deep}}}]}},{{"role":"tool","tool_call_id":"c{i}","content":"output {i}","x":{deep}}}"#
+            )
+        })
+        .collect();
+    let chat_tools = chat_tools.join(",");
+    let claude_tools: Vec<String> = (0..20)
+        .map(|i| {
+            format!(
+                r#"{{"role":"assistant","content":[{{"type":"tool_use","id":"t{i}","name":"f","input":{deep}}}]}},{{"role":"user","content":[{{"type":"tool_result","tool_use_id":"t{i}","content":"output {i}","x":{deep}}}]}}"#
+            )
+        })
+        .collect();
+    let claude_tools = claude_tools.join(",");
+    let chat =
+        |messages: &str| format!(r#"{{"model":"gpt-4o","messages":[{messages}],"x":{deep}}}"#);
+    let cases = [
+        (
+            "/v1/chat/completions",
+            chat(&format!(r#"{{"role":"user","content":"hi","x":{deep}}}"#)),
+        ),
+        (
+            "/v1/chat/completions",
+            format!(
+                r#"{{"model":"gpt-4o","tools":[{{"type":"function","function":{{"name":"f","parameters":{deep}}}}}],"messages":[{{"role":"user","content":"hi"}}]}}"#
+            ),
+        ),
+        (
+            "/v1/chat/completions",
+            chat(&format!(r#"{old_turns},{{"role":"user","content":"now"}}"#)),
+        ),
+        (
+            "/v1/messages",
+            format!(
+                r#"{{"model":"claude-sonnet-4-5","max_tokens":100,"system":[{{"type":"text","text":"s","x":{deep}}}],"messages":[{{"role":"user","content":[{{"type":"text","text":"hi","x":{deep}}}]}}]}}"#
+            ),
+        ),
+        (
+            "/v1/messages",
+            format!(
+                r#"{{"model":"claude-sonnet-4-5","max_tokens":100,"messages":[{old_turns},{{"role":"user","content":"now"}}]}}"#
+            ),
+        ),
+        (
+            "/v1/chat/completions",
+            chat(&format!(r#"{{"role":"user","content":"go"}},{chat_tools}"#)),
+        ),
+        (
+            "/v1/messages",
+            format!(
+                r#"{{"model":"claude-sonnet-4-5","max_tokens":100,"messages":[{{"role":"user","content":"go"}},{claude_tools},{{"role":"assistant","content":"done"}},{{"role":"user","content":"next"}}]}}"#
+            ),
+        ),
+        (
+            "/v1/responses",
+            format!(
+                r#"{{"model":"gpt-5","input":[{{"type":"message","role":"user","content":[{{"type":"input_text","text":"hi","x":{deep}}}]}}],"metadata":{deep}}}"#
+            ),
+        ),
+    ];
+    let headers = [
+        ("content-type", "application/json"),
+        ("authorization", AUTH),
+        ("anthropic-version", "2023-06-01"),
+    ];
+    for (path, body) in cases {
+        let before = forwarded(&mock).len();
+        let sent = TestClient::http1()
+            .exchange("POST", &proxy.url(path), &headers, body.clone())
+            .await;
+        assert_eq!(sent.status, 200, "{path}: the upstream's answer");
+        let forwarded = forwarded(&mock);
+        assert_eq!(forwarded.len(), before + 1, "{path}: forwarded once");
+        assert!(
+            forwarded[before].body == body.as_bytes(),
+            "{path}: forwarded byte-identical"
+        );
+    }
+    proxy.shutdown().await;
+}

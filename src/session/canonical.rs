@@ -23,7 +23,15 @@ pub enum CanonicalError {
     /// Malformed where serde_json did not look (a bug in the caller: unchecked input).
     #[error("message is not valid JSON at byte {0}")]
     Malformed(usize),
+    /// Nested deeper than [`MAX_DEPTH`]. Valid JSON, but the writer recurses per level, and a
+    /// request must not be able to overflow the stack of the worker reading it.
+    #[error("message nests arrays and objects deeper than {MAX_DEPTH} levels")]
+    TooDeep,
 }
+
+/// Arrays and objects nested deeper than this are refused: serde_json's own limit, so no
+/// message compactor can parse is refused here.
+pub const MAX_DEPTH: usize = 128;
 
 /// `json` in canonical form. Checks that `json` is JSON first.
 pub fn canonical_json(json: &[u8]) -> Result<Vec<u8>, CanonicalError> {
@@ -44,6 +52,7 @@ pub fn canonical_into(json: &str, out: &mut Vec<u8>) -> Result<(), CanonicalErro
         i: 0,
         entries: Vec::with_capacity(ENTRIES),
         scratch: Vec::new(),
+        depth: 0,
     };
     c.value(out)?;
     c.ws();
@@ -67,6 +76,8 @@ struct Canon<'a> {
     entries: Vec<Entry<'a>>,
     /// A copy of an object's entries while they are written back in key order.
     scratch: Vec<u8>,
+    /// Arrays and objects open around the cursor.
+    depth: usize,
 }
 
 /// One object entry written in input order: its unescaped key and where its key and value
@@ -103,8 +114,19 @@ impl<'a> Canon<'a> {
     fn value(&mut self, out: &mut Vec<u8>) -> Result<(), CanonicalError> {
         self.ws();
         match self.peek() {
-            Some(b'{') => self.object(out),
-            Some(b'[') => self.array(out),
+            Some(open @ (b'{' | b'[')) => {
+                if self.depth == MAX_DEPTH {
+                    return Err(CanonicalError::TooDeep);
+                }
+                self.depth += 1;
+                let written = if open == b'{' {
+                    self.object(out)
+                } else {
+                    self.array(out)
+                };
+                self.depth -= 1;
+                written
+            }
             Some(b'"') => {
                 let s = self.string()?;
                 write_string(s, out)
@@ -430,6 +452,37 @@ mod tests {
         let mut out = Vec::new();
         write(&v, &mut out);
         out
+    }
+
+    #[test]
+    fn nesting_is_written_up_to_serde_json_s_limit_and_refused_past_it() {
+        let nested = |depth: usize| {
+            format!(
+                "{}0{}",
+                "[{\"a\":".repeat(depth / 2),
+                "}]".repeat(depth / 2)
+            )
+        };
+        // serde_json parses (so the reference can be written) up to one level less.
+        let parseable = nested(MAX_DEPTH - 2);
+        assert_eq!(
+            canonical_json(parseable.as_bytes()).expect("as deep as serde_json reads"),
+            reference(parseable.as_bytes())
+        );
+        assert!(canonical_json(nested(MAX_DEPTH).as_bytes()).is_ok());
+        assert!(matches!(
+            canonical_json(nested(MAX_DEPTH + 2).as_bytes()),
+            Err(CanonicalError::TooDeep)
+        ));
+        // Far past it (a valid RawValue: serde_json skips values without recursing), an error
+        // and no stack overflow.
+        let deep = format!("{}0{}", "[".repeat(1_000_000), "]".repeat(1_000_000));
+        let raw: &serde_json::value::RawValue =
+            serde_json::from_str(&deep).expect("serde_json skips it iteratively");
+        assert!(matches!(
+            canonical_into(raw.get(), &mut Vec::new()),
+            Err(CanonicalError::TooDeep)
+        ));
     }
 
     #[test]
