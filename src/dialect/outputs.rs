@@ -15,6 +15,7 @@
 //! Outputs of other shapes (`computer_call_output` screenshots, `shell_call_output` objects)
 //! are counted as outputs but never replaced: a string is not a valid value for them.
 
+use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::LazyLock;
 
@@ -103,8 +104,111 @@ pub(super) fn marks(dialect: DialectKind, raw: &str) -> u32 {
     outputs | if holds(raw, &m.user) { USER } else { 0 }
 }
 
-/// How far back from an output [`Scan::call_name`] looks for the call it answers.
+/// How far back from an output [`CallNames::name`] looks for the call it answers.
 pub const CALL_SEARCH_MESSAGES: usize = 64;
+
+/// How many times the body's length [`CallNames`] may read in all, looking for calls.
+const CALL_SEARCH_BUDGET: usize = 4;
+
+/// Finds the names of the tool calls that outputs answer, for their placeholders.
+///
+/// A lookup searches back from the output for the nearest message making a call with its id.
+/// Messages holding outputs make no calls and are passed unread (so the outputs of parallel
+/// calls do not search through each other); any other message is searched for the id, and one
+/// holding it is parsed, once: its calls are remembered. A request can still name ids found
+/// nowhere (or everywhere: an empty one), and thousands of outputs can sit in one Anthropic
+/// message, each searching the same messages back: all lookups of a request together read at
+/// most [`CALL_SEARCH_BUDGET`] times the body's length, and past that outputs go without a
+/// name (their placeholders say less, nothing else changes).
+pub struct CallNames<'s, 'a> {
+    scan: &'s Scan<'a>,
+    /// Messages holding outputs.
+    answers: Vec<bool>,
+    /// The calls of each message parsed so far: id → name (of the last call with that id).
+    calls: HashMap<usize, HashMap<String, String>>,
+    /// Bytes the lookups may still read.
+    budget: usize,
+    /// Bytes read so far.
+    read: usize,
+}
+
+impl<'s, 'a> CallNames<'s, 'a> {
+    /// Lookups in `scan` for `outputs` (those [`Scan::outputs`] found), with the budget the
+    /// body's length allows.
+    pub fn new(scan: &'s Scan<'a>, outputs: &[WireOutput<'_>]) -> CallNames<'s, 'a> {
+        let mut answers = vec![false; scan.messages.len()];
+        for output in outputs {
+            if let Some(answer) = answers.get_mut(output.message) {
+                *answer = true;
+            }
+        }
+        CallNames {
+            scan,
+            answers,
+            calls: HashMap::new(),
+            budget: scan.body().len().saturating_mul(CALL_SEARCH_BUDGET),
+            read: 0,
+        }
+    }
+
+    /// The name of the call `call_id` that an output in message `before` answers: the nearest
+    /// earlier message (at most [`CALL_SEARCH_MESSAGES`] back) making a call with that id.
+    pub fn name(&mut self, call_id: &str, before: usize) -> Option<String> {
+        let messages = &self.scan.messages;
+        let end = before.min(messages.len());
+        for j in (end.saturating_sub(CALL_SEARCH_MESSAGES)..end).rev() {
+            if self.answers[j] {
+                continue;
+            }
+            if let Some(calls) = self.calls.get(&j) {
+                match calls.get(call_id) {
+                    Some(name) => return Some(name.clone()),
+                    None => continue,
+                }
+            }
+            let raw = messages[j];
+            // A search, then (for a message holding the id) a parse: each reads the message.
+            if !self.spend(raw.len()) {
+                return None;
+            }
+            if !raw.contains(call_id) {
+                continue;
+            }
+            if !self.spend(raw.len()) {
+                return None;
+            }
+            let calls: HashMap<String, String> = match self.scan.message(j) {
+                Ok(message) => message
+                    .tool_calls()
+                    .filter_map(|call| Some((call.id.clone()?, call.name.clone())))
+                    .collect(),
+                Err(_) => HashMap::new(),
+            };
+            let found = calls.get(call_id).cloned();
+            self.calls.insert(j, calls);
+            if found.is_some() {
+                return found;
+            }
+        }
+        None
+    }
+
+    /// Takes `bytes` from the budget; `false` (taking nothing) when it has not that many left.
+    fn spend(&mut self, bytes: usize) -> bool {
+        let Some(left) = self.budget.checked_sub(bytes) else {
+            self.budget = 0;
+            return false;
+        };
+        self.budget = left;
+        self.read += bytes;
+        true
+    }
+
+    /// Bytes the lookups have read.
+    pub fn read(&self) -> usize {
+        self.read
+    }
+}
 
 /// Part `type`s that carry an image, in any dialect's tool output.
 const IMAGE_TYPES: &[&str] = &["image", "image_url", "input_image", "computer_screenshot"];
@@ -173,24 +277,6 @@ impl<'a> Scan<'a> {
             name: None,
             value: Some(value),
         }))
-    }
-
-    /// The name of the tool call `call_id` that an output in message `before` answers: the
-    /// nearest earlier message (at most [`CALL_SEARCH_MESSAGES`] back) making a call with that
-    /// id.
-    pub fn call_name(&self, call_id: &str, before: usize) -> Option<String> {
-        let end = before.min(self.messages.len());
-        (end.saturating_sub(CALL_SEARCH_MESSAGES)..end)
-            .rev()
-            .filter(|&j| self.messages[j].contains(call_id))
-            .find_map(|j| {
-                let message = self.message(j).ok()?;
-                let call = message
-                    .tool_calls()
-                    .filter(|c| c.id.as_deref() == Some(call_id))
-                    .last()?;
-                Some(call.name.clone())
-            })
     }
 
     /// The first message a rewrite replacing `[head..boundary]` copies verbatim: `boundary`,
@@ -505,8 +591,13 @@ mod tests {
                 (4, None, Some("legacy"))
             ]
         );
-        assert_eq!(s.call_name("c1", 2).as_deref(), Some("bash"));
-        assert_eq!(s.call_name("c9", 5), None);
+        assert_eq!(
+            CallNames::new(&s, &all_outputs(&s))
+                .name("c1", 2)
+                .as_deref(),
+            Some("bash")
+        );
+        assert_eq!(CallNames::new(&s, &all_outputs(&s)).name("c9", 5), None);
         let read = output_text(outputs[1].value.expect("value")).expect("text");
         assert_eq!((read.text.as_str(), read.images), ("a", 1));
         let v = mask_all(&s);
@@ -550,7 +641,12 @@ mod tests {
                 (2, Some("t3"), false)
             ]
         );
-        assert_eq!(s.call_name("t1", 2).as_deref(), Some("Read"));
+        assert_eq!(
+            CallNames::new(&s, &all_outputs(&s))
+                .name("t1", 2)
+                .as_deref(),
+            Some("Read")
+        );
         let v = mask_all(&s);
         let blocks = &v["messages"][2]["content"];
         assert_eq!(blocks[0]["content"], "MASKED t2");
@@ -559,6 +655,80 @@ mod tests {
         assert_eq!(blocks[1]["is_error"], true);
         assert_eq!(blocks[3]["text"], "tool_result mentioned");
         assert_eq!(v["messages"][1]["content"][0]["signature"], "SIG==");
+    }
+
+    #[test]
+    fn call_lookups_read_at_most_their_budget_and_still_find_a_call_next_to_its_output() {
+        // 64 messages of a kilobyte, one real call, then 2,000 outputs in one message naming
+        // ids found nowhere: each would search all 64 messages back.
+        let mut messages: Vec<Value> = (0..64)
+            .map(|i| {
+                let role = if i % 2 == 0 { "user" } else { "assistant" };
+                json!({"role": role, "content": "x".repeat(1000)})
+            })
+            .collect();
+        messages.push(json!({"role": "assistant", "content": [
+            {"type": "tool_use", "id": "t_real", "name": "Read", "input": {}}]}));
+        let mut results =
+            vec![json!({"type": "tool_result", "tool_use_id": "t_real", "content": "ok"})];
+        results.extend((0..2000).map(|i| {
+            json!({"type": "tool_result", "tool_use_id": format!("nowhere-{i}"), "content": "x"})
+        }));
+        messages.push(json!({"role": "user", "content": results}));
+        let body = json!({"model": "claude-sonnet-4-5", "max_tokens": 10, "messages": messages})
+            .to_string();
+        let s = scan(DialectKind::Messages, body.as_bytes());
+        let last = s.messages.len() - 1;
+        let mut names = CallNames::new(&s, &all_outputs(&s));
+        assert_eq!(names.name("t_real", last).as_deref(), Some("Read"));
+        for i in 0..2000 {
+            assert_eq!(names.name(&format!("nowhere-{i}"), last), None);
+        }
+        let unbounded: usize = 2000
+            * s.messages[last - CALL_SEARCH_MESSAGES..last]
+                .iter()
+                .map(|m| m.len())
+                .sum::<usize>();
+        assert!(
+            unbounded > 50 * body.len(),
+            "the case is one the budget matters for"
+        );
+        assert!(
+            names.read() <= CALL_SEARCH_BUDGET * body.len(),
+            "read {} bytes of a {}-byte body",
+            names.read(),
+            body.len()
+        );
+        // An id found nowhere costs its search; the budget is what stops them.
+        assert!(names.read() > (CALL_SEARCH_BUDGET - 1) * body.len());
+    }
+
+    #[test]
+    fn the_outputs_of_parallel_calls_find_their_calls_without_searching_past_each_other() {
+        let calls: Vec<Value> = (0..30)
+            .map(|i| {
+                json!({"id": format!("c{i}"), "type": "function",
+                            "function": {"name": format!("tool{i}"), "arguments": "{}"}})
+            })
+            .collect();
+        let mut messages = vec![
+            json!({"role": "user", "content": "go"}),
+            json!({"role": "assistant", "content": null, "tool_calls": calls}),
+        ];
+        messages.extend((0..30).map(|i| {
+            json!({"role": "tool", "tool_call_id": format!("c{i}"), "content": "y".repeat(10_000)})
+        }));
+        let body = json!({"model": "gpt-4o", "messages": messages}).to_string();
+        let s = scan(DialectKind::ChatCompletions, body.as_bytes());
+        let mut names = CallNames::new(&s, &all_outputs(&s));
+        for i in 0..30 {
+            assert_eq!(
+                names.name(&format!("c{i}"), 2 + i).as_deref(),
+                Some(&*format!("tool{i}"))
+            );
+        }
+        // The calls' message, searched and parsed once; not the outputs between.
+        assert_eq!(names.read(), 2 * s.messages[1].len());
     }
 
     #[test]
@@ -587,7 +757,12 @@ mod tests {
                 (6, Some("k1"), false)
             ]
         );
-        assert_eq!(s.call_name("p1", 5).as_deref(), Some("apply_patch"));
+        assert_eq!(
+            CallNames::new(&s, &all_outputs(&s))
+                .name("p1", 5)
+                .as_deref(),
+            Some("apply_patch")
+        );
         let v = mask_all(&s);
         assert_eq!(v["input"][3]["output"], "MASKED f1");
         assert_eq!(v["input"][5]["output"], "MASKED p1");

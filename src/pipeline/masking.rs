@@ -12,7 +12,7 @@
 use crate::compaction::mask::{placeholder, MaskRule};
 use regex::Regex;
 
-use crate::dialect::outputs::{output_text, Edit, WireOutput};
+use crate::dialect::outputs::{output_text, CallNames, Edit, WireOutput};
 use crate::dialect::{DialectError, Scan};
 use crate::estimate::{text_weight, Counts, LazyEstimator};
 
@@ -164,6 +164,7 @@ impl<'a> Found<'a> {
         limit: usize,
     ) -> Result<Candidates<'a>, DialectError> {
         let mut candidates = Candidates::default();
+        let mut names = CallNames::new(scan, &self.0);
         for output in self.0.into_iter().take(limit) {
             let Some(value) = output.value.filter(|_| output.message >= maskable_from) else {
                 candidates.outputs.push(None);
@@ -174,7 +175,7 @@ impl<'a> Found<'a> {
                 output
                     .call_id
                     .as_deref()
-                    .and_then(|id| scan.call_name(id, output.message))
+                    .and_then(|id| names.name(id, output.message))
             });
             let text = placeholder(
                 output.call_id.as_deref(),
