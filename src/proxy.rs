@@ -17,7 +17,7 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use compactor_plugin_api::Caller;
@@ -312,17 +312,27 @@ enum ErrorBody {
     Partial(Bytes, Incoming),
 }
 
-async fn read_error_body(mut body: Incoming) -> Result<ErrorBody, hyper::Error> {
+/// Reads an error body for at most `within` (the upstream response timeout: a refusal comes
+/// whole right after its head). One that takes longer is no refusal compactor can wait for:
+/// the client gets the head at once and the body as it comes, so a provider stalling mid-body
+/// cannot hold back a status the client would have seen without compactor.
+async fn read_error_body(mut body: Incoming, within: Duration) -> Result<ErrorBody, hyper::Error> {
+    let deadline = tokio::time::Instant::now() + within;
     let mut read = Vec::new();
-    while let Some(frame) = body.frame().await {
-        if let Ok(data) = frame?.into_data() {
+    loop {
+        // Cancel-safe: a frame not yet taken stays in `body`.
+        let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
+            Ok(Some(frame)) => frame?,
+            Ok(None) => return Ok(ErrorBody::Whole(Bytes::from(read))),
+            Err(_) => return Ok(ErrorBody::Partial(Bytes::from(read), body)),
+        };
+        if let Ok(data) = frame.into_data() {
             read.extend_from_slice(&data);
         }
         if read.len() as u64 > REFUSAL_BODY_LIMIT {
             return Ok(ErrorBody::Partial(Bytes::from(read), body));
         }
     }
-    Ok(ErrorBody::Whole(Bytes::from(read)))
 }
 
 /// A body whose first bytes were already read: they come first, then the rest as it arrives.
@@ -367,12 +377,13 @@ async fn retry_after_refusal(
     overhead: &mut Overhead,
 ) -> Result<Retried, Error> {
     let (parts, body) = response.into_parts();
-    let bytes = match read_error_body(body).await {
+    let bytes = match read_error_body(body, app.config.response_timeout()).await {
         Ok(ErrorBody::Whole(bytes)) => bytes,
-        // Longer than any refusal: passed on as it comes, the bytes read first included.
+        // Longer or slower than any refusal: passed on as it comes, the bytes read first
+        // included.
         Ok(ErrorBody::Partial(prefix, rest)) => {
             let body = Prefixed {
-                prefix: Some(prefix),
+                prefix: (!prefix.is_empty()).then_some(prefix),
                 rest,
             };
             return Ok(Retried {

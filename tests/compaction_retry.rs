@@ -7,6 +7,7 @@
 mod support;
 
 use bytes::Bytes;
+use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use support::summary_calls::{agent_requests, is_summary_request};
 use support::{upstream_toml, Exchange, MockUpstream, Recorded, Reply, TestClient, TestProxy};
@@ -246,6 +247,56 @@ async fn chunked_refusals_are_read_and_long_error_bodies_pass_whole() {
     assert_eq!(got.body.as_ref(), whole.as_slice(), "every byte, in order");
     assert_eq!(got.header("x-compactor-retried"), None);
     assert_eq!(mock.request_count(), 1);
+    proxy.shutdown().await;
+}
+
+/// An error body that stalls after its first bytes is no refusal compactor can wait for: after
+/// the upstream response timeout the client gets the status and those bytes, then the rest as
+/// the provider sends it, as it would without compactor.
+#[tokio::test]
+async fn an_error_body_that_stalls_reaches_the_client_as_it_comes() {
+    let mock = MockUpstream::start().await;
+    let (reply, sender) = Reply::stream_channel(
+        500,
+        vec![("content-type".into(), "application/json".into())],
+    );
+    mock.push(reply);
+    let toml = format!(
+        "{}response_timeout_secs = 0.3
+{CONFIG}",
+        upstream_toml(&mock.url())
+    );
+    let proxy = TestProxy::start(&toml).await;
+    let body = json!({"model": "gpt-4o", "messages": conversation(3)});
+    let client = TestClient::http1();
+    let url = proxy.url("/v1/chat/completions");
+    let request = client.request(
+        "POST",
+        &url,
+        &[
+            ("content-type", "application/json"),
+            ("authorization", "Bearer sk-retry"),
+        ],
+        Bytes::from(body.to_string()),
+    );
+    let first = r#"{"error": {"message": "overloaded, "#;
+    let (response, sent) = support::within(
+        "the response head while the error body is still open",
+        async { tokio::join!(request, sender.send(first)) },
+    )
+    .await;
+    sent.expect("the proxy reads the first bytes");
+    // The head arrived while the body is still open upstream.
+    assert_eq!(response.status(), 500);
+    let rest = r#""type": "server_error"}}"#;
+    sender.send(rest).await.expect("the rest");
+    sender.finish();
+    let got = support::within("the whole body", response.into_body().collect())
+        .await
+        .expect("body")
+        .to_bytes();
+    assert_eq!(got, format!("{first}{rest}").as_bytes());
+    assert_eq!(mock.request_count(), 1, "no retry");
     proxy.shutdown().await;
 }
 
