@@ -97,6 +97,62 @@ async fn a_body_beyond_the_buffer_budget_is_streamed_uncompacted() {
     );
 }
 
+/// The budget holds what has arrived, not what a client declares: a request declaring most of
+/// it and sending a few bytes leaves room for another client's body, which is read and
+/// inspected as usual.
+#[tokio::test]
+async fn a_declared_but_unsent_body_holds_none_of_the_budget() {
+    let mock = answering_mock().await;
+    let proxy = TestProxy::start(&format!(
+        "{}[server]\nmax_buffered_bytes = 4096\n",
+        upstream_toml(&mock.url())
+    ))
+    .await;
+    let url = proxy.url("/v1/chat/completions");
+
+    let (tx, body) = channel_body();
+    let request = Request::post(&url)
+        .header("content-type", "application/json")
+        .header("content-length", "3000")
+        .body(body)
+        .expect("request");
+    let slow = tokio::spawn(async move { TestClient::http1().try_send(request).await });
+    assert!(
+        tx.send(Bytes::from_static(b"{\"model\":")).await,
+        "body open"
+    );
+    // Its handler has started (and, in the same step, taken its share of the budget).
+    proxy
+        .wait_metric("compactor_in_flight_requests", &[], 1.0)
+        .await;
+
+    let other = conversation(6, 300);
+    assert!(other.len() > 4096 - 3000 && other.len() < 4096 - 10);
+    let got = TestClient::http1()
+        .exchange(
+            "POST",
+            &url,
+            &[("content-type", "application/json")],
+            Bytes::from(other.clone()),
+        )
+        .await;
+    assert_eq!(got.status, 200);
+    assert!(
+        got.header("x-compactor-tokens-before").is_some(),
+        "read whole and inspected"
+    );
+    assert_eq!(mock.last_request().body, other);
+    assert_eq!(
+        proxy
+            .metric("compactor_unbuffered_requests_total", &[])
+            .await,
+        Some(0.0)
+    );
+    slow.abort();
+    drop(tx);
+    proxy.shutdown().await;
+}
+
 /// Peak resident memory of a process (`VmHWM`), in bytes.
 fn peak_rss(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");

@@ -24,6 +24,11 @@ impl BufferBudget {
         })
     }
 
+    /// Bytes that may be held at once.
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
     /// Bytes held now.
     pub fn used(&self) -> usize {
         self.used.load(Ordering::Acquire)

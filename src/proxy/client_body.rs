@@ -58,7 +58,15 @@ pub async fn read(
     if declared.is_some_and(|n| n > limit) {
         return Err(Error::BodyTooLarge { limit });
     }
-    let Some(mut held) = budget.reserve(declared.unwrap_or(0)) else {
+    // A body declared larger than the whole budget can never be held: streamed at once. Any
+    // other is held as it arrives, not as declared: a client declaring a large body and
+    // sending nothing would otherwise hold that much of every tenant's budget until it timed
+    // out, and every other chat request would go through uncompacted meanwhile.
+    let held = match declared {
+        Some(n) if n > budget.limit() => None,
+        _ => budget.reserve(0),
+    };
+    let Some(mut held) = held else {
         return Ok(Read::OverBudget(Streaming {
             prefix: None,
             rest: body,
