@@ -165,12 +165,17 @@ const METHOD_VALUES: [&str; 8] = [
 const STATUS_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
 
 /// The `trigger` label of a compaction event that has no trigger: a panic caught around the
-/// whole request, or a Responses request whose history is held by the provider.
+/// whole request, a Responses request whose history is held by the provider, or a body that
+/// could not be read.
 const NO_TRIGGER: &str = "none";
 
 /// The `outcome` label (with [`NO_TRIGGER`]) of a Responses request passed through because its
 /// history lives on the provider (`previous_response_id`, `conversation`).
 const SERVER_STATE: &str = "server_state";
+
+/// The `outcome` label (with [`NO_TRIGGER`]) of a chat request whose body compactor could not
+/// read (not JSON, or not its dialect's shape): forwarded as sent, for the provider to judge.
+const UNREADABLE: &str = "unreadable";
 
 /// The `outcome` labels of `compactor_summarizer_requests_total` for an answer: from the first
 /// backend, or from a later one. (Failures are labelled with [`SummarizeError::kind`].)
@@ -681,7 +686,7 @@ impl Metrics {
                     .with_label_values(&[trigger.label(), outcome.label()]);
             }
         }
-        for outcome in [CompactionOutcome::Panic.label(), SERVER_STATE] {
+        for outcome in [CompactionOutcome::Panic.label(), SERVER_STATE, UNREADABLE] {
             self.compactions.with_label_values(&[NO_TRIGGER, outcome]);
         }
         for outcome in RETRY_OUTCOMES {
@@ -784,6 +789,14 @@ impl Metrics {
     pub fn server_state_passthrough(&self) {
         self.compactions
             .with_label_values(&[NO_TRIGGER, SERVER_STATE])
+            .inc();
+    }
+
+    /// A chat request's body could not be read and was forwarded as sent:
+    /// `{trigger="none",outcome="unreadable"}`.
+    pub fn unreadable_passthrough(&self) {
+        self.compactions
+            .with_label_values(&[NO_TRIGGER, UNREADABLE])
             .inc();
     }
 

@@ -457,6 +457,7 @@ impl Pipeline {
                 return Processed::default();
             }
             Err(e) => {
+                self.metrics.unreadable_passthrough();
                 tracing::debug!(error = %e, "chat body not understood; forwarding unchanged");
                 return Processed::default();
             }

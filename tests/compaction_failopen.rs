@@ -285,6 +285,7 @@ async fn a_request_below_the_triggers_arrives_byte_identical() {
         assert_eq!(compactions(&proxy, "messages", outcome).await, 0.0);
         assert_eq!(compactions(&proxy, "tokens", outcome).await, 0.0);
     }
+    assert_eq!(compactions(&proxy, "none", "unreadable").await, 0.0);
     proxy.shutdown().await;
 }
 
@@ -316,6 +317,7 @@ async fn invalid_json_is_forwarded_byte_identical_and_the_upstream_decides() {
     for outcome in ["compacted", "failed", "blank"] {
         assert_eq!(compactions(&proxy, "messages", outcome).await, 0.0);
     }
+    assert_eq!(compactions(&proxy, "none", "unreadable").await, 3.0);
     proxy.shutdown().await;
 }
 
