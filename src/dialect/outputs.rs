@@ -118,8 +118,8 @@ const CALL_SEARCH_BUDGET: usize = 4;
 /// holding it is parsed, once: its calls are remembered. A request can still name ids found
 /// nowhere (or everywhere: an empty one), and thousands of outputs can sit in one Anthropic
 /// message, each searching the same messages back: all lookups of a request together read at
-/// most [`CALL_SEARCH_BUDGET`] times the body's length, and past that outputs go without a
-/// name (their placeholders say less, nothing else changes).
+/// most four times the body's length (`CALL_SEARCH_BUDGET`), and past that outputs go without
+/// a name (their placeholders say less, nothing else changes).
 pub struct CallNames<'s, 'a> {
     scan: &'s Scan<'a>,
     /// Messages holding outputs.
