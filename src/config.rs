@@ -777,6 +777,15 @@ impl Config {
         self.upstream.response_timeout_secs.duration()
     }
 
+    /// Every upstream base URL a request may be routed to (the default and each route's),
+    /// written as a routed request's caller carries it: without a trailing `/`.
+    pub fn upstream_base_urls(&self) -> Vec<String> {
+        std::iter::once(&self.upstream.base_url)
+            .chain(self.routes.iter().map(|r| &r.base_url))
+            .map(|url| url.trim_end_matches('/').to_owned())
+            .collect()
+    }
+
     /// The shutdown drain period.
     pub fn shutdown_grace(&self) -> Duration {
         self.server.shutdown_grace_secs.duration()

@@ -217,6 +217,9 @@ pub struct Pipeline {
     strategy: Strategy,
     /// Which outputs of the forwarded request are masked (`mask`, `hybrid`).
     masker: Masker,
+    /// The upstreams requests are routed to: a manual compaction calls the summarizer only
+    /// for a session whose latest request went to one of them.
+    upstreams: Vec<String>,
 }
 
 impl Pipeline {
@@ -298,6 +301,7 @@ impl Pipeline {
                 // Validation compiled it; a pattern that does not compile masks no user turn.
                 observations: config.compaction.observation_regex().ok().flatten(),
             },
+            upstreams: config.upstream_base_urls(),
         }
     }
 
@@ -1599,6 +1603,23 @@ impl Pipeline {
                 };
             }
         };
+        // The latest request may come from Redis, written by any replica (or anyone who can
+        // write Redis). Its destination is where a summarizer without its own `base_url`
+        // sends its configured key and the conversation: only an upstream this replica routes
+        // to is trusted with them.
+        if !self
+            .upstreams
+            .iter()
+            .any(|u| *u == latest.caller.upstream_base_url)
+        {
+            tracing::warn!(
+                session = id,
+                "the session's latest request names an upstream this replica does not route to; not compacted"
+            );
+            return ManualOutcome::NotCompacted {
+                reason: "unknown_upstream",
+            };
+        }
         let not_understood = ManualOutcome::NotCompacted {
             reason: "request_not_understood",
         };

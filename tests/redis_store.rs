@@ -419,6 +419,123 @@ async fn redis_killed_mid_run_loses_no_request_and_sharing_resumes() {
     b.shutdown().await;
 }
 
+/// A tenant's key holding what compactor did not write (another version's format, an
+/// operator's mistake) fails that tenant's calls alone: Redis stays connected for every other
+/// call, and the request is served from the replica's memory.
+#[tokio::test]
+async fn a_corrupted_key_fails_its_own_calls_and_leaves_redis_up() {
+    let redis = RedisServer::start().await;
+    let mock = MockUpstream::start().await;
+    let _provider = Provider::install(&mock);
+    let a = TestProxy::start(&toml(&mock, Some(&redis))).await;
+    let messages = conversation("corrupt", 8);
+    play(&mock, &[&a], AUTH, &messages).await;
+    let lens: Vec<String> = redis
+        .dump()
+        .await
+        .into_iter()
+        .map(|(key, _)| key)
+        .filter(|key| key.ends_with(":lens"))
+        .collect();
+    assert!(
+        !lens.is_empty(),
+        "the tenant's checkpoint lengths are stored"
+    );
+    let mut admin = redis.connection().await;
+    for key in &lens {
+        let _: () = redis::cmd("SET")
+            .arg(key)
+            .arg("not a sorted set")
+            .query_async(&mut admin)
+            .await
+            .expect("SET");
+    }
+    let before = store_errors(&a).await;
+    let ex = chat(
+        &TestClient::http1(),
+        &a,
+        AUTH,
+        request_before(&messages, messages.len() - 1),
+    )
+    .await;
+    assert_eq!(ex.status, 200);
+    assert!(
+        store_errors(&a).await > before,
+        "the refused lookup is counted"
+    );
+    assert_eq!(
+        readyz_store(&a).await,
+        "connected",
+        "one tenant's bad key does not take Redis away"
+    );
+    a.shutdown().await;
+}
+
+/// A session's latest request read back from Redis names where it went; a manual compaction
+/// on another replica sends the summarizer (its key, the conversation) there only when this
+/// replica routes requests to that upstream itself. Whoever can write Redis cannot redirect it.
+#[tokio::test]
+async fn a_manual_compaction_never_follows_an_upstream_read_from_redis_it_does_not_route_to() {
+    let redis = RedisServer::start().await;
+    let mock = MockUpstream::start().await;
+    let _provider = Provider::install(&mock);
+    let elsewhere = MockUpstream::start().await;
+    let a = TestProxy::start(&toml(&mock, Some(&redis))).await;
+    let b = TestProxy::start(&toml(&mock, Some(&redis))).await;
+    let messages = conversation("redirect", 5);
+    let ex = chat(
+        &TestClient::http1(),
+        &a,
+        AUTH,
+        request_before(&messages, messages.len() - 1),
+    )
+    .await;
+    let id = ex
+        .header("x-compactor-session")
+        .expect("session id")
+        .to_owned();
+    let summarize = |proxy: &TestProxy| proxy.admin_url(&format!("/session/{id}/summarize"));
+    let latest = support::eventually("the latest request shared", || async {
+        redis
+            .dump()
+            .await
+            .into_iter()
+            .map(|(key, _)| key)
+            .find(|key| key.ends_with(":req"))
+    })
+    .await;
+
+    // As written by replica A: replica B may compact it, through the upstream both route to.
+    let got = TestClient::http1()
+        .exchange("POST", &summarize(&b), &[], Bytes::new())
+        .await;
+    let answer: Value = serde_json::from_slice(&got.body).expect("JSON");
+    assert_eq!(answer["compacted"], true, "{answer}");
+
+    // Pointed elsewhere in Redis: refused, and nothing reaches the other host.
+    let mut admin = redis.connection().await;
+    let _: () = redis::cmd("HSET")
+        .arg(&latest)
+        .arg("upstream")
+        .arg(elsewhere.url())
+        .query_async(&mut admin)
+        .await
+        .expect("HSET");
+    let got = TestClient::http1()
+        .exchange("POST", &summarize(&b), &[], Bytes::new())
+        .await;
+    let answer: Value = serde_json::from_slice(&got.body).expect("JSON");
+    assert_eq!(answer["compacted"], false, "{answer}");
+    assert_eq!(answer["reason"], "unknown_upstream");
+    assert_eq!(
+        elsewhere.request_count(),
+        0,
+        "the summarizer never went there"
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
 #[tokio::test]
 async fn tenants_stay_apart_across_replicas_and_no_credential_reaches_redis() {
     let redis = RedisServer::start().await;

@@ -193,15 +193,21 @@ impl Link {
         self.down_until.load(Ordering::Acquire) == 0
     }
 
-    /// Whether this call may use Redis (when down: the one probe after the backoff).
-    fn admits(&self) -> bool {
+    /// Leave for this call to use Redis, `None` without (when down: the one probe after the
+    /// backoff gets it).
+    fn admits(&self) -> Option<Admission<'_>> {
         let until = self.down_until.load(Ordering::Acquire);
-        until == 0
-            || (self.now_ms() >= until
-                && self
-                    .probing
-                    .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-                    .is_ok())
+        if until == 0 {
+            return Some(Admission { probe: None });
+        }
+        let probe = self.now_ms() >= until
+            && self
+                .probing
+                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok();
+        probe.then_some(Admission {
+            probe: Some(&self.probing),
+        })
     }
 
     /// A call succeeded; true when the link was down.
@@ -220,6 +226,35 @@ impl Link {
         self.probing.store(false, Ordering::Release);
         was == 0
     }
+}
+
+/// A call's leave to use Redis. The probe's is given back when dropped: a probe cancelled
+/// mid-call (its request's client went away, its claim was released) reaches neither
+/// [`Link::up`] nor [`Link::down`], and must not leave every later call waiting for a probe
+/// that never ends.
+struct Admission<'a> {
+    probe: Option<&'a AtomicBool>,
+}
+
+impl Drop for Admission<'_> {
+    fn drop(&mut self) {
+        if let Some(probing) = self.probe {
+            probing.store(false, Ordering::Release);
+        }
+    }
+}
+
+/// Whether a failed call's error is Redis answering about what it holds or was sent (a
+/// script failing on a value of the wrong shape, a key of the wrong type, a reply that does
+/// not decode, a write refused for memory) rather than Redis being unreachable. Such a call
+/// fails alone: one tenant's bad key must not take Redis away from every tenant.
+fn answered(error: &redis::RedisError) -> bool {
+    matches!(
+        error.kind(),
+        redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError)
+            | redis::ErrorKind::Extension
+            | redis::ErrorKind::UnexpectedReturnType
+    )
 }
 
 /// The Lua scripts (loaded by hash on first use, reloaded if Redis restarted).
@@ -503,16 +538,25 @@ impl Shared {
     where
         F: Future<Output = redis::RedisResult<T>>,
     {
-        if !self.link.admits() {
+        let Some(_admission) = self.link.admits() else {
             self.metrics.store_error(op);
             return None;
-        }
+        };
         let failure = match tokio::time::timeout(self.settings.timeout, call).await {
             Ok(Ok(value)) => {
                 if self.link.up() {
                     tracing::info!("session store reachable again; sharing resumed");
                 }
                 return Some(value);
+            }
+            Ok(Err(e)) if answered(&e) => {
+                // Redis answered: the link is up, only this call failed.
+                if self.link.up() {
+                    tracing::info!("session store reachable again; sharing resumed");
+                }
+                self.metrics.store_error(op);
+                tracing::warn!(op = op.label(), error = %e, "session store refused the call");
+                return None;
             }
             Ok(Err(e)) => e.to_string(),
             Err(_) => "timed out".to_string(),
@@ -1408,16 +1452,22 @@ mod tests {
         link.epoch = Instant::now()
             .checked_sub(Duration::from_secs(1))
             .expect("clock");
-        assert!(link.admits() && link.is_up());
+        assert!(link.admits().is_some() && link.is_up());
         assert!(link.down(), "the first failure takes it down");
         assert!(!link.is_up());
-        assert!(!link.admits(), "no call during the backoff");
+        assert!(link.admits().is_none(), "no call during the backoff");
         // Move the backoff's end into the past instead of sleeping.
         link.down_until.store(1, Ordering::Release);
-        assert!(link.admits(), "one probe after the backoff");
-        assert!(!link.admits(), "only one");
+        let probe = link.admits();
+        assert!(probe.is_some(), "one probe after the backoff");
+        assert!(link.admits().is_none(), "only one");
+        // Cancelled mid-call: neither up nor down. The next call probes.
+        drop(probe);
+        let probe = link.admits();
+        assert!(probe.is_some(), "a cancelled probe gives its turn back");
         assert!(link.up(), "a successful probe brings it back");
-        assert!(link.admits() && link.is_up());
+        drop(probe);
+        assert!(link.admits().is_some() && link.is_up());
     }
 
     #[test]
