@@ -72,10 +72,23 @@ pub async fn handle(app: Arc<App>, request: Request<Incoming>) -> Response<Full<
         },
         (&Method::POST, _, Some((id, "summarize"))) => {
             let id = id.to_string();
-            let instructions = match read_instructions(request.into_body()).await {
-                Ok(i) => i,
-                Err(message) => return error(StatusCode::BAD_REQUEST, &message, "invalid_request"),
-            };
+            // Bounded like a chat body: a client that stops sending must not hold one of the
+            // admin listener's few connections (and with them `/livez`).
+            let timeout = app.config.client_timeout();
+            let instructions =
+                match tokio::time::timeout(timeout, read_instructions(request.into_body())).await {
+                    Ok(Ok(i)) => i,
+                    Ok(Err(message)) => {
+                        return error(StatusCode::BAD_REQUEST, &message, "invalid_request")
+                    }
+                    Err(_) => {
+                        return error(
+                            StatusCode::REQUEST_TIMEOUT,
+                            "request body not received in time",
+                            "request_timeout",
+                        )
+                    }
+                };
             summarize(&app, &id, instructions.as_deref()).await
         }
         _ => error(StatusCode::NOT_FOUND, "not found", "not_found"),

@@ -110,6 +110,17 @@ async fn a_stalled_body_gets_408_and_does_not_hold_shutdown() {
             .all(|r| r.path() != "/v1/chat/completions"),
         "a stalled chat body is never forwarded"
     );
+    // The admin listener's one route with a body, likewise.
+    let mut stalled = TcpStream::connect(proxy.admin).await.expect("connect");
+    stalled
+        .write_all(
+            b"POST /session/s/summarize HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n{\"instr",
+        )
+        .await
+        .expect("write");
+    let answered = until_closed(&mut stalled).await;
+    let text = String::from_utf8_lossy(&answered);
+    assert!(text.starts_with("HTTP/1.1 408"), "admin: {text}");
 
     // Shutdown with a stalled client: over in about the client timeout, not the 60 s grace.
     let mut stalled = TcpStream::connect(proxy.addr).await.expect("connect");
