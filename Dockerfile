@@ -30,9 +30,9 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
 # ---- runtime ----------------------------------------------------------------------------
 FROM debian:bookworm-slim
 # ca-certificates: system roots for https upstreams (compactor trusts webpki and system roots).
-# curl: the HEALTHCHECK below; the binary has no self-probe subcommand.
+# curl: the HEALTHCHECK below; the binary has no self-probe subcommand. tini: PID 1 (below).
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends ca-certificates curl \
+    && apt-get install -y --no-install-recommends ca-certificates curl tini \
     && rm -rf /var/lib/apt/lists/*
 # A fixed numeric uid/gid, so Kubernetes' runAsNonRoot can verify it without a passwd lookup.
 RUN groupadd --system --gid 10001 compactor \
@@ -53,5 +53,7 @@ HEALTHCHECK --interval=15s --timeout=3s --start-period=5s --retries=3 \
 # compactor drains in-flight requests on SIGTERM for server.shutdown_grace_secs (30 s by
 # default): give `docker stop` a longer timeout (-t 40) if long streams must finish.
 STOPSIGNAL SIGTERM
-ENTRYPOINT ["/usr/local/bin/compactor"]
+# tini is PID 1: it forwards signals to compactor and reaps orphaned processes (what an `exec`
+# summarizer's program leaves when it is killed on timeout would otherwise stay zombies).
+ENTRYPOINT ["/usr/bin/tini", "--", "/usr/local/bin/compactor"]
 CMD ["serve", "--config", "/etc/compactor/compactor.toml"]

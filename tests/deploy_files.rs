@@ -629,6 +629,18 @@ fn dockerfile_is_multi_stage_non_root_with_a_livez_healthcheck() {
         starting("CMD").iter().any(|c| c.contains(CONFIG_PATH)),
         "CMD does not read {CONFIG_PATH}"
     );
+    // An init as PID 1, installed: the exec summarizer's orphans are reaped.
+    let entrypoint = starting("ENTRYPOINT");
+    assert!(
+        entrypoint.len() == 1 && entrypoint[0].contains(r#"["/usr/bin/tini", "--", "#),
+        "{entrypoint:?}"
+    );
+    assert!(
+        starting("RUN")
+            .iter()
+            .any(|r| r.contains("apt-get install") && r.contains(" tini")),
+        "tini is not installed"
+    );
     let copy = starting("COPY")
         .into_iter()
         .find(|c| c.contains(CONFIG_PATH))
