@@ -191,8 +191,17 @@ impl<'a> Found<'a> {
                 text: text_weight(&content.text),
                 images: content.images,
             });
-            let saved = before.saturating_sub(estimator.text(&text));
-            candidates.outputs.push(Some((Edit { value, text }, saved)));
+            let after = estimator.text(&text);
+            if after >= before {
+                // Fewer bytes but no fewer tokens (dense text: the placeholder's words weigh
+                // more): masking it saves nothing, and counting it as saving 0 would make the
+                // forwarded estimate lower than the request's.
+                candidates.outputs.push(None);
+                continue;
+            }
+            candidates
+                .outputs
+                .push(Some((Edit { value, text }, before - after)));
         }
         Ok(candidates)
     }
@@ -316,6 +325,34 @@ mod tests {
         assert_eq!(
             metrics.masked_outputs_counted(DialectKind::ChatCompletions, Strategy::Mask),
             0
+        );
+    }
+
+    #[tokio::test]
+    async fn an_output_its_placeholder_would_not_make_cheaper_in_tokens_stays() {
+        // Fewer bytes as a placeholder (its tabs are escaped in JSON), but more tokens: tabs
+        // weigh less than the placeholder's words and digits.
+        let mut messages = agent(12, 600);
+        let tabs = format!("x\n{}\ny", "\t".repeat(100));
+        messages[3]["content"] = Value::String(tabs);
+        let (c, _) = compactor(
+            &strategy("mask", "max_messages = 4\n"),
+            FakeSummarizer::text("s"),
+        );
+        let body = request(&messages);
+        let Outcome::Masked { body: out, .. } = c
+            .process(DialectKind::ChatCompletions, &body, &caller())
+            .await
+        else {
+            panic!("not masked");
+        };
+        let sent = messages_of(&out);
+        assert_eq!(sent[3], messages[3], "forwarded as sent");
+        assert!(
+            sent[5]["content"]
+                .as_str()
+                .is_some_and(|t| t.starts_with("[output masked by compactor")),
+            "the next old output is masked"
         );
     }
 
