@@ -111,9 +111,10 @@ struct Shared {
     client: redis::Client,
     manager: redis::aio::ConnectionManagerConfig,
     /// The connections, made on first use (making one needs the runtime, which
-    /// `compactor check-config` does not start): the request path's, and a second one for the
-    /// latest-request writes made off the request path (up to megabytes each), so lookups
-    /// never queue behind them. `None` if they cannot be made.
+    /// `compactor check-config` does not start): the request path's, and a second one for
+    /// what is large and off the request path (latest requests of up to megabytes, written and
+    /// read back; the admin listing), so lookups never queue behind them. `None` if they
+    /// cannot be made.
     conns: OnceLock<Option<(ConnectionManager, ConnectionManager)>>,
     settings: RedisSettings,
     /// This replica's own memory: latest requests with credentials, and the answers while
@@ -462,7 +463,8 @@ impl Shared {
         self.conns().map(|(conn, _)| conn.clone())
     }
 
-    /// The connection for latest-request writes.
+    /// The connection for what may be large and is never on a request's path: latest
+    /// requests written and read back, the admin listing.
     fn bulk(&self) -> Option<ConnectionManager> {
         self.conns().map(|(_, bulk)| bulk.clone())
     }
@@ -738,7 +740,9 @@ impl Shared {
                 .llen(self.tenant_key(*tenant, &format!("s:{session}:cps")))
                 .exists(self.tenant_key(*tenant, &format!("s:{session}:req")));
         }
-        let mut conn = self.conn()?;
+        // The admin listing (up to a thousand sessions) goes on the bulk connection: the
+        // request path's lookups must not queue behind it.
+        let mut conn = self.bulk()?;
         type Row = (std::collections::HashMap<String, String>, usize, bool);
         let rows: Vec<Row> = self
             .call(StoreOp::Sessions, pipe.query_async(&mut conn))
@@ -832,7 +836,9 @@ impl Shared {
         let Some(tenant) = self.tenant_of(id, StoreOp::Sessions).await? else {
             return Some(None);
         };
-        let mut conn = self.conn()?;
+        // Up to `max_shared_request_bytes`, read off the request path: on the bulk
+        // connection, like its writes.
+        let mut conn = self.bulk()?;
         let key = self.tenant_key(tenant, &format!("s:{}:req", sid(id)));
         let fields: std::collections::HashMap<String, Vec<u8>> =
             self.call(StoreOp::Sessions, conn.hgetall(key)).await?;
