@@ -52,6 +52,16 @@ const USAGE_CAPACITY: usize = 512;
 /// Longest SSE line (and event data) kept; longer ones are skipped.
 pub const SSE_LINE_LIMIT: usize = 1024 * 1024;
 
+/// How far a compressed body may expand while it is scanned: this many times the compressed
+/// bytes received so far, past [`EXPANSION_FLOOR`]. Text and JSON compress a few to a few
+/// dozen times; a body expanding further (a compression bomb from a misbehaving upstream)
+/// would cost decompression time on a worker out of all proportion to what it sends, so its
+/// usage is given up (the body itself passes through untouched).
+const EXPANSION_LIMIT: usize = 100;
+
+/// Decompressed bytes any compressed body may expand to, whatever its ratio.
+const EXPANSION_FLOOR: usize = 8 * 1024 * 1024;
+
 /// Capacity above which an emptied SSE buffer is released rather than kept for reuse.
 const KEEP_CAPACITY: usize = 64 * 1024;
 
@@ -161,10 +171,10 @@ impl<B> Observed<B> {
     pub fn encoded(mut self, encoding: Encoding) -> Observed<B> {
         self.scanner = match (self.scanner.take(), encoding) {
             (Some(Feed::Plain(s)), Encoding::Gzip) => Some(Feed::Gzip(Box::new(
-                flate2::write::GzDecoder::new(Sink(Some(s))),
+                flate2::write::GzDecoder::new(Sink::new(s)),
             ))),
             (Some(Feed::Plain(s)), Encoding::Deflate) => Some(Feed::Deflate(Box::new(
-                flate2::write::ZlibDecoder::new(Sink(Some(s))),
+                flate2::write::ZlibDecoder::new(Sink::new(s)),
             ))),
             (other, _) => other,
         };
@@ -187,7 +197,8 @@ enum Feed {
 }
 
 impl Feed {
-    /// Feeds a chunk; `false` when the compressed stream is corrupt (scanning stops).
+    /// Feeds a chunk; `false` when the compressed stream is corrupt or expands past
+    /// [`EXPANSION_LIMIT`] (scanning stops).
     fn feed(&mut self, chunk: &[u8]) -> bool {
         use std::io::Write;
         match self {
@@ -195,8 +206,14 @@ impl Feed {
                 s.feed(chunk);
                 true
             }
-            Feed::Gzip(d) => d.write_all(chunk).is_ok(),
-            Feed::Deflate(d) => d.write_all(chunk).is_ok(),
+            Feed::Gzip(d) => {
+                d.get_mut().received(chunk.len());
+                d.write_all(chunk).is_ok()
+            }
+            Feed::Deflate(d) => {
+                d.get_mut().received(chunk.len());
+                d.write_all(chunk).is_ok()
+            }
         }
     }
 
@@ -205,11 +222,11 @@ impl Feed {
             Feed::Plain(s) => Some(s),
             Feed::Gzip(mut d) => {
                 let _ = d.try_finish();
-                d.get_mut().0.take()
+                d.get_mut().scanner.take()
             }
             Feed::Deflate(mut d) => {
                 let _ = d.try_finish();
-                d.get_mut().0.take()
+                d.get_mut().scanner.take()
             }
         };
         scanner.and_then(Scanner::finish)
@@ -217,12 +234,40 @@ impl Feed {
 }
 
 /// Where a decompressor writes: straight into the scanner (memory stays bounded by the
-/// scanner's own limits and the decompressor's window).
-struct Sink(Option<Scanner>);
+/// scanner's own limits and the decompressor's window), up to the expansion allowed.
+struct Sink {
+    scanner: Option<Scanner>,
+    /// Compressed bytes received so far.
+    received: usize,
+    /// Decompressed bytes written so far.
+    written: usize,
+}
+
+impl Sink {
+    fn new(scanner: Scanner) -> Sink {
+        Sink {
+            scanner: Some(scanner),
+            received: 0,
+            written: 0,
+        }
+    }
+
+    /// `compressed` more bytes of the body arrived.
+    fn received(&mut self, compressed: usize) {
+        self.received = self.received.saturating_add(compressed);
+    }
+}
 
 impl std::io::Write for Sink {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        if let Some(s) = self.0.as_mut() {
+        self.written = self.written.saturating_add(buf.len());
+        let allowed = EXPANSION_FLOOR.saturating_add(self.received.saturating_mul(EXPANSION_LIMIT));
+        if self.written > allowed {
+            // The decompressor stops at this error, and the feed with it.
+            self.scanner = None;
+            return Err(std::io::Error::other("compressed body expands too far"));
+        }
+        if let Some(s) = self.scanner.as_mut() {
             s.feed(buf);
         }
         Ok(buf.len())

@@ -206,6 +206,84 @@ async fn compressed_bodies_pass_unchanged_and_their_usage_is_read() {
     }
 }
 
+/// A compressed body expanding past its allowance (a compression bomb) is decompressed no
+/// further: its usage is given up after a bounded amount of work, and the body still passes
+/// through unchanged. The same bytes without the bomb's ratio are read to their usage.
+#[tokio::test]
+async fn a_compressed_body_expands_only_so_far_before_its_usage_is_given_up() {
+    use std::io::Write;
+    let usage = br#"],"usage":{"prompt_tokens":5,"completion_tokens":1}}"#;
+    const EXPANDED: usize = 64 << 20;
+    let bomb = {
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        e.write_all(br#"{"pad":["#).expect("compress");
+        let zeros = vec![b'0'; 1 << 20];
+        for _ in 0..EXPANDED >> 20 {
+            e.write_all(&zeros).expect("compress");
+        }
+        e.write_all(usage).expect("compress");
+        e.finish().expect("compress")
+    };
+    assert!(
+        EXPANDED > EXPANSION_FLOOR + bomb.len() * EXPANSION_LIMIT,
+        "expands past its allowance: {} bytes compressed",
+        bomb.len()
+    );
+
+    let mut feed = Feed::Plain(Scanner::new(Format::Json));
+    feed = match feed {
+        Feed::Plain(s) => Feed::Gzip(Box::new(flate2::write::GzDecoder::new(Sink::new(s)))),
+        other => other,
+    };
+    let mut stopped_at = None;
+    for (i, chunk) in bomb.chunks(1024).enumerate() {
+        if !feed.feed(chunk) {
+            stopped_at = Some(i);
+            break;
+        }
+    }
+    let Feed::Gzip(decoder) = &feed else {
+        unreachable!("built above")
+    };
+    let sink = decoder.get_ref();
+    assert!(stopped_at.is_some(), "decompression stopped");
+    assert!(
+        sink.written <= EXPANSION_FLOOR + sink.received * EXPANSION_LIMIT + 64 * 1024,
+        "decompressed {} bytes of {} received",
+        sink.written,
+        sink.received
+    );
+    assert_eq!(feed.finish(), None, "usage given up");
+
+    // Through a body: passed on whole, usage None.
+    let chunks: VecDeque<Bytes> = bomb.chunks(4096).map(Bytes::copy_from_slice).collect();
+    let (calls, on_done) = callback();
+    let observed =
+        Observed::new(Frames(chunks), Some(Format::Json), on_done).encoded(Encoding::Gzip);
+    let out = observed.collect().await.expect("body").to_bytes();
+    assert_eq!(out.as_ref(), bomb.as_slice(), "the body passes unchanged");
+    assert_eq!(calls_of(&calls), vec![None]);
+
+    // A body of ordinary ratio (under the floor) is read to the end.
+    let mut small = br#"{"pad":["#.to_vec();
+    small.extend(std::iter::repeat_n(b'0', 1 << 20));
+    small.extend_from_slice(usage);
+    let wire = compress(&small, Encoding::Gzip);
+    let chunks: VecDeque<Bytes> = wire.chunks(4096).map(Bytes::copy_from_slice).collect();
+    let (calls, on_done) = callback();
+    let observed =
+        Observed::new(Frames(chunks), Some(Format::Json), on_done).encoded(Encoding::Gzip);
+    observed.collect().await.expect("body");
+    assert_eq!(
+        calls_of(&calls),
+        vec![Some(Usage {
+            input: 5,
+            output: 1,
+            ..Usage::default()
+        })]
+    );
+}
+
 #[test]
 fn sse_without_a_final_blank_line_still_counts() {
     let body = ANTHROPIC_SSE.trim_end();
