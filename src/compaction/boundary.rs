@@ -39,7 +39,7 @@
 //! them and the boundary there is nothing to compact.
 
 use crate::config::CompactionConfig;
-use crate::transcript::{Message, Role, Transcript};
+use crate::transcript::{Role, Transcript};
 
 /// Floor of the preserve budget: enough recent work for the model to carry on.
 pub const MIN_PRESERVE_RECENT_TOKENS: usize = 2_000;
@@ -141,8 +141,11 @@ pub fn find_preserve_boundary(t: &Transcript, limits: &TailLimits) -> Option<usi
     (b > head).then_some(b)
 }
 
-/// Where a tail starting at assistant message `b` must start instead because a reasoning-only
-/// message earlier in the same run of assistant messages opened the response `b` belongs to.
+/// Where a tail starting at assistant message `b` must start instead because a message
+/// earlier in the same run of assistant messages opened the response `b` belongs to with
+/// reasoning: a Responses reasoning item, or an Anthropic assistant message opening with
+/// thinking (the API merges consecutive assistant messages into one turn, which must then
+/// still open with its thinking).
 fn response_start(t: &Transcript, b: usize) -> Option<usize> {
     let messages = &t.messages;
     if messages.get(b)?.role != Role::Assistant {
@@ -152,7 +155,7 @@ fn response_start(t: &Transcript, b: usize) -> Option<usize> {
         .iter()
         .rev()
         .take_while(|m| m.role == Role::Assistant)
-        .position(Message::is_reasoning_only)
+        .position(|m| m.is_reasoning_only() || m.starts_with_reasoning())
         .map(|back| b - 1 - back)
 }
 
@@ -160,17 +163,35 @@ fn response_start(t: &Transcript, b: usize) -> Option<usize> {
 /// whose turn carries thinking while `b` does not open with thinking: the latest earlier
 /// assistant message of the turn that opens with thinking, else the turn's first message.
 /// `None` when `b` is not such a message.
+///
+/// The API merges consecutive user messages into one, so a run of them holding a tool result
+/// answers tools as a whole: an assistant message after it continues the loop, and so does a
+/// user message within it (its text joins the tool results), either way in the turn of the
+/// assistant message before the run.
 fn thinking_loop_start(t: &Transcript, b: usize) -> Option<usize> {
     let messages = &t.messages;
     let m = messages.get(b)?;
     let previous = messages.get(b.checked_sub(1)?)?;
-    let in_tool_loop = m.role == Role::Assistant
-        && previous.role == Role::User
-        && previous.tool_results().next().is_some();
-    if !in_tool_loop || m.starts_with_reasoning() {
+    if previous.role != Role::User || m.starts_with_reasoning() {
         return None;
     }
-    let start = t.turn_start(b);
+    let run = messages[..b]
+        .iter()
+        .rposition(|m| m.role != Role::User)
+        .map_or(0, |i| i + 1);
+    let answers_tools = messages[run..b]
+        .iter()
+        .any(|m| m.tool_results().next().is_some());
+    let in_tool_loop = answers_tools
+        && match m.role {
+            Role::Assistant => true,
+            Role::User => !m.is_tool_answer(),
+            _ => false,
+        };
+    if !in_tool_loop {
+        return None;
+    }
+    let start = t.turn_start(run.checked_sub(1)?);
     let turn = messages.get(start..b)?;
     if !turn.iter().any(|m| m.has_reasoning()) {
         return None;
@@ -492,6 +513,66 @@ mod tests {
             }
         }
         assert_eq!(find_preserve_boundary(&chat, &limits), Some(11));
+    }
+
+    #[test]
+    fn consecutive_messages_the_api_merges_are_one_turn_for_thinking() {
+        let sized_msg = |role: Role, parts: Vec<Part>, tokens: usize| {
+            let mut m = Message::new(role, parts);
+            m.tokens = tokens;
+            m
+        };
+        let limits = TailLimits {
+            budget: 25,
+            turn_max_tokens: 0,
+            ..wide()
+        };
+        // Thinking and text in one assistant message, the call in the next: the API sees one
+        // turn opening with thinking. A tail may not start at the call.
+        let mut r = results(&["t1"]);
+        r.tokens = 10;
+        let t = Transcript::new(vec![
+            sized(Role::User, 100),
+            sized_msg(
+                Role::Assistant,
+                vec![thinking(), Part::Text("let me look".into())],
+                100,
+            ),
+            sized_msg(Role::Assistant, vec![call("t1", "bash", "{}")], 10),
+            r,
+        ]);
+        // Budget alone would start at the call (index 2); the turn's thinking comes first.
+        assert_eq!(find_preserve_boundary(&t, &limits), Some(1));
+
+        // A user text message after the tool results (merged into them by the API) continues
+        // the loop: neither it nor the next call may open the tail.
+        let mut r1 = results(&["t1"]);
+        r1.tokens = 5;
+        let mut r2 = results(&["t2"]);
+        r2.tokens = 5;
+        let t = Transcript::new(vec![
+            sized(Role::User, 100),
+            sized(Role::Assistant, 100),
+            sized(Role::User, 5), // the task: index 2
+            sized_msg(
+                Role::Assistant,
+                vec![thinking(), call("t1", "bash", "{}")],
+                100,
+            ),
+            r1,
+            sized(Role::User, 5), // a reminder, sent as its own message: index 5
+            sized_msg(Role::Assistant, vec![call("t2", "bash", "{}")], 5),
+            r2,
+        ]);
+        for budget in 0..110 {
+            let limits = TailLimits { budget, ..limits };
+            if let Some(b) = find_preserve_boundary(&t, &limits) {
+                assert!(
+                    b <= 3,
+                    "budget {budget}: the tail starts at {b}, inside the thinking turn"
+                );
+            }
+        }
     }
 
     #[test]
