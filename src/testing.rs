@@ -10,7 +10,7 @@ use proptest::test_runner::TestCaseError;
 use serde_json::{json, Value};
 
 use crate::config::Config;
-use crate::dialect::Parsed;
+use crate::dialect::{DialectKind, Parsed};
 use crate::estimate::LazyEstimator;
 use crate::metrics::Metrics;
 use crate::pipeline::Pipeline;
@@ -159,43 +159,24 @@ pub(crate) fn compactions(metrics: &Metrics, trigger: &str, outcome: &str) -> u6
     metrics.compactions_counted(trigger, outcome)
 }
 
-/// Checks the OpenAI rules a rewritten request must keep: every `tool` message follows (in the
-/// run of tool messages after it) the assistant message holding its `tool_call_id`, and every
-/// tool call of an assistant message is answered in that run.
+/// Checks a request body of `dialect` against the rules its provider enforces
+/// (`compactor_plugin_testing::rules`), the context window aside.
+pub(crate) fn valid_for_provider(dialect: DialectKind, body: &[u8]) -> Result<(), String> {
+    use compactor_plugin_testing::rules::{chat, messages, responses};
+    let request: Value = serde_json::from_slice(body).map_err(|e| e.to_string())?;
+    let verdict = match dialect {
+        DialectKind::ChatCompletions => chat::check_chat(&request, usize::MAX),
+        DialectKind::Messages => messages::check_messages(&request, usize::MAX),
+        DialectKind::Responses => responses::check_responses(&request, usize::MAX),
+    };
+    verdict.map_err(|r| format!("{r:?}"))
+}
+
+/// Checks OpenAI Chat Completions' rules on `messages` alone: every `tool` message answers a
+/// call of the assistant message before its run of tool messages, and every call is answered.
 pub(crate) fn check_openai_pairing(messages: &[Value]) -> Result<(), String> {
-    let mut i = 0;
-    while i < messages.len() {
-        let m = &messages[i];
-        let role = m["role"].as_str().unwrap_or("");
-        if role == "tool" {
-            return Err(format!(
-                "tool message {i} does not follow an assistant with tool_calls"
-            ));
-        }
-        i += 1;
-        if role != "assistant" {
-            continue;
-        }
-        let ids: Vec<&str> = m["tool_calls"]
-            .as_array()
-            .map(|calls| calls.iter().filter_map(|c| c["id"].as_str()).collect())
-            .unwrap_or_default();
-        let mut answered = Vec::new();
-        while let Some(t) = messages.get(i).filter(|t| t["role"] == "tool") {
-            let id = t["tool_call_id"].as_str().unwrap_or("");
-            if !ids.contains(&id) {
-                return Err(format!("tool message {i} answers unknown call {id:?}"));
-            }
-            answered.push(id);
-            i += 1;
-        }
-        if let Some(missing) = ids.iter().find(|id| !answered.contains(id)) {
-            return Err(format!(
-                "call {missing:?} of message before {i} is unanswered"
-            ));
-        }
-    }
-    Ok(())
+    let body = json!({ "messages": messages }).to_string();
+    valid_for_provider(DialectKind::ChatCompletions, body.as_bytes())
 }
 
 /// A property-test assertion: fails the case with `what` unless `cond` holds.

@@ -254,18 +254,26 @@ impl Transcript {
     /// Index of the first message of the assistant turn message `i` belongs to: the turn
     /// starts after the latest user or system message before `i` that is not a tool answer,
     /// and runs through the model's messages and the tool results it receives. A message that
-    /// is itself a user or system message (not a tool answer) starts its own turn.
+    /// is itself a user or system message (not a tool answer) starts its own turn, except a
+    /// user message continuing a run of user messages that holds a tool answer: the Anthropic
+    /// API merges consecutive user messages, so such a message (a reminder sent after the tool
+    /// results) is part of the answer.
     pub fn turn_start(&self, i: usize) -> usize {
-        let opens_turn =
-            |m: &Message| matches!(m.role, Role::User | Role::System) && !m.is_tool_answer();
-        match self.messages.get(i) {
-            None => i,
-            Some(m) if opens_turn(m) => i,
-            Some(_) => self.messages[..i]
-                .iter()
-                .rposition(opens_turn)
-                .map_or(0, |u| u + 1),
+        let messages = &self.messages;
+        let opens_turn = |j: usize| {
+            let m = &messages[j];
+            let joins_answer = m.role == Role::User
+                && messages[..j]
+                    .iter()
+                    .rev()
+                    .take_while(|p| p.role == Role::User)
+                    .any(Message::is_tool_answer);
+            matches!(m.role, Role::User | Role::System) && !m.is_tool_answer() && !joins_answer
+        };
+        if i >= messages.len() || opens_turn(i) {
+            return i;
         }
+        (0..i).rev().find(|&j| opens_turn(j)).map_or(0, |u| u + 1)
     }
 
     /// Sum of the estimates of `messages[range]`.
@@ -505,6 +513,21 @@ pub(crate) mod tests {
         assert!(t.messages[2].is_tool_answer() && t.messages[4].is_tool_answer());
         assert_eq!(t.turn_start(3), 1);
         assert_eq!(t.turn_start(0), 0);
+        // A reminder sent as its own user message after the results joins them (the API merges
+        // consecutive user messages): it opens no turn. After the model's answer it would.
+        let reminded = Transcript::new(vec![
+            text(Role::User, "go"),
+            Message::new(Role::Assistant, vec![call("a", "Read", "{}")]),
+            Message::new(Role::User, vec![result_part("a")]),
+            text(Role::User, "<system-reminder>r</system-reminder>"),
+            Message::new(Role::Assistant, vec![call("b", "Bash", "{}")]),
+            text(Role::User, "next task"),
+            text(Role::Assistant, "ok"),
+        ]);
+        assert_eq!(reminded.turn_start(4), 1);
+        assert_eq!(reminded.turn_start(3), 1);
+        assert_eq!(reminded.turn_start(6), 6);
+        assert_eq!(reminded.turn_start(5), 5);
         t.resolve_tool_names();
         let names: Vec<_> = t.messages[2]
             .tool_results()

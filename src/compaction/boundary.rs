@@ -167,9 +167,18 @@ fn response_start(t: &Transcript, b: usize) -> Option<usize> {
 /// The API merges consecutive user messages into one, so a run of them holding a tool result
 /// answers tools as a whole: an assistant message after it continues the loop, and so does a
 /// user message within it (its text joins the tool results), either way in the turn of the
-/// assistant message before the run.
+/// assistant message before the run. Consecutive assistant messages are merged too, so an
+/// assistant message continuing such a run is judged where the run starts.
 fn thinking_loop_start(t: &Transcript, b: usize) -> Option<usize> {
     let messages = &t.messages;
+    let b = if messages.get(b)?.role == Role::Assistant {
+        messages[..b]
+            .iter()
+            .rposition(|m| m.role != Role::Assistant)
+            .map_or(0, |i| i + 1)
+    } else {
+        b
+    };
     let m = messages.get(b)?;
     let previous = messages.get(b.checked_sub(1)?)?;
     if previous.role != Role::User || m.starts_with_reasoning() {
@@ -570,6 +579,37 @@ mod tests {
                 assert!(
                     b <= 3,
                     "budget {budget}: the tail starts at {b}, inside the thinking turn"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_split_assistant_message_in_a_thinking_loop_keeps_the_turn_whole() {
+        // The turn opens with thinking (index 1); a later step of its tool loop is sent as two
+        // assistant messages, text then the call, neither opening with thinking. The API
+        // merges them, so a tail may start at neither: only where the turn's thinking is.
+        let mut r1 = results(&["t1"]);
+        r1.tokens = 5;
+        let mut r2 = results(&["t2"]);
+        r2.tokens = 5;
+        let mut t1 = Message::new(Role::Assistant, vec![thinking(), call("t1", "bash", "{}")]);
+        t1.tokens = 100;
+        let mut said = Message::new(Role::Assistant, vec![Part::Text("next".into())]);
+        said.tokens = 5;
+        let mut t2 = Message::new(Role::Assistant, vec![call("t2", "bash", "{}")]);
+        t2.tokens = 5;
+        let t = Transcript::new(vec![sized(Role::User, 100), t1, r1, said, t2, r2]);
+        for budget in 0..210 {
+            let limits = TailLimits {
+                budget,
+                turn_max_tokens: 0,
+                ..wide()
+            };
+            if let Some(b) = find_preserve_boundary(&t, &limits) {
+                assert_eq!(
+                    b, 1,
+                    "budget {budget}: the tail starts inside the thinking turn"
                 );
             }
         }

@@ -35,16 +35,14 @@ use proptest::test_runner::{TestCaseError, TestRunner};
 use serde::de::IgnoredAny;
 use serde_json::{json, Value};
 
-use super::dialect_props::{
-    check_anthropic, check_responses, valid_anthropic_request, valid_responses_request,
-};
+use super::dialect_props::{valid_anthropic_request, valid_responses_request};
 use super::props::valid_request;
 use super::Outcome;
 use crate::dialect::json::OrderedObject;
 use crate::dialect::{DialectKind, Scan};
 use crate::estimate::LazyEstimator;
 use crate::testing::fuzz::{self, mutate, mutations, pick};
-use crate::testing::{caller, check_openai_pairing, compactor, config, ensure, FakeSummarizer};
+use crate::testing::{caller, compactor, config, ensure, valid_for_provider, FakeSummarizer};
 
 const DIALECTS: [DialectKind; 3] = [
     DialectKind::ChatCompletions,
@@ -71,20 +69,19 @@ fn conversation_key(dialect: DialectKind) -> &'static str {
     }
 }
 
-/// A body to fuzz with, and whether it is valid for its API as generated (then: whether it
-/// enables Anthropic thinking, which the validity rules depend on).
+/// A body to fuzz with, and whether it is valid for its API as generated.
 #[derive(Debug, Clone)]
 struct Input {
     body: Vec<u8>,
-    pristine: Option<bool>,
+    pristine: bool,
 }
 
-/// Real-shaped requests of `dialect`, valid for its API, and whether thinking is on.
-fn real(dialect: DialectKind) -> BoxedStrategy<(Vec<u8>, bool)> {
+/// Real-shaped requests of `dialect`, valid for its API.
+fn real(dialect: DialectKind) -> BoxedStrategy<Vec<u8>> {
     match dialect {
-        DialectKind::ChatCompletions => valid_request().prop_map(|b| (b, false)).boxed(),
+        DialectKind::ChatCompletions => valid_request().boxed(),
         DialectKind::Messages => valid_anthropic_request().boxed(),
-        DialectKind::Responses => valid_responses_request().prop_map(|b| (b, false)).boxed(),
+        DialectKind::Responses => valid_responses_request().boxed(),
     }
 }
 
@@ -112,14 +109,14 @@ fn input(dialect: DialectKind) -> impl Strategy<Value = Input> {
     fn unknown(body: Vec<u8>) -> Input {
         Input {
             body,
-            pristine: None,
+            pristine: false,
         }
     }
     prop_oneof![
-        4 => (real(dialect), mutations(1, 4)).prop_map(|((body, _), ms)| unknown(mutate(&body, &ms))),
-        2 => real(dialect).prop_map(|(body, thinking)| Input {
+        4 => (real(dialect), mutations(1, 4)).prop_map(|(body, ms)| unknown(mutate(&body, &ms))),
+        2 => real(dialect).prop_map(|body| Input {
             body,
-            pristine: Some(thinking),
+            pristine: true,
         }),
         2 => (shaped(dialect), mutations(0, 2)).prop_map(|(body, ms)| unknown(mutate(&body, &ms))),
         1 => fuzz::json().prop_map(|v| unknown(v.to_string().into_bytes())),
@@ -349,19 +346,9 @@ fn check_dialect(
     check_rewrite(&scan, head, boundary, summary)
 }
 
-/// The conversation of a forwarded body is valid for the API (a body that was valid before).
-fn check_api(dialect: DialectKind, out: &[u8], thinking: bool) -> Result<(), TestCaseError> {
-    let v: Value = serde_json::from_slice(out).map_err(fail)?;
-    let list = v[conversation_key(dialect)]
-        .as_array()
-        .cloned()
-        .ok_or_else(|| fail("no conversation list"))?;
-    match dialect {
-        DialectKind::ChatCompletions => check_openai_pairing(&list),
-        DialectKind::Messages => check_anthropic(&list, thinking),
-        DialectKind::Responses => check_responses(&list),
-    }
-    .map_err(|e| fail(format!("invalid for the API: {e}")))
+/// A forwarded body is valid for the API (a body that was valid before).
+fn check_api(dialect: DialectKind, out: &[u8]) -> Result<(), TestCaseError> {
+    valid_for_provider(dialect, out).map_err(|e| fail(format!("invalid for the API: {e}")))
 }
 
 /// How often each path was taken, so a run that never reaches them fails.
@@ -392,7 +379,7 @@ fn check_pipeline(
     if scan.is_ok() {
         bump(&tally.scanned);
     }
-    if input.pristine.is_some() {
+    if input.pristine {
         ensure(scan.is_ok(), "a body valid for its API does not scan")?;
     }
     for _ in 0..2 {
@@ -423,8 +410,8 @@ fn check_pipeline(
             .as_ref()
             .map_err(|e| fail(format!("a body that does not scan ({e}) was rewritten")))?;
         check_splice(scan, &out)?;
-        if let Some(thinking) = input.pristine {
-            check_api(dialect, &out, thinking)?;
+        if input.pristine {
+            check_api(dialect, &out)?;
             bump(&tally.valid_checked);
         }
     }

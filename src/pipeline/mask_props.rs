@@ -23,7 +23,6 @@ use std::sync::Arc;
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestCaseError, TestRunner};
-use serde_json::Value;
 
 use super::{Outcome, Pipeline};
 use crate::compaction::mask::MaskRule;
@@ -32,11 +31,9 @@ use crate::dialect::{DialectKind, Scan};
 use crate::estimate::LazyEstimator;
 use crate::metrics::Metrics;
 use crate::session::{MemoryStore, StoreLimits};
-use crate::testing::{caller, check_openai_pairing, compactor, config, ensure, FakeSummarizer};
+use crate::testing::{caller, compactor, config, ensure, valid_for_provider, FakeSummarizer};
 
-use super::dialect_props::{
-    check_anthropic, check_responses, valid_anthropic_request, valid_responses_request,
-};
+use super::dialect_props::{valid_anthropic_request, valid_responses_request};
 use super::props::valid_request;
 
 /// What marks a placeholder in a forwarded body.
@@ -75,29 +72,9 @@ fn prefix(body: &[u8], s: &Scan<'_>, k: usize) -> Vec<u8> {
     out
 }
 
-/// The messages (Responses: input items) of a body, as JSON values.
-fn values(dialect: DialectKind, body: &[u8]) -> Result<Vec<Value>, TestCaseError> {
-    let v: Value = serde_json::from_slice(body).map_err(fail)?;
-    let key = if dialect == DialectKind::Responses {
-        "input"
-    } else {
-        "messages"
-    };
-    v[key]
-        .as_array()
-        .cloned()
-        .ok_or_else(|| fail(format!("no {key}")))
-}
-
-/// The provider's rules for a conversation of `dialect`.
-fn valid(dialect: DialectKind, body: &[u8], thinking: bool) -> Result<(), TestCaseError> {
-    let messages = values(dialect, body)?;
-    match dialect {
-        DialectKind::ChatCompletions => check_openai_pairing(&messages),
-        DialectKind::Messages => check_anthropic(&messages, thinking),
-        DialectKind::Responses => check_responses(&messages),
-    }
-    .map_err(fail)
+/// The provider's rules for a request of `dialect`.
+fn valid(dialect: DialectKind, body: &[u8]) -> Result<(), TestCaseError> {
+    valid_for_provider(dialect, body).map_err(fail)
 }
 
 fn mask_config(strategy: &str, rule: MaskRule, extra: &str) -> Config {
@@ -171,12 +148,12 @@ fn rule() -> impl Strategy<Value = MaskRule> {
     (1usize..4, 1usize..5).prop_map(|(keep_recent, block)| MaskRule { keep_recent, block })
 }
 
-/// A valid request of any dialect and whether it enables Anthropic thinking.
-fn request() -> impl Strategy<Value = (DialectKind, Vec<u8>, bool)> {
+/// A valid request of any dialect.
+fn request() -> impl Strategy<Value = (DialectKind, Vec<u8>)> {
     prop_oneof![
-        valid_request().prop_map(|b| (DialectKind::ChatCompletions, b, false)),
-        valid_anthropic_request().prop_map(|(b, t)| (DialectKind::Messages, b, t)),
-        valid_responses_request().prop_map(|b| (DialectKind::Responses, b, false)),
+        valid_request().prop_map(|b| (DialectKind::ChatCompletions, b)),
+        valid_anthropic_request().prop_map(|b| (DialectKind::Messages, b)),
+        valid_responses_request().prop_map(|b| (DialectKind::Responses, b)),
     ]
 }
 
@@ -195,7 +172,7 @@ fn masked_requests_change_only_old_outputs_and_stay_valid() {
         cases: cases(),
         ..ProptestConfig::default()
     });
-    let result = runner.run(&(request(), rule()), |((dialect, body, thinking), rule)| {
+    let result = runner.run(&(request(), rule()), |((dialect, body), rule)| {
         let (c, metrics) = compactor(&mask_config("mask", rule, ""), FakeSummarizer::text("s"));
         let received = scan(dialect, &body)?;
         let total = outputs_of(&received)?;
@@ -215,7 +192,7 @@ fn masked_requests_change_only_old_outputs_and_stay_valid() {
             other => return Err(fail(format!("`mask` forwarded {other:?}"))),
         };
         let masked = only_outputs_changed(dialect, &body, &out)?;
-        valid(dialect, &out, thinking)?;
+        valid(dialect, &out)?;
         let allowed = rule.masked(total);
         ensure(
             masked.iter().all(|&p| p < allowed),
@@ -277,7 +254,7 @@ fn masking_moves_in_blocks_and_keeps_the_prefix_between_steps() {
         cases: cases() / 2,
         ..ProptestConfig::default()
     });
-    let result = runner.run(&(request(), rule()), |((dialect, body, _), rule)| {
+    let result = runner.run(&(request(), rule()), |((dialect, body), rule)| {
         let (c, _) = compactor(&mask_config("mask", rule, ""), FakeSummarizer::text("s"));
         let whole = scan(dialect, &body)?;
         let mut previous: Option<(Vec<u8>, usize)> = None;
@@ -330,7 +307,7 @@ fn under_hybrid_the_mask_only_grows_and_the_prefix_holds_until_it_does() {
         cases: cases() / 2,
         ..ProptestConfig::default()
     });
-    let result = runner.run(&(request(), rule()), |((dialect, body, thinking), rule)| {
+    let result = runner.run(&(request(), rule()), |((dialect, body), rule)| {
         let whole = scan(dialect, &body)?;
         // A window whose trigger the conversation crosses about halfway, whatever model it
         // names; the count trigger out of reach, so masking answers it as long as it can.
@@ -348,7 +325,7 @@ fn under_hybrid_the_mask_only_grows_and_the_prefix_holds_until_it_does() {
         let mut previous: Option<(Vec<u8>, usize)> = None;
         for k in 1..=whole.len() {
             let request = prefix(&body, &whole, k);
-            if valid(dialect, &request, thinking).is_err() {
+            if valid(dialect, &request).is_err() {
                 continue; // a cut in the middle of a tool loop is no request
             }
             let (forwarded, masked) = match rt.block_on(c.process(dialect, &request, &caller())) {
@@ -422,7 +399,7 @@ fn under_hybrid_replicas_forward_the_same_bytes_and_rewrites_stay_valid() {
     let small = "min_preserve_tokens = 50\nmax_preserve_tokens = 400\nmax_messages = 12\n\
                  [models.\"tiny\"]\ncontext_window = 2000\n[models.\"claude-test\"]\n\
                  context_window = 2000\n[models.\"gpt-test\"]\ncontext_window = 2000\n";
-    let result = runner.run(&(request(), rule()), |((dialect, body, thinking), rule)| {
+    let result = runner.run(&(request(), rule()), |((dialect, body), rule)| {
         let [a, b] = replicas(
             &mask_config("hybrid", rule, small),
             "Summary of the earlier turns.",
@@ -432,12 +409,12 @@ fn under_hybrid_replicas_forward_the_same_bytes_and_rewrites_stay_valid() {
             let request = prefix(&body, &whole, k);
             // Only what an agent would send: a cut in the middle of a tool loop (calls not
             // answered yet) is no request.
-            if valid(dialect, &request, thinking).is_err() {
+            if valid(dialect, &request).is_err() {
                 continue;
             }
             let first = rt.block_on(a.process(dialect, &request, &caller()));
             let out = body_of(&first, &request);
-            valid(dialect, &out, thinking)
+            valid(dialect, &out)
                 .map_err(|e| fail(format!("step {k}: {e}: {}", String::from_utf8_lossy(&out))))?;
             if matches!(first, Outcome::Rewritten { .. }) {
                 compacted.set(compacted.get() + 1);

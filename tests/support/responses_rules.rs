@@ -1,145 +1,16 @@
-//! Strict OpenAI Responses validation for mock upstreams, and a converter from the Chat
-//! Completions fixtures to Responses `input` items.
-//!
-//! Rules checked (those compaction could break): every `*_call_output` item has an earlier
-//! call item with the same `call_id`; every call is answered, except calls at the very end of
-//! `input`; a `reasoning` item is followed by the output it produced (never last, never
-//! followed by a user message or an output); an output item (message or call) of a response
-//! that had reasoning comes with that `reasoning` item. The real API knows which items one
-//! response produced from its own records; this mock reads it from the ids [`from_chat`] gives
-//! (`rs_N`, `msg_N`, `fc_N_K`: response `N`). Then the context window, at 4 characters per
-//! token over `instructions` and the items' text.
+//! OpenAI Responses for mock upstreams: the request rules (from `compactor-plugin-testing`,
+//! re-exported; they read which response an item belongs to from its id, `rs_N`, `msg_N`,
+//! `fc_N_K`) and a converter from the Chat Completions fixtures to Responses `input` items in
+//! that form.
 
 use std::collections::HashMap;
 
 use serde_json::{json, Value};
 
-use super::provider_rules::Rejection;
-
-fn text_chars(v: &Value) -> usize {
-    match v {
-        Value::String(s) => s.chars().count(),
-        Value::Array(parts) => parts
-            .iter()
-            .map(|p| p["text"].as_str().map_or(0, |s| s.chars().count()))
-            .sum(),
-        _ => 0,
-    }
-}
-
-fn item_chars(item: &Value) -> usize {
-    match item["type"].as_str().unwrap_or("message") {
-        "message" => text_chars(&item["content"]),
-        "function_call" => text_chars(&item["name"]) + text_chars(&item["arguments"]),
-        "function_call_output" => text_chars(&item["output"]),
-        "reasoning" => text_chars(&item["summary"]),
-        _ => 0,
-    }
-}
-
-/// Tokens as the mock counts them: 4 characters per token.
-pub fn responses_tokens(request: &Value) -> usize {
-    let items: usize = match &request["input"] {
-        Value::String(s) => s.chars().count(),
-        Value::Array(items) => items.iter().map(item_chars).sum(),
-        _ => 0,
-    };
-    (text_chars(&request["instructions"]) + items).div_ceil(4)
-}
-
-/// Checks a Responses request the way OpenAI does, then its size against `window`.
-pub fn check_responses(request: &Value, window: usize) -> Result<(), Rejection> {
-    let invalid = |m: String| Err(Rejection::Invalid(m));
-    let items = match &request["input"] {
-        Value::Array(items) => items.clone(),
-        Value::String(_) => Vec::new(),
-        _ => return invalid("Missing required parameter: 'input'.".into()),
-    };
-    let mut seen: Vec<String> = Vec::new();
-    let mut open: Vec<String> = Vec::new();
-    for (i, item) in items.iter().enumerate() {
-        let kind = item["type"].as_str().unwrap_or("message");
-        let call_id = item["call_id"].as_str().map(str::to_owned);
-        if kind.ends_with("_call_output") {
-            let id = call_id.unwrap_or_default();
-            if !seen.contains(&id) {
-                return invalid(format!(
-                    "input[{i}]: No tool call found for function call output with call_id {id}."
-                ));
-            }
-            open.retain(|o| *o != id);
-        } else if kind.ends_with("_call") {
-            if let Some(id) = call_id {
-                seen.push(id.clone());
-                open.push(id);
-            }
-        }
-        if kind == "reasoning" {
-            let next = items
-                .get(i + 1)
-                .map(|n| n["type"].as_str().unwrap_or("message"));
-            let follows = match next {
-                Some("message") => items[i + 1]["role"] == "assistant",
-                Some(t) => t.ends_with("_call") || t == "reasoning",
-                None => false,
-            };
-            if !follows {
-                return invalid(format!(
-                    "input[{i}]: Item of type 'reasoning' was provided without its required following item."
-                ));
-            }
-        }
-    }
-    // Outputs of a response come with its reasoning item.
-    let mut reasoned: Vec<&str> = Vec::new();
-    for (i, item) in items.iter().enumerate() {
-        let id = item["id"].as_str().unwrap_or("");
-        if let Some(n) = id.strip_prefix("rs_") {
-            reasoned.push(n);
-            continue;
-        }
-        let response = id
-            .strip_prefix("msg_")
-            .or_else(|| id.strip_prefix("fc_").and_then(|r| r.split('_').next()));
-        if let Some(n) = response {
-            if !reasoned.contains(&n) {
-                return invalid(format!(
-                    "input[{i}]: Item '{id}' was provided without its required 'reasoning' item: 'rs_{n}'."
-                ));
-            }
-        }
-    }
-    let trailing_calls = items
-        .iter()
-        .rev()
-        .take_while(|it| it["type"].as_str().is_some_and(|t| t.ends_with("_call")))
-        .count();
-    if open.len() > trailing_calls {
-        return invalid(format!("No tool output found for function calls {open:?}."));
-    }
-    let tokens = responses_tokens(request);
-    if tokens > window {
-        return Err(Rejection::ContextLength { tokens, window });
-    }
-    Ok(())
-}
-
-/// OpenAI's error body for a rejection.
-pub fn rejection_body(r: &Rejection) -> Value {
-    match r {
-        Rejection::Invalid(message) => json!({
-            "error": {"message": message, "type": "invalid_request_error", "param": "input", "code": null}
-        }),
-        Rejection::ContextLength { tokens, window } => json!({
-            "error": {
-                "message": format!("Your input exceeds the context window of this model ({tokens} > {window} tokens)."),
-                "type": "invalid_request_error",
-                "param": "input",
-                "code": "context_length_exceeded"
-            }
-        }),
-    }
-}
+pub use compactor_plugin_testing::rules::responses::{
+    check_responses, rejection_body, responses_tokens,
+};
+pub use compactor_plugin_testing::rules::Rejection;
 
 /// A Chat Completions transcript as Codex would send it to the Responses API: the first system
 /// message becomes `instructions`; user messages become `input_text` message items; each
@@ -206,41 +77,6 @@ pub fn from_chat(chat: &[Value]) -> (Option<Value>, Vec<Value>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_rules_refuse_what_openai_refuses() {
-        let call = json!({"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"});
-        let output = json!({"type": "function_call_output", "call_id": "c", "output": "x"});
-        let user = json!({"role": "user", "content": "hi"});
-        let reasoning = json!({"type": "reasoning", "summary": []});
-        assert_eq!(
-            check_responses(&json!({"input": [user, call, output]}), 100),
-            Ok(())
-        );
-        assert_eq!(
-            check_responses(&json!({"input": [user, reasoning, call]}), 100),
-            Ok(())
-        );
-        for bad in [
-            json!({"input": [user, output]}),
-            json!({"input": [user, call, user]}),
-            json!({"input": [user, reasoning]}),
-            json!({"input": [reasoning, user]}),
-        ] {
-            assert!(
-                matches!(check_responses(&bad, 100), Err(Rejection::Invalid(_))),
-                "{bad}"
-            );
-        }
-        let big = json!({"instructions": "abcd", "input": "x".repeat(40)});
-        assert_eq!(
-            check_responses(&big, 10),
-            Err(Rejection::ContextLength {
-                tokens: 11,
-                window: 10
-            })
-        );
-    }
 
     #[test]
     fn converted_chat_transcripts_are_valid() {

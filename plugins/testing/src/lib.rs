@@ -1,8 +1,11 @@
 //! Test helpers for summarizer plugins that call a provider over HTTP: a mock provider on a
 //! real `127.0.0.1:0` socket that records every request and answers from a script, and a
 //! [`Caller`] builder. The `openai` and `anthropic` backends test against it; a plugin author
-//! can too (as a dev-dependency).
+//! can too (as a dev-dependency). [`rules`] holds the request rules real providers enforce,
+//! which compactor's own tests check every rewrite against.
 #![deny(missing_docs)]
+
+pub mod rules;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
