@@ -116,9 +116,10 @@ async fn models(app: &App) -> Response<Full<Bytes>> {
         Ok(learned) => learned,
         Err(e) => return store_error(e),
     };
-    let learned = learned.into_iter().map(|(model, w)| {
+    let learned = learned.into_iter().map(|(key, w)| {
         json!({
-            "model": model,
+            "model": key.model(),
+            "upstream": key.upstream(),
             "context_window": w.context_window,
             "source": w.source,
             "learned_unix": w.learned_unix,

@@ -31,7 +31,7 @@ use futures_util::FutureExt as _;
 use crate::calibration::Calibration;
 use crate::compaction::engine::{CompactError, Compaction, CompactionInput, Engine, Prior};
 use crate::compaction::mask::MaskRule;
-use crate::compaction::models::{LearnedWindow, WindowSource};
+use crate::compaction::models::{LearnedWindow, WindowKey, WindowSource};
 use crate::compaction::prompt::summary_message;
 use crate::compaction::trigger::{BackgroundOutcome, CompactionOutcome, Limits, Trigger};
 use crate::compaction::{CompactionResult, MAX_ATTEMPTS_PER_REQUEST};
@@ -87,6 +87,8 @@ pub struct ForwardedEstimate {
     /// The context window the request was checked against (usage beyond it teaches a larger
     /// one).
     pub context_window: usize,
+    /// Where the request went: a window is learned for the model on that upstream.
+    pub caller: Arc<Caller>,
 }
 
 /// The answer to a manual compaction (`POST /session/{id}/summarize`).
@@ -336,14 +338,19 @@ impl Pipeline {
         &self.calibration
     }
 
-    /// The limits of a request: for the window learned for its model when there is one (a
-    /// provider's own figure beats the table), with the token threshold in raw estimate units:
-    /// divided by the model's calibration factor when calibration is on. The trigger and the
-    /// engine both compare raw estimates with these limits, so a rewrite the engine sizes to
-    /// fit does not trip the trigger again on the next request.
-    async fn limits(&self, model: Option<&str>, requested_output: Option<usize>) -> Limits {
+    /// The limits of a request to `upstream`: for the window learned for its model there when
+    /// there is one (a provider's own figure beats the table), with the token threshold in raw
+    /// estimate units: divided by the model's calibration factor when calibration is on. The
+    /// trigger and the engine both compare raw estimates with these limits, so a rewrite the
+    /// engine sizes to fit does not trip the trigger again on the next request.
+    async fn limits(
+        &self,
+        upstream: &str,
+        model: Option<&str>,
+        requested_output: Option<usize>,
+    ) -> Limits {
         let learned = match model {
-            Some(model) => self.learned_window(model).await,
+            Some(model) => self.learned_window(upstream, model).await,
             None => None,
         };
         let limits = match learned {
@@ -356,26 +363,39 @@ impl Pipeline {
         }
     }
 
-    /// The window learned for `model`; a store that cannot answer is as if nothing was learned.
-    async fn learned_window(&self, model: &str) -> Option<LearnedWindow> {
-        self.store.learned_window(model).await.unwrap_or_else(|e| {
+    /// The window learned for `model` on `upstream`; a store that cannot answer is as if
+    /// nothing was learned.
+    async fn learned_window(&self, upstream: &str, model: &str) -> Option<LearnedWindow> {
+        let learned = self.store.learned_window(upstream, model).await;
+        learned.unwrap_or_else(|e| {
             tracing::debug!(error = %e, "learned windows unavailable; using the models table");
             None
         })
     }
 
-    /// Remembers a window a provider showed for `model` (counted when it changed what was
-    /// known), so the trigger uses it from the next request on, wherever the store is shared.
-    pub async fn learn_window(&self, model: &str, context_window: usize, source: WindowSource) {
+    /// Remembers a window the provider at `upstream` showed for `model` (counted when it
+    /// changed what was known), so the trigger uses it from the next request to that upstream
+    /// on, wherever the store is shared.
+    pub async fn learn_window(
+        &self,
+        upstream: &str,
+        model: &str,
+        context_window: usize,
+        source: WindowSource,
+    ) {
+        let Some(key) = WindowKey::new(upstream, model) else {
+            return;
+        };
         let window = LearnedWindow {
             context_window,
             source,
             learned_unix: crate::session::store::unix_now(),
         };
-        match self.store.learn_window(model, window).await {
+        match self.store.learn_window(&key, window).await {
             Ok(true) => {
                 self.metrics.window_learned(source);
                 tracing::info!(
+                    upstream,
                     model,
                     context_window,
                     source = source.label(),
@@ -388,7 +408,7 @@ impl Pipeline {
     }
 
     /// The windows learned from providers, most recently learned first (`GET /models`).
-    pub async fn windows(&self) -> Result<Vec<(String, LearnedWindow)>, StoreError> {
+    pub async fn windows(&self) -> Result<Vec<(WindowKey, LearnedWindow)>, StoreError> {
         self.store.learned_windows().await
     }
 
@@ -493,7 +513,11 @@ impl Pipeline {
             tenant,
             session: &session,
             limits: self
-                .limits(scan.model.as_deref(), scan.requested_output)
+                .limits(
+                    &context.caller.upstream_base_url,
+                    scan.model.as_deref(),
+                    scan.requested_output,
+                )
                 .await,
         };
         let mut figures = Figures::default();
@@ -547,6 +571,7 @@ impl Pipeline {
             model: scan.model.clone(),
             tokens: forwarded,
             context_window: request.limits.context_window,
+            caller: request.caller.clone(),
         });
     }
 
@@ -1524,10 +1549,16 @@ impl Pipeline {
         let tenant = TenantId::from_caller(context.caller);
         let session = session_of(&scan, &tenant, context.session_header);
         if let (Some(model), Some(window)) = (scan.model.as_deref(), refusal.window) {
-            self.learn_window(model, window, WindowSource::Error).await;
+            let upstream = &context.caller.upstream_base_url;
+            self.learn_window(upstream, model, window, WindowSource::Error)
+                .await;
         }
         let limits = self
-            .limits(scan.model.as_deref(), scan.requested_output)
+            .limits(
+                &context.caller.upstream_base_url,
+                scan.model.as_deref(),
+                scan.requested_output,
+            )
             .await
             .after_refusal(
                 self.engine.settings(),
@@ -1636,7 +1667,11 @@ impl Pipeline {
             tenant: latest.tenant,
             session: id,
             limits: self
-                .limits(scan.model.as_deref(), scan.requested_output)
+                .limits(
+                    &latest.caller.upstream_base_url,
+                    scan.model.as_deref(),
+                    scan.requested_output,
+                )
                 .await,
         };
         let started = Instant::now();

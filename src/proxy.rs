@@ -250,10 +250,12 @@ fn learn_from_usage(app: &Arc<App>, estimate: &ForwardedEstimate, usage: &Usage)
         return;
     };
     let app = app.clone();
+    let estimate = estimate.clone();
     let used = usize::try_from(used).unwrap_or(usize::MAX);
     runtime.spawn(async move {
+        let upstream = &estimate.caller.upstream_base_url;
         app.compactor
-            .learn_window(&model, used, WindowSource::Usage)
+            .learn_window(upstream, &model, used, WindowSource::Usage)
             .await;
     });
 }

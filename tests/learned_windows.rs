@@ -213,3 +213,65 @@ async fn usage_beyond_the_configured_window_raises_it() {
         Some(0.0)
     );
 }
+
+#[tokio::test]
+async fn a_window_is_learned_for_the_upstream_that_showed_it_not_for_the_model_name() {
+    // A local server under `/local` serves `local-model` with a small window; the default
+    // upstream serves a model of the same name with a large one.
+    let small = small_provider().await;
+    let large = MockUpstream::start().await;
+    large.set_handler(|_| answer(None));
+    let toml = format!(
+        "{}[[routes]]\nprefix = \"/local\"\nbase_url = \"{}\"\n{CONFIG}",
+        upstream_toml(&large.url()),
+        small.url()
+    );
+    let proxy = TestProxy::start(&toml).await;
+    let send_to = |path: &'static str, body: Value| {
+        let url = proxy.url(path);
+        async move {
+            TestClient::http1()
+                .exchange(
+                    "POST",
+                    &url,
+                    &[
+                        ("content-type", "application/json"),
+                        ("authorization", "Bearer sk-windows"),
+                    ],
+                    Bytes::from(body.to_string()),
+                )
+                .await
+        }
+    };
+
+    let first = json!({"model": "local-model", "messages": conversation("alpha", 18)});
+    let got = send_to("/local/v1/chat/completions", first).await;
+    assert_eq!(got.status, 200, "{:?}", got.body);
+    assert_eq!(got.header("x-compactor-retried"), Some("true"));
+
+    let learned = models(&proxy).await;
+    let entry = listed(&learned, "local-model").expect("learned");
+    assert_eq!(entry["context_window"], REAL_WINDOW);
+    assert_eq!(
+        entry["upstream"].as_str(),
+        Some(small.url().trim_end_matches('/')),
+        "listed with the upstream it was learned from: {learned}"
+    );
+
+    // The same size and model name to the default upstream: its window is not the local
+    // server's, so nothing is compacted and the conversation is forwarded whole.
+    let second = json!({"model": "local-model", "messages": conversation("beta", 18)});
+    let got = send_to("/v1/chat/completions", second.clone()).await;
+    assert_eq!(got.status, 200, "{:?}", got.body);
+    assert_eq!(got.header("x-compactor-compacted"), Some("false"));
+    let forwarded: Value = serde_json::from_slice(&large.last_request().body).expect("JSON");
+    assert_eq!(forwarded["messages"], second["messages"]);
+
+    // To the local server again: compacted before it is sent, never refused.
+    let third = json!({"model": "local-model", "messages": conversation("gamma", 18)});
+    let got = send_to("/local/v1/chat/completions", third).await;
+    assert_eq!(got.status, 200, "{:?}", got.body);
+    assert_eq!(got.header("x-compactor-retried"), None);
+    assert_eq!(got.header("x-compactor-compacted"), Some("true"));
+    proxy.shutdown().await;
+}

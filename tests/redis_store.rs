@@ -819,7 +819,7 @@ async fn a_full_or_stalled_redis_is_served_around() {
 
 #[tokio::test]
 async fn learned_windows_reach_every_replica() {
-    use compactor::compaction::models::{LearnedWindow, WindowSource};
+    use compactor::compaction::models::{LearnedWindow, WindowKey, WindowSource};
     let redis = RedisServer::start().await;
     let one = redis_store(&redis, Duration::from_secs(10));
     let two = redis_store(&redis, Duration::from_secs(10));
@@ -828,18 +828,26 @@ async fn learned_windows_reach_every_replica() {
         source: WindowSource::Error,
         learned_unix: 1,
     };
-    assert!(one
-        .learn_window("gpt-unknown", window)
-        .await
-        .expect("learn"));
+    let local = "http://127.0.0.1:8000";
+    let key = WindowKey::new(local, "gpt-unknown").expect("a key");
+    assert!(one.learn_window(&key, window).await.expect("learn"));
     // Replica two reads its own copy, refreshed from Redis in the background at most once a
     // second: the admin listing refreshes at once.
     let listed = two.learned_windows().await.expect("windows");
-    assert_eq!(listed, vec![("gpt-unknown".to_string(), window)]);
+    assert_eq!(listed, vec![(key, window)]);
     assert_eq!(
-        two.learned_window("GPT-Unknown").await.expect("window"),
+        two.learned_window(local, "GPT-Unknown")
+            .await
+            .expect("window"),
         Some(window),
-        "looked up by model key"
+        "looked up by upstream and model key"
+    );
+    assert_eq!(
+        two.learned_window("https://api.openai.com", "gpt-unknown")
+            .await
+            .expect("window"),
+        None,
+        "another upstream's deployment of the model learned nothing"
     );
 }
 

@@ -106,6 +106,48 @@ pub fn model_key(model: &str) -> String {
     key
 }
 
+/// The key a learned window is kept under: the upstream it was learned from and the model's
+/// [`model_key`]. A window belongs to one provider's deployment of a model, not to its name:
+/// a local server's build of a model can have a smaller window than the hosted model of the
+/// same name, and what one teaches must not make the other compact late (and be refused) or
+/// early. Stored as `"<upstream> <model>"`: a base URL holds no space.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct WindowKey(String);
+
+impl WindowKey {
+    /// The key of `model` on `upstream` (its base URL); `None` when the model is blank.
+    pub fn new(upstream: &str, model: &str) -> Option<WindowKey> {
+        let model = model_key(model);
+        if model.is_empty() {
+            return None;
+        }
+        let upstream = upstream.trim().trim_end_matches('/');
+        Some(WindowKey(format!("{upstream} {model}")))
+    }
+
+    /// A key as stored (a Redis hash field); `None` for one without an upstream or a model
+    /// (written before windows were kept per upstream: it would never be looked up).
+    pub fn from_stored(stored: String) -> Option<WindowKey> {
+        let (upstream, model) = stored.split_once(' ')?;
+        (!upstream.is_empty() && !model.is_empty()).then_some(WindowKey(stored))
+    }
+
+    /// The key as stored.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The upstream's base URL.
+    pub fn upstream(&self) -> &str {
+        self.0.split_once(' ').map_or("", |(u, _)| u)
+    }
+
+    /// The model's key.
+    pub fn model(&self) -> &str {
+        self.0.split_once(' ').map_or(&self.0, |(_, m)| m)
+    }
+}
+
 /// How compactor learned a model's context window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -31,7 +31,7 @@ use super::store::{
     StoreError, StoreLimits, StoreStats, SESSION_OVERHEAD_BYTES,
 };
 use super::windows::LearnedWindows;
-use crate::compaction::models::LearnedWindow;
+use crate::compaction::models::{LearnedWindow, WindowKey};
 
 /// Checkpoints kept per session; the oldest beyond this are dropped (the newest covers the
 /// longest prefix, older ones only serve retried or forked requests).
@@ -351,20 +351,25 @@ impl SessionStore for MemoryStore {
 
     fn learned_window<'a>(
         &'a self,
+        upstream: &'a str,
         model: &'a str,
     ) -> BoxFuture<'a, Result<Option<LearnedWindow>, StoreError>> {
-        Box::pin(std::future::ready(Ok(self.windows().get(model))))
+        Box::pin(std::future::ready(Ok(self.windows().get(upstream, model))))
     }
 
     fn learn_window<'a>(
         &'a self,
-        model: &'a str,
+        key: &'a WindowKey,
         window: LearnedWindow,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(std::future::ready(Ok(self.windows().learn(model, window))))
+        Box::pin(std::future::ready(Ok(self
+            .windows()
+            .learn(key.clone(), window))))
     }
 
-    fn learned_windows(&self) -> BoxFuture<'_, Result<Vec<(String, LearnedWindow)>, StoreError>> {
+    fn learned_windows(
+        &self,
+    ) -> BoxFuture<'_, Result<Vec<(WindowKey, LearnedWindow)>, StoreError>> {
         Box::pin(std::future::ready(Ok(self.windows().list())))
     }
 }

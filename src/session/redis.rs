@@ -11,9 +11,9 @@
 //! [`MAX_CHECKPOINTS_PER_SESSION`]) and `s:<sid>:req` (its latest request, without
 //! credentials). Beside them: `sessions` (a sorted set by last use, for the admin list),
 //! `ids:<sid>` (the tenant of the session id most recently used, for the admin lookups by id),
-//! `checkpoints` (for the gauge), `windows` (learned context windows) and `lock:…` (claims).
-//! Everything expires after `store.ttl_secs` without use; Redis's own memory policy bounds the
-//! rest.
+//! `checkpoints` (for the gauge), `windows` (learned context windows, a hash by
+//! `"<upstream> <model>"`) and `lock:…` (claims). Everything expires after `store.ttl_secs`
+//! without use; Redis's own memory policy bounds the rest.
 //!
 //! **Multi-step updates run as Lua scripts**, so two replicas updating one session (its
 //! breaker, its checkpoint list) never interleave.
@@ -55,7 +55,7 @@ use super::store::{
     StoreError, StoreHealth, StoreStats,
 };
 use super::windows::MAX_LEARNED_WINDOWS;
-use crate::compaction::models::{model_key, LearnedWindow};
+use crate::compaction::models::{LearnedWindow, WindowKey};
 use crate::dialect::DialectKind;
 use crate::metrics::{Metrics, StoreOp};
 
@@ -949,10 +949,15 @@ impl Shared {
             .windows_refreshed
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
-        for (model, json) in all.into_iter().flatten() {
+        for (field, json) in all.into_iter().flatten() {
+            // A field without an upstream was written before windows were kept per upstream;
+            // nothing looks it up, so it is left to be forgotten.
+            let Some(key) = WindowKey::from_stored(field) else {
+                continue;
+            };
             match serde_json::from_str::<LearnedWindow>(&json) {
                 Ok(window) => {
-                    let _ = self.local.learn_window(&model, window).await;
+                    let _ = self.local.learn_window(&key, window).await;
                 }
                 Err(_) => self.bad_data(StoreOp::Windows, "learned window"),
             }
@@ -966,7 +971,7 @@ impl Shared {
             .is_none_or(|at| at.elapsed() >= WINDOWS_REFRESH)
     }
 
-    async fn share_window(&self, model: &str, window: LearnedWindow) {
+    async fn share_window(&self, window_key: &WindowKey, window: LearnedWindow) {
         let Ok(json) = serde_json::to_string(&window) else {
             return;
         };
@@ -978,7 +983,7 @@ impl Shared {
             .call(
                 StoreOp::Windows,
                 redis::pipe()
-                    .hset(&key, model_key(model), json)
+                    .hset(&key, window_key.as_str(), json)
                     .ignore()
                     .hlen(&key)
                     .query_async::<(usize,)>(&mut conn),
@@ -992,8 +997,8 @@ impl Shared {
             let oldest = all.into_iter().flatten().min_by_key(|(_, json)| {
                 serde_json::from_str::<LearnedWindow>(json).map_or(0, |w| w.learned_unix)
             });
-            if let Some((model, _)) = oldest {
-                let _: Option<i64> = self.call(StoreOp::Windows, conn.hdel(&key, model)).await;
+            if let Some((field, _)) = oldest {
+                let _: Option<i64> = self.call(StoreOp::Windows, conn.hdel(&key, field)).await;
             }
         }
     }
@@ -1351,6 +1356,7 @@ impl SessionStore for RedisStore {
 
     fn learned_window<'a>(
         &'a self,
+        upstream: &'a str,
         model: &'a str,
     ) -> BoxFuture<'a, Result<Option<LearnedWindow>, StoreError>> {
         if self.shared.windows_stale() {
@@ -1363,26 +1369,33 @@ impl SessionStore for RedisStore {
             let shared = self.shared.clone();
             tokio::spawn(async move { shared.refresh_windows().await });
         }
-        self.shared.local.learned_window(model)
+        self.shared.local.learned_window(upstream, model)
     }
 
     fn learn_window<'a>(
         &'a self,
-        model: &'a str,
+        key: &'a WindowKey,
         window: LearnedWindow,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(async move {
-            let changed = self.shared.local.learn_window(model, window).await?;
+            let changed = self.shared.local.learn_window(key, window).await?;
             if changed {
-                if let Ok(Some(known)) = self.shared.local.learned_window(model).await {
-                    self.shared.share_window(model, known).await;
+                let known = self
+                    .shared
+                    .local
+                    .learned_window(key.upstream(), key.model())
+                    .await;
+                if let Ok(Some(known)) = known {
+                    self.shared.share_window(key, known).await;
                 }
             }
             Ok(changed)
         })
     }
 
-    fn learned_windows(&self) -> BoxFuture<'_, Result<Vec<(String, LearnedWindow)>, StoreError>> {
+    fn learned_windows(
+        &self,
+    ) -> BoxFuture<'_, Result<Vec<(WindowKey, LearnedWindow)>, StoreError>> {
         Box::pin(async move {
             self.shared.refresh_windows().await;
             self.shared.local.learned_windows().await

@@ -19,7 +19,7 @@ use serde::{Serialize, Serializer};
 
 use super::breaker::BreakerState;
 use super::hash::{ChainHash, TenantId};
-use crate::compaction::models::LearnedWindow;
+use crate::compaction::models::{LearnedWindow, WindowKey};
 use crate::dialect::DialectKind;
 
 /// Fixed per-checkpoint overhead added to its text when sizing a store.
@@ -404,23 +404,25 @@ pub trait SessionStore: Send + Sync {
         succeeded: bool,
     ) -> BoxFuture<'a, Result<bool, StoreError>>;
 
-    /// The context window learned for `model` (any tenant's requests teach it: a window is the
-    /// provider's, not the caller's), if any. Read on every chat request.
+    /// The context window learned for `model` on `upstream` (any tenant's requests teach it:
+    /// a window is the provider's, not the caller's), if any. Read on every chat request.
     fn learned_window<'a>(
         &'a self,
+        upstream: &'a str,
         model: &'a str,
     ) -> BoxFuture<'a, Result<Option<LearnedWindow>, StoreError>>;
 
-    /// Learns a context window for `model` ([`LearnedWindow::merged_into`] says what replaces
+    /// Learns a context window for `key` ([`LearnedWindow::merged_into`] says what replaces
     /// what). True when it changed what was known (count it).
     fn learn_window<'a>(
         &'a self,
-        model: &'a str,
+        key: &'a WindowKey,
         window: LearnedWindow,
     ) -> BoxFuture<'a, Result<bool, StoreError>>;
 
-    /// Every learned window by model key, most recently learned first (admin `GET /models`).
-    fn learned_windows(&self) -> BoxFuture<'_, Result<Vec<(String, LearnedWindow)>, StoreError>>;
+    /// Every learned window, most recently learned first (admin `GET /models`).
+    fn learned_windows(&self)
+        -> BoxFuture<'_, Result<Vec<(WindowKey, LearnedWindow)>, StoreError>>;
 
     /// Raises the mask floor of session `(tenant, id)` ([`MaskFloor::raise`]) for a request
     /// that needs `need` of its maskable outputs after the first `covered` messages masked,
