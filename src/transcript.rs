@@ -91,7 +91,17 @@ impl Part {
             _ => false,
         }
     }
+
+    /// Whether this part is a provider's own summary of the conversation before it, sealed
+    /// (an OpenAI Responses `compaction` item, its history in `encrypted_content`): compactor
+    /// cannot read it into a summary of its own, so it is never compacted.
+    pub fn is_provider_summary(&self) -> bool {
+        matches!(self, Part::Opaque { kind, .. } if kind == PROVIDER_SUMMARY_KIND)
+    }
 }
+
+/// The type of a provider's sealed summary item or block ([`Part::is_provider_summary`]).
+pub const PROVIDER_SUMMARY_KIND: &str = "compaction";
 
 /// One message of the conversation.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -200,13 +210,23 @@ pub struct Transcript {
 }
 
 impl Transcript {
-    /// Wraps messages; the head is their leading system/developer messages.
+    /// Wraps messages; the head is their leading system/developer messages, and everything up
+    /// to the last provider summary ([`Part::is_provider_summary`]): a sealed summary stands
+    /// for the history before it, which compactor cannot fold into its own summary, so it and
+    /// what precedes it are kept as sent.
     pub fn new(messages: Vec<Message>) -> Transcript {
-        let head = messages
+        let leading = messages
             .iter()
             .take_while(|m| m.role == Role::System)
             .count();
-        Transcript { messages, head }
+        let sealed = messages
+            .iter()
+            .rposition(|m| m.parts.iter().any(Part::is_provider_summary))
+            .map_or(0, |i| i + 1);
+        Transcript {
+            messages,
+            head: leading.max(sealed),
+        }
     }
 
     /// This conversation without `messages[range]` (a prefix a stored summary stands in for),
@@ -238,7 +258,8 @@ impl Transcript {
     }
 
     /// How many leading messages are the head that is never compacted: the leading
-    /// system/developer messages of the conversation as received.
+    /// system/developer messages of the conversation as received, and everything through its
+    /// last provider summary ([`Transcript::new`]).
     pub fn head_len(&self) -> usize {
         self.head.min(self.messages.len())
     }

@@ -28,7 +28,7 @@ pub(crate) mod split;
 use std::ops::Range;
 
 use crate::estimate::LazyEstimator;
-use crate::transcript::{Message, Role, Transcript};
+use crate::transcript::{Message, Part, Role, Transcript};
 use scan_memo::Remembering;
 
 /// Why a body could not be read or rewritten in its dialect. Every one of these sends the
@@ -179,13 +179,23 @@ impl<'a> Scan<'a> {
         Ok(message)
     }
 
-    /// How many leading messages are the head that is never compacted (system and developer
-    /// messages, as [`Transcript::head_len`] counts them). Reads only those messages and the
-    /// one after them.
+    /// How many leading messages are the head that is never compacted, as
+    /// [`Transcript::head_len`] counts them: the leading system and developer messages, and
+    /// everything through the last provider summary. Reads those leading messages, the one
+    /// after them, and only the messages whose marks say they may hold a provider summary.
     pub fn head_len(&self) -> Result<usize, DialectError> {
         let mut head = 0;
         while head < self.messages.len() && self.message(head)?.role == Role::System {
             head += 1;
+        }
+        for i in (head..self.messages.len()).rev() {
+            let marked = self
+                .marks
+                .get(i)
+                .is_some_and(|&m| outputs::may_hold_provider_summary(m));
+            if marked && self.message(i)?.parts.iter().any(Part::is_provider_summary) {
+                return Ok(i + 1);
+            }
         }
         Ok(head)
     }

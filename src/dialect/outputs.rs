@@ -70,6 +70,7 @@ struct Markers {
     user: Finder<'static>,
     tool_result: Finder<'static>,
     call_output: Finder<'static>,
+    provider_summary: Finder<'static>,
 }
 
 static MARKERS: LazyLock<Markers> = LazyLock::new(|| Markers {
@@ -78,7 +79,14 @@ static MARKERS: LazyLock<Markers> = LazyLock::new(|| Markers {
     user: Finder::new("\"user\""),
     tool_result: Finder::new("tool_result"),
     call_output: Finder::new("_call_output"),
+    // A JSON string holding exactly the kind (an escaped one in text has a backslash before
+    // its closing quote).
+    provider_summary: Finder::new(PROVIDER_SUMMARY_MARK),
 });
+
+/// What [`Markers::provider_summary`] looks for:
+/// [`PROVIDER_SUMMARY_KIND`](crate::transcript::PROVIDER_SUMMARY_KIND) as a JSON string.
+const PROVIDER_SUMMARY_MARK: &str = "\"compaction\"";
 
 /// Whether `raw` holds what `marker` finds.
 fn holds(raw: &str, marker: &Finder<'_>) -> bool {
@@ -89,10 +97,19 @@ fn holds(raw: &str, marker: &Finder<'_>) -> bool {
 const OUTPUTS: u32 = 0xFFFF;
 /// The mark of a message that may be a user turn.
 const USER: u32 = 1 << 16;
+/// The mark of a message that may hold a provider summary
+/// ([`Part::is_provider_summary`](crate::transcript::Part::is_provider_summary)).
+const SUMMARY: u32 = 1 << 17;
 
-/// A message's output marks, found by substring search: how many outputs of `dialect` it may
-/// hold (at least as many as [`Scan::outputs`] finds), and [`USER`] if it may be a user turn
-/// ([`Scan::observation`] needs one).
+/// Whether a message with mark `mark` may hold a provider summary.
+pub(super) fn may_hold_provider_summary(mark: u32) -> bool {
+    mark & SUMMARY != 0
+}
+
+/// A message's marks, found by substring search: how many outputs of `dialect` it may hold
+/// (at least as many as [`Scan::outputs`] finds), [`USER`] if it may be a user turn
+/// ([`Scan::observation`] needs one), and [`SUMMARY`] if it may hold a provider summary
+/// ([`Scan::head_len`] needs one).
 pub(super) fn marks(dialect: DialectKind, raw: &str) -> u32 {
     let m = &*MARKERS;
     let outputs = match dialect {
@@ -101,7 +118,13 @@ pub(super) fn marks(dialect: DialectKind, raw: &str) -> u32 {
         DialectKind::Responses => usize::from(holds(raw, &m.call_output)),
     };
     let outputs = u32::try_from(outputs).unwrap_or(OUTPUTS).min(OUTPUTS);
-    outputs | if holds(raw, &m.user) { USER } else { 0 }
+    let user = if holds(raw, &m.user) { USER } else { 0 };
+    let summary = if holds(raw, &m.provider_summary) {
+        SUMMARY
+    } else {
+        0
+    };
+    outputs | user | summary
 }
 
 /// How far back from an output [`CallNames::name`] looks for the call it answers.
@@ -519,6 +542,17 @@ mod tests {
     use super::*;
     use crate::estimate::LazyEstimator;
     use serde_json::json;
+
+    #[test]
+    fn the_provider_summary_mark_is_its_kind_as_a_json_string() {
+        let kind = crate::transcript::PROVIDER_SUMMARY_KIND;
+        assert_eq!(PROVIDER_SUMMARY_MARK, format!("\"{kind}\""));
+        let marked = |raw: &str| may_hold_provider_summary(marks(DialectKind::Responses, raw));
+        assert!(marked(r#"{"type":"compaction","encrypted_content":"x"}"#));
+        assert!(!marked(
+            r#"{"role":"user","content":"the \"compaction\" item"}"#
+        ));
+    }
 
     fn scan(dialect: DialectKind, body: &[u8]) -> Scan<'_> {
         dialect

@@ -14,7 +14,8 @@
 //!   `call_id`: `local_shell_call`, `computer_call`, `shell_call`, `apply_patch_call`) →
 //!   assistant tool calls, `*_call_output` items with a `call_id` → tool results answering
 //!   them, `reasoning` → assistant reasoning (its summary and content texts), anything else →
-//!   opaque assistant items.
+//!   opaque assistant items (a `compaction` item, the provider's sealed summary, is one: it
+//!   ends the head, see `Transcript::new`).
 //! - `rewrite`: every field but `input` byte for byte (`instructions`,
 //!   `tools`, `reasoning`, `store`, `include`, unknown fields); `input` becomes the leading
 //!   system/developer items verbatim, one user `message` item holding the summary, then the
@@ -540,6 +541,37 @@ mod tests {
         assert_eq!(out, [user.clone(), summary.clone()]);
         let out = input_of(&r.scan.rewrite(0, 1, "S").expect("rewrites"));
         assert_eq!(out, [summary]);
+    }
+
+    #[test]
+    fn a_provider_compaction_item_and_what_precedes_it_are_the_head() {
+        // Codex after a remote compaction: the user messages it kept, the provider's sealed
+        // summary, then the conversation since.
+        let compaction =
+            json!({"type": "compaction", "id": "cmp_1", "encrypted_content": "Z".repeat(400)});
+        let input = json!([
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "<environment_context>cwd</environment_context>"}]},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "fix the parser"}]},
+            compaction,
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "now the \"compaction\" tests"}]},
+            {"type": "function_call", "call_id": "c1", "name": "shell", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "ok"},
+            // A text that is exactly the kind is marked, read, and is not a summary.
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "compaction"}]}
+        ]);
+        let body = json!({"model": "gpt-5-codex", "input": input}).to_string();
+        let r = parse(body.as_bytes()).expect("parses");
+        assert_eq!(r.transcript.head_len(), 3);
+        assert_eq!(r.scan.head_len().expect("head"), 3);
+        assert!(r.transcript.messages[2].parts[0].is_provider_summary());
+
+        // Without the sealed summary, nothing but leading system messages is the head.
+        let mut plain = input.as_array().cloned().expect("items");
+        plain.remove(2);
+        let body = json!({"model": "gpt-5-codex", "input": plain}).to_string();
+        let r = parse(body.as_bytes()).expect("parses");
+        assert_eq!(r.transcript.head_len(), 0);
+        assert_eq!(r.scan.head_len().expect("head"), 0);
     }
 
     #[test]

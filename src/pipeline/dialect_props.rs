@@ -565,6 +565,8 @@ enum Item {
     },
     WebSearch,
     Developer(String),
+    /// A provider's sealed summary (Codex after a remote compaction).
+    Compaction,
 }
 
 fn item() -> impl Strategy<Value = Item> {
@@ -601,11 +603,13 @@ fn item() -> impl Strategy<Value = Item> {
             order,
         });
     prop_oneof![
-        3 => user,
-        2 => answer,
-        4 => calls,
-        1 => Just(Item::WebSearch),
-        1 => text(1, 60).prop_map(Item::Developer),
+        30 => user,
+        20 => answer,
+        40 => calls,
+        10 => Just(Item::WebSearch),
+        10 => text(1, 60).prop_map(Item::Developer),
+        // About one conversation in six carries one.
+        1 => Just(Item::Compaction),
     ]
 }
 
@@ -685,6 +689,8 @@ fn render_responses(developers: usize, items: &[Item]) -> Vec<Value> {
             Item::WebSearch => out.push(json!({"type": "web_search_call", "id": format!("ws_{id}"), "status": "completed",
                                                "action": {"type": "search", "query": "rust serde"}})),
             Item::Developer(t) => out.push(json!({"type": "message", "role": "developer", "content": t})),
+            Item::Compaction => out.push(json!({"type": "compaction", "id": format!("cmp_{id}"),
+                                                "encrypted_content": "c2VhbGVkIGhpc3Rvcnk="})),
         }
     }
     let ends_well = out.last().is_some_and(|m| {
@@ -805,12 +811,19 @@ fn responses_rewrites_stay_valid_verbatim_and_smaller() {
                 same_fields_except(&body, &out, "input")?;
                 let orig = raw_list(&body, "input")?;
                 let new = raw_list(&out, "input")?;
-                let head = input
+                // The head: leading instructions, and everything through the last sealed
+                // provider summary.
+                let leading = input
                     .iter()
                     .take_while(|m| m["role"] == "developer" || m["role"] == "system")
                     .count();
+                let sealed = input
+                    .iter()
+                    .rposition(|m| m["type"] == "compaction")
+                    .map_or(0, |i| i + 1);
+                let head = leading.max(sealed);
                 ensure(new.len() >= head + 2, "head + summary + tail")?;
-                ensure(new[..head] == orig[..head], "leading instructions kept")?;
+                ensure(new[..head] == orig[..head], "the head kept")?;
                 let summary: Value = serde_json::from_str(&new[head]).map_err(fail)?;
                 ensure(
                     summary["type"] == "message" && summary["role"] == "user",

@@ -490,3 +490,52 @@ fn codex_tool_calls_are_tracked_as_files() {
         "most recent first"
     );
 }
+
+/// Codex after a remote compaction sends the provider's sealed summary (a `compaction` item,
+/// its history encrypted) among its input. compactor cannot read it into its own summary, so a
+/// compaction keeps it, and everything before it, as sent, and summarises only what follows.
+#[tokio::test]
+async fn a_provider_compaction_item_is_kept_with_everything_before_it() {
+    let fake = FakeSummarizer::text("S");
+    let (c, metrics) = compactor(&config(SMALL), fake.clone());
+    let sealed = "Q".repeat(64);
+    let mut input = vec![
+        json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "fix the parser"}]}),
+        json!({"type": "compaction", "id": "cmp_1", "encrypted_content": sealed}),
+    ];
+    for i in 0..12 {
+        input.push(
+            json!({"type": "function_call", "call_id": format!("c{i}"), "name": "shell",
+                          "arguments": format!("{{\"command\":[\"cat\",\"f{i}.rs\"]}}")}),
+        );
+        input.push(
+            json!({"type": "function_call_output", "call_id": format!("c{i}"),
+                          "output": format!("line {i} ").repeat(8)}),
+        );
+    }
+    input.push(json!({"role": "user", "content": "and the tests?"}));
+    let body = json!({"model": "tiny", "input": input, "store": false}).to_string();
+    let out = c
+        .process(DialectKind::Responses, body.as_bytes(), &caller())
+        .await;
+    let Outcome::Rewritten { body: out, .. } = out else {
+        panic!("compacted: {out:?}");
+    };
+    let sent: Value = serde_json::from_slice(&out).expect("JSON");
+    let sent = sent["input"].as_array().expect("input");
+    assert_eq!(
+        sent[..2],
+        input[..2],
+        "the sealed summary and what precedes it, as sent"
+    );
+    assert_eq!(sent[2]["role"], "user", "then compactor's summary");
+    assert!(sent.len() < input.len());
+    assert_eq!(sent.last(), input.last());
+    let prompt = &fake.requests()[0].prompt;
+    assert!(
+        !prompt.contains(&sealed),
+        "the sealed summary is not summarised"
+    );
+    assert!(prompt.contains("f0.rs"), "what follows it is");
+    assert_eq!(compactions(&metrics, "messages", "compacted"), 1);
+}
