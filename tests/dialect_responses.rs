@@ -297,6 +297,26 @@ async fn replays_fit_the_window_and_reuse_their_summaries() {
 
 #[tokio::test]
 async fn server_held_conversations_pass_through_byte_identical() {
+    // The whole history held by OpenAI.
+    server_held_passes_through(|v| v["previous_response_id"] = json!("resp_0123456789")).await;
+    // The AI SDK with `store` on: every earlier output of the model sent as a reference to the
+    // item OpenAI stored. A summary could not hold what they stand for, and an output whose
+    // call is a reference could not be paired with it.
+    server_held_passes_through(|v| {
+        v["store"] = json!(true);
+        for item in v["input"].as_array_mut().expect("input") {
+            let stored = item["role"] == "assistant"
+                || matches!(item["type"].as_str(), Some("reasoning" | "function_call"));
+            if stored {
+                let id = item["id"].clone();
+                *item = json!({"type": "item_reference", "id": id});
+            }
+        }
+    })
+    .await;
+}
+
+async fn server_held_passes_through(hold: impl FnOnce(&mut Value)) {
     let mock = MockUpstream::start().await;
     let proxy = TestProxy::start(&proxy_toml(&mock, Some(1_000))).await;
     let client = TestClient::http1();
@@ -305,7 +325,7 @@ async fn server_held_conversations_pass_through_byte_identical() {
     let (instructions, input) = from_chat(&chat);
     let mut v: Value =
         serde_json::from_slice(&request(MODEL, instructions, input, false)).expect("JSON");
-    v["previous_response_id"] = json!("resp_0123456789");
+    hold(&mut v);
     let body = serde_json::to_vec(&v).expect("serialise");
     mock.push(Reply::json(200, &response("ok")));
     let ex = post(

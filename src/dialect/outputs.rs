@@ -71,6 +71,7 @@ struct Markers {
     tool_result: Finder<'static>,
     call_output: Finder<'static>,
     provider_summary: Finder<'static>,
+    item_reference: Finder<'static>,
 }
 
 static MARKERS: LazyLock<Markers> = LazyLock::new(|| Markers {
@@ -82,6 +83,7 @@ static MARKERS: LazyLock<Markers> = LazyLock::new(|| Markers {
     // A JSON string holding exactly the kind (an escaped one in text has a backslash before
     // its closing quote).
     provider_summary: Finder::new(PROVIDER_SUMMARY_MARK),
+    item_reference: Finder::new("\"item_reference\""),
 });
 
 /// What [`Markers::provider_summary`] looks for:
@@ -101,15 +103,24 @@ const USER: u32 = 1 << 16;
 /// ([`Part::is_provider_summary`](crate::transcript::Part::is_provider_summary)).
 const SUMMARY: u32 = 1 << 17;
 
+/// The mark of a Responses item that may be an `item_reference` (an item held by OpenAI).
+const REFERENCE: u32 = 1 << 18;
+
 /// Whether a message with mark `mark` may hold a provider summary.
 pub(super) fn may_hold_provider_summary(mark: u32) -> bool {
     mark & SUMMARY != 0
 }
 
+/// Whether a Responses item with mark `mark` may be an `item_reference`.
+pub(super) fn may_be_item_reference(mark: u32) -> bool {
+    mark & REFERENCE != 0
+}
+
 /// A message's marks, found by substring search: how many outputs of `dialect` it may hold
 /// (at least as many as [`Scan::outputs`] finds), [`USER`] if it may be a user turn
 /// ([`Scan::observation`] needs one), and [`SUMMARY`] if it may hold a provider summary
-/// ([`Scan::head_len`] needs one).
+/// ([`Scan::head_len`] needs one), and for Responses [`REFERENCE`] if it may be an
+/// `item_reference` (its scan needs one).
 pub(super) fn marks(dialect: DialectKind, raw: &str) -> u32 {
     let m = &*MARKERS;
     let outputs = match dialect {
@@ -124,7 +135,12 @@ pub(super) fn marks(dialect: DialectKind, raw: &str) -> u32 {
     } else {
         0
     };
-    outputs | user | summary
+    let reference = if dialect == DialectKind::Responses && holds(raw, &m.item_reference) {
+        REFERENCE
+    } else {
+        0
+    };
+    outputs | user | summary | reference
 }
 
 /// How far back from an output [`CallNames::name`] looks for the call it answers.

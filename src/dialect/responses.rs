@@ -1,9 +1,9 @@
 //! OpenAI Responses (`POST …/v1/responses`): scan, neutral messages and rewrite.
 //!
-//! - [`scan`] (every request): a request carrying `previous_response_id` or `conversation`
-//!   keeps its history on OpenAI's side, so it is [`DialectError::ServerState`] and passes
-//!   through. Otherwise one pass splits the `input` items into raw slices of the body and counts them (a string `input` is one
-//!   user message) and estimates what the model reads: message text, function names and
+//! - [`scan`] (every request): a request carrying `previous_response_id` or `conversation`, or
+//!   an `item_reference` item, keeps (part of) its history on OpenAI's side, so it is
+//!   [`DialectError::ServerState`] and passes through. Otherwise one pass splits the `input`
+//!   items into raw slices of the body and counts them (a string `input` is one user message) and estimates what the model reads: message text, function names and
 //!   arguments, tool outputs, reasoning summaries, images at a fixed cost, and the string
 //!   leaves of any other item; ids, statuses, annotations and `encrypted_content` are not read
 //!   as text. `instructions` and `tools` are counted as fixed tokens.
@@ -30,6 +30,7 @@ use serde_json::Value;
 
 use super::json::NodeSeed;
 use super::json::{as_tokens, fast_node, leaf_weight, node_counts, Rules, StrWeight};
+use super::outputs;
 use super::scan_memo::{read_conversation, Remembering};
 use super::split::{decode, object_fields, present, value_len};
 use super::{DialectError, DialectKind, Scan, ScanFields};
@@ -84,6 +85,11 @@ pub fn scan<'a>(
         return Err(DialectError::ServerState);
     }
     let input = present(&fields, "input")?.ok_or(DialectError::NoConversation("input"))?;
+    if let Some((items, _, marks)) = &read_items {
+        if holds_item_reference(items, marks) {
+            return Err(DialectError::ServerState);
+        }
+    }
     let (items, tokens, marks, input_is_string) = if let Some((items, counts, marks)) = read_items {
         let tokens = counts.into_iter().map(|c| estimator.counts(c)).collect();
         (items, tokens, marks, false)
@@ -124,6 +130,31 @@ impl<'de> Deserialize<'de> for ItemCounts {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         DeserializeSeed::deserialize(NodeSeed(&RULES), d).map(ItemCounts)
     }
+}
+
+/// Whether an input item is an `item_reference`: an item OpenAI stored, sent by id only (the
+/// AI SDK sends every earlier answer so when `store` is on). Its content is on OpenAI's side,
+/// so a summary could not hold it, and a call it stands for could not be paired with its
+/// output: such a request keeps (part of) its history on the provider and passes through.
+/// Only the items marked as possibly one are read.
+fn holds_item_reference(items: &[&str], marks: &[u32]) -> bool {
+    #[derive(Deserialize)]
+    struct Kind<'a> {
+        #[serde(rename = "type", borrow)]
+        kind: Option<std::borrow::Cow<'a, str>>,
+    }
+    for (item, &mark) in items.iter().zip(marks) {
+        if outputs::may_be_item_reference(mark) {
+            // Not an object: not a reference (reading the item says what else it is).
+            let Ok(item) = serde_json::from_str::<Kind<'_>>(item) else {
+                continue;
+            };
+            if item.kind.as_deref() == Some("item_reference") {
+                return true;
+            }
+        }
+    }
+    false
 }
 
 /// Whether the conversation is held by OpenAI: a non-null `previous_response_id` or
@@ -438,6 +469,14 @@ mod tests {
             json!({"model": "gpt-5", "previous_response_id": "resp_1", "input": "more"}),
             json!({"model": "gpt-5", "conversation": "conv_1", "input": [{"role": "user", "content": "x"}]}),
             json!({"model": "gpt-5", "conversation": {"id": "conv_1"}, "input": "x"}),
+            // The AI SDK with `store` on: earlier answers sent as references to stored items.
+            json!({"model": "gpt-5", "store": true, "input": [
+                {"role": "user", "content": "x"},
+                {"type": "item_reference", "id": "rs_1"},
+                {"type": "item_reference", "id": "fc_1"},
+                {"type": "function_call_output", "call_id": "call_1", "output": "ok"},
+                {"role": "user", "content": "y"}
+            ]}),
         ] {
             let b = body.to_string();
             assert!(matches!(
@@ -451,6 +490,18 @@ mod tests {
         }
         let null = json!({"previous_response_id": null, "conversation": null, "input": "x"});
         assert!(scan(null.to_string().as_bytes(), &est()).is_ok());
+        // Only an item of that type is a reference: text naming it, or a string item, is not.
+        let named = json!({"input": [
+            {"role": "user", "content": "item_reference"},
+            {"role": "user", "content": [{"type": "input_text", "text": "an \"item_reference\""}]},
+            "item_reference"
+        ]});
+        assert_eq!(
+            scan(named.to_string().as_bytes(), &est())
+                .map(|s| s.len())
+                .ok(),
+            Some(3)
+        );
         assert!(matches!(
             scan(br#"{"model":"gpt-5"}"#, &est()),
             Err(DialectError::NoConversation("input"))
