@@ -13,7 +13,9 @@
 //!   compacted), `function_call` and `custom_tool_call` (and any other `*_call` item with a
 //!   `call_id`: `local_shell_call`, `computer_call`, `shell_call`, `apply_patch_call`) →
 //!   assistant tool calls, `*_call_output` items with a `call_id` → tool results answering
-//!   them, `reasoning` → assistant reasoning (its summary and content texts), anything else →
+//!   them, `mcp_approval_request` / `mcp_approval_response` → a tool call and its result
+//!   (paired by the request's `id`), `reasoning` → assistant reasoning (its summary and
+//!   content texts), anything else →
 //!   opaque assistant items (a `compaction` item, the provider's sealed summary, is one: it
 //!   ends the head, see `Transcript::new`).
 //! - `rewrite`: every field but `input` byte for byte (`instructions`,
@@ -219,6 +221,27 @@ pub(super) fn message(raw: &str, index: usize) -> Result<Message, DialectError> 
                 arguments: text_of(obj.get("arguments")).unwrap_or_default(),
             })],
         ),
+        // A hosted MCP tool asking the client's approval, and the client's answer: a call and
+        // its result, paired by the request's `id`, so a tail never keeps the answer alone.
+        "mcp_approval_request" => Message::new(
+            Role::Assistant,
+            vec![Part::ToolCall(ToolCall {
+                id: str_field("id").map(str::to_string),
+                name: str_field("name").unwrap_or("mcp").to_string(),
+                arguments: text_of(obj.get("arguments")).unwrap_or_default(),
+            })],
+        ),
+        "mcp_approval_response" => {
+            let approve = obj.get("approve").and_then(Value::as_bool);
+            let verdict = if approve == Some(true) {
+                "approved"
+            } else {
+                "denied"
+            };
+            let mut m = Message::new(Role::Tool, vec![Part::Text(verdict.to_string())]);
+            m.tool_call_id = str_field("approval_request_id").map(str::to_string);
+            m
+        }
         "reasoning" => {
             let mut parts: Vec<Part> = ["summary", "content"]
                 .iter()
@@ -592,6 +615,21 @@ mod tests {
         assert_eq!(out, [user.clone(), summary.clone()]);
         let out = input_of(&r.scan.rewrite(0, 1, "S").expect("rewrites"));
         assert_eq!(out, [summary]);
+    }
+
+    #[test]
+    fn an_mcp_approval_is_a_call_and_its_answer() {
+        let body = json!({"model": "gpt-5", "input": [
+            {"role": "user", "content": "ask the docs"},
+            {"type": "mcp_approval_request", "id": "mcpr_1", "server_label": "docs", "name": "ask", "arguments": "{}"},
+            {"type": "web_search_call", "id": "ws_1", "status": "completed"},
+            {"type": "mcp_approval_response", "approval_request_id": "mcpr_1", "approve": false}
+        ]})
+        .to_string();
+        let t = parse(body.as_bytes()).expect("parses").transcript;
+        assert_eq!(t.pairs(), vec![None, None, None, Some(1)]);
+        assert_eq!(t.messages[3].role, Role::Tool);
+        assert_eq!(t.messages[3].parts, [Part::Text("denied".into())]);
     }
 
     #[test]

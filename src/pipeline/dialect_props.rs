@@ -2,7 +2,8 @@
 //! request flow (`Pipeline::process`) over random conversations: tool loops with parallel
 //! calls answered in any order, tool errors, images in messages and in tool results, thinking
 //! (at the start of each turn, optionally interleaved), redacted thinking, server tools,
-//! documents, Responses reasoning items, custom and local shell tools, vendor fields at every
+//! documents, Responses reasoning items, custom and local shell tools, MCP approvals, provider
+//! compaction items, vendor fields at every
 //! level. Every rewrite must be valid for the provider, leave `system`/`instructions` and every
 //! other top-level field byte-identical, keep a verbatim tail, and be smaller.
 
@@ -567,6 +568,8 @@ enum Item {
     Developer(String),
     /// A provider's sealed summary (Codex after a remote compaction).
     Compaction,
+    /// A hosted MCP tool's approval request, the client's answer, and the call when approved.
+    McpApproval(bool),
 }
 
 fn item() -> impl Strategy<Value = Item> {
@@ -608,6 +611,7 @@ fn item() -> impl Strategy<Value = Item> {
         40 => calls,
         10 => Just(Item::WebSearch),
         10 => text(1, 60).prop_map(Item::Developer),
+        10 => any::<bool>().prop_map(Item::McpApproval),
         // About one conversation in six carries one.
         1 => Just(Item::Compaction),
     ]
@@ -691,6 +695,18 @@ fn render_responses(developers: usize, items: &[Item]) -> Vec<Value> {
             Item::Developer(t) => out.push(json!({"type": "message", "role": "developer", "content": t})),
             Item::Compaction => out.push(json!({"type": "compaction", "id": format!("cmp_{id}"),
                                                 "encrypted_content": "c2VhbGVkIGhpc3Rvcnk="})),
+            Item::McpApproval(approve) => {
+                let request = format!("mcpr_{id}");
+                out.push(json!({"type": "mcp_approval_request", "id": request, "server_label": "docs",
+                                "name": "ask_question", "arguments": "{\"q\":\"serde\"}"}));
+                out.push(json!({"type": "mcp_approval_response", "approval_request_id": request,
+                                "approve": approve}));
+                if *approve {
+                    out.push(json!({"type": "mcp_call", "id": format!("mcp_{id}"), "server_label": "docs",
+                                    "name": "ask_question", "arguments": "{\"q\":\"serde\"}",
+                                    "output": "serde is a framework for serializing"}));
+                }
+            }
         }
     }
     let ends_well = out.last().is_some_and(|m| {

@@ -1,5 +1,6 @@
 //! OpenAI Responses: every `*_call_output` item has an earlier call item with the same
-//! `call_id`; every call is answered, except calls at the very end of `input`; a `reasoning`
+//! `call_id`, and every `mcp_approval_response` an earlier `mcp_approval_request` with its
+//! `approval_request_id`; every call is answered, except calls at the very end of `input`; a `reasoning`
 //! item is followed by an output it produced (never last, never followed by a user message or
 //! a tool output); an output item (message or call) of a response that had reasoning comes with
 //! that `reasoning` item.
@@ -94,6 +95,17 @@ pub fn check_responses(request: &Value, window: usize) -> Result<(), Rejection> 
             if let Some(id) = call_id {
                 seen.push(id);
                 open.push(id);
+            }
+        }
+        if item_kind == "mcp_approval_response" {
+            let id = item["approval_request_id"].as_str().unwrap_or_default();
+            let asked = items[..i]
+                .iter()
+                .any(|r| kind(r) == "mcp_approval_request" && r["id"] == id);
+            if !asked {
+                return invalid(format!(
+                    "input[{i}]: No approval request found for approval_request_id {id}."
+                ));
             }
         }
         if item_kind == "reasoning" {
@@ -206,7 +218,9 @@ mod tests {
         let ok = json!({"input": [user, rs(1), call("fc_1_0", "a"), shell("lsh_1_1", "b"),
             out("function_call_output", "a"), out("local_shell_call_output", "b"),
             {"type": "function_call", "call_id": "z", "name": "f", "arguments": "{}"},
-            out("function_call_output", "z")]});
+            out("function_call_output", "z"),
+            {"type": "mcp_approval_request", "id": "mcpr_1", "server_label": "docs", "name": "ask", "arguments": "{}"},
+            {"type": "mcp_approval_response", "approval_request_id": "mcpr_1", "approve": true}]});
         assert_eq!(check_responses(&ok, 1000), Ok(()));
         for bad in [
             // The call of response 1 without its reasoning.
@@ -214,6 +228,8 @@ mod tests {
             // A custom tool call whose reasoning was cut.
             json!({"input": [user, {"type": "custom_tool_call", "id": "ctc_2_0", "call_id": "a", "input": ""},
                 out("custom_tool_call_output", "a")]}),
+            // An approval answered for a request the input no longer holds.
+            json!({"input": [user, {"type": "mcp_approval_response", "approval_request_id": "mcpr_1", "approve": true}]}),
             // Reasoning of response 1 followed by the output of response 2.
             json!({"input": [user, rs(1), rs(2), call("fc_2_0", "a"), rs(1), call("fc_2_1", "b"),
                 out("function_call_output", "a"), out("function_call_output", "b")]}),
