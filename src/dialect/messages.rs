@@ -431,6 +431,22 @@ mod tests {
     }
 
     #[test]
+    fn a_compaction_block_ends_the_head_as_in_the_other_dialects() {
+        // A provider's own summary block: kept with everything before it, never summarised.
+        let body = json!({"model": "claude-x", "max_tokens": 10, "messages": [
+            {"role": "user", "content": "long task"},
+            {"role": "assistant", "content": [{"type": "compaction", "content": "what happened"}]},
+            {"role": "user", "content": "go on"},
+            {"role": "assistant", "content": "ok"},
+            {"role": "user", "content": "and \"compaction\"?"}
+        ]})
+        .to_string();
+        let r = parse(body.as_bytes()).expect("parses");
+        assert_eq!(r.transcript.head_len(), 2);
+        assert_eq!(r.scan.head_len().expect("head"), 2);
+    }
+
+    #[test]
     fn peek_counts_what_the_model_reads() {
         let body = json!({
             "model": "claude-sonnet-4-5",
