@@ -72,8 +72,9 @@ pub enum DialectError {
     /// message before them.
     #[error("the preserved tail cannot start with tool results")]
     TailStartsWithToolResult,
-    /// The conversation lives on the provider (`previous_response_id`, `conversation`): there
-    /// is no history to compact, so the request passes through (counted as `server_state`).
+    /// The conversation lives on the provider (`previous_response_id`, `conversation`, or
+    /// `item_reference` items): there is no history to compact, so the request passes through
+    /// (counted as `server_state`).
     #[error("history held by the provider; passed through")]
     ServerState,
 }
