@@ -72,6 +72,7 @@ async fn run(background_ratio: f64) -> (Vec<Duration>, Vec<Duration>) {
     let context = RequestContext {
         caller: &caller,
         session_header: None,
+        long_context: false,
     };
     let mut messages: Vec<Value> =
         vec![json!({"role": "system", "content": "You are a coding agent."})];

@@ -123,6 +123,7 @@ fn compaction(c: &mut Criterion) {
         let context = RequestContext {
             caller: &caller,
             session_header: None,
+            long_context: false,
         };
         rt.block_on(compactor.handle(DialectKind::ChatCompletions, &body, &context));
         let again = rt.block_on(compactor.handle(DialectKind::ChatCompletions, &body, &context));
@@ -180,6 +181,7 @@ fn hot_path(c: &mut Criterion) {
     let context = RequestContext {
         caller: &caller,
         session_header: None,
+        long_context: false,
     };
     group.bench_function("compactor_handle", |b| {
         b.iter(|| {
@@ -221,6 +223,7 @@ fn small_request(c: &mut Criterion) {
     let context = RequestContext {
         caller: &caller,
         session_header: None,
+        long_context: false,
     };
     let mut group = c.benchmark_group("small_chat");
     group.throughput(Throughput::Bytes(body.len() as u64));

@@ -153,6 +153,7 @@ async fn main() {
     let context = RequestContext {
         caller: &caller,
         session_header: None,
+        long_context: false,
     };
     for filler in [40, 800] {
         let body = conversation(filler);

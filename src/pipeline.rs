@@ -31,7 +31,7 @@ use futures_util::FutureExt as _;
 use crate::calibration::Calibration;
 use crate::compaction::engine::{CompactError, Compaction, CompactionInput, Engine, Prior};
 use crate::compaction::mask::MaskRule;
-use crate::compaction::models::{LearnedWindow, WindowKey, WindowSource};
+use crate::compaction::models::{window_model, LearnedWindow, WindowKey, WindowSource};
 use crate::compaction::prompt::summary_message;
 use crate::compaction::trigger::{BackgroundOutcome, CompactionOutcome, Limits, Trigger};
 use crate::compaction::{CompactionResult, MAX_ATTEMPTS_PER_REQUEST};
@@ -61,6 +61,9 @@ pub struct RequestContext<'a> {
     pub caller: &'a Arc<Caller>,
     /// The value of the configured session header, if the client sent one.
     pub session_header: Option<&'a str>,
+    /// The request enables a longer context window than its model's usual one (Anthropic's
+    /// `context-1m` beta): its window is the one for [`window_model`].
+    pub long_context: bool,
 }
 
 /// The outcome of one request plus the session it belongs to.
@@ -89,6 +92,8 @@ pub struct ForwardedEstimate {
     pub context_window: usize,
     /// Where the request went: a window is learned for the model on that upstream.
     pub caller: Arc<Caller>,
+    /// The request enabled its model's long context ([`RequestContext::long_context`]).
+    pub long_context: bool,
 }
 
 /// The answer to a manual compaction (`POST /session/{id}/summarize`).
@@ -347,15 +352,19 @@ impl Pipeline {
         &self,
         upstream: &str,
         model: Option<&str>,
+        long_context: bool,
         requested_output: Option<usize>,
     ) -> Limits {
-        let learned = match model {
-            Some(model) => self.learned_window(upstream, model).await,
+        let window_model = model.map(|m| window_model(m, long_context));
+        let learned = match &window_model {
+            Some(name) => self.learned_window(upstream, name).await,
             None => None,
         };
         let limits = match learned {
             Some(w) => Limits::new(self.engine.settings(), w.context_window, requested_output),
-            None => self.engine.limits(model, requested_output),
+            None => self
+                .engine
+                .limits(window_model.as_deref(), requested_output),
         };
         match model {
             Some(model) if self.calibrate => limits.calibrated(self.calibration.factor(model)),
@@ -432,6 +441,7 @@ impl Pipeline {
         let context = RequestContext {
             caller,
             session_header: None,
+            long_context: false,
         };
         self.handle(dialect, &Bytes::copy_from_slice(body), &context)
             .await
@@ -516,6 +526,7 @@ impl Pipeline {
                 .limits(
                     &context.caller.upstream_base_url,
                     scan.model.as_deref(),
+                    context.long_context,
                     scan.requested_output,
                 )
                 .await,
@@ -533,7 +544,7 @@ impl Pipeline {
             summarizer_time: figures.summarizer_time,
             estimate: None,
         };
-        self.record_tokens(&request, &mut processed);
+        self.record_tokens(&request, context.long_context, &mut processed);
         if let Some(masked) = figures.masked_tokens {
             self.metrics.masked_request_tokens(scan.dialect(), masked);
         }
@@ -551,7 +562,12 @@ impl Pipeline {
     }
 
     /// Token metrics of one request, and the estimate its response's usage is compared with.
-    fn record_tokens(&self, request: &Request<'_, '_>, processed: &mut Processed) {
+    fn record_tokens(
+        &self,
+        request: &Request<'_, '_>,
+        long_context: bool,
+        processed: &mut Processed,
+    ) {
         let scan = request.scan;
         let received = scan.tokens;
         let forwarded = match &processed.outcome {
@@ -572,6 +588,7 @@ impl Pipeline {
             tokens: forwarded,
             context_window: request.limits.context_window,
             caller: request.caller.clone(),
+            long_context,
         });
     }
 
@@ -1550,13 +1567,15 @@ impl Pipeline {
         let session = session_of(&scan, &tenant, context.session_header);
         if let (Some(model), Some(window)) = (scan.model.as_deref(), refusal.window) {
             let upstream = &context.caller.upstream_base_url;
-            self.learn_window(upstream, model, window, WindowSource::Error)
+            let model = window_model(model, context.long_context);
+            self.learn_window(upstream, &model, window, WindowSource::Error)
                 .await;
         }
         let limits = self
             .limits(
                 &context.caller.upstream_base_url,
                 scan.model.as_deref(),
+                context.long_context,
                 scan.requested_output,
             )
             .await
@@ -1670,6 +1689,7 @@ impl Pipeline {
                 .limits(
                     &latest.caller.upstream_base_url,
                     scan.model.as_deref(),
+                    false,
                     scan.requested_output,
                 )
                 .await,

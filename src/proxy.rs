@@ -27,7 +27,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::{Body, Frame, Incoming};
 
 use crate::app::App;
-use crate::compaction::models::WindowSource;
+use crate::compaction::models::{enables_long_context, window_model, WindowSource};
 use crate::dialect::DialectKind;
 use crate::error::Error;
 use crate::metrics::{method_label, route_label, Metrics};
@@ -148,6 +148,7 @@ async fn forward(
             let context = RequestContext {
                 caller: &caller,
                 session_header: session_header.as_deref(),
+                long_context: long_context(&parts.headers),
             };
             let mut processed = app.compactor.handle(dialect, &original, &context).await;
             overhead.exclude(processed.summarizer_time);
@@ -254,10 +255,21 @@ fn learn_from_usage(app: &Arc<App>, estimate: &ForwardedEstimate, usage: &Usage)
     let used = usize::try_from(used).unwrap_or(usize::MAX);
     runtime.spawn(async move {
         let upstream = &estimate.caller.upstream_base_url;
+        let model = window_model(&model, estimate.long_context);
         app.compactor
             .learn_window(upstream, &model, used, WindowSource::Usage)
             .await;
     });
+}
+
+/// Whether the request enables its model's long context window (Anthropic's `context-1m` beta
+/// flag in any `anthropic-beta` header).
+fn long_context(headers: &HeaderMap) -> bool {
+    headers
+        .get_all("anthropic-beta")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(enables_long_context)
 }
 
 /// Sends a request upstream, counting a failure by its kind.
@@ -411,6 +423,7 @@ async fn retry_after_refusal(
     let context = RequestContext {
         caller: &retry.caller,
         session_header: retry.session_header.as_deref(),
+        long_context: long_context(&retry.headers),
     };
     let started = Instant::now();
     let compacted = app

@@ -475,6 +475,7 @@ impl Replayer {
             let context = RequestContext {
                 caller: &caller,
                 session_header: None,
+                long_context: false,
             };
             let before = automatic_counts(&metrics);
             let masked_before = masked_counted(&metrics);

@@ -88,6 +88,29 @@ impl ModelTable {
     }
 }
 
+/// What a model's name is given, for its window, when a request enables Anthropic's
+/// 1M-token context (an `anthropic-beta` flag `context-1m-…`): the same model has two windows,
+/// chosen per request, so its window is looked up and learned under `<model>[1m]` (Claude
+/// Code's own name for it, `sonnet[1m]`). The models table lists those names.
+pub const LONG_CONTEXT_SUFFIX: &str = "[1m]";
+
+/// Whether an `anthropic-beta` header value enables the 1M-token context window.
+pub fn enables_long_context(anthropic_beta: &str) -> bool {
+    anthropic_beta
+        .split(',')
+        .any(|flag| flag.trim().starts_with("context-1m"))
+}
+
+/// The name a request's window is looked up and learned under: the model's own, or with
+/// [`LONG_CONTEXT_SUFFIX`] when the request enables the long context.
+pub fn window_model(model: &str, long_context: bool) -> std::borrow::Cow<'_, str> {
+    if long_context {
+        std::borrow::Cow::Owned(format!("{model}{LONG_CONTEXT_SUFFIX}"))
+    } else {
+        std::borrow::Cow::Borrowed(model)
+    }
+}
+
 /// Longest model name kept as a key of a learned window (longer names are cut at a character
 /// boundary: model names come from clients).
 pub const MAX_MODEL_KEY_LEN: usize = 128;
@@ -291,6 +314,29 @@ mod tests {
             .map(|(k, w)| (k.to_string(), ModelConfig { context_window: *w }))
             .collect();
         ModelTable::new(&models, 1000)
+    }
+
+    #[test]
+    fn the_long_context_flag_selects_the_1m_window_of_shipped_claude_models() {
+        assert!(enables_long_context("context-1m-2025-08-07"));
+        assert!(enables_long_context(
+            "interleaved-thinking-2025-05-14, context-1m-2025-08-07"
+        ));
+        assert!(!enables_long_context("interleaved-thinking-2025-05-14"));
+        assert!(!enables_long_context(""));
+        assert_eq!(window_model("m", false), "m");
+        assert_eq!(window_model("m", true), "m[1m]");
+        let c = crate::config::Config::from_toml("").unwrap_or_else(|e| panic!("{e}"));
+        let shipped = ModelTable::new(&c.models, c.compaction.default_context_window);
+        for model in [
+            "claude-sonnet-4-5-20250929",
+            "claude-opus-4-1",
+            "claude-haiku-4-5",
+        ] {
+            let window = |long| shipped.context_window(Some(&window_model(model, long)));
+            assert_eq!(window(false), 200_000, "{model}");
+            assert_eq!(window(true), 1_000_000, "{model}[1m]");
+        }
     }
 
     #[test]
