@@ -340,6 +340,16 @@ mod tests {
     }
 
     #[test]
+    fn the_gpt_5_family_is_measured_against_its_input_limit() {
+        let c = crate::config::Config::from_toml("").unwrap_or_else(|e| panic!("{e}"));
+        let shipped = ModelTable::new(&c.models, c.compaction.default_context_window);
+        for model in ["gpt-5", "gpt-5-codex", "gpt-5.1-codex-max", "gpt-5-mini"] {
+            assert_eq!(shipped.context_window(Some(model)), 272_000, "{model}");
+        }
+        assert_eq!(shipped.context_window(Some("gpt-5-chat-latest")), 128_000);
+    }
+
+    #[test]
     fn globs_match_any_run() {
         assert!(Glob::new("gpt-4o*").matches("gpt-4o"));
         assert!(Glob::new("gpt-4o*").matches("gpt-4o-mini-2024"));
