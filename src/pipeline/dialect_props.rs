@@ -416,7 +416,12 @@ fn anthropic_body(case: &AnthropicCase, messages: &[Value]) -> Vec<u8> {
         (
             "thinking",
             if case.thinking {
-                json!({"type": "enabled", "budget_tokens": 1024})
+                // Both ways of turning thinking on: a budget, or the model deciding.
+                if case.cut % 2 == 0 {
+                    json!({"type": "enabled", "budget_tokens": 1024})
+                } else {
+                    json!({"type": "adaptive"})
+                }
             } else {
                 Value::Null
             },

@@ -174,7 +174,11 @@ pub fn check_messages(request: &Value, window: usize) -> Result<(), Rejection> {
             }
         }
     }
-    let thinking = request["thinking"]["type"] == "enabled";
+    // `enabled` with a budget, or `adaptive` (the model decides how much to think).
+    let thinking = matches!(
+        request["thinking"]["type"].as_str(),
+        Some("enabled" | "adaptive")
+    );
     let continues_loop = turns.last().is_some_and(|t| !t.results().is_empty());
     if thinking && continues_loop {
         // The final assistant turn: the one after the last user turn that answers no tool.
@@ -234,6 +238,7 @@ mod tests {
             json!({"messages": [user("hi"), call,
                 {"role": "user", "content": [{"type": "text", "text": "x"}, {"type": "tool_result", "tool_use_id": "t", "content": "x"}]}]}),
             json!({"thinking": {"type": "enabled"}, "messages": [user("hi"), call, answer]}),
+            json!({"thinking": {"type": "adaptive"}, "messages": [user("hi"), call, answer]}),
             json!({"messages": [user("hi"), {"role": "system", "content": "no"}]}),
         ];
         for b in bad {
