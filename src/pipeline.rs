@@ -356,19 +356,38 @@ impl Pipeline {
         requested_output: Option<usize>,
     ) -> Limits {
         let window_model = model.map(|m| window_model(m, long_context));
-        let learned = match &window_model {
-            Some(name) => self.learned_window(upstream, name).await,
-            None => None,
-        };
-        let limits = match learned {
-            Some(w) => Limits::new(self.engine.settings(), w.context_window, requested_output),
-            None => self
-                .engine
-                .limits(window_model.as_deref(), requested_output),
+        let limits = self
+            .window_limits(upstream, window_model.as_deref(), requested_output)
+            .await;
+        // The summarizer's call does not carry the request's long-context flag: its prompt
+        // and summary fit the model's usual window.
+        let limits = if long_context {
+            let usual = self.window_limits(upstream, model, requested_output).await;
+            limits.with_summarizer_window(usual.context_window)
+        } else {
+            limits
         };
         match model {
             Some(model) if self.calibrate => limits.calibrated(self.calibration.factor(model)),
             _ => limits,
+        }
+    }
+
+    /// The limits for the window of `model` (a [`window_model`] name) on `upstream`: the one
+    /// learned there, else the table's.
+    async fn window_limits(
+        &self,
+        upstream: &str,
+        model: Option<&str>,
+        requested_output: Option<usize>,
+    ) -> Limits {
+        let learned = match model {
+            Some(name) => self.learned_window(upstream, name).await,
+            None => None,
+        };
+        match learned {
+            Some(w) => Limits::new(self.engine.settings(), w.context_window, requested_output),
+            None => self.engine.limits(model, requested_output),
         }
     }
 

@@ -735,6 +735,7 @@ mod tests {
             strategy: Strategy::Summarize,
             limits: Limits {
                 context_window: 128_000,
+                summarizer_window: 128_000,
                 reserved_output: 0,
                 token_threshold: 108_800,
                 max_messages: 10,

@@ -247,7 +247,8 @@ impl Engine {
         let limits = input.limits;
         let base_budget = preserve_budget(&self.config, limits.usable_window());
         // Room the summary message may take: the summary's output budget plus its framing.
-        let (_, max_output) = self.summarizer_budget(input.limits.context_window, input.caller.api);
+        let (_, max_output) =
+            self.summarizer_budget(input.limits.summarizer_window, input.caller.api);
         let summary_reserve = (max_output as usize)
             .saturating_add(self.estimator.text(SUMMARY_INTRO))
             .saturating_add(64);
@@ -416,7 +417,7 @@ impl Engine {
         }
         truncate_entries(&mut entries);
         let (max_prompt, max_output) =
-            self.summarizer_budget(input.limits.context_window, input.caller.api);
+            self.summarizer_budget(input.limits.summarizer_window, input.caller.api);
         let prompt_input = PromptInput {
             prior_summary,
             read_files: tracker.read_files(),
@@ -728,6 +729,7 @@ mod tests {
         };
         let limits = Limits {
             context_window: 128_000,
+            summarizer_window: 128_000,
             reserved_output: 0,
             token_threshold: 0,
             max_messages: 4,
@@ -784,6 +786,7 @@ mod tests {
         let t = agentic(12, 100);
         let limits = Limits {
             context_window: 128_000,
+            summarizer_window: 128_000,
             reserved_output: 0,
             token_threshold: 0,
             max_messages: 4,
@@ -811,6 +814,7 @@ mod tests {
         let t = agentic(40, 3_000);
         let limits = Limits {
             context_window: 3_000,
+            summarizer_window: 3_000,
             reserved_output: 0,
             token_threshold: 0,
             max_messages: 4,

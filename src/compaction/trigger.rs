@@ -93,6 +93,10 @@ impl CompactionOutcome {
 pub struct Limits {
     /// The model's context window.
     pub context_window: usize,
+    /// The window the summarizer's prompt and summary must fit: `context_window`, except for
+    /// a request enabling a longer window than its model's usual one, whose flag the
+    /// summarizer's own call does not carry (then the usual window).
+    pub summarizer_window: usize,
     /// Output tokens the request reserves in that window.
     pub reserved_output: usize,
     /// Compact at or above this many estimated input tokens.
@@ -115,9 +119,18 @@ impl Limits {
             ((config.trigger_ratio * context_window as f64).floor() as usize).min(context_window);
         Limits {
             context_window,
+            summarizer_window: context_window,
             reserved_output,
             token_threshold: scaled.saturating_sub(reserved_output),
             max_messages: config.max_messages,
+        }
+    }
+
+    /// These limits with the summarizer held to `window` (at most the context window).
+    pub fn with_summarizer_window(self, window: usize) -> Limits {
+        Limits {
+            summarizer_window: window.min(self.context_window),
+            ..self
         }
     }
 
@@ -159,6 +172,7 @@ impl Limits {
         };
         Limits {
             token_threshold: scaled.min(estimated.saturating_mul(3) / 4),
+            summarizer_window: base.summarizer_window.min(self.summarizer_window),
             ..base
         }
     }
@@ -306,6 +320,24 @@ mod tests {
         let l = Limits::new(&config(), 8_192, Some(1_000_000));
         assert_eq!(l.reserved_output, 4_096);
         assert_eq!(l.token_threshold, 6_963 - 4_096);
+    }
+
+    #[test]
+    fn the_summarizer_window_is_held_through_a_refusal() {
+        let l = Limits::new(&config(), 1_000_000, None);
+        assert_eq!(l.summarizer_window, 1_000_000);
+        let l = l.with_summarizer_window(200_000);
+        assert_eq!(l.summarizer_window, 200_000);
+        assert_eq!(
+            l.with_summarizer_window(5_000_000).summarizer_window,
+            1_000_000
+        );
+        // The provider names its window: the summarizer's never grows past what it was.
+        let refused = l.after_refusal(&config(), Some(900_000), None, 950_000);
+        assert_eq!(refused.context_window, 900_000);
+        assert_eq!(refused.summarizer_window, 200_000);
+        let small = l.after_refusal(&config(), Some(100_000), None, 150_000);
+        assert_eq!(small.summarizer_window, 100_000);
     }
 
     #[test]

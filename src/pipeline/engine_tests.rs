@@ -539,3 +539,46 @@ async fn a_provider_compaction_item_is_kept_with_everything_before_it() {
     assert!(prompt.contains("f0.rs"), "what follows it is");
     assert_eq!(compactions(&metrics, "messages", "compacted"), 1);
 }
+
+/// A request enabling its model's long context (Anthropic's `context-1m`) is measured against
+/// that window, but the summarizer's call does not carry the flag: its prompt and summary fit
+/// the model's usual window.
+#[tokio::test]
+async fn a_long_context_request_is_summarised_within_the_usual_window() {
+    let toml = "[compaction]\nmax_messages = 1000\nmin_preserve_tokens = 20\n\
+                max_preserve_tokens = 200\n[models]\n\"tiny\" = { context_window = 1000 }\n\
+                \"tiny[1m]\" = { context_window = 4000 }\n";
+    let fake = FakeSummarizer::text("S");
+    let (c, _) = compactor(&config(toml), fake.clone());
+    let mut messages = Vec::new();
+    for i in 0..61 {
+        let role = if i % 2 == 0 { "user" } else { "assistant" };
+        messages
+            .push(json!({"role": role, "content": format!("turn {i}: {}", "word ".repeat(60))}));
+    }
+    let body = json!({"model": "tiny", "max_tokens": 10, "messages": messages}).to_string();
+    let caller = caller();
+    let context = RequestContext {
+        caller: &caller,
+        session_header: None,
+        long_context: true,
+    };
+    let processed = c
+        .handle(DialectKind::Messages, &Bytes::from(body), &context)
+        .await;
+    assert!(
+        matches!(processed.outcome, Outcome::Rewritten { .. }),
+        "over the long window's trigger: {:?}",
+        processed.outcome
+    );
+    let asked = &fake.requests()[0];
+    assert!(
+        asked.max_output_tokens <= 250,
+        "a quarter of the usual window at most"
+    );
+    let prompt_tokens = crate::estimate::LazyEstimator::default().text(&asked.prompt);
+    assert!(
+        prompt_tokens <= 1000,
+        "the prompt fits the usual window: {prompt_tokens} tokens"
+    );
+}

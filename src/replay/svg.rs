@@ -438,6 +438,7 @@ mod tests {
             strategy: crate::config::Strategy::Summarize,
             limits: Limits {
                 context_window: 8_000,
+                summarizer_window: 8_000,
                 reserved_output: 0,
                 token_threshold: 6_800,
                 max_messages: 80,
