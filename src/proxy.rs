@@ -251,13 +251,13 @@ fn learn_from_usage(app: &Arc<App>, estimate: &ForwardedEstimate, usage: &Usage)
         return;
     };
     let app = app.clone();
-    let estimate = estimate.clone();
+    let caller = estimate.caller.clone();
+    let long_context = estimate.long_context;
     let used = usize::try_from(used).unwrap_or(usize::MAX);
     runtime.spawn(async move {
-        let upstream = &estimate.caller.upstream_base_url;
-        let model = window_model(&model, estimate.long_context);
+        let model = window_model(&model, long_context);
         app.compactor
-            .learn_window(upstream, &model, used, WindowSource::Usage)
+            .learn_window(&caller.upstream_base_url, &model, used, WindowSource::Usage)
             .await;
     });
 }
