@@ -537,3 +537,35 @@ async fn deeply_nested_json_anywhere_is_forwarded_byte_identical_in_every_dialec
     }
     proxy.shutdown().await;
 }
+
+/// A compressed request body (Codex compresses its requests with zstd when signed in with
+/// ChatGPT) is not read: it goes upstream as sent, its `Content-Encoding` with it, counted as
+/// unreadable, never half-decoded or forwarded without its encoding.
+#[tokio::test]
+async fn a_compressed_request_body_is_forwarded_as_sent_with_its_encoding() {
+    use std::io::Write;
+    let mock = mock_with(|| completion("never asked")).await;
+    let proxy = TestProxy::start(&format!("{}{SMALL}", upstream_toml(&mock.url()))).await;
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(&triggering_body()).expect("gzip");
+    let compressed = gz.finish().expect("gzip");
+    let sent = TestClient::http1()
+        .exchange(
+            "POST",
+            &proxy.url("/v1/chat/completions"),
+            &[
+                ("content-type", "application/json"),
+                ("content-encoding", "gzip"),
+                ("authorization", AUTH),
+            ],
+            Bytes::from(compressed.clone()),
+        )
+        .await;
+    assert_eq!(sent.status, 200);
+    let got = forwarded(&mock);
+    assert_eq!(got.len(), 1, "no summary was asked for");
+    assert_eq!(got[0].body, compressed, "byte-identical");
+    assert_eq!(got[0].header("content-encoding"), Some("gzip"));
+    assert_eq!(compactions(&proxy, "none", "unreadable").await, 1.0);
+    proxy.shutdown().await;
+}
