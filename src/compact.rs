@@ -155,7 +155,7 @@ pub async fn compact(
     );
     let _ = writeln!(
         notes,
-        "boundary: {} messages compacted, {} kept ({} leading system/developer + {} tail), \
+        "boundary: {} messages compacted, {} kept ({} head + {} tail), \
          {} summarizer attempt(s)",
         compaction.boundary.saturating_sub(compaction.head),
         compaction.head + n.saturating_sub(compaction.boundary),

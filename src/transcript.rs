@@ -7,7 +7,7 @@
 //! items), or [`Part::ToolResult`] parts inside a user message (Anthropic `tool_result`
 //! blocks, several per message when the model made parallel calls). It carries the
 //! per-message token estimate computed by the dialect, and answers the structural questions
-//! the engine asks: how many leading system messages there are, where the latest user message
+//! the engine asks: how long the head that is never compacted is, where the latest user message
 //! is, which assistant message holds the calls each message answers, and where the assistant
 //! turn a message belongs to starts. It never holds wire JSON: writing back is the dialect's
 //! job.

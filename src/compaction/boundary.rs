@@ -35,8 +35,9 @@
 //!
 //! The rules only ever move the boundary back (a longer tail), so they are applied until none
 //! moves it.
-//! Leading system/developer messages are never compacted; when no message is left between
-//! them and the boundary there is nothing to compact.
+//! The head (leading system/developer messages, and everything through a provider's sealed
+//! summary: `Transcript::head_len`) is never compacted; when no message is left between it and
+//! the boundary there is nothing to compact.
 
 use crate::config::CompactionConfig;
 use crate::transcript::{Role, Transcript};

@@ -85,7 +85,8 @@ pub struct CompactionInput<'a> {
 /// A compaction plan: replace `transcript[head..boundary]` by one user message.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Compaction {
-    /// Leading system/developer messages kept verbatim.
+    /// Head messages kept verbatim (leading system/developer messages, and everything through a
+    /// provider's sealed summary).
     pub head: usize,
     /// First message of the preserved tail.
     pub boundary: usize,
