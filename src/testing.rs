@@ -175,8 +175,9 @@ pub(crate) fn valid_for_provider(dialect: DialectKind, body: &[u8]) -> Result<()
 /// Checks OpenAI Chat Completions' rules on `messages` alone: every `tool` message answers a
 /// call of the assistant message before its run of tool messages, and every call is answered.
 pub(crate) fn check_openai_pairing(messages: &[Value]) -> Result<(), String> {
-    let body = json!({ "messages": messages }).to_string();
-    valid_for_provider(DialectKind::ChatCompletions, body.as_bytes())
+    let request = json!({ "messages": messages });
+    compactor_plugin_testing::rules::chat::check_chat(&request, usize::MAX)
+        .map_err(|r| format!("{r:?}"))
 }
 
 /// A property-test assertion: fails the case with `what` unless `cond` holds.

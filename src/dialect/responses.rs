@@ -3,9 +3,10 @@
 //! - [`scan`] (every request): a request carrying `previous_response_id` or `conversation`, or
 //!   an `item_reference` item, keeps (part of) its history on OpenAI's side, so it is
 //!   [`DialectError::ServerState`] and passes through. Otherwise one pass splits the `input`
-//!   items into raw slices of the body and counts them (a string `input` is one user message) and estimates what the model reads: message text, function names and
-//!   arguments, tool outputs, reasoning summaries, images at a fixed cost, and the string
-//!   leaves of any other item; ids, statuses, annotations and `encrypted_content` are not read
+//!   items into raw slices of the body and counts them (a string `input` is one user
+//!   message) and estimates what the model reads: message text, function names and arguments,
+//!   tool outputs, reasoning summaries, images at a fixed cost, and the string leaves of any
+//!   other item; ids, statuses, annotations and `encrypted_content` are not read
 //!   as text. `instructions` and `tools` are counted as fixed tokens.
 //! - `message` (only when a compaction is due or a stored summary is spliced in): one
 //!   neutral message per input item:
@@ -15,9 +16,8 @@
 //!   assistant tool calls, `*_call_output` items with a `call_id` → tool results answering
 //!   them, `mcp_approval_request` / `mcp_approval_response` → a tool call and its result
 //!   (paired by the request's `id`), `reasoning` → assistant reasoning (its summary and
-//!   content texts), anything else →
-//!   opaque assistant items (a `compaction` item, the provider's sealed summary, is one: it
-//!   ends the head, see `Transcript::new`).
+//!   content texts), anything else → opaque assistant items (a `compaction` item, the
+//!   provider's sealed summary, is one: it ends the head, see `Transcript::new`).
 //! - `rewrite`: every field but `input` byte for byte (`instructions`,
 //!   `tools`, `reasoning`, `store`, `include`, unknown fields); `input` becomes the leading
 //!   system/developer items verbatim, one user `message` item holding the summary, then the
