@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use compactor::compaction::Attempts;
 use compactor::config::Config;
 use compactor::dialect::DialectKind;
 use compactor::metrics::Metrics;
@@ -69,11 +70,6 @@ async fn run(background_ratio: f64) -> (Vec<Duration>, Vec<Duration>) {
         credentials: vec![("authorization".into(), "Bearer sk-bench".into())],
         api: DialectKind::ChatCompletions.api(),
     });
-    let context = RequestContext {
-        caller: &caller,
-        session_header: None,
-        long_context: false,
-    };
     let mut messages: Vec<Value> =
         vec![json!({"role": "system", "content": "You are a coding agent."})];
     let (mut crossing, mut others) = (Vec::new(), Vec::new());
@@ -83,6 +79,13 @@ async fn run(background_ratio: f64) -> (Vec<Duration>, Vec<Duration>) {
             json!({"role": "user", "content": format!("Step {turn}: {}", "go on ".repeat(40))}),
         );
         let body = Bytes::from(json!({"model": "gpt-4o", "messages": messages}).to_string());
+        // One client request: its own budget of summarizer calls.
+        let context = RequestContext {
+            caller: &caller,
+            session_header: None,
+            long_context: false,
+            attempts: &Attempts::per_request(),
+        };
         let started = Instant::now();
         let processed = pipeline
             .handle(DialectKind::ChatCompletions, &body, &context)

@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use common::InstantSummarizer;
+use compactor::compaction::Attempts;
 use compactor::config::Config;
 use compactor::dialect::DialectKind;
 use compactor::estimate::{count_chars, LazyEstimator};
@@ -124,6 +125,7 @@ fn compaction(c: &mut Criterion) {
             caller: &caller,
             session_header: None,
             long_context: false,
+            attempts: &Attempts::per_request(),
         };
         rt.block_on(compactor.handle(DialectKind::ChatCompletions, &body, &context));
         let again = rt.block_on(compactor.handle(DialectKind::ChatCompletions, &body, &context));
@@ -182,6 +184,7 @@ fn hot_path(c: &mut Criterion) {
         caller: &caller,
         session_header: None,
         long_context: false,
+        attempts: &Attempts::per_request(),
     };
     group.bench_function("compactor_handle", |b| {
         b.iter(|| {
@@ -224,6 +227,7 @@ fn small_request(c: &mut Criterion) {
         caller: &caller,
         session_header: None,
         long_context: false,
+        attempts: &Attempts::per_request(),
     };
     let mut group = c.benchmark_group("small_chat");
     group.throughput(Throughput::Bytes(body.len() as u64));

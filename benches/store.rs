@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::InstantSummarizer;
+use compactor::compaction::Attempts;
 use compactor::config::Config;
 use compactor::dialect::DialectKind;
 use compactor::metrics::Metrics;
@@ -91,8 +92,13 @@ async fn measure(
     context: &RequestContext<'_>,
 ) -> Vec<Duration> {
     for (name, pipeline) in stores {
+        let attempts = Attempts::per_request();
+        let fresh = RequestContext {
+            attempts: &attempts,
+            ..*context
+        };
         let first = pipeline
-            .handle(DialectKind::ChatCompletions, body, context)
+            .handle(DialectKind::ChatCompletions, body, &fresh)
             .await;
         assert!(
             matches!(first.outcome, Outcome::Rewritten { .. }),
@@ -154,6 +160,7 @@ async fn main() {
         caller: &caller,
         session_header: None,
         long_context: false,
+        attempts: &Attempts::per_request(),
     };
     for filler in [40, 800] {
         let body = conversation(filler);

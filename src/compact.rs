@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use compactor_plugin_api::Caller;
 
-use crate::compaction::CompactionInput;
+use crate::compaction::{Attempts, CompactionInput};
 use crate::config::Config;
 use crate::dialect::DialectKind;
 use crate::error::Error;
@@ -123,6 +123,7 @@ pub async fn compact(
             prior: None,
             instructions: None,
             caller: &caller,
+            attempts: &Attempts::per_request(),
         })
         .await;
     let compaction = match compacted {

@@ -267,6 +267,8 @@ pub struct Metrics {
     unbuffered_requests: IntCounter,
     /// `compactor_background_compactions_total{outcome}`
     background_compactions: IntCounterVec,
+    /// `compactor_background_compactions_running`
+    pub background_running: IntGauge,
     /// `compactor_request_tokens_estimated`
     pub request_tokens_estimated: Histogram,
     /// `compactor_tokens_saved_total`
@@ -529,6 +531,13 @@ impl Metrics {
                 "compactor_background_compactions_total",
                 "Summaries made off the request path, by outcome.",
                 &["outcome"],
+            )?,
+            background_running: register(
+                r,
+                IntGauge::new(
+                    "compactor_background_compactions_running",
+                    "Summaries being made off the request path now (at most summarizer.max_concurrent).",
+                )?,
             )?,
             request_tokens_estimated: histogram(
                 r,

@@ -34,7 +34,7 @@ use crate::compaction::mask::MaskRule;
 use crate::compaction::models::{window_model, LearnedWindow, WindowKey, WindowSource};
 use crate::compaction::prompt::summary_message;
 use crate::compaction::trigger::{BackgroundOutcome, CompactionOutcome, Limits, Trigger};
-use crate::compaction::{CompactionResult, MAX_ATTEMPTS_PER_REQUEST};
+use crate::compaction::{Attempts, CompactionResult, MAX_ATTEMPTS_PER_REQUEST};
 use crate::config::{Config, StoreBackend, Strategy};
 use crate::dialect::scan_memo::{Remembering, ScanMemo};
 use crate::dialect::{DialectError, DialectKind, Scan};
@@ -64,6 +64,9 @@ pub struct RequestContext<'a> {
     /// The request enables a longer context window than its model's usual one (Anthropic's
     /// `context-1m` beta): its window is the one for [`window_model`].
     pub long_context: bool,
+    /// The summarizer calls the client request may still make: shared by the compaction
+    /// before it is sent and the one after a refusal for length.
+    pub attempts: &'a Attempts,
 }
 
 /// The outcome of one request plus the session it belongs to.
@@ -128,6 +131,8 @@ struct Request<'r, 'b> {
     tenant: TenantId,
     session: &'r str,
     limits: Limits,
+    /// The summarizer calls it may still make.
+    attempts: &'r Attempts,
 }
 
 /// Why a compaction of a request did not happen: the engine's reasons, or the dialect could
@@ -461,6 +466,7 @@ impl Pipeline {
             caller,
             session_header: None,
             long_context: false,
+            attempts: &Attempts::per_request(),
         };
         self.handle(dialect, &Bytes::copy_from_slice(body), &context)
             .await
@@ -549,6 +555,7 @@ impl Pipeline {
                     scan.requested_output,
                 )
                 .await,
+            attempts: context.attempts,
         };
         let mut figures = Figures::default();
         let outcome = if checkpoint.is_some() || self.strategy.masks() || self.may_compact(&request)
@@ -1279,6 +1286,7 @@ impl Pipeline {
                 prior: prior.as_ref(),
                 instructions,
                 caller: request.caller,
+                attempts: request.attempts,
             })
             .await?;
         compaction.boundary += offset;
@@ -1333,6 +1341,8 @@ impl Pipeline {
     /// flight of its prefix (so a request crossing the trigger meanwhile waits for it instead
     /// of starting a second), and stored staged unless the conversation was edited meanwhile.
     async fn compact_in_background(self: Arc<Self>, job: BackgroundJob) {
+        // Dropped however the task ends, shutdown's abort included.
+        let _running = Running::start(&self.metrics);
         let started = Instant::now();
         let mut outcome = BackgroundOutcome::Failed;
         let slot = &mut outcome;
@@ -1382,6 +1392,7 @@ impl Pipeline {
             tenant: job.key.tenant,
             session: &job.session,
             limits: job.limits,
+            attempts: &Attempts::per_request(),
         };
         // The checkpoint in use when the job started; one that covers more (another summary
         // finished first) leaves nothing to do.
@@ -1446,6 +1457,10 @@ impl Pipeline {
     /// Whether the session's latest request no longer starts with the first `covered`
     /// messages of `request` (the person edited or rewound the conversation while its summary
     /// was being made): such a summary would never be spliced.
+    ///
+    /// A latest request shorter than `covered` that `request` extends is not an edit: it is an
+    /// earlier request of the conversation (with a shared store, the latest one written may
+    /// lag behind the request another replica is answering).
     async fn edited_since(&self, request: &Request<'_, '_>, covered: usize) -> bool {
         let latest = match self.store.latest_request(request.session).await {
             Ok(Some(latest)) if latest.tenant == request.tenant => latest,
@@ -1454,9 +1469,10 @@ impl Pipeline {
         let Ok(now) = latest.dialect.scan(&latest.body, self.engine.estimator()) else {
             return true;
         };
+        let common = covered.min(now.messages.len());
         let (Some(then), Some(now)) = (
-            request.scan.messages.get(..covered),
-            now.messages.get(..covered),
+            request.scan.messages.get(..common),
+            now.messages.get(..common),
         ) else {
             return true;
         };
@@ -1611,6 +1627,7 @@ impl Pipeline {
             tenant,
             session: &session,
             limits,
+            attempts: context.attempts,
         };
         let started = Instant::now();
         match self.compact_now(&request, &transcript, None, started).await {
@@ -1712,6 +1729,7 @@ impl Pipeline {
                     scan.requested_output,
                 )
                 .await,
+            attempts: &Attempts::per_request(),
         };
         let started = Instant::now();
         match self
@@ -1745,6 +1763,7 @@ impl Pipeline {
                         }
                         Failure::Engine(CompactError::NotSmaller { .. }) => "not_smaller",
                         Failure::Engine(CompactError::Prompt(_)) => "prompt_too_large",
+                        Failure::Engine(CompactError::NoAttemptsLeft) => "summarizer_failed",
                         Failure::Dialect(_) => "rewrite_failed",
                     },
                 }
@@ -1779,6 +1798,22 @@ impl Pipeline {
 
     fn record(&self, trigger: Trigger, outcome: CompactionOutcome) {
         self.metrics.compaction(trigger, outcome);
+    }
+}
+
+/// Holds `compactor_background_compactions_running` up while a background summary runs.
+struct Running(Arc<Metrics>);
+
+impl Running {
+    fn start(metrics: &Arc<Metrics>) -> Running {
+        metrics.background_running.inc();
+        Running(metrics.clone())
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.background_running.dec();
     }
 }
 

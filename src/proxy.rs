@@ -28,6 +28,7 @@ use hyper::body::{Body, Frame, Incoming};
 
 use crate::app::App;
 use crate::compaction::models::{enables_long_context, window_model, WindowSource};
+use crate::compaction::Attempts;
 use crate::dialect::DialectKind;
 use crate::error::Error;
 use crate::metrics::{method_label, route_label, Metrics};
@@ -145,10 +146,14 @@ async fn forward(
                 .get(app.config.session.header.as_str())
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_string);
+            // The seed's bound on summarizer calls holds per client request: a compaction after
+            // a refusal for length gets what this one leaves.
+            let attempts = Attempts::per_request();
             let context = RequestContext {
                 caller: &caller,
                 session_header: session_header.as_deref(),
                 long_context: long_context(&parts.headers),
+                attempts: &attempts,
             };
             let mut processed = app.compactor.handle(dialect, &original, &context).await;
             overhead.exclude(processed.summarizer_time);
@@ -169,6 +174,7 @@ async fn forward(
                 _held: held,
                 caller,
                 session_header,
+                attempts,
                 forwarded_tokens,
                 method: parts.method.clone(),
                 uri: parts.uri.clone(),
@@ -295,6 +301,8 @@ struct Retry {
     _held: budget::Held,
     caller: Arc<Caller>,
     session_header: Option<String>,
+    /// The summarizer calls the request may still make.
+    attempts: Attempts,
     /// Estimated tokens of the body that was sent.
     forwarded_tokens: usize,
     method: http::Method,
@@ -424,6 +432,7 @@ async fn retry_after_refusal(
         caller: &retry.caller,
         session_header: retry.session_header.as_deref(),
         long_context: long_context(&retry.headers),
+        attempts: &retry.attempts,
     };
     let started = Instant::now();
     let compacted = app

@@ -35,7 +35,7 @@ use compactor_plugin_api::{
     BoxFuture, Caller, SummarizeError, Summarizer, Summary, SummaryRequest,
 };
 
-use crate::compaction::{CompactionOutcome, Limits, Trigger};
+use crate::compaction::{Attempts, CompactionOutcome, Limits, Trigger};
 use crate::config::{Config, ConfigError, Strategy};
 use crate::dialect::DialectKind;
 use crate::estimate::LazyEstimator;
@@ -476,6 +476,7 @@ impl Replayer {
                 caller: &caller,
                 session_header: None,
                 long_context: false,
+                attempts: &Attempts::per_request(),
             };
             let before = automatic_counts(&metrics);
             let masked_before = masked_counted(&metrics);

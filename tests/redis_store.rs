@@ -888,3 +888,118 @@ async fn the_hybrid_mask_floor_is_shared_and_only_rises() {
     let other = TenantId::from_credential("sk-floor-other");
     assert_eq!(raise(&two, other, 0, (1, 2)).await, 2);
 }
+
+/// A SWE-agent function-calling session played three times over in one conversation (call
+/// ids made unique per round), so it outgrows a 16k window twice.
+fn swe_agent_thrice() -> Vec<Value> {
+    let recorded = support::transcript("swe-agent-marshmallow-function-calling.json");
+    let mut messages = recorded[..2].to_vec();
+    for round in 0..3 {
+        for m in &recorded[2..] {
+            let mut m = m.clone();
+            if let Some(calls) = m.get_mut("tool_calls").and_then(Value::as_array_mut) {
+                for call in calls {
+                    let id = call["id"].as_str().unwrap_or_default().to_string();
+                    call["id"] = json!(format!("{id}-{round}"));
+                }
+            }
+            if let Some(id) = m.get("tool_call_id").and_then(Value::as_str) {
+                let id = format!("{id}-{round}");
+                m["tool_call_id"] = json!(id);
+            }
+            messages.push(m);
+        }
+    }
+    messages
+}
+
+/// Sums a counter's samples whose labels include `labels`.
+fn metric_sum(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    text.lines()
+        .filter_map(support::metrics::parse_sample_line)
+        .filter(|(n, l, _)| {
+            n == name && labels.iter().all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v))
+        })
+        .map(|(_, _, v)| v)
+        .sum()
+}
+
+/// The summarizing strategy with background summaries on (the default ratio), a 16k window.
+fn background_toml(mock: &MockUpstream, redis: Option<&RedisServer>) -> String {
+    let store = match redis {
+        Some(r) => format!(
+            "[store]\nbackend = \"redis\"\nredis_url = \"{}\"\nredis_timeout_secs = 0.5\n",
+            r.url()
+        ),
+        None => String::new(),
+    };
+    format!(
+        "{}[compaction]\nstrategy = \"summarize\"\n[models.\"gpt-4o\"]\ncontext_window = 16000\n{store}",
+        upstream_toml(&mock.url())
+    )
+}
+
+/// Plays the conversation request by request over `replicas` in turn, each request after the
+/// background summaries the previous one started have ended (an agent's think time outlasting
+/// a summary). Returns the compactions the replicas counted and the background outcomes.
+async fn play_with_background(replicas: &[&TestProxy], messages: &[Value]) -> (f64, f64, f64) {
+    let client = TestClient::http1();
+    let turns = (1..messages.len()).filter(|i| messages[*i]["role"] == "assistant");
+    for (k, i) in turns.enumerate() {
+        chat(
+            &client,
+            replicas[k % replicas.len()],
+            AUTH,
+            request_before(messages, i),
+        )
+        .await;
+        for r in replicas {
+            r.wait_metric("compactor_background_compactions_running", &[], 0.0)
+                .await;
+        }
+    }
+    let mut compacted = 0.0;
+    let mut stored = 0.0;
+    let mut discarded = 0.0;
+    for r in replicas {
+        let text = r.metrics().await;
+        compacted += metric_sum(&text, "compactor_compactions_total", &[("outcome", "compacted")]);
+        let background = "compactor_background_compactions_total";
+        stored += metric_sum(&text, background, &[("outcome", "stored")]);
+        discarded += metric_sum(&text, background, &[("outcome", "discarded")]);
+    }
+    (compacted, stored, discarded)
+}
+
+#[tokio::test]
+async fn alternating_replicas_with_background_summaries_make_one_summary_per_compaction() {
+    let messages = swe_agent_thrice();
+
+    // One replica alone: the reference.
+    let mock = MockUpstream::start().await;
+    let provider = Provider::install(&mock);
+    let single = TestProxy::start(&background_toml(&mock, None)).await;
+    let (compacted, _, discarded) = play_with_background(&[&single], &messages).await;
+    let reference = provider.summaries();
+    assert!(reference >= 2, "the conversation compacts at least twice");
+    assert_eq!(reference as f64, compacted, "one replica: a call per compaction");
+    assert_eq!(discarded, 0.0);
+    single.shutdown().await;
+
+    let redis = RedisServer::start().await;
+    let mock = MockUpstream::start().await;
+    let provider = Provider::install(&mock);
+    let a = TestProxy::start(&background_toml(&mock, Some(&redis))).await;
+    let b = TestProxy::start(&background_toml(&mock, Some(&redis))).await;
+    let (compacted, stored, discarded) = play_with_background(&[&a, &b], &messages).await;
+    assert_eq!(discarded, 0.0, "no summary made ahead is thrown away");
+    assert!(stored >= 1.0, "summaries are made ahead");
+    assert_eq!(
+        provider.summaries() as f64,
+        compacted,
+        "two replicas: one summarizer call per compaction"
+    );
+    assert_eq!(provider.summaries(), reference, "as many as one replica makes");
+    a.shutdown().await;
+    b.shutdown().await;
+}

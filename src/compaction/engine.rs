@@ -25,6 +25,7 @@
 //! is the pipeline's job (`src/pipeline.rs`, a layer above); the engine never fails a request either: every problem is a
 //! [`CompactError`], and the pipeline forwards the original bytes.
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -49,6 +50,31 @@ use crate::transcript::{Message, Part, Role, Transcript};
 /// Most summarizer calls (compaction attempts) while handling one request; not the
 /// per-session breaker (docs/architecture.md, *Attempt limit*).
 pub const MAX_ATTEMPTS_PER_REQUEST: u32 = 3;
+
+/// The summarizer calls one client request may still make, whatever path makes them: the
+/// compaction before it is sent and the one after the provider refuses it for its length
+/// draw on the same [`MAX_ATTEMPTS_PER_REQUEST`].
+#[derive(Debug)]
+pub struct Attempts(AtomicU32);
+
+impl Attempts {
+    /// A fresh budget of [`MAX_ATTEMPTS_PER_REQUEST`] calls.
+    pub fn per_request() -> Attempts {
+        Attempts(AtomicU32::new(MAX_ATTEMPTS_PER_REQUEST))
+    }
+
+    /// Takes one call from the budget; false when none is left.
+    pub fn take(&self) -> bool {
+        self.0
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |left| left.checked_sub(1))
+            .is_ok()
+    }
+
+    /// Calls still allowed.
+    pub fn left(&self) -> u32 {
+        self.0.load(Ordering::Acquire)
+    }
+}
 
 /// What a previous compaction of the same conversation left behind.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -80,6 +106,8 @@ pub struct CompactionInput<'a> {
     pub instructions: Option<&'a str>,
     /// Destination and credentials, for summarizers that call the caller's provider.
     pub caller: &'a Caller,
+    /// The summarizer calls the request may still make; each attempt takes one.
+    pub attempts: &'a Attempts,
 }
 
 /// A compaction plan: replace `transcript[head..boundary]` by one user message.
@@ -115,6 +143,9 @@ pub enum CompactError {
     /// The summarizer did not answer in time (compactor's own safety net).
     #[error("summarizer did not answer within {0:?}")]
     Timeout(Duration),
+    /// The request already made every summarizer call it may ([`Attempts`]).
+    #[error("the request already made {MAX_ATTEMPTS_PER_REQUEST} summarizer calls")]
+    NoAttemptsLeft,
     /// The rewrite would not be smaller than the original.
     #[error("compacted request ({post} tokens) would not be smaller than the original ({pre})")]
     NotSmaller {
@@ -291,6 +322,11 @@ impl Engine {
             };
             if tried == Some((done, boundary)) {
                 break; // a smaller budget found the same boundary: the same slice again
+            }
+            if !input.attempts.take() {
+                // An earlier compaction of this request spent the budget.
+                failure = failure.or(Some(CompactError::NoAttemptsLeft));
+                break;
             }
             tried = Some((done, boundary));
             slice.iter().for_each(|m| tracker.observe_message(m));
@@ -598,6 +634,7 @@ mod tests {
                 prior: None,
                 instructions: None,
                 caller: &caller(),
+                attempts: &Attempts::per_request(),
             })
             .await
             .expect_err("the summary never makes the request smaller");
@@ -662,6 +699,7 @@ mod tests {
                 prior: None,
                 instructions: None,
                 caller: &caller(),
+                attempts: &Attempts::per_request(),
             })
             .await
             .expect("compacts");
@@ -709,6 +747,7 @@ mod tests {
                 prior: None,
                 instructions: None,
                 caller: &caller(),
+                attempts: &Attempts::per_request(),
             })
             .await
             .expect("the first attempt is kept");
@@ -744,6 +783,7 @@ mod tests {
                 prior: Some(&prior),
                 instructions: Some("focus on the parser"),
                 caller: &caller(),
+                attempts: &Attempts::per_request(),
             })
             .await
             .expect("compacts");
@@ -800,6 +840,7 @@ mod tests {
             prior: None,
             instructions: None,
             caller: &caller(),
+            attempts: &Attempts::per_request(),
         })
         .await
         .expect("compacts");
@@ -828,6 +869,7 @@ mod tests {
             prior: None,
             instructions: None,
             caller: &caller(),
+            attempts: &Attempts::per_request(),
         })
         .await
         .expect("compacts");

@@ -20,7 +20,7 @@ pub mod shell;
 pub mod trigger;
 
 pub use engine::{
-    CompactError, Compaction, CompactionInput, Engine, Prior, MAX_ATTEMPTS_PER_REQUEST,
+    Attempts, CompactError, Compaction, CompactionInput, Engine, Prior, MAX_ATTEMPTS_PER_REQUEST,
 };
 pub use trigger::{CompactionOutcome, Limits, Trigger};
 
