@@ -809,6 +809,13 @@ impl Metrics {
             .inc();
     }
 
+    /// The value of `compactor_background_compactions_total{outcome}` (tests).
+    pub fn background_counted(&self, outcome: BackgroundOutcome) -> u64 {
+        self.background_compactions
+            .get_metric_with_label_values(&[outcome.label()])
+            .map_or(0, |c| c.get())
+    }
+
     /// The count of `compactor_compactions_total{trigger,outcome}` (0 for a combination never
     /// recorded), for tests and the replay tool.
     pub fn compactions_counted(&self, trigger: &str, outcome: &str) -> u64 {

@@ -742,12 +742,7 @@ impl Pipeline {
                 Err(e) => return self.not_understood(Some(trigger), &e),
             }
         }
-        let allowed = self
-            .store
-            .compaction_allowed(request.tenant, request.session)
-            .await
-            .unwrap_or(true);
-        if !allowed {
+        if !self.breaker_allows(request.tenant, request.session).await {
             self.record(trigger, CompactionOutcome::Breaker);
             return self.reuse(request.scan, splice.as_ref(), &mask, tokens, figures);
         }
@@ -810,14 +805,7 @@ impl Pipeline {
             Err(_) => false,
         };
         let session = request.session;
-        if let Ok(true) = self
-            .store
-            .record_compaction(request.tenant, session, succeeded)
-            .await
-        {
-            self.metrics.breaker_open.inc();
-            tracing::warn!(session, "session breaker open: automatic compaction paused");
-        }
+        self.feed_breaker(request.tenant, session, succeeded).await;
         match result {
             Ok(Compacted {
                 body,
@@ -862,6 +850,30 @@ impl Pipeline {
                     reused => reused,
                 }
             }
+        }
+    }
+
+    /// Whether the conversation's breaker lets a compaction run now. Every path that may call
+    /// the summarizer asks (the trigger, a refusal for length, a summary made ahead, a manual
+    /// compaction), so one breaker bounds a conversation whatever starts the attempt. A store
+    /// that cannot answer lets it run.
+    async fn breaker_allows(&self, tenant: TenantId, session: &str) -> bool {
+        self.store
+            .compaction_allowed(tenant, session)
+            .await
+            .unwrap_or(true)
+    }
+
+    /// Tells the conversation's breaker how an attempt it allowed ended (see
+    /// [`Pipeline::breaker_allows`]); counts and logs the breaker opening.
+    async fn feed_breaker(&self, tenant: TenantId, session: &str, succeeded: bool) {
+        if let Ok(true) = self
+            .store
+            .record_compaction(tenant, session, succeeded)
+            .await
+        {
+            self.metrics.breaker_open.inc();
+            tracing::warn!(session, "session breaker open: automatic compaction paused");
         }
     }
 
@@ -1408,10 +1420,16 @@ impl Pipeline {
             Some(_) => return BackgroundOutcome::Failed,
             None => None,
         };
-        // The session's breaker is left to the request path: a background summary is tried
-        // once per prefix (see `start_background`), so a failing one costs one call.
+        // The conversation's one breaker: a summary made ahead is an attempt like any other.
+        if !self.breaker_allows(request.tenant, request.session).await {
+            return BackgroundOutcome::Breaker;
+        }
         let compacted = self
             .compact_view(&request, &transcript, splice.as_ref(), None)
+            .await;
+        let succeeded = matches!(&compacted, Ok(c)
+            if request.limits.check(c.messages, c.result.post_tokens).is_none());
+        self.feed_breaker(request.tenant, request.session, succeeded)
             .await;
         let compaction = match compacted {
             Ok(c) => c,
@@ -1629,8 +1647,29 @@ impl Pipeline {
             limits,
             attempts: context.attempts,
         };
+        if context.attempts.left() == 0 {
+            // The compaction before the request was sent made every call the request may.
+            self.record(Trigger::Overflow, CompactionOutcome::Failed);
+            tracing::warn!(
+                session,
+                "refused for length after this request made every summarizer call it may; not compacted again"
+            );
+            return None;
+        }
+        if !self.breaker_allows(tenant, &session).await {
+            self.record(Trigger::Overflow, CompactionOutcome::Breaker);
+            tracing::warn!(
+                session,
+                "refused for length while the session breaker is open; not compacted again"
+            );
+            return None;
+        }
         let started = Instant::now();
-        match self.compact_now(&request, &transcript, None, started).await {
+        let compacted = self.compact_now(&request, &transcript, None, started).await;
+        let succeeded = matches!(&compacted, Ok(c)
+            if c.compaction.result.post_tokens < forwarded && !c.still_over(&limits));
+        self.feed_breaker(tenant, &session, succeeded).await;
+        match compacted {
             Ok(Compacted {
                 body, compaction, ..
             }) if compaction.result.post_tokens < forwarded => {
@@ -1731,11 +1770,19 @@ impl Pipeline {
                 .await,
             attempts: &Attempts::per_request(),
         };
+        if !self.breaker_allows(latest.tenant, id).await {
+            self.record(Trigger::Manual, CompactionOutcome::Breaker);
+            return ManualOutcome::NotCompacted {
+                reason: "breaker_open",
+            };
+        }
         let started = Instant::now();
-        match self
+        let compacted = self
             .compact_now(&request, &transcript, instructions, started)
-            .await
-        {
+            .await;
+        let succeeded = matches!(&compacted, Ok(c) if !c.still_over(&request.limits));
+        self.feed_breaker(latest.tenant, id, succeeded).await;
+        match compacted {
             Ok(Compacted {
                 compaction, stored, ..
             }) => {

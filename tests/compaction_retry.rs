@@ -402,3 +402,108 @@ async fn messages_and_responses_refusals_are_retried_in_their_dialect() {
         proxy.shutdown().await;
     }
 }
+
+/// A summary far longer than any window: a compaction with it is never smaller than what
+/// it replaces, so every attempt is a call that fails.
+fn endless_summary() -> Reply {
+    Reply::json(
+        200,
+        &json!({"id": "s", "object": "chat.completion",
+                "choices": [{"index": 0, "finish_reason": "stop",
+                             "message": {"role": "assistant",
+                                         "content": "long summary ".repeat(4000)}}]}),
+    )
+}
+
+/// The summarizer calls the mock received.
+fn summarizer_calls(mock: &MockUpstream) -> usize {
+    mock.requests()
+        .iter()
+        .filter(|r| is_summary_request(r))
+        .count()
+}
+
+/// Summaries from the caller's provider (the mock), so the test counts every call.
+const LLM_SUMMARIES: &str = "[compaction]\nmax_messages = 1000\nmin_preserve_tokens = 20\n\
+                             max_preserve_tokens = 200\n[summarizer]\nbackend = \"openai\"\n";
+
+#[tokio::test]
+async fn a_request_makes_at_most_three_summarizer_calls_before_and_after_a_refusal() {
+    // The trigger fires on the request (20 messages over `max_messages = 10`) and its three
+    // attempts each get a summary too long to help; the provider then refuses the request for
+    // its length. The compaction after the refusal has no call left.
+    let mock = MockUpstream::start().await;
+    mock.set_handler(|r| {
+        if is_summary_request(r) {
+            endless_summary()
+        } else {
+            refusal()
+        }
+    });
+    let config = LLM_SUMMARIES.replace("max_messages = 1000", "max_messages = 10");
+    let proxy = TestProxy::start(&format!("{}{config}", upstream_toml(&mock.url()))).await;
+    let body = json!({"model": "gpt-4o", "messages": conversation(19)});
+    let got = send(&proxy, &body).await;
+    assert_eq!(got.status, 400, "the refusal reaches the client");
+    assert_eq!(got.json()["error"]["code"], "context_length_exceeded");
+    assert_eq!(
+        summarizer_calls(&mock),
+        3,
+        "three calls for the client request, across both compactions"
+    );
+    assert_eq!(
+        metric(
+            &proxy,
+            "compactor_compactions_total",
+            &[("trigger", "overflow"), ("outcome", "failed")]
+        )
+        .await,
+        1.0,
+        "the refusal was seen and not compacted again"
+    );
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_session_breaker_stops_compactions_after_refusals_that_cannot_be_cured() {
+    // No trigger fires; every request is refused for its length and every compaction after
+    // the refusal fails. After three failures the conversation's breaker opens: later
+    // refusals are passed on without calling the summarizer.
+    let mock = MockUpstream::start().await;
+    mock.set_handler(|r| {
+        if is_summary_request(r) {
+            endless_summary()
+        } else {
+            refusal()
+        }
+    });
+    let proxy = TestProxy::start(&format!("{}{LLM_SUMMARIES}", upstream_toml(&mock.url()))).await;
+    let mut messages = conversation(19);
+    let mut calls = Vec::new();
+    for turn in 0..5 {
+        let got = send(&proxy, &json!({"model": "gpt-4o", "messages": messages})).await;
+        assert_eq!(got.status, 400, "turn {turn}");
+        calls.push(summarizer_calls(&mock));
+        messages.push(json!({"role": "assistant", "content": format!("answer {turn}")}));
+        messages.push(json!({"role": "user", "content": format!("question {turn}")}));
+    }
+    assert!(calls[0] > 0, "the first refusal is compacted: {calls:?}");
+    assert_eq!(
+        calls[2], calls[4],
+        "no summarizer call once the breaker is open: {calls:?}"
+    );
+    assert_eq!(
+        metric(
+            &proxy,
+            "compactor_compactions_total",
+            &[("trigger", "overflow"), ("outcome", "breaker")]
+        )
+        .await,
+        2.0
+    );
+    assert_eq!(
+        metric(&proxy, "compactor_breaker_open_total", &[]).await,
+        1.0
+    );
+    proxy.shutdown().await;
+}

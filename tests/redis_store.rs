@@ -918,7 +918,10 @@ fn metric_sum(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
     text.lines()
         .filter_map(support::metrics::parse_sample_line)
         .filter(|(n, l, _)| {
-            n == name && labels.iter().all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v))
+            n == name
+                && labels
+                    .iter()
+                    .all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v))
         })
         .map(|(_, _, v)| v)
         .sum()
@@ -963,7 +966,11 @@ async fn play_with_background(replicas: &[&TestProxy], messages: &[Value]) -> (f
     let mut discarded = 0.0;
     for r in replicas {
         let text = r.metrics().await;
-        compacted += metric_sum(&text, "compactor_compactions_total", &[("outcome", "compacted")]);
+        compacted += metric_sum(
+            &text,
+            "compactor_compactions_total",
+            &[("outcome", "compacted")],
+        );
         let background = "compactor_background_compactions_total";
         stored += metric_sum(&text, background, &[("outcome", "stored")]);
         discarded += metric_sum(&text, background, &[("outcome", "discarded")]);
@@ -982,7 +989,10 @@ async fn alternating_replicas_with_background_summaries_make_one_summary_per_com
     let (compacted, _, discarded) = play_with_background(&[&single], &messages).await;
     let reference = provider.summaries();
     assert!(reference >= 2, "the conversation compacts at least twice");
-    assert_eq!(reference as f64, compacted, "one replica: a call per compaction");
+    assert_eq!(
+        reference as f64, compacted,
+        "one replica: a call per compaction"
+    );
     assert_eq!(discarded, 0.0);
     single.shutdown().await;
 
@@ -999,7 +1009,11 @@ async fn alternating_replicas_with_background_summaries_make_one_summary_per_com
         compacted,
         "two replicas: one summarizer call per compaction"
     );
-    assert_eq!(provider.summaries(), reference, "as many as one replica makes");
+    assert_eq!(
+        provider.summaries(),
+        reference,
+        "as many as one replica makes"
+    );
     a.shutdown().await;
     b.shutdown().await;
 }

@@ -66,7 +66,9 @@ impl Attempts {
     /// Takes one call from the budget; false when none is left.
     pub fn take(&self) -> bool {
         self.0
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |left| left.checked_sub(1))
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |left| {
+                left.checked_sub(1)
+            })
             .is_ok()
     }
 

@@ -256,17 +256,20 @@ pub enum BackgroundOutcome {
     Busy,
     /// Aborted by shutdown.
     Abandoned,
+    /// Not made: the conversation's breaker is open.
+    Breaker,
 }
 
 impl BackgroundOutcome {
     /// Every outcome (the metrics pre-initialise their label values).
-    pub const ALL: [BackgroundOutcome; 6] = [
+    pub const ALL: [BackgroundOutcome; 7] = [
         BackgroundOutcome::Stored,
         BackgroundOutcome::Failed,
         BackgroundOutcome::Discarded,
         BackgroundOutcome::Skipped,
         BackgroundOutcome::Busy,
         BackgroundOutcome::Abandoned,
+        BackgroundOutcome::Breaker,
     ];
 
     /// The label value.
@@ -278,6 +281,7 @@ impl BackgroundOutcome {
             BackgroundOutcome::Skipped => "skipped",
             BackgroundOutcome::Busy => "busy",
             BackgroundOutcome::Abandoned => "abandoned",
+            BackgroundOutcome::Breaker => "breaker",
         }
     }
 }

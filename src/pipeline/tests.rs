@@ -269,3 +269,92 @@ async fn the_persons_own_words_are_pinned_and_lead_their_turn_in_the_prompt() {
         "own words lead the turn: {prompt}"
     );
 }
+
+#[tokio::test]
+async fn summaries_made_ahead_and_manual_compactions_answer_to_the_conversations_breaker() {
+    // SMALL compacts beyond 10 messages; 8 are over the background watermark (0.7 × 10).
+    let fake = FakeSummarizer::new(vec![Reply::Error]);
+    let config = config(SMALL);
+    let (c, metrics) = compactor(&config, fake.clone());
+    // Routed to the configured upstream, so a manual compaction may call the summarizer.
+    let caller = Arc::new(Caller {
+        upstream_base_url: config.upstream.base_url.clone(),
+        ..Caller::default()
+    });
+    let tenant = TenantId::from_caller(&caller);
+    let handle = |messages: Vec<Value>| {
+        let c = c.clone();
+        let caller = caller.clone();
+        async move {
+            let context = RequestContext {
+                caller: &caller,
+                session_header: None,
+                long_context: false,
+                attempts: &Attempts::per_request(),
+            };
+            let body = Bytes::from(body("tiny", messages));
+            let processed = c
+                .handle(DialectKind::ChatCompletions, &body, &context)
+                .await;
+            c.background_idle().await;
+            processed.session_id.expect("a conversation has a session")
+        }
+    };
+    let failures = |session: String| {
+        let c = c.clone();
+        async move {
+            let info = c.store().session(&session).await.expect("store");
+            info.expect("session recorded").consecutive_failures
+        }
+    };
+
+    // A failing summary made ahead is a failure of the conversation's breaker.
+    let session = handle(chat(8)).await;
+    assert_eq!(metrics.background_counted(BackgroundOutcome::Failed), 1);
+    assert_eq!(failures(session.clone()).await, 1, "fed by the background");
+
+    // Two more failures (from any path) open it: a manual compaction is refused without a call.
+    for _ in 0..2 {
+        c.store()
+            .record_compaction(tenant, &session, false)
+            .await
+            .expect("store");
+    }
+    let calls = fake.requests().len();
+    let manual = c.compact_session(&session, None).await;
+    assert!(
+        matches!(
+            manual,
+            ManualOutcome::NotCompacted {
+                reason: "breaker_open"
+            }
+        ),
+        "{manual:?}"
+    );
+    assert_eq!(
+        fake.requests().len(),
+        calls,
+        "no call past the open breaker"
+    );
+    assert_eq!(compactions(&metrics, "manual", "breaker"), 1);
+
+    // Another conversation whose breaker is open before its first summary made ahead.
+    let mut other = chat(3);
+    other[0] = json!({"role": "system", "content": "You are another agent."});
+    let session = handle(other.clone()).await;
+    for _ in 0..3 {
+        c.store()
+            .record_compaction(tenant, &session, false)
+            .await
+            .expect("store");
+    }
+    let calls = fake.requests().len();
+    other.extend(chat(8).into_iter().skip(4));
+    assert_eq!(handle(other).await, session);
+    assert_eq!(metrics.background_counted(BackgroundOutcome::Breaker), 1);
+    assert_eq!(
+        fake.requests().len(),
+        calls,
+        "no summary made ahead past the breaker"
+    );
+}
