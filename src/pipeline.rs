@@ -1784,15 +1784,24 @@ impl Pipeline {
         self.feed_breaker(latest.tenant, id, succeeded).await;
         match compacted {
             Ok(Compacted {
-                compaction, stored, ..
+                compaction,
+                stored: Some(checkpoint),
+                ..
             }) => {
                 self.record(Trigger::Manual, CompactionOutcome::Compacted);
                 self.log_compaction(id, Trigger::Manual, scan.len(), &compaction, started);
-                match stored {
-                    Some(checkpoint) => ManualOutcome::Compacted(checkpoint),
-                    None => ManualOutcome::NotCompacted {
-                        reason: "checkpoint_not_stored",
-                    },
+                ManualOutcome::Compacted(checkpoint)
+            }
+            // Made but not stored: nothing of it reaches the session, so the answer and the
+            // metric both say so.
+            Ok(Compacted { stored: None, .. }) => {
+                self.record(Trigger::Manual, CompactionOutcome::NotStored);
+                tracing::warn!(
+                    session = id,
+                    "manual compaction summarised but its checkpoint was not stored"
+                );
+                ManualOutcome::NotCompacted {
+                    reason: "checkpoint_not_stored",
                 }
             }
             Err(e) => {

@@ -64,16 +64,20 @@ pub enum CompactionOutcome {
     Breaker,
     /// Compaction panicked (a bug); the original request was forwarded.
     Panic,
+    /// A manual compaction's summary was made but its checkpoint could not be stored: the
+    /// session goes on without it (the answer says `compacted: false`).
+    NotStored,
 }
 
 impl CompactionOutcome {
     /// Every outcome (the metrics pre-initialise their label values).
-    pub const ALL: [CompactionOutcome; 5] = [
+    pub const ALL: [CompactionOutcome; 6] = [
         CompactionOutcome::Compacted,
         CompactionOutcome::Failed,
         CompactionOutcome::Blank,
         CompactionOutcome::Breaker,
         CompactionOutcome::Panic,
+        CompactionOutcome::NotStored,
     ];
 
     /// The label value.
@@ -84,6 +88,7 @@ impl CompactionOutcome {
             CompactionOutcome::Blank => "blank",
             CompactionOutcome::Breaker => "breaker",
             CompactionOutcome::Panic => "panic",
+            CompactionOutcome::NotStored => "not_stored",
         }
     }
 }

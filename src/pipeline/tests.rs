@@ -358,3 +358,156 @@ async fn summaries_made_ahead_and_manual_compactions_answer_to_the_conversations
         "no summary made ahead past the breaker"
     );
 }
+
+/// A memory store whose checkpoint writes all fail (a backend that cannot take them).
+struct NoCheckpoints(MemoryStore);
+
+impl SessionStore for NoCheckpoints {
+    fn longest_checkpoint<'a>(
+        &'a self,
+        tenant: TenantId,
+        hashes: &'a [crate::session::ChainHash],
+    ) -> compactor_plugin_api::BoxFuture<'a, Result<Option<Arc<Checkpoint>>, StoreError>> {
+        self.0.longest_checkpoint(tenant, hashes)
+    }
+    fn put_checkpoint(
+        &self,
+        _: TenantId,
+        _: crate::session::ChainHash,
+        _: Arc<Checkpoint>,
+    ) -> compactor_plugin_api::BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(std::future::ready(Err(StoreError::Backend("full".into()))))
+    }
+    fn touch_session<'a>(
+        &'a self,
+        tenant: TenantId,
+        id: &'a str,
+        latest: LatestRequest,
+        seen: usize,
+    ) -> compactor_plugin_api::BoxFuture<'a, Result<(), StoreError>> {
+        self.0.touch_session(tenant, id, latest, seen)
+    }
+    fn session<'a>(
+        &'a self,
+        id: &'a str,
+    ) -> compactor_plugin_api::BoxFuture<'a, Result<Option<crate::session::SessionInfo>, StoreError>>
+    {
+        self.0.session(id)
+    }
+    fn latest_request<'a>(
+        &'a self,
+        id: &'a str,
+    ) -> compactor_plugin_api::BoxFuture<'a, Result<Option<LatestRequest>, StoreError>> {
+        self.0.latest_request(id)
+    }
+    fn list_sessions(
+        &self,
+        limit: usize,
+    ) -> compactor_plugin_api::BoxFuture<'_, Result<Vec<crate::session::SessionInfo>, StoreError>>
+    {
+        self.0.list_sessions(limit)
+    }
+    fn compaction_allowed<'a>(
+        &'a self,
+        tenant: TenantId,
+        id: &'a str,
+    ) -> compactor_plugin_api::BoxFuture<'a, Result<bool, StoreError>> {
+        self.0.compaction_allowed(tenant, id)
+    }
+    fn max_covered(
+        &self,
+        tenant: TenantId,
+    ) -> compactor_plugin_api::BoxFuture<'_, Result<usize, StoreError>> {
+        self.0.max_covered(tenant)
+    }
+    fn stats(
+        &self,
+    ) -> compactor_plugin_api::BoxFuture<'_, Result<crate::session::StoreStats, StoreError>> {
+        SessionStore::stats(&self.0)
+    }
+    fn record_compaction<'a>(
+        &'a self,
+        tenant: TenantId,
+        id: &'a str,
+        succeeded: bool,
+    ) -> compactor_plugin_api::BoxFuture<'a, Result<bool, StoreError>> {
+        self.0.record_compaction(tenant, id, succeeded)
+    }
+    fn learned_window<'a>(
+        &'a self,
+        upstream: &'a str,
+        model: &'a str,
+    ) -> compactor_plugin_api::BoxFuture<'a, Result<Option<LearnedWindow>, StoreError>> {
+        self.0.learned_window(upstream, model)
+    }
+    fn learn_window<'a>(
+        &'a self,
+        key: &'a WindowKey,
+        window: LearnedWindow,
+    ) -> compactor_plugin_api::BoxFuture<'a, Result<bool, StoreError>> {
+        self.0.learn_window(key, window)
+    }
+    fn learned_windows(
+        &self,
+    ) -> compactor_plugin_api::BoxFuture<'_, Result<Vec<(WindowKey, LearnedWindow)>, StoreError>>
+    {
+        self.0.learned_windows()
+    }
+    fn raise_mask_floor<'a>(
+        &'a self,
+        tenant: TenantId,
+        id: &'a str,
+        covered: usize,
+        need: MaskNeed,
+    ) -> compactor_plugin_api::BoxFuture<'a, Result<usize, StoreError>> {
+        self.0.raise_mask_floor(tenant, id, covered, need)
+    }
+}
+
+#[tokio::test]
+async fn a_manual_compaction_not_stored_answers_and_counts_the_same() {
+    let fake = FakeSummarizer::text("S.");
+    let config = config(SMALL);
+    let metrics = Arc::new(Metrics::new().expect("metrics"));
+    let store = Arc::new(NoCheckpoints(MemoryStore::new(StoreLimits {
+        max_sessions: 10,
+        max_bytes: 1 << 20,
+        max_sessions_per_tenant: 10,
+        ttl: Duration::from_secs(60),
+    })));
+    let c = Arc::new(Pipeline::with_store(
+        &config,
+        fake.clone(),
+        metrics.clone(),
+        store,
+    ));
+    let caller = Arc::new(Caller {
+        upstream_base_url: config.upstream.base_url.clone(),
+        ..Caller::default()
+    });
+    let context = RequestContext {
+        caller: &caller,
+        session_header: Some("manual-not-stored"),
+        long_context: false,
+        attempts: &Attempts::per_request(),
+    };
+    let body = Bytes::from(body("tiny", chat(6)));
+    c.handle(DialectKind::ChatCompletions, &body, &context)
+        .await;
+    c.background_idle().await;
+
+    let calls = fake.requests().len();
+    let answer = c.compact_session("manual-not-stored", None).await;
+    assert!(
+        matches!(
+            answer,
+            ManualOutcome::NotCompacted {
+                reason: "checkpoint_not_stored"
+            }
+        ),
+        "{answer:?}"
+    );
+    assert!(fake.requests().len() > calls, "the summary was made");
+    assert_eq!(compactions(&metrics, "manual", "compacted"), 0);
+    assert_eq!(compactions(&metrics, "manual", "not_stored"), 1);
+}
