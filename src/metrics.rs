@@ -549,7 +549,7 @@ impl Metrics {
                 r,
                 IntCounter::new(
                     "compactor_tokens_saved_total",
-                    "Estimated input tokens removed from forwarded requests by compaction.",
+                    "Estimated input tokens removed from forwarded chat requests (received minus forwarded), by new or stored summaries and masked outputs.",
                 )?,
             )?,
             summarizer_requests: counter_vec(

@@ -609,6 +609,12 @@ impl Pipeline {
             forwarded,
             request.limits.context_window,
         );
+        // Every way a request is made smaller counts: a new summary, a stored one spliced in
+        // (made on the request path or ahead of it), masked outputs.
+        let saved = received.saturating_sub(forwarded);
+        self.metrics
+            .tokens_saved
+            .inc_by(u64::try_from(saved).unwrap_or(u64::MAX));
         processed.estimate = Some(ForwardedEstimate {
             model: scan.model.clone(),
             tokens: forwarded,
@@ -825,10 +831,6 @@ impl Pipeline {
                 let mut result = compaction.result.clone();
                 result.pre_tokens = request.scan.tokens;
                 self.log_compaction(session, trigger, request.scan.len(), &compaction, started);
-                let saved = result.pre_tokens.saturating_sub(result.post_tokens);
-                self.metrics
-                    .tokens_saved
-                    .inc_by(u64::try_from(saved).unwrap_or(u64::MAX));
                 Outcome::Rewritten {
                     body: Bytes::from(body),
                     result,

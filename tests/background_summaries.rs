@@ -312,3 +312,61 @@ async fn beyond_max_concurrent_a_background_summary_is_not_started() {
     assert_eq!(provider.summaries(), 1);
     provider.release().await;
 }
+
+/// The sum of a histogram's `_sum` samples whose labels include `labels`.
+fn histogram_sum(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    let sum = format!("{name}_sum");
+    text.lines()
+        .filter_map(support::metrics::parse_sample_line)
+        .filter(|(n, l, _)| {
+            *n == sum
+                && labels
+                    .iter()
+                    .all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v))
+        })
+        .map(|(_, _, v)| v)
+        .sum()
+}
+
+#[tokio::test]
+async fn tokens_saved_is_received_minus_forwarded_whatever_made_the_request_smaller() {
+    // Summaries answered at once; background summaries on (the default), `hybrid` masking
+    // (the default) has no tool outputs to mask here, so what makes requests smaller is a
+    // summary made ahead, spliced from the store on the requests after it.
+    let mock = MockUpstream::start().await;
+    let provider = Arc::new(Provider::default());
+    let p = provider.clone();
+    mock.set_handler(move |r| p.answer(r));
+    let proxy = TestProxy::start(&config(&mock)).await;
+    let full = conversation(30, false);
+    for n in (3..=full.len()).step_by(2) {
+        let got = send(&proxy, &full[..n]).await;
+        assert_eq!(got.status, 200);
+        proxy
+            .wait_metric("compactor_background_compactions_running", &[], 0.0)
+            .await;
+    }
+    let text = proxy.metrics().await;
+    let tokens = "compactor_request_tokens";
+    let received = histogram_sum(&text, tokens, &[("stage", "received")]);
+    let forwarded = histogram_sum(&text, tokens, &[("stage", "forwarded")]);
+    let saved = support::metric_value(&text, "compactor_tokens_saved_total", &[])
+        .expect("compactor_tokens_saved_total exported");
+    assert!(
+        metric(
+            &proxy,
+            "compactor_background_compactions_total",
+            &[("outcome", "stored")]
+        )
+        .await
+            >= 1.0,
+        "a summary was made ahead"
+    );
+    assert!(saved > 0.0);
+    assert_eq!(
+        saved,
+        received - forwarded,
+        "every token not forwarded is counted saved"
+    );
+    proxy.shutdown().await;
+}
