@@ -36,6 +36,7 @@ use crate::compaction::prompt::summary_message;
 use crate::compaction::trigger::{BackgroundOutcome, CompactionOutcome, Limits, Trigger};
 use crate::compaction::{Attempts, CompactionResult, MAX_ATTEMPTS_PER_REQUEST};
 use crate::config::{Config, StoreBackend, Strategy};
+use crate::dialect::reply::first_reply;
 use crate::dialect::scan_memo::{Remembering, ScanMemo};
 use crate::dialect::{DialectError, DialectKind, Scan};
 use crate::metrics::Metrics;
@@ -1875,10 +1876,21 @@ impl Drop for Running {
     }
 }
 
-/// The session id of a scanned request: the header when sent, else from its first messages.
+/// The session id of a scanned request: the header when sent, else derived from its opening
+/// messages through the model's first reply. Two conversations that open alike (the same
+/// task started twice) get one id until that reply, where they part, and their own ids from
+/// the next request on: they never share a breaker, a latest request, summaries made ahead or
+/// an admin entry. The first request of a conversation, with no reply yet, keeps the id of
+/// its opening alone.
 fn session_of(scan: &Scan<'_>, tenant: &TenantId, header: Option<&str>) -> String {
-    let first = &scan.messages[..scan.messages.len().min(SESSION_ID_MESSAGES)];
-    session_id(tenant, header, first)
+    let messages = &scan.messages;
+    let opening = if header.is_some_and(|h| !h.trim().is_empty()) {
+        0
+    } else {
+        let through_reply = first_reply(scan.dialect(), messages).map_or(0, |i| i + 1);
+        through_reply.max(SESSION_ID_MESSAGES).min(messages.len())
+    };
+    session_id(tenant, header, &messages[..opening])
 }
 
 /// What the proxy should forward.

@@ -21,6 +21,7 @@ pub mod chat;
 pub(crate) mod json;
 pub mod messages;
 pub mod outputs;
+pub mod reply;
 pub mod responses;
 pub mod scan_memo;
 pub(crate) mod split;

@@ -511,3 +511,78 @@ async fn a_manual_compaction_not_stored_answers_and_counts_the_same() {
     assert_eq!(compactions(&metrics, "manual", "compacted"), 0);
     assert_eq!(compactions(&metrics, "manual", "not_stored"), 1);
 }
+
+#[tokio::test]
+async fn two_conversations_that_open_alike_are_two_sessions_from_the_first_reply_on() {
+    // The same task started twice (an eval harness): one system prompt, one first
+    // instruction, then each run's own replies, interleaved request by request.
+    let fake = FakeSummarizer::text("S.");
+    let (c, _) = compactor(&config(SMALL), fake);
+    let caller = caller();
+    let tenant = TenantId::from_caller(&caller);
+    let opening = vec![
+        json!({"role": "system", "content": "You are a coding agent."}),
+        json!({"role": "user", "content": "Fix the failing test in invoice.py."}),
+    ];
+    let run = |tag: &str, turns: usize| {
+        let mut m = opening.clone();
+        for k in 0..turns {
+            m.push(json!({"role": "assistant", "content": format!("{tag}: step {k}")}));
+            m.push(json!({"role": "user", "content": format!("{tag}: output {k}")}));
+        }
+        m
+    };
+    let session = |messages: Vec<Value>| {
+        let c = c.clone();
+        let caller = caller.clone();
+        async move {
+            let context = RequestContext {
+                caller: &caller,
+                session_header: None,
+                long_context: false,
+                attempts: &Attempts::per_request(),
+            };
+            let body = Bytes::from(body("tiny", messages));
+            let processed = c
+                .handle(DialectKind::ChatCompletions, &body, &context)
+                .await;
+            processed.session_id.expect("a conversation has a session")
+        }
+    };
+    let first_a = session(opening.clone()).await;
+    let first_b = session(opening.clone()).await;
+    assert_eq!(
+        first_a, first_b,
+        "identical so far: nothing tells them apart"
+    );
+    let (mut ids_a, mut ids_b) = (Vec::new(), Vec::new());
+    for turns in 1..4 {
+        ids_a.push(session(run("run A", turns)).await);
+        ids_b.push(session(run("run B", turns)).await);
+    }
+    assert!(ids_a.iter().all(|id| *id == ids_a[0]), "{ids_a:?}");
+    assert!(ids_b.iter().all(|id| *id == ids_b[0]), "{ids_b:?}");
+    assert_ne!(ids_a[0], ids_b[0], "parted at the first reply");
+
+    // Each has its own latest request and breaker.
+    let latest = c.store().latest_request(&ids_a[0]).await.expect("store");
+    let latest = latest.expect("A's latest request");
+    assert!(String::from_utf8_lossy(&latest.body).contains("run A: output 2"));
+    for _ in 0..3 {
+        c.store()
+            .record_compaction(tenant, &ids_a[0], false)
+            .await
+            .expect("store");
+    }
+    let allowed = |id: String| {
+        let c = c.clone();
+        async move {
+            c.store()
+                .compaction_allowed(tenant, &id)
+                .await
+                .expect("store")
+        }
+    };
+    assert!(!allowed(ids_a[0].clone()).await, "A's breaker is open");
+    assert!(allowed(ids_b[0].clone()).await, "B's is not");
+}

@@ -23,7 +23,9 @@ pub const TENANT_CREDENTIAL_HEADERS: [&str; 3] = ["authorization", "x-api-key", 
 /// A client-sent session id longer than this is replaced by its hash.
 pub const SESSION_ID_MAX_LEN: usize = 128;
 
-/// How many leading messages a derived session id covers (system + first user, typically).
+/// How many leading messages a derived session id covers at least (system + first user,
+/// typically); the pipeline extends it through the model's first reply
+/// ([`first_reply`](crate::dialect::reply::first_reply)).
 pub const SESSION_ID_MESSAGES: usize = 2;
 
 /// Domain separators, so a hash of one kind can never equal a hash of another.
@@ -181,9 +183,10 @@ pub(crate) fn canonical_chain_step(
 /// - `header_value` (the client's session header), trimmed, when non-empty: kept as is when it
 ///   is at most [`SESSION_ID_MAX_LEN`] characters of `A-Z a-z 0-9 - _ . : ~ @ + =` (safe in a
 ///   header and in the `/session/{id}` path), otherwise replaced by 16 hex digits of its hash.
-/// - otherwise 16 hex digits derived from `tenant` and the canonical form of the first
-///   [`SESSION_ID_MESSAGES`] of `first_messages`, so every request of one conversation gets
-///   the same id. Pass the system prompt first when the dialect keeps it outside the message
+/// - otherwise 16 hex digits derived from `tenant` and the canonical form of
+///   `first_messages`, the messages that identify the conversation (its opening, through the
+///   model's first reply once there is one), so every request of one conversation gets the
+///   same id. Pass the system prompt first when the dialect keeps it outside the message
 ///   array, or two conversations opening with the same user message share an id. Each message
 ///   is its JSON text, as sent.
 pub fn session_id(
@@ -205,7 +208,7 @@ pub fn session_id(
         .chain_update(SESSION_DOMAIN)
         .chain_update(tenant.0);
     let mut buf = Vec::new();
-    for message in first_messages.iter().take(SESSION_ID_MESSAGES) {
+    for message in first_messages {
         let raw = message.as_bytes();
         // A message that is not JSON still gets a stable id from its raw bytes.
         let bytes = match canonical_into(message, &mut buf) {
@@ -422,8 +425,9 @@ mod tests {
         let other = r#"{"role":"user","content":"other task"}"#;
         let short = session_id(&t, None, &[sys, user]);
         assert_eq!(short.len(), 16);
-        // Later messages do not change the id; formatting does not either.
-        assert_eq!(short, session_id(&t, None, &[sys_spaced, user, later]));
+        // Formatting does not change the id; every message passed does.
+        assert_eq!(short, session_id(&t, None, &[sys_spaced, user]));
+        assert_ne!(short, session_id(&t, None, &[sys, user, later]));
         assert_eq!(short, session_id(&t, Some("  "), &[sys, user]));
         assert_ne!(short, session_id(&t, None, &[sys, other]));
         assert_ne!(short, session_id(&TenantId::ANONYMOUS, None, &[sys, user]));
