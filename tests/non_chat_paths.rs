@@ -88,7 +88,7 @@ async fn non_chat_posts_pass_through_unread() {
         let seen = mock.last_request();
         assert_eq!(seen.path_and_query, *path);
         assert!(
-            seen.body == Bytes::from(body.clone()),
+            seen.body == body.as_bytes(),
             "{path}: the body changed in transit"
         );
     }
