@@ -310,10 +310,11 @@ impl DialectKind {
     /// A chat path is a prefix followed by the API path (`chat/completions`, `messages` or
     /// `responses`) as whole segments, so `/v1/chat/completions`, `/chat/completions`,
     /// `/anthropic/v1/messages` and `/openai/deployments/x/chat/completions` all count. The
-    /// providers also have non-chat calls whose paths end in `messages` or `responses`
-    /// (Assistants' `/v1/threads/{id}/messages`) or sit under a chat path
-    /// (`/v1/messages/count_tokens`, `/v1/responses/{id}/cancel`); those must pass through
-    /// unread, so a prefix that ends in a provider's collection ([`COLLECTIONS`]) is not one.
+    /// providers' other calls must pass through unread: those under a chat path
+    /// (`/v1/messages/count_tokens`, `/v1/responses/{id}/cancel`) do not end in an API path,
+    /// and those that do (an Assistants thread's `/v1/threads/{id}/messages`, a stored chat
+    /// completion's `/v1/chat/completions/{id}/messages`) have a prefix that ends in a thread
+    /// or a stored completion, which no route prefix or base path does.
     pub fn from_path(path: &str) -> Option<DialectKind> {
         split_path(path).map(|(dialect, _)| dialect)
     }
