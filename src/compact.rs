@@ -1,8 +1,10 @@
 //! `compactor compact`: one pass of the compaction engine over one request body, in any of the
-//! three dialects, as the proxy would run it on a first request of a conversation (no session
-//! memory). The command line prints [`CompactReport::forward`] on stdout and
-//! [`CompactReport::notes`] on stderr; this module owns everything between reading the body and
-//! printing.
+//! three dialects, as the `summarize` strategy runs it on a first request of a conversation (no
+//! session memory, no background summary, no masking of old tool outputs whatever
+//! `compaction.strategy` says): it shows what a summary does to a request, which under `mask`
+//! or `hybrid` is not always what the proxy forwards. The command line prints
+//! [`CompactReport::forward`] on stdout and [`CompactReport::notes`] on stderr; this module
+//! owns everything between reading the body and printing.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -30,7 +32,7 @@ pub enum CompactStatus {
 /// The result of `compactor compact`.
 #[derive(Debug)]
 pub struct CompactReport {
-    /// The body the proxy would forward.
+    /// The rewritten body (the original when nothing was compacted).
     pub forward: Vec<u8>,
     /// Human-readable lines: model and limits, trigger, token estimates, boundary, summary.
     pub notes: String,

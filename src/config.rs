@@ -306,9 +306,15 @@ pub struct CompactionConfig {
     pub enabled: bool,
     /// Compact when a request holds more messages than this.
     pub max_messages: usize,
-    /// Floor of the preserved (verbatim) tail, in estimated tokens.
+    /// Floor of the tail budget (the verbatim tail a compaction keeps), in estimated tokens,
+    /// so a small window still leaves the model recent work to carry on from. A request's
+    /// later attempts halve the budget, below this floor if need be, when a rewrite would
+    /// still be over the trigger.
     pub min_preserve_tokens: usize,
-    /// Ceiling of the preserved tail, in estimated tokens.
+    /// Ceiling of the tail budget, in estimated tokens, so a large window still leaves a
+    /// compaction something worth summarising. It bounds the walk that picks the tail, not
+    /// the tail: the last message, the latest user turn (when it fits half the trigger) and
+    /// tool calls with their results are kept whole, past it if need be.
     pub max_preserve_tokens: usize,
     /// Mask old tool outputs in the transcript handed to the summarizer.
     pub mask_observations: bool,
@@ -325,7 +331,10 @@ pub struct CompactionConfig {
     /// it is masked like a tool output. Empty (the default): only tool outputs are masked,
     /// never what a person wrote.
     pub observation_pattern: String,
-    /// Compact when estimated input tokens reach this share of the usable window.
+    /// Compact when estimated input tokens reach `trigger_ratio × context window − reserved
+    /// output`, the reserved output being the request's own `max_tokens` (or
+    /// `max_completion_tokens`, `max_output_tokens`) capped at half the window: providers count
+    /// the output against the same window, and the ratio leaves room for the estimate's error.
     pub trigger_ratio: f64,
     /// Start the summary in the background when a conversation reaches this share of the
     /// trigger (tokens and messages alike), so the request that crosses the trigger finds it

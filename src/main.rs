@@ -41,7 +41,7 @@ impl From<Dialect> for DialectKind {
 }
 
 /// Exit status of `compact` when a compaction was due but did not happen (the original request
-/// is still printed, as the proxy would forward it).
+/// is still printed, so a pipeline reading stdout keeps a valid request).
 const EXIT_COMPACTION_FAILED: u8 = 2;
 
 #[derive(Parser)]
@@ -69,13 +69,16 @@ enum Command {
         #[arg(long)]
         config: Option<PathBuf>,
     },
-    /// Compact one request (Chat Completions, Messages or Responses) with the configured
+    /// Summarise one request (Chat Completions, Messages or Responses) with the configured
     /// summarizer, once.
     ///
-    /// Prints the request the proxy would forward on stdout (the original bytes when nothing
-    /// triggers) and the trigger, token estimates, boundary and summary on stderr. Exit status:
-    /// 0 printed; 1 invalid input or configuration; 2 a compaction was due but failed (the
-    /// original request is printed). Summarizers that call a provider get no caller
+    /// Runs the summary step as the `summarize` strategy runs it on a conversation's first
+    /// request, and prints the rewritten request on stdout (the original bytes when nothing
+    /// triggers) and the trigger, token estimates, boundary and summary on stderr. This is not
+    /// always what the proxy forwards: old tool outputs are not masked here, whatever
+    /// `compaction.strategy` says, and no session memory or background summary is used. Exit
+    /// status: 0 printed; 1 invalid input or configuration; 2 a compaction was due but failed
+    /// (the original request is printed). Summarizers that call a provider get no caller
     /// credentials here: configure `summarizer.openai.api_key_env` (or its `anthropic` twin).
     Compact {
         /// Config file (default: config/compactor.toml when present, else built-in defaults).

@@ -1,7 +1,8 @@
 //! `config/grafana/compactor.json` is a valid Grafana dashboard whose every query names metrics
 //! that a real compactor exports: the proxy runs on real sockets, a little traffic goes
 //! through it (a pass-through call, a compacted chat request, a failing upstream), and its
-//! `/metrics` scrape must hold each metric family the dashboard's `targets[].expr` mention.
+//! `/metrics` scrape must hold each metric family the dashboard's `targets[].expr` mention; and
+//! every metric selector keeps to the `$job` and `$instance` picked.
 
 mod support;
 
@@ -118,6 +119,35 @@ fn dashboard_is_a_grafana_dashboard() {
             assert_eq!(v["datasource"]["uid"], DATASOURCE, "variable {}", v["name"]);
         }
     }
+}
+
+/// Every metric selector of every query keeps to the `$job` and `$instance` the viewer picked:
+/// a panel without them mixes in every other deployment the Prometheus scrapes.
+#[test]
+fn every_query_filters_by_job_and_instance() {
+    let selector = Regex::new(r"compactor_[a-z_]+(\{[^}]*\})?").expect("regex");
+    let mut unfiltered = Vec::new();
+    for p in panels(&dashboard()) {
+        let title = p["title"].as_str().unwrap_or("?");
+        for t in p["targets"].as_array().into_iter().flatten() {
+            let expr = t["expr"].as_str().unwrap_or_default();
+            for found in selector.captures_iter(expr) {
+                let matchers: Vec<&str> = found
+                    .get(1)
+                    .map(|m| m.as_str().trim_matches(['{', '}']))
+                    .unwrap_or_default()
+                    .split(',')
+                    .map(str::trim)
+                    .collect();
+                for wanted in [r#"job=~"$job""#, r#"instance=~"$instance""#] {
+                    if !matchers.contains(&wanted) {
+                        unfiltered.push(format!("{title}: `{}` lacks {wanted}", &found[0]));
+                    }
+                }
+            }
+        }
+    }
+    assert!(unfiltered.is_empty(), "{}", unfiltered.join("\n"));
 }
 
 #[test]

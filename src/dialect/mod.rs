@@ -308,19 +308,16 @@ pub enum DialectKind {
 impl DialectKind {
     /// The dialect of a `POST` to `path` (after route prefix handling), if it is a chat call.
     ///
-    /// Matches on the last path segments so `/v1/chat/completions`, `/chat/completions` and
-    /// `/openai/deployments/x/chat/completions` all count.
+    /// A chat path is a prefix followed by the API path (`chat/completions`, `messages` or
+    /// `responses`) as whole segments, so `/v1/chat/completions`, `/chat/completions`,
+    /// `/anthropic/v1/messages` and `/openai/deployments/x/chat/completions` all count. The
+    /// providers' other calls must pass through unread: those under a chat path
+    /// (`/v1/messages/count_tokens`, `/v1/responses/{id}/cancel`) do not end in an API path,
+    /// and those that do (an Assistants thread's `/v1/threads/{id}/messages`, a stored chat
+    /// completion's `/v1/chat/completions/{id}/messages`) have a prefix that ends in a thread
+    /// or a stored completion, which no route prefix or base path does.
     pub fn from_path(path: &str) -> Option<DialectKind> {
-        let path = path.trim_end_matches('/');
-        if path.ends_with("/chat/completions") {
-            Some(DialectKind::ChatCompletions)
-        } else if path.ends_with("/messages") && !path.ends_with("/threads/messages") {
-            Some(DialectKind::Messages)
-        } else if path.ends_with("/responses") {
-            Some(DialectKind::Responses)
-        } else {
-            None
-        }
+        split_path(path).map(|(dialect, _)| dialect)
     }
 
     /// Reads a request once (see [`Scan`]).
@@ -377,16 +374,39 @@ impl DialectKind {
         }
     }
 
-    /// The path prefix before the API path: `/v1` for `/v1/chat/completions`.
+    /// The path prefix before the API path: `/v1` for `/v1/chat/completions`; empty when
+    /// `path` is not a chat path of this dialect.
     pub fn api_prefix(self, path: &str) -> &str {
-        let suffix = match self {
-            DialectKind::ChatCompletions => "/chat/completions",
-            DialectKind::Messages => "/messages",
-            DialectKind::Responses => "/responses",
-        };
-        let path = path.trim_end_matches('/');
-        path.strip_suffix(suffix).unwrap_or("")
+        match split_path(path) {
+            Some((dialect, prefix)) if dialect == self => prefix,
+            _ => "",
+        }
     }
+}
+
+/// Collections of the providers' APIs whose items have a `messages` path of their own: an
+/// Assistants thread's `/v1/threads/{id}/messages` and a stored chat completion's
+/// `/v1/chat/completions/{id}/messages`. A path whose prefix ends in one of these (or in one
+/// of these and an id) is a call on that item, not a chat call. Only the end of the prefix is
+/// looked at, so a route prefix or base path may have any name.
+const COLLECTIONS: [&str; 2] = ["threads", "completions"];
+
+/// Splits a chat path into its dialect and the prefix before the API path (no trailing
+/// slash); `None` for any other path. See [`DialectKind::from_path`].
+fn split_path(path: &str) -> Option<(DialectKind, &str)> {
+    let path = path.trim_end_matches('/');
+    let (dialect, prefix) = [
+        (DialectKind::ChatCompletions, "/chat/completions"),
+        (DialectKind::Messages, "/messages"),
+        (DialectKind::Responses, "/responses"),
+    ]
+    .into_iter()
+    .find_map(|(dialect, api)| Some((dialect, path.strip_suffix(api)?)))?;
+    let under_collection = prefix
+        .rsplit('/')
+        .take(2)
+        .any(|segment| COLLECTIONS.contains(&segment));
+    (!under_collection).then_some((dialect, prefix))
 }
 
 /// What tests read of a body: its scan and the transcript built from it.
@@ -410,26 +430,85 @@ impl DialectKind {
 mod tests {
     use super::*;
 
+    /// Chat calls are recognised under any route prefix or base path; every other `POST` the
+    /// providers have that ends in, or sits under, `messages`, `responses` or
+    /// `chat/completions` is not a chat call.
     #[test]
-    fn chat_paths_are_recognised_under_any_prefix() {
+    fn chat_paths_are_recognised_by_their_whole_shape() {
         use DialectKind::*;
-        assert_eq!(
-            DialectKind::from_path("/v1/chat/completions"),
-            Some(ChatCompletions)
-        );
-        assert_eq!(
-            DialectKind::from_path("/chat/completions"),
-            Some(ChatCompletions)
-        );
-        assert_eq!(
-            DialectKind::from_path("/anthropic/v1/messages"),
-            Some(Messages)
-        );
-        assert_eq!(DialectKind::from_path("/v1/responses/"), Some(Responses));
-        assert_eq!(DialectKind::from_path("/v1/models"), None);
-        assert_eq!(DialectKind::from_path("/v1/messages/count_tokens"), None);
-        assert_eq!(ChatCompletions.api_prefix("/v1/chat/completions"), "/v1");
-        assert_eq!(ChatCompletions.api_prefix("/chat/completions"), "");
+        let chat = [
+            ("/v1/chat/completions", ChatCompletions, "/v1"),
+            ("/chat/completions", ChatCompletions, ""),
+            ("/v1/chat/completions/", ChatCompletions, "/v1"),
+            (
+                "/openai/deployments/gpt-4o/chat/completions",
+                ChatCompletions,
+                "/openai/deployments/gpt-4o",
+            ),
+            ("/api/v1/chat/completions", ChatCompletions, "/api/v1"),
+            (
+                "/v1beta/openai/chat/completions",
+                ChatCompletions,
+                "/v1beta/openai",
+            ),
+            ("/chat/v1/chat/completions", ChatCompletions, "/chat/v1"),
+            ("/v1/messages", Messages, "/v1"),
+            ("/messages", Messages, ""),
+            ("/anthropic/v1/messages", Messages, "/anthropic/v1"),
+            ("/v1/messages/", Messages, "/v1"),
+            ("/v1/responses", Responses, "/v1"),
+            ("/v1/responses/", Responses, "/v1"),
+            ("/responses", Responses, ""),
+            ("/openai/responses", Responses, "/openai"),
+            ("/openai/v1/responses", Responses, "/openai/v1"),
+        ];
+        for (path, dialect, prefix) in chat {
+            assert_eq!(DialectKind::from_path(path), Some(dialect), "{path}");
+            assert_eq!(dialect.api_prefix(path), prefix, "{path}");
+        }
+        let not_chat = [
+            // OpenAI Assistants: threads, their messages and runs.
+            "/v1/threads",
+            "/v1/threads/thread_abc/messages",
+            "/v1/threads/thread_abc/messages/",
+            "/v1/threads/thread_abc/messages/msg_abc",
+            "/v1/threads/runs",
+            "/v1/threads/thread_abc/runs",
+            "/v1/threads/thread_abc/runs/run_abc/cancel",
+            "/v1/threads/thread_abc/runs/run_abc/submit_tool_outputs",
+            "/openai/threads/thread_abc/messages",
+            "/v1/assistants",
+            // OpenAI Responses: everything under a response, and the other calls.
+            "/v1/responses/resp_abc",
+            "/v1/responses/resp_abc/cancel",
+            "/v1/responses/compact",
+            "/v1/responses/input_tokens",
+            "/v1/responses/resp_abc/input_items",
+            "/v1/conversations",
+            "/v1/conversations/conv_abc/items",
+            // Stored chat completions.
+            "/v1/chat/completions/chatcmpl_abc",
+            "/v1/chat/completions/chatcmpl_abc/messages",
+            // Anthropic: token counting and batches.
+            "/v1/messages/count_tokens",
+            "/v1/messages/batches",
+            "/v1/messages/batches/msgbatch_abc/cancel",
+            "/v1/messages/batches/msgbatch_abc/results",
+            "/anthropic/v1/messages/count_tokens",
+            // Neither provider's chat.
+            "/v1/completions",
+            "/v1/embeddings",
+            "/v1/models",
+            "/v1/batches",
+            "/",
+            "",
+        ];
+        for path in not_chat {
+            assert_eq!(DialectKind::from_path(path), None, "{path}");
+            for dialect in [ChatCompletions, Messages, Responses] {
+                assert_eq!(dialect.api_prefix(path), "", "{dialect:?} {path}");
+            }
+        }
     }
 
     /// A body that is not UTF-8 does not scan, in any dialect, and the error says where it
