@@ -37,7 +37,7 @@ mod send_timeout;
 mod slots;
 
 use send_timeout::SendTimeout;
-use slots::{Slot, Slots};
+use slots::{Reserved, Slot, Slots};
 
 /// Connections the admin listener holds at most, apart from the proxy's: a proxy full of
 /// clients never keeps `/livez` from answering, and a full admin listener closes its
@@ -168,7 +168,7 @@ impl Server {
                 builder,
                 shutdown: shutdown_rx.clone(),
                 client_timeout,
-                slot,
+                slot: slot.occupy(),
                 _drain: drain_tx.clone(),
             };
             tokio::spawn(connection.serve(stream, peer, listener, tls));
@@ -199,8 +199,8 @@ impl Server {
 async fn accept(
     listener: &TcpListener,
     slots: &Arc<Slots>,
-) -> (Slot, std::io::Result<(TcpStream, SocketAddr)>) {
-    let slot = slots.acquire().await;
+) -> (Reserved, std::io::Result<(TcpStream, SocketAddr)>) {
+    let slot = slots.reserve().await;
     (slot, listener.accept().await)
 }
 
@@ -256,7 +256,8 @@ impl Connection {
         // Under TLS too, so the handshake's writes and close_notify are bounded as well.
         let app = self.app.clone();
         let stream = SendTimeout::new(stream, self.client_timeout, move || {
-            tracing::info!(%peer, listener = listener.name(), "client stopped reading: connection closed");
+            let listener = listener.name();
+            tracing::info!(%peer, listener, "client stopped reading: connection closed");
             app.current().metrics.client_send_timeout();
         });
         let result = match tls {

@@ -49,9 +49,10 @@ impl Slots {
         self.capacity - self.semaphore.available_permits()
     }
 
-    /// Waits for a free slot (making room first, if this listener does). Cancel-safe: a slot
-    /// taken by a future that is dropped is returned.
-    pub async fn acquire(self: &Arc<Self>) -> Slot {
+    /// Waits for a free slot (making room first, if this listener does), to be taken by the
+    /// next connection accepted. Cancel-safe: a slot reserved by a future that is dropped is
+    /// returned.
+    pub async fn reserve(self: &Arc<Self>) -> Reserved {
         let permit = match self.semaphore.clone().try_acquire_owned() {
             Ok(permit) => Some(permit),
             Err(_) => {
@@ -63,20 +64,8 @@ impl Slots {
                 self.semaphore.clone().acquire_owned().await.ok()
             }
         };
-        let activity = Activity::default();
-        let close = Arc::new(Notify::new());
-        let mut held = self.lock();
-        let id = held.next_id;
-        held.next_id += 1;
-        if self.makes_room {
-            held.connections
-                .insert(id, (activity.clone(), close.clone()));
-        }
-        Slot {
-            _permit: permit,
-            id,
-            activity,
-            close,
+        Reserved {
+            permit,
             slots: self.clone(),
         }
     }
@@ -91,7 +80,8 @@ impl Slots {
             .connections
             .iter()
             .filter_map(|(id, (activity, close))| Some((activity.idle_since()?, *id, close)))
-            .min_by_key(|(since, _, _)| *since)
+            // The earlier accepted first among equals.
+            .min_by_key(|(since, id, _)| (*since, *id))
             .map(|(_, id, close)| (id, close.clone()));
         if let Some((id, close)) = longest {
             held.closing = Some(id);
@@ -102,6 +92,36 @@ impl Slots {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Held> {
         self.held.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A free slot waiting for a connection: returned when dropped.
+pub struct Reserved {
+    permit: Option<OwnedSemaphorePermit>,
+    slots: Arc<Slots>,
+}
+
+impl Reserved {
+    /// The connection just accepted takes the slot; it is idle from now on.
+    pub fn occupy(self) -> Slot {
+        let Reserved { permit, slots } = self;
+        let activity = Activity::default();
+        let close = Arc::new(Notify::new());
+        let mut held = slots.lock();
+        let id = held.next_id;
+        held.next_id += 1;
+        if slots.makes_room {
+            held.connections
+                .insert(id, (activity.clone(), close.clone()));
+        }
+        drop(held);
+        Slot {
+            _permit: permit,
+            id,
+            activity,
+            close,
+            slots,
+        }
     }
 }
 
@@ -151,23 +171,28 @@ mod tests {
         }
     }
 
+    /// A slot taken by a connection.
+    async fn occupied(slots: &Arc<Slots>) -> Slot {
+        slots.reserve().await.occupy()
+    }
+
     #[tokio::test]
     async fn a_full_admin_listener_closes_the_connection_idle_longest() {
         let slots = Slots::new(3, true);
-        let oldest = slots.acquire().await;
-        let busy = slots.acquire().await;
-        let newer = slots.acquire().await;
+        let oldest = occupied(&slots).await;
+        let busy = occupied(&slots).await;
+        let newer = occupied(&slots).await;
         // `busy` was idle before `newer` but has a request in progress: never closed for room.
         let _request = busy.activity().start();
         assert_eq!(slots.taken(), 3);
 
-        let mut fourth = Box::pin(slots.acquire());
+        let mut fourth = Box::pin(occupied(&slots));
         assert!(ready_now(&mut fourth).await.is_none(), "no slot yet");
         assert!(
             oldest.close_requested().now_or_never().is_some(),
             "the longest-idle connection is told to close"
         );
-        let mut fifth = Box::pin(slots.acquire());
+        let mut fifth = Box::pin(occupied(&slots));
         assert!(ready_now(&mut fifth).await.is_none());
         assert!(
             newer.close_requested().now_or_never().is_none(),
@@ -183,10 +208,23 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_connection_is_idle_from_when_it_was_accepted_not_when_its_slot_was_reserved() {
+        let slots = Slots::new(2, true);
+        // The accept loop reserves a slot long before the next client arrives.
+        let reserved = slots.reserve().await;
+        let earlier = occupied(&slots).await;
+        let later = reserved.occupy();
+        let mut third = Box::pin(occupied(&slots));
+        assert!(ready_now(&mut third).await.is_none(), "no slot yet");
+        assert!(earlier.close_requested().now_or_never().is_some());
+        assert!(later.close_requested().now_or_never().is_none());
+    }
+
+    #[tokio::test]
     async fn a_full_proxy_listener_waits_without_closing_anyone() {
         let slots = Slots::new(1, false);
-        let only = slots.acquire().await;
-        let mut second = Box::pin(slots.acquire());
+        let only = occupied(&slots).await;
+        let mut second = Box::pin(occupied(&slots));
         assert!(ready_now(&mut second).await.is_none(), "no slot yet");
         assert!(
             only.close_requested().now_or_never().is_none(),
