@@ -184,8 +184,8 @@ pub struct ServerConfig {
     /// How long shutdown waits for in-flight requests and streams.
     pub shutdown_grace_secs: Seconds,
     /// How long a client may take to send a request's head and body (between two frames of a
-    /// body streamed through), and how long a connection with no request in progress stays
-    /// open.
+    /// body streamed through), how long a write of its answer may make no progress (a client
+    /// that stops reading), and how long a connection with no request in progress stays open.
     pub client_timeout_secs: Seconds,
     /// Most client connections held on the proxy listener; beyond it accepting waits.
     pub max_connections: usize,
@@ -800,7 +800,8 @@ impl Config {
         self.server.shutdown_grace_secs.duration()
     }
 
-    /// How long a client may take to send a request, or leave its connection idle.
+    /// How long a client may take to send a request, stall reading its answer, or leave its
+    /// connection idle.
     pub fn client_timeout(&self) -> Duration {
         self.server.client_timeout_secs.duration()
     }

@@ -309,6 +309,9 @@ pub struct Metrics {
     mask_failures: IntCounterVec,
     /// `compactor_compaction_strategy{strategy}`: 1 for the strategy in use, 0 for the others.
     strategy: IntGaugeVec,
+    /// `compactor_client_send_timeouts_total`: connections closed because the client read
+    /// nothing for the client timeout.
+    client_send_timeouts: IntCounter,
     /// `compactor_request_duration_seconds{route}`, `compactor_overhead_seconds{route}` (see
     /// [`crate::timing::Overhead`]), `compactor_checkpoint_lookups_total{result}`,
     /// `compactor_context_utilization_ratio{dialect}` (estimated input tokens ÷ the model's
@@ -645,6 +648,13 @@ impl Metrics {
                     &["strategy"],
                 )?,
             )?,
+            client_send_timeouts: register(
+                r,
+                IntCounter::new(
+                    "compactor_client_send_timeouts_total",
+                    "Client connections closed because a write to the client made no progress for server.client_timeout_secs (the client stopped reading).",
+                )?,
+            )?,
             store_evictions_counted: AtomicU64::new(0),
             hot,
             registry,
@@ -840,6 +850,11 @@ impl Metrics {
     /// A chat request was streamed upstream uncompacted: the buffer budget was spent.
     pub fn unbuffered_request(&self) {
         self.unbuffered_requests.inc();
+    }
+
+    /// A client connection was closed because the client stopped reading its answer.
+    pub fn client_send_timeout(&self) {
+        self.client_send_timeouts.inc();
     }
 
     /// A background summary ended (or was not started) this way.
@@ -1133,6 +1148,7 @@ mod tests {
             "compactor_upstream_usage_tokens_total",
             "compactor_estimate_error_ratio",
             "compactor_config_reloads_total",
+            "compactor_client_send_timeouts_total",
         ] {
             assert!(
                 text.contains(&format!("# HELP {name} ")),

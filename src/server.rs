@@ -5,6 +5,12 @@
 //! so new connections are refused), abandon the summaries being made in the background, ask
 //! every open connection to finish its in-flight requests and streams, and wait at most
 //! `server.shutdown_grace_secs` for them.
+//!
+//! A client is bounded in both directions by `server.client_timeout_secs`: sending a request
+//! (hyper's header timeout, the body reader's), sitting idle, and reading its answer (a write
+//! that makes no progress for that long ends the connection: [`send_timeout`]). So no client
+//! holds a slot, or shutdown, longer than that without making progress. A client that
+//! half-closes after its request (shuts down its write side) still gets its whole answer.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -17,7 +23,7 @@ use hyper_util::server::conn::auto;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
@@ -27,11 +33,15 @@ use crate::error::Error;
 use crate::{admin, proxy};
 
 mod activity;
+mod send_timeout;
+mod slots;
 
-use activity::Activity;
+use send_timeout::SendTimeout;
+use slots::{Reserved, Slot, Slots};
 
 /// Connections the admin listener holds at most, apart from the proxy's: a proxy full of
-/// clients never keeps `/livez` from answering.
+/// clients never keeps `/livez` from answering, and a full admin listener closes its
+/// longest-idle connection to serve the next ([`slots`]).
 const ADMIN_CONNECTIONS: usize = 16;
 
 /// File descriptors kept for everything but client connections (listeners, upstream
@@ -51,6 +61,16 @@ pub struct Server {
 enum Listener {
     Proxy,
     Admin,
+}
+
+impl Listener {
+    /// For logs.
+    fn name(self) -> &'static str {
+        match self {
+            Listener::Proxy => "proxy",
+            Listener::Admin => "admin",
+        }
+    }
 }
 
 impl Server {
@@ -104,10 +124,12 @@ impl Server {
             tls,
         } = self;
         let mut builder = auto::Builder::new(TokioExecutor::new());
-        builder.http1().timer(TokioTimer::new());
+        // Half-close: a client that shuts down its write side after its request is waiting
+        // for the answer, not gone (without this hyper ends the exchange at the EOF).
+        builder.http1().timer(TokioTimer::new()).half_close(true);
         let max_connections = connection_limit(app.current().config.server.max_connections);
-        let proxy_slots = Arc::new(Semaphore::new(max_connections));
-        let admin_slots = Arc::new(Semaphore::new(ADMIN_CONNECTIONS));
+        let proxy_slots = Slots::new(max_connections, false);
+        let admin_slots = Slots::new(ADMIN_CONNECTIONS, true);
         // Every connection holds a sender; the drain ends when the last one is dropped.
         let (drain_tx, mut drain_rx) = mpsc::channel::<()>(1);
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
@@ -117,8 +139,9 @@ impl Server {
         tokio::pin!(shutdown);
         loop {
             // A full proxy waits for a slot before accepting (the kernel's backlog holds the
-            // rest); the admin listener keeps accepting meanwhile. Both arms are cancel-safe:
-            // a slot taken by an arm that loses the race is returned when it is dropped.
+            // rest); the admin listener keeps accepting meanwhile, and when full makes room.
+            // Both arms are cancel-safe: a slot taken by an arm that loses the race is
+            // returned when it is dropped.
             let (stream, peer, listener, slot) = tokio::select! {
                 () = &mut shutdown => break,
                 (slot, accepted) = accept(&proxy, &proxy_slots) => match accepted {
@@ -145,7 +168,7 @@ impl Server {
                 builder,
                 shutdown: shutdown_rx.clone(),
                 client_timeout,
-                _slot: slot,
+                slot: slot.occupy(),
                 _drain: drain_tx.clone(),
             };
             tokio::spawn(connection.serve(stream, peer, listener, tls));
@@ -158,7 +181,7 @@ impl Server {
         app.current().compactor.abandon_background();
         let grace = app.current().config.shutdown_grace();
         tracing::info!(
-            connections = max_connections - proxy_slots.available_permits(),
+            connections = proxy_slots.taken(),
             grace_secs = grace.as_secs_f64(),
             "shutting down: draining"
         );
@@ -175,14 +198,9 @@ impl Server {
 /// Waits for a free slot, then accepts one connection.
 async fn accept(
     listener: &TcpListener,
-    slots: &Arc<Semaphore>,
-) -> (
-    Option<OwnedSemaphorePermit>,
-    std::io::Result<(TcpStream, SocketAddr)>,
-) {
-    // The semaphore is never closed, so `acquire_owned` does not fail; were it to, accepting
-    // without a slot is the safe side.
-    let slot = slots.clone().acquire_owned().await.ok();
+    slots: &Arc<Slots>,
+) -> (Reserved, std::io::Result<(TcpStream, SocketAddr)>) {
+    let slot = slots.reserve().await;
     (slot, listener.accept().await)
 }
 
@@ -223,7 +241,7 @@ struct Connection {
     builder: auto::Builder<TokioExecutor>,
     shutdown: watch::Receiver<bool>,
     client_timeout: Duration,
-    _slot: Option<OwnedSemaphorePermit>,
+    slot: Slot,
     _drain: mpsc::Sender<()>,
 }
 
@@ -235,6 +253,13 @@ impl Connection {
         listener: Listener,
         tls: Option<TlsAcceptor>,
     ) {
+        // Under TLS too, so the handshake's writes and close_notify are bounded as well.
+        let app = self.app.clone();
+        let stream = SendTimeout::new(stream, self.client_timeout, move || {
+            let listener = listener.name();
+            tracing::info!(%peer, listener, "client stopped reading: connection closed");
+            app.current().metrics.client_send_timeout();
+        });
         let result = match tls {
             None => self.serve_io(TokioIo::new(stream), peer, listener).await,
             Some(acceptor) => {
@@ -260,7 +285,8 @@ impl Connection {
 
     /// Serves HTTP on `io` until the client closes, the connection has been idle (no request
     /// in progress) for `client_timeout`, or shutdown; the last two close it gracefully
-    /// (requests in progress finish; HTTP/2 gets a GOAWAY).
+    /// (requests in progress finish; HTTP/2 gets a GOAWAY). A full admin listener asking for
+    /// the slot closes it at once if idle, else gracefully.
     async fn serve_io<I>(
         mut self,
         io: I,
@@ -270,7 +296,7 @@ impl Connection {
     where
         I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
     {
-        let activity = Activity::default();
+        let activity = self.slot.activity().clone();
         let app = self.app.clone();
         let requests = activity.clone();
         let service = service_fn(move |request| {
@@ -295,7 +321,21 @@ impl Connection {
         let mut closing = false;
         loop {
             tokio::select! {
+                // The connection first: a request already received starts before a request for
+                // the slot is looked at.
+                biased;
                 result = conn.as_mut() => return result,
+                () = self.slot.close_requested() => {
+                    if activity.idle_since().is_some() {
+                        tracing::debug!(%peer, "idle connection closed to make room");
+                        return Ok(());
+                    }
+                    if !closing {
+                        closing = true;
+                        conn.as_mut().graceful_shutdown();
+                        idle.as_mut().reset(Instant::now() + self.client_timeout);
+                    }
+                }
                 changed = self.shutdown.changed(), if !closing => {
                     // A closed channel means the server is gone: close too.
                     if changed.is_err() || *self.shutdown.borrow() {

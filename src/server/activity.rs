@@ -1,5 +1,6 @@
 //! Whether a client connection has a request in progress, and since when it has not: what
-//! closing idle connections after `server.client_timeout_secs` needs.
+//! closing idle connections after `server.client_timeout_secs` needs, and choosing the admin
+//! connection to close when its listener is full.
 //!
 //! A request is in progress from the moment its head has been read until its response body has
 //! been sent (or dropped), so a long streamed answer never counts as idle while a keep-alive
@@ -43,15 +44,21 @@ impl Activity {
     /// When the connection will have been idle for `timeout`; `None` while a request is in
     /// progress.
     pub fn idle_deadline(&self, timeout: Duration) -> Option<Instant> {
+        self.idle_since().map(|since| since + timeout)
+    }
+
+    /// Since when no request has been in progress; `None` while one is.
+    pub fn idle_since(&self) -> Option<Instant> {
         if self.0.active.load(Ordering::Acquire) > 0 {
             return None;
         }
-        let since = *self
-            .0
-            .idle_since
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        Some(since + timeout)
+        Some(
+            *self
+                .0
+                .idle_since
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        )
     }
 }
 
