@@ -308,7 +308,9 @@ async fn send(
         .wait(app.upstream.send(request))
         .await
         .map_err(|e| {
-            app.metrics.upstream_error(e.kind());
+            if let Some(kind) = e.kind() {
+                app.metrics.upstream_error(kind);
+            }
             Error::from(e)
         })
 }
