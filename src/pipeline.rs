@@ -296,8 +296,9 @@ impl Pipeline {
             flight_wait,
             background: Arc::new(Background::new(config.summarizer.max_concurrent)),
             background_ratio: config.compaction.background_ratio,
-            memo: ChainMemo::default(),
-            scan_memo: ScanMemo::default(),
+            // Sized to the store they serve (README, *Memory*).
+            memo: ChainMemo::for_sessions(config.store.max_sessions),
+            scan_memo: ScanMemo::with_budget(config.store.max_bytes / 4),
             enabled: config.compaction.enabled,
             strategy: config.compaction.strategy,
             masker: Masker {

@@ -33,6 +33,7 @@ use crate::dialect::DialectKind;
 use crate::error::Error;
 use crate::metrics::{method_label, route_label, Metrics};
 use crate::pipeline::{ForwardedEstimate, Outcome, Processed, RequestContext};
+use crate::session::{ProviderAnswer, TenantId};
 use crate::timing::Overhead;
 use crate::upstream::{holding, prepare_headers, strip_hop_by_hop, BoxError, ProxyBody, Resolved};
 use crate::usage::{self, Encoding, Format, Observed, Usage};
@@ -122,6 +123,8 @@ async fn forward(
     let mut chat_headers = HeaderMap::new();
     let mut estimate = None;
     let mut retry = None;
+    // The session the store recorded for this request, told how the provider answers it.
+    let mut recorded = None;
     let body = match dialect {
         Some(dialect) if app.config.compaction.enabled => 'chat: {
             let read = client_body::read(
@@ -158,6 +161,10 @@ async fn forward(
             let mut processed = app.compactor.handle(dialect, &original, &context).await;
             overhead.exclude(processed.summarizer_time);
             estimate = processed.estimate.take();
+            recorded = processed
+                .session_id
+                .clone()
+                .map(|id| (TenantId::from_caller(&caller), id));
             let forwarded_tokens = estimate.as_ref().map_or(0, |e| e.tokens);
             let forwarded = annotate(
                 &mut chat_headers,
@@ -207,6 +214,10 @@ async fn forward(
         }
         _ => response.map(|b| b.map_err(BoxError::from).boxed_unsync()),
     };
+
+    if let Some((tenant, id)) = recorded {
+        settle_session(app, tenant, &id, response.status()).await;
+    }
 
     let (mut parts, body) = response.into_parts();
     strip_hop_by_hop(&mut parts.headers);
@@ -268,6 +279,21 @@ fn learn_from_usage(app: &Arc<App>, estimate: &ForwardedEstimate, usage: &Usage)
     });
 }
 
+/// Tells the store how the provider answered the request of session `(tenant, id)`: a
+/// success confirms the tenant, 401/403 takes back what the request recorded
+/// ([`ProviderAnswer`]); any other answer says nothing about the credential.
+async fn settle_session(app: &App, tenant: TenantId, id: &str, status: http::StatusCode) {
+    let answer = match status.as_u16() {
+        200..=299 => ProviderAnswer::Accepted,
+        401 | 403 => ProviderAnswer::Unauthorised,
+        _ => return,
+    };
+    let store = app.compactor.store();
+    if let Err(e) = store.provider_answered(tenant, id, answer).await {
+        tracing::warn!(error = %e, "session store unavailable; continuing without it");
+    }
+}
+
 /// Whether the request enables its model's long context window (Anthropic's `context-1m` beta
 /// flag in any `anthropic-beta` header).
 fn long_context(headers: &HeaderMap) -> bool {
@@ -288,7 +314,9 @@ async fn send(
         .wait(app.upstream.send(request))
         .await
         .map_err(|e| {
-            app.metrics.upstream_error(e.kind());
+            if let Some(kind) = e.kind() {
+                app.metrics.upstream_error(kind);
+            }
             Error::from(e)
         })
 }

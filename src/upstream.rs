@@ -254,7 +254,10 @@ impl Upstream {
             Err(_) => Err(SendError::Timeout),
             Ok(Ok(response)) => Ok(response),
             Ok(Err(e)) if e.is_connect() => Err(SendError::Connect(error_chain(&e))),
-            Ok(Err(e)) => Err(SendError::Protocol(error_chain(&e))),
+            Ok(Err(e)) => match client_body_limit(&e) {
+                Some(limit) => Err(SendError::BodyTooLarge(limit)),
+                None => Err(SendError::Protocol(error_chain(&e))),
+            },
         }
     }
 }
@@ -268,23 +271,41 @@ pub enum SendError {
     Timeout,
     /// Connected, but the exchange failed (reset, malformed response).
     Protocol(String),
+    /// The client's body, streamed through, went past `server.max_body_bytes`: the client's
+    /// fault, answered 413 as a body read whole would be.
+    BodyTooLarge(usize),
 }
 
 impl SendError {
-    /// Its kind, the label of `compactor_upstream_errors_total`.
-    pub fn kind(&self) -> UpstreamErrorKind {
+    /// Its kind, the label of `compactor_upstream_errors_total` (none: not the upstream's).
+    pub fn kind(&self) -> Option<UpstreamErrorKind> {
         match self {
-            SendError::Connect(_) => UpstreamErrorKind::Connect,
-            SendError::Timeout => UpstreamErrorKind::Timeout,
-            SendError::Protocol(_) => UpstreamErrorKind::Protocol,
+            SendError::Connect(_) => Some(UpstreamErrorKind::Connect),
+            SendError::Timeout => Some(UpstreamErrorKind::Timeout),
+            SendError::Protocol(_) => Some(UpstreamErrorKind::Protocol),
+            SendError::BodyTooLarge(_) => None,
         }
     }
+}
+
+/// The limit the body streamed from the client went past, when that ended the exchange
+/// (`client_body`'s error, carried as the cause of the client's).
+fn client_body_limit(e: &(dyn std::error::Error + 'static)) -> Option<usize> {
+    let mut cause = Some(e);
+    while let Some(e) = cause {
+        if let Some(Error::BodyTooLarge { limit }) = e.downcast_ref::<Error>() {
+            return Some(*limit);
+        }
+        cause = e.source();
+    }
+    None
 }
 
 impl From<SendError> for Error {
     fn from(e: SendError) -> Error {
         match e {
             SendError::Timeout => Error::UpstreamTimeout,
+            SendError::BodyTooLarge(limit) => Error::BodyTooLarge { limit },
             SendError::Connect(cause) | SendError::Protocol(cause) => {
                 Error::UpstreamUnavailable(cause)
             }

@@ -1,6 +1,7 @@
 //! Bounded memory, through the real proxy: a chat body the buffer budget
 //! (`server.max_buffered_bytes`) cannot hold is streamed upstream byte for byte, uncompacted,
-//! never refused, and counted; and the compactor process's peak RSS stays under a documented
+//! never refused, and counted; one that fits waits for room others hold; a chunked body over
+//! `server.max_body_bytes` gets 413 whatever else is going on; and the compactor process's peak RSS stays under a documented
 //! bound while 32 clients send 1 MB chat bodies at once.
 
 mod support;
@@ -97,11 +98,11 @@ async fn a_body_beyond_the_buffer_budget_is_streamed_uncompacted() {
     );
 }
 
-/// The budget holds what has arrived, not what a client declares: a request declaring most of
-/// it and sending a few bytes leaves room for another client's body, which is read and
-/// inspected as usual.
+/// A request that fits the budget waits for room others hold instead of going through
+/// uncompacted: a client declaring most of the budget holds it while it sends, another
+/// client's body waits, and is read and inspected once the first is done.
 #[tokio::test]
-async fn a_declared_but_unsent_body_holds_none_of_the_budget() {
+async fn a_body_that_fits_waits_for_the_budget_others_hold() {
     let mock = answering_mock().await;
     let proxy = TestProxy::start(&format!(
         "{}[server]\nmax_buffered_bytes = 4096\n",
@@ -110,36 +111,61 @@ async fn a_declared_but_unsent_body_holds_none_of_the_budget() {
     .await;
     let url = proxy.url("/v1/chat/completions");
 
+    let first = conversation(5, 600);
+    assert!(first.len() > 2048 && first.len() < 4096);
     let (tx, body) = channel_body();
     let request = Request::post(&url)
         .header("content-type", "application/json")
-        .header("content-length", "3000")
+        .header("content-length", first.len().to_string())
         .body(body)
         .expect("request");
     let slow = tokio::spawn(async move { TestClient::http1().try_send(request).await });
     assert!(
-        tx.send(Bytes::from_static(b"{\"model\":")).await,
+        tx.send(Bytes::copy_from_slice(&first[..10])).await,
         "body open"
     );
-    // Its handler has started (and, in the same step, taken its share of the budget).
     proxy
         .wait_metric("compactor_in_flight_requests", &[], 1.0)
         .await;
 
+    // Does not fit beside the first, fits the budget.
     let other = conversation(6, 300);
-    assert!(other.len() > 4096 - 3000 && other.len() < 4096 - 10);
-    let got = TestClient::http1()
-        .exchange(
-            "POST",
-            &url,
-            &[("content-type", "application/json")],
-            Bytes::from(other.clone()),
-        )
+    assert!(other.len() > 4096 - first.len() && other.len() < 4096);
+    let sending = {
+        let url = url.clone();
+        let other = other.clone();
+        tokio::spawn(async move {
+            TestClient::http1()
+                .exchange(
+                    "POST",
+                    &url,
+                    &[("content-type", "application/json")],
+                    Bytes::from(other),
+                )
+                .await
+        })
+    };
+    proxy
+        .wait_metric("compactor_in_flight_requests", &[], 2.0)
         .await;
+    // The first finishes; its room goes to the waiting request.
+    assert!(tx.send(Bytes::copy_from_slice(&first[10..])).await);
+    drop(tx);
+    let answered = slow.await.expect("task").expect("answered");
+    assert_eq!(answered.status(), 200);
+    assert_eq!(
+        answered
+            .headers()
+            .get("x-compactor-tokens-before")
+            .map(|v| v.is_empty()),
+        Some(false),
+        "the first was read whole and inspected"
+    );
+    let got = sending.await.expect("task");
     assert_eq!(got.status, 200);
     assert!(
         got.header("x-compactor-tokens-before").is_some(),
-        "read whole and inspected"
+        "the second too, after waiting"
     );
     assert_eq!(mock.last_request().body, other);
     assert_eq!(
@@ -148,7 +174,57 @@ async fn a_declared_but_unsent_body_holds_none_of_the_budget() {
             .await,
         Some(0.0)
     );
-    slow.abort();
+    proxy.shutdown().await;
+}
+
+/// A chunked body over `server.max_body_bytes` is answered 413 whatever the budget holds for
+/// others: read whole when its room is free, streamed (and cut off at the limit) when it is
+/// not.
+#[tokio::test]
+async fn a_chunked_body_over_the_limit_gets_413_whatever_other_traffic_does() {
+    let mock = answering_mock().await;
+    // The budget is smaller than the body limit: a chunked body can hold at most the budget,
+    // and goes on streaming past it.
+    let proxy = TestProxy::start(&format!(
+        "{}[server]\nmax_buffered_bytes = 4096\nmax_body_bytes = 16384\nclient_timeout_secs = 1\n",
+        upstream_toml(&mock.url())
+    ))
+    .await;
+    let url = proxy.url("/v1/chat/completions");
+    let chunked_over_limit = || async {
+        let (tx, body) = channel_body();
+        let request = Request::post(&url)
+            .header("content-type", "application/json")
+            .body(body)
+            .expect("request");
+        let sending = tokio::spawn(async move { TestClient::http1().try_send(request).await });
+        let big = conversation(40, 1_000);
+        assert!(big.len() > 16384);
+        for chunk in big.chunks(1024) {
+            if !tx.send(Bytes::copy_from_slice(chunk)).await {
+                break; // the proxy stopped reading: answered already
+            }
+        }
+        drop(tx);
+        sending.await.expect("task").expect("answered").status()
+    };
+    // Alone.
+    assert_eq!(chunked_over_limit().await, 413);
+    // While another request holds part of the budget (the chunked one waits for it, then
+    // streams: its answer is the same).
+    let (tx, body) = channel_body();
+    let request = Request::post(&url)
+        .header("content-type", "application/json")
+        .header("content-length", "3000")
+        .body(body)
+        .expect("request");
+    let holder = tokio::spawn(async move { TestClient::http1().try_send(request).await });
+    assert!(tx.send(Bytes::from_static(b"{\"model\":")).await);
+    proxy
+        .wait_metric("compactor_in_flight_requests", &[], 1.0)
+        .await;
+    assert_eq!(chunked_over_limit().await, 413);
+    holder.abort();
     drop(tx);
     proxy.shutdown().await;
 }

@@ -1,8 +1,9 @@
 //! Sessions seen from the operator's side, over real sockets: the admin session API and manual
 //! compaction (`POST /session/{id}/summarize`), the admin token, the per-session breaker after
 //! repeated summarizer failures, eviction of the least recently used sessions under
-//! `store.max_bytes`, and the per-tenant share (`store.max_sessions_per_tenant`) that keeps one
-//! tenant from evicting another's.
+//! `store.max_bytes`, the per-tenant share (`store.max_sessions_per_tenant`) that keeps one
+//! tenant from evicting another's, and requests with made-up credentials, refused upstream,
+//! that evict nobody's.
 //!
 //! One mock serves the agent's requests and the zero-config `openai` summarizer's calls (a
 //! last user message starting with `<task>`), answering the n-th summarizer call `SUMMARY-<n>`,
@@ -27,6 +28,8 @@ const CHAT: &str = "/v1/chat/completions";
 const AUTH: &str = "Bearer sk-sessions-admin";
 const WINDOW: usize = 128_000;
 const COMPACTIONS: &str = "compactor_compactions_total";
+/// The start of credentials the mock provider refuses with 401.
+const MADE_UP: &str = "Bearer made-up-";
 
 /// The mock provider.
 #[derive(Default)]
@@ -43,6 +46,13 @@ impl Provider {
         let provider = Arc::new(Provider::default());
         let p = provider.clone();
         mock.set_handler(move |req: &Recorded| {
+            // Credentials nobody issued: refused, as a provider does.
+            if req
+                .header("authorization")
+                .is_some_and(|a| a.starts_with(MADE_UP))
+            {
+                return Reply::json(401, &json!({"error": {"type": "invalid_api_key"}}));
+            }
             let Ok(v) = serde_json::from_slice::<Value>(&req.body) else {
                 p.rejected.fetch_add(1, Ordering::SeqCst);
                 return Reply::status(400);
@@ -570,4 +580,69 @@ async fn a_tenant_flooding_sessions_evicts_only_its_own() {
     assert_eq!(info.json()["compactions"], 1);
     assert_eq!(provider.rejected(), 0);
     proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn requests_the_provider_refuses_as_unauthorised_evict_no_established_session() {
+    const ESTABLISHED: usize = 10;
+    const FLOOD: usize = 300;
+    let mock = MockUpstream::start().await;
+    let provider = Provider::install(&mock);
+    // Room for two more sessions than the established tenant holds, and no per-tenant share to
+    // hide behind (every made-up credential is a tenant of its own anyway).
+    let proxy = TestProxy::start(&format!(
+        "{}[compaction]\nmax_messages = 4\nbackground_ratio = 0\n\
+         [store]\nmax_sessions = {}\nmax_sessions_per_tenant = 10000\n",
+        upstream_toml(&mock.url()),
+        ESTABLISHED + 2
+    ))
+    .await;
+    let client = TestClient::http1();
+    for i in 0..ESTABLISHED {
+        let ex = chat(&client, &proxy, &format!("s{i}"), &session_conversation(i)).await;
+        assert_eq!(ex.header("x-compactor-compaction-num"), Some("1"));
+    }
+    assert_eq!(provider.summaries(), ESTABLISHED);
+
+    // Each with a fresh random credential and its own conversation, all refused upstream.
+    let url = proxy.url(CHAT);
+    for i in 0..FLOOD {
+        let auth = format!("{MADE_UP}{:016x}", rand_u64(i));
+        let body = serde_json::to_vec(&json!({"model": "gpt-4o",
+            "messages": [system(), user(&format!("Flood {i}: hello."))]}))
+        .expect("body");
+        let headers = [
+            ("content-type", "application/json"),
+            ("authorization", auth.as_str()),
+        ];
+        let ex = client.exchange("POST", &url, &headers, body).await;
+        assert_eq!(ex.status, 401, "the provider's answer, passed on");
+    }
+
+    // Nothing the refused requests recorded is left, and every established session is.
+    let mut ids = session_ids(&client, &proxy).await;
+    ids.sort();
+    let mut expected: Vec<String> = (0..ESTABLISHED).map(|i| format!("s{i}")).collect();
+    expected.sort();
+    assert_eq!(ids, expected);
+    assert_eq!(
+        proxy.metric("compactor_store_evictions_total", &[]).await,
+        Some(0.0)
+    );
+    // Their summaries are spliced again: no new summarizer call.
+    for i in 0..ESTABLISHED {
+        let ex = chat(&client, &proxy, &format!("s{i}"), &session_conversation(i)).await;
+        assert_eq!(ex.header("x-compactor-compaction-num"), Some("1"), "s{i}");
+    }
+    assert_eq!(provider.summaries(), ESTABLISHED, "no summary made again");
+    assert_eq!(provider.rejected(), 0);
+    proxy.shutdown().await;
+}
+
+/// A credential-shaped value per `i`, different for every `i` (splitmix64).
+fn rand_u64(i: usize) -> u64 {
+    let mut z = (i as u64).wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }

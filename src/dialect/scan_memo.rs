@@ -14,7 +14,8 @@
 //! (the tenant), so one tenant's requests never compare against another's. Conversations that
 //! open alike (one system prompt, many tasks) share a bucket of at most [`BUCKET`] entries; a
 //! comparison stops at the first differing byte. An entry holds a slice of its request's body
-//! (shared, not copied), and the bodies held count against [`BUDGET`]: when it would be
+//! (shared, not copied), and the bodies held (with each element's figures) count against the
+//! memo's budget (a quarter of `store.max_bytes`, within [`MIN_BUDGET`]..=[`BUDGET`]): when it would be
 //! exceeded the table is emptied, as the chain-hash memo does.
 
 use std::collections::HashMap;
@@ -37,8 +38,12 @@ pub const KEY_BYTES: usize = 512;
 /// Entries kept per fingerprint (conversations that open with the same bytes).
 pub const BUCKET: usize = 8;
 
-/// Request bodies the memo may hold, in bytes, before it is emptied.
+/// Request bodies the memo may hold at most, in bytes, before it is emptied
+/// ([`ScanMemo::with_budget`] sizes it to the store).
 pub const BUDGET: usize = 64 << 20;
+
+/// Bytes the memo may hold however small the store.
+pub const MIN_BUDGET: usize = 4 << 20;
 
 /// Remembered conversation arrays, shared by every request of the process.
 #[derive(Debug)]
@@ -46,6 +51,8 @@ pub struct ScanMemo {
     /// Random per process: fingerprints cannot be chosen to collide from outside.
     seed: u64,
     table: Mutex<Table>,
+    /// What its entries may hold, in bytes (bodies and the per-element figures).
+    budget: usize,
 }
 
 #[derive(Debug, Default)]
@@ -64,12 +71,22 @@ struct Known {
     counts: Vec<Counts>,
     /// Each element's output marks ([`marks`]).
     marks: Vec<u32>,
-    /// The whole body `bytes` is a slice of (what keeping it costs).
+    /// What keeping it costs: the whole body `bytes` is a slice of, and the figures above.
     held: usize,
 }
 
 impl Default for ScanMemo {
     fn default() -> Self {
+        ScanMemo::with_budget(BUDGET)
+    }
+}
+
+impl ScanMemo {
+    /// An empty memo holding at most `budget` bytes (at least [`MIN_BUDGET`], at most
+    /// [`BUDGET`]). The pipeline gives it a quarter of `store.max_bytes`: the bodies it holds
+    /// are mostly the latest requests the store holds too (the same buffers), and the rest
+    /// is bounded by that quarter.
+    pub fn with_budget(budget: usize) -> ScanMemo {
         // A random value without a dependency for it: std's per-process hash keys.
         let seed = std::collections::hash_map::RandomState::new()
             .build_hasher()
@@ -77,7 +94,13 @@ impl Default for ScanMemo {
         ScanMemo {
             seed,
             table: Mutex::new(Table::default()),
+            budget: budget.clamp(MIN_BUDGET, BUDGET),
         }
+    }
+
+    /// Bytes it may hold.
+    pub fn budget(&self) -> usize {
+        self.budget
     }
 }
 
@@ -119,7 +142,8 @@ impl ScanMemo {
         (elements, counts, marks): &Conversation<'_>,
         extended: Option<&Arc<Known>>,
     ) {
-        if body.len() > BUDGET / BUCKET || extended.is_some_and(|k| k.spans.len() >= elements.len())
+        if body.len() > self.budget / BUCKET
+            || extended.is_some_and(|k| k.spans.len() >= elements.len())
         {
             return;
         }
@@ -149,15 +173,19 @@ impl ScanMemo {
         let Some(spans) = spans else {
             return;
         };
+        let figures = spans.len()
+            * (std::mem::size_of::<(u32, u32)>()
+                + std::mem::size_of::<Counts>()
+                + std::mem::size_of::<u32>());
         let known = Arc::new(Known {
             bytes: body.slice(start..start + end),
             spans,
             counts: counts.to_vec(),
             marks: marks.to_vec(),
-            held: body.len(),
+            held: body.len() + figures,
         });
         let mut table = self.table.lock().unwrap_or_else(PoisonError::into_inner);
-        if table.held + known.held > BUDGET {
+        if table.held + known.held > self.budget {
             table.entries.clear();
             table.held = 0;
         }
@@ -370,7 +398,9 @@ mod tests {
 
     #[test]
     fn held_bodies_stay_within_the_budget() {
-        let memo = ScanMemo::default();
+        let memo = ScanMemo::with_budget(8 << 20);
+        let budget = memo.budget();
+        assert_eq!(budget, 8 << 20);
         let scope = [1; 16];
         let est = LazyEstimator::default();
         let dialect = DialectKind::ChatCompletions;
@@ -397,15 +427,15 @@ mod tests {
         };
         // A tenth of the budget each: the table is emptied when the next would not fit.
         for i in 0..25 {
-            let b = request(i, BUDGET / 10);
+            let b = request(i, budget / 10);
             scan(&b);
             let now = held();
-            assert!(now <= BUDGET, "{now} held");
+            assert!(now <= budget, "{now} held");
             assert!(now >= b.len(), "the latest is kept");
         }
         // A body over a bucket's share of the budget is read, not kept.
         let before = held();
-        scan(&request(99, BUDGET / BUCKET + 1));
+        scan(&request(99, budget / BUCKET + 1));
         assert_eq!(held(), before);
     }
 }

@@ -39,11 +39,16 @@ pub struct Streaming {
     prefix: Option<Bytes>,
     rest: Incoming,
     held: Option<Held>,
+    /// `server.max_body_bytes` for a chat body (`usize::MAX`: no limit).
+    limit: usize,
 }
 
 /// Reads a request body whole, refusing more than `limit` bytes (early, from `Content-Length`,
-/// when the client declares it) and a body not received within `timeout`; holds its size in
-/// `budget` as it arrives, and gives up reading (not the request) when the budget is spent.
+/// when the client declares it) and a body not received within `timeout`. Before reading it
+/// reserves in `budget` what the body may need (see [`super::budget`]), waiting for it up to
+/// `timeout`; a body the budget cannot hold (declared beyond it, or no room in time) is
+/// streamed through, and beyond `limit` ends in 413 all the same: the answer to a body over
+/// the limit never depends on other traffic.
 pub async fn read(
     mut body: Incoming,
     headers: &HeaderMap,
@@ -58,25 +63,28 @@ pub async fn read(
     if declared.is_some_and(|n| n > limit) {
         return Err(Error::BodyTooLarge { limit });
     }
-    // A body declared larger than the whole budget can never be held: streamed at once. Any
-    // other is held as it arrives, not as declared: a client declaring a large body and
-    // sending nothing would otherwise hold that much of every tenant's budget until it timed
-    // out, and every other chat request would go through uncompacted meanwhile.
+    // Sent in chunks, a body may be anything up to `limit`: as much is held (at most the
+    // whole budget) until it is read, then the rest is returned.
+    let need = declared.unwrap_or(limit);
     let held = match declared {
         Some(n) if n > budget.limit() => None,
-        _ => budget.reserve(0),
+        _ => budget.reserve(need.min(budget.limit()), timeout).await,
     };
     let Some(mut held) = held else {
         return Ok(Read::OverBudget(Streaming {
             prefix: None,
             rest: body,
             held: None,
+            limit,
         }));
     };
     // One timer for the whole body, registered once (a timer per frame would take the
     // runtime's timer lock for every frame of a large body).
     let expired = tokio::time::sleep(timeout);
     tokio::pin!(expired);
+    // A declared body is copied into one buffer as it arrives (each chunk freed at once):
+    // never twice its size in memory.
+    let mut whole = BytesMut::with_capacity(declared.unwrap_or(0));
     let mut chunks: Vec<Bytes> = Vec::new();
     let mut len = 0usize;
     loop {
@@ -96,20 +104,31 @@ pub async fn read(
         if len + data.len() > limit {
             return Err(Error::BodyTooLarge { limit });
         }
-        let beyond = (len + data.len()).saturating_sub(held.bytes());
-        if beyond > 0 && !held.grow(beyond) {
+        // Only a chunked body beyond the whole budget (`limit` above it) gets here.
+        if len + data.len() > held.bytes() {
             let total = len + data.len();
             chunks.push(data);
             return Ok(Read::OverBudget(Streaming {
                 prefix: Some(concat(chunks, total)),
                 rest: body,
                 held: Some(held),
+                limit,
             }));
         }
         len += data.len();
-        chunks.push(data);
+        if declared.is_some() {
+            whole.extend_from_slice(&data);
+        } else {
+            chunks.push(data);
+        }
     }
-    Ok(Read::Whole(concat(chunks, len), held))
+    held.shrink_to(len);
+    let body = if declared.is_some() {
+        whole.freeze()
+    } else {
+        concat(chunks, len)
+    };
+    Ok(Read::Whole(body, held))
 }
 
 /// The chunks as one buffer (without a copy when there is one).
@@ -129,10 +148,12 @@ impl Streaming {
     /// more is expected.
     pub fn into_body(self, timeout: Duration) -> ProxyBody {
         Streamed {
+            sent: self.prefix.as_ref().map_or(0, Bytes::len),
             prefix: self.prefix,
             inner: self.rest,
             timeout,
             stall: None,
+            limit: self.limit,
             _held: self.held,
         }
         .boxed_unsync()
@@ -146,6 +167,7 @@ pub fn streamed(body: Incoming, timeout: Duration) -> ProxyBody {
         prefix: None,
         rest: body,
         held: None,
+        limit: usize::MAX,
     }
     .into_body(timeout)
 }
@@ -157,6 +179,9 @@ struct Streamed {
     /// Armed only while the client keeps the body waiting: most bodies arrive whole in the
     /// first poll and never need a timer.
     stall: Option<Pin<Box<Sleep>>>,
+    /// Bytes passed on so far, and how many may be (`server.max_body_bytes` for a chat body).
+    sent: usize,
+    limit: usize,
     /// The budget the prefix holds, returned when the body has been sent.
     _held: Option<Held>,
 }
@@ -175,6 +200,16 @@ impl Body for Streamed {
         match Pin::new(&mut self.inner).poll_frame(cx) {
             Poll::Ready(frame) => {
                 self.stall = None;
+                let size = match &frame {
+                    Some(Ok(f)) => f.data_ref().map_or(0, Bytes::len),
+                    _ => 0,
+                };
+                self.sent = self.sent.saturating_add(size);
+                if self.sent > self.limit {
+                    // The exchange ends, and the client is answered 413 (`proxy::send`).
+                    let limit = self.limit;
+                    return Poll::Ready(Some(Err(Error::BodyTooLarge { limit }.into())));
+                }
                 Poll::Ready(frame.map(|f| f.map_err(BoxError::from)))
             }
             Poll::Pending => {

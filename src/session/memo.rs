@@ -21,8 +21,15 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use super::hash::{canonical_chain_step, CanonicalError, ChainHash, TenantId};
 
-/// Entries kept before the table is emptied (about 20 MB).
+/// Entries kept at most before the table is emptied (about 20 MB).
 pub const MEMO_CAPACITY: usize = 1 << 18;
+
+/// Entries allowed per session the store may hold ([`ChainMemo::for_sessions`]): a long
+/// conversation's messages.
+pub const ENTRIES_PER_SESSION: usize = 256;
+
+/// Entries allowed however small the store (a few conversations' worth).
+pub const MIN_CAPACITY: usize = 4096;
 
 /// Remembered chain hashes, shared by every request of the process.
 #[derive(Debug)]
@@ -42,6 +49,17 @@ impl Default for ChainMemo {
 }
 
 impl ChainMemo {
+    /// An empty memo sized to a store of `max_sessions` sessions: [`ENTRIES_PER_SESSION`]
+    /// each, at least [`MIN_CAPACITY`], at most [`MEMO_CAPACITY`]. Hashes of conversations
+    /// the store no longer holds are worth little: a small store gets a small memo.
+    pub fn for_sessions(max_sessions: usize) -> ChainMemo {
+        ChainMemo::with_capacity(
+            max_sessions
+                .saturating_mul(ENTRIES_PER_SESSION)
+                .clamp(MIN_CAPACITY, MEMO_CAPACITY),
+        )
+    }
+
     /// An empty memo holding at most `capacity` hashes.
     pub fn with_capacity(capacity: usize) -> ChainMemo {
         // A random value without a dependency for it: std's per-process hash keys.
@@ -106,6 +124,11 @@ impl ChainMemo {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .len()
+    }
+
+    /// Hashes it holds at most.
+    pub fn capacity(&self) -> usize {
+        self.capacity
     }
 
     /// Whether nothing is remembered.
@@ -186,5 +209,25 @@ mod tests {
             assert!(memo.len() <= 25, "{}", memo.len());
         }
         assert!(memo.chain(&t, &["not json"]).is_err());
+    }
+
+    #[test]
+    fn the_memo_stays_within_its_capacity_under_many_conversations() {
+        let memo = ChainMemo::for_sessions(10);
+        assert_eq!(memo.capacity(), MIN_CAPACITY);
+        assert_eq!(
+            ChainMemo::for_sessions(100).capacity(),
+            100 * ENTRIES_PER_SESSION
+        );
+        assert_eq!(
+            ChainMemo::for_sessions(usize::MAX).capacity(),
+            MEMO_CAPACITY
+        );
+        let t = TenantId::from_credential("k");
+        for c in 0..200 {
+            let owned = messages(50, &format!("conversation {c}"));
+            memo.chain(&t, &refs(&owned)).unwrap();
+            assert!(memo.len() <= memo.capacity(), "{} held", memo.len());
+        }
     }
 }

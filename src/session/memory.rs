@@ -13,6 +13,16 @@
 //! then the global least recently used. A tenant flooding new sessions thus only ever evicts
 //! its own once it holds its share: one credential cannot empty the store of everyone else's
 //! summaries.
+//!
+//! A tenant no provider has accepted yet (no request of its answered with a success,
+//! [`ProviderAnswer`]) is *unconfirmed*: its sessions also sit in a last-use order of their
+//! own, and the global bounds evict from that order first, so sessions of credentials nobody
+//! accepts (made up, revoked, mistyped) only ever push out each other, never a confirmed
+//! tenant's. A refusal as unauthorised removes the refused request's session outright. The
+//! confirmed tenants are remembered apart from their sessions (a tenant whose first session
+//! was evicted before its answer came is still confirmed by it), at most `max_sessions` of
+//! them, the least recently accepted forgotten first.
+//!
 //! Lookups by chain hash probe only the prefix lengths some checkpoint of the tenant covers,
 //! longest first, instead of every hash of the request.
 
@@ -27,8 +37,8 @@ use compactor_plugin_api::BoxFuture;
 use super::breaker::Breaker;
 use super::hash::{ChainHash, TenantId};
 use super::store::{
-    unix_now, Checkpoint, LatestRequest, MaskFloor, MaskNeed, SessionInfo, SessionStore,
-    StoreError, StoreLimits, StoreStats, SESSION_OVERHEAD_BYTES,
+    unix_now, Checkpoint, LatestRequest, MaskFloor, MaskNeed, ProviderAnswer, SessionInfo,
+    SessionStore, StoreError, StoreLimits, StoreStats, SESSION_OVERHEAD_BYTES,
 };
 use super::windows::LearnedWindows;
 use crate::compaction::models::{LearnedWindow, WindowKey};
@@ -237,6 +247,19 @@ impl MemoryStore {
             .is_none_or(|entry| entry.breaker.allow(now))
     }
 
+    fn answered(&self, tenant: TenantId, id: &str, answer: ProviderAnswer) {
+        let mut inner = self.fresh();
+        match answer {
+            ProviderAnswer::Accepted => inner.confirm(tenant, self.limits.max_sessions),
+            ProviderAnswer::Unauthorised if !inner.confirmed.contains(tenant) => {
+                inner.remove_session(&SessionKey::new(tenant, id));
+            }
+            ProviderAnswer::Unauthorised => {}
+        }
+        #[cfg(test)]
+        inner.assert_consistent();
+    }
+
     fn record(&self, tenant: TenantId, id: &str, succeeded: bool) -> bool {
         let now = (self.clock)();
         let mut inner = self.fresh();
@@ -278,6 +301,16 @@ impl SessionStore for MemoryStore {
         messages_seen: usize,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         self.touch(tenant, id, latest, messages_seen);
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn provider_answered<'a>(
+        &'a self,
+        tenant: TenantId,
+        id: &'a str,
+        answer: ProviderAnswer,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        self.answered(tenant, id, answer);
         Box::pin(std::future::ready(Ok(())))
     }
 
@@ -425,11 +458,47 @@ struct TenantUsage {
     bytes: usize,
 }
 
+/// Tenants a provider has accepted, by when it last did: at most a capacity of them, the
+/// least recently accepted forgotten first.
+#[derive(Default)]
+struct Confirmed {
+    by_tenant: HashMap<TenantId, u64>,
+    order: BTreeMap<u64, TenantId>,
+}
+
+impl Confirmed {
+    fn contains(&self, tenant: TenantId) -> bool {
+        self.by_tenant.contains_key(&tenant)
+    }
+
+    /// Marks `tenant` accepted at `tick`; answers whether it is new, and the tenant forgotten
+    /// to stay within `capacity`, if any.
+    fn insert(&mut self, tenant: TenantId, tick: u64, capacity: usize) -> (bool, Option<TenantId>) {
+        let old = self.by_tenant.insert(tenant, tick);
+        if let Some(old) = old {
+            self.order.remove(&old);
+        }
+        self.order.insert(tick, tenant);
+        let forgotten = if self.by_tenant.len() > capacity.max(1) {
+            self.order.pop_first().map(|(_, gone)| {
+                self.by_tenant.remove(&gone);
+                gone
+            })
+        } else {
+            None
+        };
+        (old.is_none(), forgotten)
+    }
+}
+
 #[derive(Default)]
 struct Inner {
     sessions: HashMap<SessionKey, SessionEntry>,
     /// Last-use order: the first entry is the least recently used.
     lru: BTreeMap<u64, SessionKey>,
+    /// The same order for the sessions of unconfirmed tenants only: evicted first.
+    unconfirmed: BTreeMap<u64, SessionKey>,
+    confirmed: Confirmed,
     /// Admin lookups by id alone: the tenants having a session with that id.
     by_id: HashMap<Arc<str>, Vec<TenantId>>,
     checkpoints: HashMap<ChainHash, StoredCheckpoint>,
@@ -468,12 +537,19 @@ impl Inner {
         let tick = self.next_tick();
         let unix = unix_now();
         self.lru.insert(tick, key.clone());
+        let unconfirmed = !self.confirmed.contains(key.tenant);
+        if unconfirmed {
+            self.unconfirmed.insert(tick, key.clone());
+        }
         let usage = self.tenants.entry(key.tenant).or_default();
         usage.lru.insert(tick, key.id.clone());
         match self.sessions.entry(key.clone()) {
             Entry::Occupied(occupied) => {
                 let entry = occupied.into_mut();
                 self.lru.remove(&entry.tick);
+                if unconfirmed {
+                    self.unconfirmed.remove(&entry.tick);
+                }
                 usage.lru.remove(&entry.tick);
                 entry.tick = tick;
                 entry.last_seen = now;
@@ -533,6 +609,14 @@ impl Inner {
         let total: usize = expected.values().map(|(_, bytes)| bytes).sum();
         assert_eq!(total, self.bytes);
         assert_eq!(self.lru.len(), self.sessions.len());
+        let unconfirmed: BTreeMap<u64, SessionKey> = self
+            .sessions
+            .iter()
+            .filter(|(key, _)| !self.confirmed.contains(key.tenant))
+            .map(|(key, entry)| (entry.tick, key.clone()))
+            .collect();
+        assert_eq!(unconfirmed, self.unconfirmed);
+        assert_eq!(self.confirmed.by_tenant.len(), self.confirmed.order.len());
     }
 
     /// Marks an existing session as used at `now`.
@@ -541,6 +625,9 @@ impl Inner {
         if let Some(entry) = self.sessions.get_mut(key) {
             self.lru.remove(&entry.tick);
             self.lru.insert(tick, key.clone());
+            if self.unconfirmed.remove(&entry.tick).is_some() {
+                self.unconfirmed.insert(tick, key.clone());
+            }
             if let Some(usage) = self.tenants.get_mut(&key.tenant) {
                 usage.lru.remove(&entry.tick);
                 usage.lru.insert(tick, key.id.clone());
@@ -630,6 +717,7 @@ impl Inner {
             return;
         };
         self.lru.remove(&entry.tick);
+        self.unconfirmed.remove(&entry.tick);
         if let Some(usage) = self.tenants.get_mut(&key.tenant) {
             usage.lru.remove(&entry.tick);
         }
@@ -662,6 +750,31 @@ impl Inner {
         self.bytes = self.bytes.saturating_sub(bytes);
         if let Some(usage) = self.tenants.get_mut(&tenant) {
             usage.bytes = usage.bytes.saturating_sub(bytes);
+        }
+    }
+
+    /// A provider accepted a request of `tenant`: its sessions leave the unconfirmed order
+    /// (and those of a tenant forgotten to keep at most `capacity` confirmed rejoin it).
+    fn confirm(&mut self, tenant: TenantId, capacity: usize) {
+        let tick = self.next_tick();
+        let (new, forgotten) = self.confirmed.insert(tenant, tick, capacity);
+        if new {
+            if let Some(usage) = self.tenants.get(&tenant) {
+                for tick in usage.lru.keys() {
+                    self.unconfirmed.remove(tick);
+                }
+            }
+        }
+        if let Some(gone) = forgotten {
+            if let Some(usage) = self.tenants.get(&gone) {
+                for (tick, id) in &usage.lru {
+                    let key = SessionKey {
+                        tenant: gone,
+                        id: id.clone(),
+                    };
+                    self.unconfirmed.insert(*tick, key);
+                }
+            }
         }
     }
 
@@ -706,7 +819,12 @@ impl Inner {
             }
         }
         while self.sessions.len() > limits.max_sessions || self.bytes > limits.max_bytes {
-            let Some((_, key)) = self.lru.pop_first() else {
+            // Unconfirmed tenants' sessions go first: see the module docs.
+            let Some((_, key)) = self
+                .unconfirmed
+                .pop_first()
+                .or_else(|| self.lru.pop_first())
+            else {
                 break;
             };
             if self.sessions.contains_key(&key) {
@@ -1205,6 +1323,98 @@ mod tests {
         assert!(s.is_empty());
         s.lock().assert_consistent();
         assert!(s.lock().tenants.is_empty());
+    }
+
+    async fn answer(s: &MemoryStore, t: TenantId, id: &str, answer: ProviderAnswer) {
+        s.provider_answered(t, id, answer).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn unconfirmed_tenants_are_evicted_before_any_confirmed_one() {
+        let (s, _) = store(limits(4, usize::MAX));
+        let known = tenant("known");
+        let conv = conversation(&known, "k", 4);
+        touch(&s, known, "k0").await;
+        touch(&s, known, "k1").await;
+        put(&s, known, &conv, checkpoint("k1", 3, "kept")).await;
+        answer(&s, known, "k1", ProviderAnswer::Accepted).await;
+        // Unknown credentials whose answers never came (or were neither success nor 401):
+        // they take the free room, then replace each other.
+        for k in 0..20 {
+            let t = tenant(&format!("unknown{k}"));
+            touch(&s, t, &format!("u{k}")).await;
+        }
+        assert_eq!(ids(&s).await, ["u19", "u18", "k1", "k0"]);
+        assert_eq!(found(&s, known, &conv).await, Some(3));
+        // A confirmed tenant's new session takes an unconfirmed one's room first.
+        touch(&s, known, "k2").await;
+        // (The lookup above made k1 more recent than u19.)
+        assert_eq!(ids(&s).await, ["k2", "k1", "u19", "k0"]);
+        // Once none is left, confirmed tenants evict by last use as before.
+        touch(&s, known, "k3").await;
+        touch(&s, known, "k4").await;
+        assert_eq!(ids(&s).await, ["k4", "k3", "k2", "k1"]);
+        s.lock().assert_consistent();
+    }
+
+    #[tokio::test]
+    async fn an_unauthorised_answer_takes_back_only_an_unconfirmed_session() {
+        let (s, _) = store(limits(100, usize::MAX));
+        let (known, stranger) = (tenant("known"), tenant("stranger"));
+        let conv = conversation(&stranger, "m", 3);
+        touch(&s, stranger, "s").await;
+        put(&s, stranger, &conv, checkpoint("s", 2, "x")).await;
+        touch(&s, known, "k").await;
+        answer(&s, known, "k", ProviderAnswer::Accepted).await;
+        let before = s.stats();
+
+        answer(&s, stranger, "s", ProviderAnswer::Unauthorised).await;
+        assert_eq!(ids(&s).await, ["k"]);
+        assert_eq!(found(&s, stranger, &conv).await, None);
+        let after = s.stats();
+        assert_eq!((after.sessions, after.checkpoints), (1, 0));
+        assert!(after.bytes < before.bytes);
+        assert_eq!(after.evictions, 0, "not an eviction for space");
+
+        // A key that worked before keeps what it had.
+        answer(&s, known, "k", ProviderAnswer::Unauthorised).await;
+        assert_eq!(ids(&s).await, ["k"]);
+        s.lock().assert_consistent();
+    }
+
+    #[tokio::test]
+    async fn a_confirmation_outlives_its_sessions_within_a_bounded_set() {
+        let (s, _) = store(limits(2, usize::MAX));
+        let early = tenant("early");
+        touch(&s, early, "e0").await;
+        // Its only session is pushed out by strangers before its answer comes.
+        for k in 0..3 {
+            touch(&s, tenant(&format!("x{k}")), &format!("x{k}")).await;
+        }
+        assert_eq!(ids(&s).await, ["x2", "x1"]);
+        answer(&s, early, "e0", ProviderAnswer::Accepted).await;
+        // Its next session is confirmed from the start: strangers cannot push it out.
+        touch(&s, early, "e1").await;
+        for k in 3..10 {
+            touch(&s, tenant(&format!("x{k}")), &format!("x{k}")).await;
+        }
+        assert_eq!(ids(&s).await, ["x9", "e1"]);
+        // At most `max_sessions` tenants are remembered as confirmed; the least recently
+        // accepted is forgotten and its sessions are unconfirmed again.
+        for k in 0..2 {
+            answer(
+                &s,
+                tenant(&format!("other{k}")),
+                "o",
+                ProviderAnswer::Accepted,
+            )
+            .await;
+        }
+        assert_eq!(s.lock().confirmed.by_tenant.len(), 2);
+        assert!(!s.lock().confirmed.contains(early));
+        touch(&s, tenant("x10"), "x10").await;
+        assert_eq!(ids(&s).await, ["x10", "x9"]);
+        s.lock().assert_consistent();
     }
 
     #[test]

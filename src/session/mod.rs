@@ -29,6 +29,6 @@ pub use memo::ChainMemo;
 pub use memory::{Clock, MemoryStore};
 pub use redis::{RedisSettings, RedisStore};
 pub use store::{
-    Checkpoint, Claim, LatestRequest, Lease, MaskFloor, MaskNeed, SessionInfo, SessionStore,
-    Staged, StoreError, StoreHealth, StoreLimits, StoreStats,
+    Checkpoint, Claim, LatestRequest, Lease, MaskFloor, MaskNeed, ProviderAnswer, SessionInfo,
+    SessionStore, Staged, StoreError, StoreHealth, StoreLimits, StoreStats,
 };

@@ -51,8 +51,8 @@ use super::breaker::{BreakerState, SESSION_BREAKER_THRESHOLD};
 use super::hash::{ChainHash, TenantId};
 use super::memory::{MemoryStore, MAX_CHECKPOINTS_PER_SESSION};
 use super::store::{
-    unix_now, Checkpoint, Claim, LatestRequest, Lease, MaskNeed, SessionInfo, SessionStore, Staged,
-    StoreError, StoreHealth, StoreStats,
+    unix_now, Checkpoint, Claim, LatestRequest, Lease, MaskNeed, ProviderAnswer, SessionInfo,
+    SessionStore, Staged, StoreError, StoreHealth, StoreStats,
 };
 use super::windows::MAX_LEARNED_WINDOWS;
 use crate::compaction::models::{LearnedWindow, WindowKey};
@@ -1232,6 +1232,18 @@ impl SessionStore for RedisStore {
             self.shared.share_latest(tenant, id, latest, messages_seen);
             Ok(())
         })
+    }
+
+    /// Settled in this replica's memory store only, where this replica's sessions compete for
+    /// room: Redis evicts nothing by tenant (its keys expire after `store.ttl_secs`, beyond
+    /// that its own memory policy applies), so there is no share there to protect.
+    fn provider_answered<'a>(
+        &'a self,
+        tenant: TenantId,
+        id: &'a str,
+        answer: ProviderAnswer,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        self.shared.local.provider_answered(tenant, id, answer)
     }
 
     fn session<'a>(

@@ -320,6 +320,22 @@ impl MaskFloor {
     }
 }
 
+/// What the provider answered a chat request, as far as the store is concerned.
+///
+/// The tenant is a hash of whatever credential arrives, and a session is recorded before the
+/// request goes upstream (the request path needs it). Until one of a tenant's requests is
+/// accepted its sessions are *unconfirmed*: the store evicts them before any confirmed
+/// tenant's, and a refusal as unauthorised takes back what the refused request recorded.
+/// Requests with made-up credentials, all refused, can thus only ever evict each other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProviderAnswer {
+    /// A success (2xx): the tenant is confirmed, its sessions are kept like any other.
+    Accepted,
+    /// Refused as unauthorised (401, 403): the session is removed unless its tenant is
+    /// confirmed (a confirmed key that stops working keeps what it had until it ages out).
+    Unauthorised,
+}
+
 /// The state of a store's backend, for `/readyz`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -364,6 +380,16 @@ pub trait SessionStore: Send + Sync {
         id: &'a str,
         latest: LatestRequest,
         messages_seen: usize,
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
+
+    /// Tells the store how the provider answered a request of session `(tenant, id)`, so a
+    /// credential no provider accepts cannot push out the sessions of tenants it does accept
+    /// ([`ProviderAnswer`] says what each answer does).
+    fn provider_answered<'a>(
+        &'a self,
+        tenant: TenantId,
+        id: &'a str,
+        answer: ProviderAnswer,
     ) -> BoxFuture<'a, Result<(), StoreError>>;
 
     /// The session with this id (admin API), without counting as use.
