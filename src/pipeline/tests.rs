@@ -387,6 +387,14 @@ impl SessionStore for NoCheckpoints {
     ) -> compactor_plugin_api::BoxFuture<'a, Result<(), StoreError>> {
         self.0.touch_session(tenant, id, latest, seen)
     }
+    fn provider_answered<'a>(
+        &'a self,
+        tenant: TenantId,
+        id: &'a str,
+        answer: crate::session::ProviderAnswer,
+    ) -> compactor_plugin_api::BoxFuture<'a, Result<(), StoreError>> {
+        self.0.provider_answered(tenant, id, answer)
+    }
     fn session<'a>(
         &'a self,
         id: &'a str,
