@@ -40,6 +40,15 @@ pub enum ConfigError {
         /// What is wrong with it.
         reason: String,
     },
+    /// On a reload ([`Config::reread`]): the file sets nothing at all. That is what an editor
+    /// or `cat >` leaves while it writes, and loading it would put every setting back to its
+    /// default (the upstream included); a deliberate defaults-only file is only read at
+    /// start-up.
+    #[error(
+        "{} sets nothing (empty, or comments and section headers only): is it being written?",
+        .0.display()
+    )]
+    Blank(PathBuf),
 }
 
 impl From<figment::Error> for ConfigError {
@@ -142,6 +151,27 @@ fn invalid(key: impl Into<String>, reason: impl Into<String>) -> ConfigError {
         key: key.into(),
         reason: reason.into(),
     }
+}
+
+/// A configuration read again for a hot reload ([`Config::reread`]), with what the reload
+/// must know about how it was written.
+#[derive(Debug)]
+pub struct Reread {
+    /// The configuration, validated.
+    pub config: Config,
+    /// Whether the file or the environment sets `upstream.base_url`. When neither does, the
+    /// upstream is the built-in default: a file that lost its `[upstream]` section would send
+    /// every caller's credentials to `https://api.openai.com`.
+    pub upstream_written: bool,
+}
+
+/// Whether a parsed TOML table sets anything: a value somewhere, not only (nested) empty
+/// tables.
+fn sets_anything(table: &toml::Table) -> bool {
+    table.values().any(|value| match value {
+        toml::Value::Table(inner) => sets_anything(inner),
+        _ => true,
+    })
 }
 
 /// The whole configuration.
@@ -617,6 +647,34 @@ impl Config {
         let config: Config = merge_env(figment).extract()?;
         config.validate()?;
         Ok(config)
+    }
+
+    /// Loads like [`Config::load`], for a reload of a running server: the file is read once,
+    /// so what is checked is what is loaded, and a file that sets nothing is refused
+    /// ([`ConfigError::Blank`]) rather than read as "all defaults". A file that does not
+    /// parse (one cut off mid-value) is refused as at start-up.
+    pub fn reread(path: Option<&Path>) -> Result<Reread, ConfigError> {
+        let mut written = Figment::new();
+        if let Some(path) = path {
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                figment::Error::from(format!("cannot read {}: {e}", path.display()))
+            })?;
+            // A parse error is left to figment, which reports it with its line.
+            if text
+                .parse::<toml::Table>()
+                .is_ok_and(|table| !sets_anything(&table))
+            {
+                return Err(ConfigError::Blank(path.to_path_buf()));
+            }
+            written = written.merge(Toml::string(&text));
+        }
+        let written = merge_env(written);
+        let config: Config = Config::base().merge(written.clone()).extract()?;
+        config.validate()?;
+        Ok(Reread {
+            config,
+            upstream_written: written.contains("upstream.base_url"),
+        })
     }
 
     /// The file [`Config::load`] reads: `path`, else [`DEFAULT_CONFIG_PATH`] when it exists.
