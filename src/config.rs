@@ -206,9 +206,8 @@ fn written(path: Option<&Path>) -> Result<Written, ConfigError> {
         blank_file: None,
     };
     if let Some(file) = Config::file(path) {
-        let text = std::fs::read_to_string(&file).map_err(|e| {
-            figment::Error::from(format!("cannot read {}: {e}", file.display()))
-        })?;
+        let text = std::fs::read_to_string(&file)
+            .map_err(|e| figment::Error::from(format!("cannot read {}: {e}", file.display())))?;
         let table = text
             .parse::<toml::Table>()
             .map_err(|e| syntax_error(&file, &text, &e))?;
@@ -222,7 +221,9 @@ fn written(path: Option<&Path>) -> Result<Written, ConfigError> {
 }
 
 fn syntax_error(file: &Path, text: &str, e: &toml::de::Error) -> ConfigError {
-    let at = e.span().map_or(text.len(), |span| span.start.min(text.len()));
+    let at = e
+        .span()
+        .map_or(text.len(), |span| span.start.min(text.len()));
     let before = text.get(..at).unwrap_or(text);
     let line = before.matches('\n').count() + 1;
     let column = before
@@ -1223,7 +1224,8 @@ mod reread {
 
     #[test]
     fn a_file_cut_off_mid_value_is_refused() {
-        let full = "[admin]\ntoken = \"secret-token\"\n[upstream]\nbase_url = \"http://127.0.0.1:9\"\n";
+        let full =
+            "[admin]\ntoken = \"secret-token\"\n[upstream]\nbase_url = \"http://127.0.0.1:9\"\n";
         for cut in [full.len() - 5, full.len() - 40, 12, 25] {
             let err = reread(&full[..cut]).expect_err(&full[..cut]);
             assert!(matches!(err, ConfigError::Syntax { .. }), "{err}");

@@ -1001,7 +1001,9 @@ impl Metrics {
 
     /// A reload carried a risky change (applied or refused, see [`RiskyChange`]).
     pub fn risky_reload(&self, change: RiskyChange) {
-        self.risky_reloads.with_label_values(&[change.label()]).inc();
+        self.risky_reloads
+            .with_label_values(&[change.label()])
+            .inc();
     }
 
     /// The Prometheus text exposition of every metric.

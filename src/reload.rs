@@ -193,7 +193,10 @@ pub struct Settle {
 impl Settle {
     /// Starts with the file loaded at start-up.
     pub fn new(loaded: Stamp) -> Settle {
-        Settle { loaded, seen: loaded }
+        Settle {
+            loaded,
+            seen: loaded,
+        }
     }
 
     /// One poll found the file at `now`: whether to reload it.

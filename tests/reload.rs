@@ -196,7 +196,11 @@ async fn a_file_caught_mid_write_or_dropping_auth_or_the_upstream_is_refused() {
             "# compactor\n\n# [upstream]\n# base_url = \"http://elsewhere\"\n",
             "sets nothing",
         ),
-        ("cut off in the token", &full[..cut_in_token], "not valid TOML"),
+        (
+            "cut off in the token",
+            &full[..cut_in_token],
+            "not valid TOML",
+        ),
         (
             "[server] only",
             "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n",
@@ -223,7 +227,14 @@ async fn a_file_caught_mid_write_or_dropping_auth_or_the_upstream_is_refused() {
         binary.signal("HUP");
         let reloads = [("result", "error")];
         support::eventually("the refused reload to be counted", || async {
-            (metric(&client, &binary, TOKEN, "compactor_config_reloads_total", &reloads).await
+            (metric(
+                &client,
+                &binary,
+                TOKEN,
+                "compactor_config_reloads_total",
+                &reloads,
+            )
+            .await
                 >= 1.0)
                 .then_some(())
         })
@@ -253,7 +264,14 @@ async fn a_file_caught_mid_write_or_dropping_auth_or_the_upstream_is_refused() {
         );
         let ok = [("result", "ok")];
         assert_eq!(
-            metric(&client, &binary, TOKEN, "compactor_config_reloads_total", &ok).await,
+            metric(
+                &client,
+                &binary,
+                TOKEN,
+                "compactor_config_reloads_total",
+                &ok
+            )
+            .await,
             0.0,
             "{case}: nothing was applied"
         );
@@ -315,7 +333,15 @@ async fn a_real_change_is_logged_by_key_and_a_new_upstream_is_counted() {
         // The token changes with the reload: scrape with whichever is current.
         let old = admin_status(&client, &binary, "/metrics", Some(OLD)).await;
         let token = if old == StatusCode::OK { OLD } else { NEW };
-        (metric(&client, &binary, token, "compactor_config_reloads_total", &ok).await >= 1.0)
+        (metric(
+            &client,
+            &binary,
+            token,
+            "compactor_config_reloads_total",
+            &ok,
+        )
+        .await
+            >= 1.0)
             .then_some(())
     })
     .await;
