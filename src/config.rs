@@ -40,6 +40,30 @@ pub enum ConfigError {
         /// What is wrong with it.
         reason: String,
     },
+    /// The file is not TOML (on a reload, often: cut off mid-write).
+    #[error(
+        "{}: not valid TOML at line {line}, column {column}: {message} (the line is not shown: it may hold a secret)",
+        file.display()
+    )]
+    Syntax {
+        /// The file.
+        file: PathBuf,
+        /// 1-based line of the error.
+        line: usize,
+        /// 1-based column (in characters).
+        column: usize,
+        /// The parser's message, without the line it quotes.
+        message: String,
+    },
+    /// On a reload ([`Config::reread`]): the file sets nothing at all. That is what an editor
+    /// or `cat >` leaves while it writes, and loading it would put every setting back to its
+    /// default (the upstream included); a deliberate defaults-only file is only read at
+    /// start-up.
+    #[error(
+        "{} sets nothing (empty, or comments and section headers only): is it being written?",
+        .0.display()
+    )]
+    Blank(PathBuf),
 }
 
 impl From<figment::Error> for ConfigError {
@@ -141,6 +165,77 @@ fn invalid(key: impl Into<String>, reason: impl Into<String>) -> ConfigError {
     ConfigError::Invalid {
         key: key.into(),
         reason: reason.into(),
+    }
+}
+
+/// A configuration read again for a hot reload ([`Config::reread`]), with what the reload
+/// must know about how it was written.
+#[derive(Debug)]
+pub struct Reread {
+    /// The configuration, validated.
+    pub config: Config,
+    /// Whether the file or the environment sets `upstream.base_url`. When neither does, the
+    /// upstream is the built-in default: a file that lost its `[upstream]` section would send
+    /// every caller's credentials to `https://api.openai.com`.
+    pub upstream_written: bool,
+}
+
+/// Whether a parsed TOML table sets anything: a value somewhere, not only (nested) empty
+/// tables.
+fn sets_anything(table: &toml::Table) -> bool {
+    table.values().any(|value| match value {
+        toml::Value::Table(inner) => sets_anything(inner),
+        _ => true,
+    })
+}
+
+/// What the file and the environment set, without the defaults under them.
+struct Written {
+    /// The file (read once: what is checked is what is loaded), then the environment.
+    figment: Figment,
+    /// The file, when it sets nothing at all.
+    blank_file: Option<PathBuf>,
+}
+
+/// Reads [`Config::file`] and the environment. An explicitly named file must exist. A file
+/// that is not TOML is refused with its line and column but not the line itself, which may
+/// hold a secret cut short (`token = "s3cr`).
+fn written(path: Option<&Path>) -> Result<Written, ConfigError> {
+    let mut written = Written {
+        figment: Figment::new(),
+        blank_file: None,
+    };
+    if let Some(file) = Config::file(path) {
+        let text = std::fs::read_to_string(&file)
+            .map_err(|e| figment::Error::from(format!("cannot read {}: {e}", file.display())))?;
+        let table = text
+            .parse::<toml::Table>()
+            .map_err(|e| syntax_error(&file, &text, &e))?;
+        if !sets_anything(&table) {
+            written.blank_file = Some(file);
+        }
+        written.figment = written.figment.merge(Toml::string(&text));
+    }
+    written.figment = merge_env(written.figment);
+    Ok(written)
+}
+
+fn syntax_error(file: &Path, text: &str, e: &toml::de::Error) -> ConfigError {
+    let at = e
+        .span()
+        .map_or(text.len(), |span| span.start.min(text.len()));
+    let before = text.get(..at).unwrap_or(text);
+    let line = before.matches('\n').count() + 1;
+    let column = before
+        .rsplit('\n')
+        .next()
+        .map_or(0, |line| line.chars().count())
+        + 1;
+    ConfigError::Syntax {
+        file: file.to_path_buf(),
+        line,
+        column,
+        message: e.message().to_owned(),
     }
 }
 
@@ -618,14 +713,26 @@ impl Config {
     /// Loads defaults < `path` (or [`DEFAULT_CONFIG_PATH`] when it exists) < environment, and
     /// validates the result.
     pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
-        let mut figment = Config::base();
-        // An explicitly named file must exist (`file_exact` fails when it does not).
-        if let Some(file) = Config::file(path) {
-            figment = figment.merge(Toml::file_exact(file));
-        }
-        let config: Config = merge_env(figment).extract()?;
+        let config: Config = Config::base().merge(written(path)?.figment).extract()?;
         config.validate()?;
         Ok(config)
+    }
+
+    /// Loads like [`Config::load`], for a reload of a running server: a file that sets
+    /// nothing is refused ([`ConfigError::Blank`]) rather than read as "all defaults", and the
+    /// result says whether the upstream was named. A file that does not parse (one cut off
+    /// mid-value) is refused as at start-up.
+    pub fn reread(path: Option<&Path>) -> Result<Reread, ConfigError> {
+        let written = written(path)?;
+        if let Some(file) = written.blank_file {
+            return Err(ConfigError::Blank(file));
+        }
+        let config: Config = Config::base().merge(written.figment.clone()).extract()?;
+        config.validate()?;
+        Ok(Reread {
+            config,
+            upstream_written: written.figment.contains("upstream.base_url"),
+        })
     }
 
     /// The file [`Config::load`] reads: `path`, else [`DEFAULT_CONFIG_PATH`] when it exists.
@@ -1088,6 +1195,68 @@ mod tests {
             "{shown}"
         );
         assert!(shown.contains(REDACTED));
+    }
+}
+
+#[cfg(test)]
+mod reread {
+    use super::*;
+
+    fn reread(text: &str) -> Result<Reread, ConfigError> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("compactor.toml");
+        std::fs::write(&path, text).expect("write");
+        Config::reread(Some(&path))
+    }
+
+    #[test]
+    fn a_file_that_sets_nothing_is_refused() {
+        for text in [
+            "",
+            "  \n\t\n",
+            "# compactor\n\n# [upstream]\n# base_url = \"http://x\"\n",
+            "[server]\n[admin]\n# token = \"t\"\n",
+            "[summarizer.openai]\n",
+        ] {
+            let err = reread(text).expect_err(text);
+            assert!(matches!(err, ConfigError::Blank(_)), "{text:?}: {err}");
+            assert!(err.to_string().contains("sets nothing"), "{err}");
+        }
+        // At start-up an empty file is the defaults.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("empty.toml");
+        std::fs::write(&path, "").expect("write");
+        assert_eq!(
+            Config::load(Some(&path)).expect("defaults"),
+            Config::from_toml("").expect("defaults")
+        );
+    }
+
+    #[test]
+    fn a_file_cut_off_mid_value_is_refused() {
+        let full =
+            "[admin]\ntoken = \"secret-token\"\n[upstream]\nbase_url = \"http://127.0.0.1:9\"\n";
+        for cut in [full.len() - 5, full.len() - 40, 12, 25] {
+            let err = reread(&full[..cut]).expect_err(&full[..cut]);
+            assert!(matches!(err, ConfigError::Syntax { .. }), "{err}");
+            assert!(!err.to_string().contains("secret-t"), "{err}");
+        }
+        let err = reread(&full[..25]).expect_err("cut in the token");
+        assert!(
+            matches!(err, ConfigError::Syntax { line: 2, .. }),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn the_reread_file_is_loaded_and_says_whether_it_names_the_upstream() {
+        let r = reread("[compaction]\nmax_messages = 9\n").expect("valid");
+        assert_eq!(r.config.compaction.max_messages, 9);
+        assert!(!r.upstream_written);
+        let r = reread("[upstream]\nbase_url = \"https://api.openai.com\"\n").expect("valid");
+        assert!(r.upstream_written, "named, even as the default");
+        let err = reread("[compaction]\nbogus = 1\n").expect_err("unknown key");
+        assert!(err.to_string().contains("bogus"), "{err}");
     }
 }
 

@@ -244,6 +244,29 @@ impl UsageKind {
     }
 }
 
+/// A reload that changed where requests go or tried to remove admin auth: the `change` label
+/// of `compactor_config_risky_reloads_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RiskyChange {
+    /// Applied: the default upstream, a route or a summarizer endpoint changed.
+    Upstream,
+    /// Refused: the new file had no `admin.token` while the running one had.
+    AdminAuthRemoved,
+}
+
+impl RiskyChange {
+    /// Every change, pre-initialised at registration.
+    pub const ALL: [RiskyChange; 2] = [RiskyChange::Upstream, RiskyChange::AdminAuthRemoved];
+
+    /// The label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            RiskyChange::Upstream => "upstream",
+            RiskyChange::AdminAuthRemoved => "admin_auth_removed",
+        }
+    }
+}
+
 /// Every metric compactor exports.
 pub struct Metrics {
     registry: Registry,
@@ -301,6 +324,8 @@ pub struct Metrics {
     estimate_error: Histogram,
     /// `compactor_config_reloads_total{result}` (`result` ∈ [`RELOAD_RESULTS`]).
     config_reloads: IntCounterVec,
+    /// `compactor_config_risky_reloads_total{change}` (`change` ∈ [`RiskyChange`]).
+    risky_reloads: IntCounterVec,
     /// `compactor_masked_outputs_total{dialect,strategy}`: tool outputs replaced by a
     /// placeholder in forwarded requests.
     masked_outputs: IntCounterVec,
@@ -624,6 +649,13 @@ impl Metrics {
                 "Configuration reloads by result (ok or error).",
                 &["result"],
             )?,
+            risky_reloads: counter_vec(
+                r,
+                "compactor_config_risky_reloads_total",
+                "Configuration reloads that changed where requests go (upstream, applied) or \
+                 would have removed admin auth (admin_auth_removed, refused).",
+                &["change"],
+            )?,
             masked_outputs: counter_vec(
                 r,
                 "compactor_masked_outputs_total",
@@ -730,6 +762,9 @@ impl Metrics {
         }
         for result in RELOAD_RESULTS {
             self.config_reloads.with_label_values(&[result]);
+        }
+        for change in RiskyChange::ALL {
+            self.risky_reloads.with_label_values(&[change.label()]);
         }
         for dialect in DIALECTS {
             for strategy in MASKING_STRATEGIES {
@@ -995,6 +1030,13 @@ impl Metrics {
             .inc();
     }
 
+    /// A reload carried a risky change (applied or refused, see [`RiskyChange`]).
+    pub fn risky_reload(&self, change: RiskyChange) {
+        self.risky_reloads
+            .with_label_values(&[change.label()])
+            .inc();
+    }
+
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
         let mut buf = Vec::new();
@@ -1228,6 +1270,7 @@ mod tests {
         m.server_state_passthrough();
         m.checkpoint_lookup(false);
         m.config_reload(false);
+        m.risky_reload(RiskyChange::AdminAuthRemoved);
         m.upstream_usage(UsageKind::CacheRead, 40);
         m.summarizer_failed("exec", &SummarizeError::Blank, Duration::from_millis(5));
         m.summarizer_answered("extractive", true, Duration::from_millis(5));
@@ -1249,6 +1292,8 @@ mod tests {
             "compactor_compactions_total{outcome=\"server_state\",trigger=\"none\"} 2",
             "compactor_checkpoint_lookups_total{result=\"miss\"} 1",
             "compactor_config_reloads_total{result=\"error\"} 1",
+            "compactor_config_risky_reloads_total{change=\"admin_auth_removed\"} 1",
+            "compactor_config_risky_reloads_total{change=\"upstream\"} 0",
             "compactor_upstream_usage_tokens_total{kind=\"cache_read\"} 40",
             "compactor_summarizer_requests_total{backend=\"exec\",outcome=\"blank\"} 1",
             "compactor_summarizer_requests_total{backend=\"extractive\",outcome=\"fallback_ok\"} 1",
