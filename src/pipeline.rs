@@ -44,9 +44,9 @@ use crate::overflow::Overflow;
 use crate::session::hash::SESSION_ID_MESSAGES;
 use crate::session::redis::CLAIM_TTL;
 use crate::session::{
-    session_id, ChainMemo, Checkpoint, Claim, LatestRequest, Lease, MaskFloor, MaskNeed,
-    MemoryStore, RedisSettings, RedisStore, SessionStore, SingleFlight, Staged, StoreError,
-    StoreLimits, TenantId,
+    derived_session_ids, session_id, ChainMemo, Checkpoint, Claim, LatestRequest, Lease, MaskFloor,
+    MaskNeed, MemoryStore, RedisSettings, RedisStore, SessionStore, SingleFlight, Staged,
+    StoreError, StoreLimits, TenantId,
 };
 use crate::transcript::Transcript;
 
@@ -527,7 +527,9 @@ impl Pipeline {
             .request_tokens_estimated
             .observe(scan.tokens as f64);
 
-        let session = session_of(&scan, &tenant, context.session_header);
+        let session = self
+            .session_of(&scan, &tenant, context.session_header)
+            .await;
         let latest = LatestRequest {
             tenant,
             dialect,
@@ -1621,7 +1623,9 @@ impl Pipeline {
             return None;
         };
         let tenant = TenantId::from_caller(context.caller);
-        let session = session_of(&scan, &tenant, context.session_header);
+        let session = self
+            .session_of(&scan, &tenant, context.session_header)
+            .await;
         if let (Some(model), Some(window)) = (scan.model.as_deref(), refusal.window) {
             let upstream = &context.caller.upstream_base_url;
             let model = window_model(model, context.long_context);
@@ -1859,6 +1863,37 @@ impl Pipeline {
     fn record(&self, trigger: Trigger, outcome: CompactionOutcome) {
         self.metrics.compaction(trigger, outcome);
     }
+
+    /// The session id of a scanned request: the header when sent, else derived from its
+    /// opening messages. Two conversations that open alike (the same task started twice)
+    /// cannot be told apart until the model's first reply, where they part: the first to
+    /// reply keeps the opening's id (so every request of a conversation has one id, its first
+    /// included), and another is named by its messages through its own first reply
+    /// ([`SessionStore::claim_opening`]). From there on they never share a breaker, a latest
+    /// request, summaries made ahead or an admin entry. A store that cannot answer leaves the
+    /// opening's id (as before conversations were told apart).
+    async fn session_of(&self, scan: &Scan<'_>, tenant: &TenantId, header: Option<&str>) -> String {
+        if header.is_some_and(|h| !h.trim().is_empty()) {
+            return session_id(tenant, header, &[]);
+        }
+        let messages = &scan.messages;
+        let opening = SESSION_ID_MESSAGES.min(messages.len());
+        let through_reply = first_reply(scan.dialect(), messages).map_or(0, |i| i + 1);
+        let (opening, then) = messages.split_at(opening);
+        let then = &then[..through_reply.saturating_sub(opening.len()).min(then.len())];
+        let (id, own) = derived_session_ids(tenant, opening, then);
+        if then.is_empty() {
+            return id;
+        }
+        match self.store.claim_opening(*tenant, &id, &own).await {
+            Ok(owner) if owner == own => id,
+            Ok(_) => own,
+            Err(e) => {
+                tracing::warn!(error = %e, "session store unavailable; naming the session by its opening");
+                id
+            }
+        }
+    }
 }
 
 /// Holds `compactor_background_compactions_running` up while a background summary runs.
@@ -1875,23 +1910,6 @@ impl Drop for Running {
     fn drop(&mut self) {
         self.0.background_running.dec();
     }
-}
-
-/// The session id of a scanned request: the header when sent, else derived from its opening
-/// messages through the model's first reply. Two conversations that open alike (the same
-/// task started twice) get one id until that reply, where they part, and their own ids from
-/// the next request on: they never share a breaker, a latest request, summaries made ahead or
-/// an admin entry. The first request of a conversation, with no reply yet, keeps the id of
-/// its opening alone.
-fn session_of(scan: &Scan<'_>, tenant: &TenantId, header: Option<&str>) -> String {
-    let messages = &scan.messages;
-    let opening = if header.is_some_and(|h| !h.trim().is_empty()) {
-        0
-    } else {
-        let through_reply = first_reply(scan.dialect(), messages).map_or(0, |i| i + 1);
-        through_reply.max(SESSION_ID_MESSAGES).min(messages.len())
-    };
-    session_id(tenant, header, &messages[..opening])
 }
 
 /// What the proxy should forward.

@@ -1017,3 +1017,50 @@ async fn alternating_replicas_with_background_summaries_make_one_summary_per_com
     a.shutdown().await;
     b.shutdown().await;
 }
+
+#[tokio::test]
+async fn conversations_that_open_alike_part_at_their_first_reply_on_every_replica() {
+    let redis = RedisServer::start().await;
+    let mock = MockUpstream::start().await;
+    Provider::install(&mock);
+    let a = TestProxy::start(&toml(&mock, Some(&redis))).await;
+    let b = TestProxy::start(&toml(&mock, Some(&redis))).await;
+    let client = TestClient::http1();
+    let opening = vec![
+        json!({"role": "system", "content": "You are a coding agent."}),
+        json!({"role": "user", "content": "Fix the failing test."}),
+    ];
+    let run = |tag: &str, turns: usize| {
+        let mut m = opening.clone();
+        for k in 0..turns {
+            m.push(json!({"role": "assistant", "content": format!("{tag} step {k}")}));
+            m.push(json!({"role": "user", "content": format!("{tag} output {k}")}));
+        }
+        Bytes::from(json!({"model": "gpt-4o", "messages": m}).to_string())
+    };
+    let id = |ex: Exchange| {
+        ex.header("x-compactor-session")
+            .expect("session")
+            .to_owned()
+    };
+    let first = id(chat(&client, &a, AUTH, run("A", 0)).await);
+    assert_eq!(first, id(chat(&client, &b, AUTH, run("B", 0)).await));
+    let (mut ids_a, mut ids_b) = (Vec::new(), Vec::new());
+    for turns in 1..5 {
+        // Each conversation alternates replicas, the two interleaved.
+        let (ra, rb) = if turns % 2 == 0 { (&a, &b) } else { (&b, &a) };
+        ids_a.push(id(chat(&client, ra, AUTH, run("A", turns)).await));
+        ids_b.push(id(chat(&client, rb, AUTH, run("B", turns)).await));
+    }
+    assert!(
+        ids_a.iter().all(|i| *i == first),
+        "A keeps its id: {ids_a:?}"
+    );
+    assert!(
+        ids_b.iter().all(|i| *i == ids_b[0]),
+        "B keeps its own: {ids_b:?}"
+    );
+    assert_ne!(ids_b[0], first, "B parted from A at its first reply");
+    a.shutdown().await;
+    b.shutdown().await;
+}

@@ -387,6 +387,14 @@ impl SessionStore for NoCheckpoints {
     ) -> compactor_plugin_api::BoxFuture<'a, Result<(), StoreError>> {
         self.0.touch_session(tenant, id, latest, seen)
     }
+    fn claim_opening<'a>(
+        &'a self,
+        tenant: TenantId,
+        opening: &'a str,
+        candidate: &'a str,
+    ) -> compactor_plugin_api::BoxFuture<'a, Result<String, StoreError>> {
+        self.0.claim_opening(tenant, opening, candidate)
+    }
     fn provider_answered<'a>(
         &'a self,
         tenant: TenantId,
@@ -568,7 +576,9 @@ async fn two_conversations_that_open_alike_are_two_sessions_from_the_first_reply
         ids_a.push(session(run("run A", turns)).await);
         ids_b.push(session(run("run B", turns)).await);
     }
-    assert!(ids_a.iter().all(|id| *id == ids_a[0]), "{ids_a:?}");
+    // A replied first: its id is the opening's on every request; B has its own from its
+    // first reply on.
+    assert!(ids_a.iter().all(|id| *id == first_a), "{ids_a:?}");
     assert!(ids_b.iter().all(|id| *id == ids_b[0]), "{ids_b:?}");
     assert_ne!(ids_a[0], ids_b[0], "parted at the first reply");
 

@@ -204,21 +204,36 @@ pub fn session_id(
             .finalize();
         return hex(&digest[..8]);
     }
+    derived_session_ids(tenant, first_messages, &[]).0
+}
+
+/// The derived ids ([`session_id`] without a header) of `opening` and of `opening` followed by
+/// `then`, hashing the opening once.
+pub fn derived_session_ids(tenant: &TenantId, opening: &[&str], then: &[&str]) -> (String, String) {
     let mut hasher = Sha256::new()
         .chain_update(SESSION_DOMAIN)
         .chain_update(tenant.0);
     let mut buf = Vec::new();
-    for message in first_messages {
-        let raw = message.as_bytes();
+    let mut add = |hasher: &mut Sha256, message: &str| {
         // A message that is not JSON still gets a stable id from its raw bytes.
         let bytes = match canonical_into(message, &mut buf) {
             Ok(()) => buf.as_slice(),
-            Err(_) => raw,
+            Err(_) => message.as_bytes(),
         };
         hasher.update((bytes.len() as u64).to_be_bytes());
         hasher.update(bytes);
+    };
+    for message in opening {
+        add(&mut hasher, message);
     }
-    hex(&hasher.finalize()[..8])
+    let first = hex(&hasher.clone().finalize()[..8]);
+    if then.is_empty() {
+        return (first.clone(), first);
+    }
+    for message in then {
+        add(&mut hasher, message);
+    }
+    (first, hex(&hasher.finalize()[..8]))
 }
 
 fn session_id_byte(b: u8) -> bool {
@@ -431,5 +446,14 @@ mod tests {
         assert_eq!(short, session_id(&t, Some("  "), &[sys, user]));
         assert_ne!(short, session_id(&t, None, &[sys, other]));
         assert_ne!(short, session_id(&TenantId::ANONYMOUS, None, &[sys, user]));
+        // Both ids in one pass: the opening's, and the opening's followed by more.
+        assert_eq!(
+            derived_session_ids(&t, &[sys, user], &[later]),
+            (short.clone(), session_id(&t, None, &[sys, user, later]))
+        );
+        assert_eq!(
+            derived_session_ids(&t, &[sys, user], &[]),
+            (short.clone(), short)
+        );
     }
 }

@@ -36,6 +36,7 @@ use compactor_plugin_api::BoxFuture;
 
 use super::breaker::Breaker;
 use super::hash::{ChainHash, TenantId};
+use super::openings::Openings;
 use super::store::{
     unix_now, Checkpoint, LatestRequest, MaskFloor, MaskNeed, ProviderAnswer, SessionInfo,
     SessionStore, StoreError, StoreLimits, StoreStats, SESSION_OVERHEAD_BYTES,
@@ -63,6 +64,8 @@ pub struct MemoryStore {
     /// Apart from the sessions: read on every request, learned rarely, and never evicted with
     /// a session.
     windows: Mutex<LearnedWindows>,
+    /// Which conversation owns each derived opening id: as many as sessions may be held.
+    openings: Mutex<Openings>,
 }
 
 impl fmt::Debug for MemoryStore {
@@ -83,7 +86,23 @@ impl MemoryStore {
             clock: Arc::new(Instant::now),
             inner: Mutex::new(Inner::default()),
             windows: Mutex::default(),
+            openings: Mutex::new(Openings::new(limits.max_sessions)),
         }
+    }
+
+    /// The opening claims (recovered from poisoning: every operation leaves them whole).
+    fn openings(&self) -> MutexGuard<'_, Openings> {
+        self.openings.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The owner of `opening` this process knows of (a shared store's cache).
+    pub fn known_opening(&self, tenant: TenantId, opening: &str) -> Option<String> {
+        self.openings().owner(tenant, opening).map(str::to_string)
+    }
+
+    /// Remembers the owner of `opening` a shared store answered.
+    pub fn learn_opening(&self, tenant: TenantId, opening: &str, owner: &str) {
+        self.openings().learn(tenant, opening, owner);
     }
 
     /// Sets how long a session's breaker stays open (`compaction.breaker_cooldown_secs`).
@@ -302,6 +321,16 @@ impl SessionStore for MemoryStore {
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         self.touch(tenant, id, latest, messages_seen);
         Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn claim_opening<'a>(
+        &'a self,
+        tenant: TenantId,
+        opening: &'a str,
+        candidate: &'a str,
+    ) -> BoxFuture<'a, Result<String, StoreError>> {
+        let owner = self.openings().claim(tenant, opening, candidate);
+        Box::pin(std::future::ready(Ok(owner)))
     }
 
     fn provider_answered<'a>(

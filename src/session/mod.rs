@@ -18,13 +18,16 @@ pub mod flight;
 pub mod hash;
 pub mod memo;
 pub mod memory;
+pub mod openings;
 pub mod redis;
 pub mod store;
 pub mod windows;
 
 pub use breaker::{Breaker, BreakerState, SESSION_BREAKER_THRESHOLD};
 pub use flight::{Flight, FlightError, SingleFlight};
-pub use hash::{canonical_json, chain, session_id, CanonicalError, ChainHash, TenantId};
+pub use hash::{
+    canonical_json, chain, derived_session_ids, session_id, CanonicalError, ChainHash, TenantId,
+};
 pub use memo::ChainMemo;
 pub use memory::{Clock, MemoryStore};
 pub use redis::{RedisSettings, RedisStore};

@@ -866,6 +866,30 @@ impl Shared {
         }))
     }
 
+    /// Claims `opening` for `candidate` unless a conversation did (on any replica): one
+    /// `SET NX GET`, whose answer is the owner before it (none: the claim was taken). The claim
+    /// lives as long as a session does.
+    async fn claim_opening(
+        &self,
+        tenant: TenantId,
+        opening: &str,
+        candidate: &str,
+    ) -> Option<String> {
+        let key = self.tenant_key(tenant, &format!("open:{}", sid(opening)));
+        let mut conn = self.conn()?;
+        let mut set = redis::cmd("SET");
+        set.arg(key)
+            .arg(candidate)
+            .arg("NX")
+            .arg("GET")
+            .arg("PX")
+            .arg(self.ttl_ms());
+        let before: Option<String> = self
+            .call(StoreOp::Touch, set.query_async(&mut conn))
+            .await?;
+        Some(before.unwrap_or_else(|| candidate.to_string()))
+    }
+
     async fn allowed(&self, tenant: TenantId, id: &str) -> Option<bool> {
         let cooldown = u64::try_from(self.settings.breaker_cooldown.as_millis()).unwrap_or(0);
         let mut invocation = self
@@ -1244,6 +1268,29 @@ impl SessionStore for RedisStore {
         answer: ProviderAnswer,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         self.shared.local.provider_answered(tenant, id, answer)
+    }
+
+    /// Answered once per opening by Redis, then by this replica's memory (an owner never
+    /// changes while its claim lives); this replica's own claim when Redis cannot answer.
+    fn claim_opening<'a>(
+        &'a self,
+        tenant: TenantId,
+        opening: &'a str,
+        candidate: &'a str,
+    ) -> BoxFuture<'a, Result<String, StoreError>> {
+        Box::pin(async move {
+            let local = &self.shared.local;
+            if let Some(owner) = local.known_opening(tenant, opening) {
+                return Ok(owner);
+            }
+            match self.shared.claim_opening(tenant, opening, candidate).await {
+                Some(owner) => {
+                    local.learn_opening(tenant, opening, &owner);
+                    Ok(owner)
+                }
+                None => local.claim_opening(tenant, opening, candidate).await,
+            }
+        })
     }
 
     fn session<'a>(

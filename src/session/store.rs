@@ -392,6 +392,17 @@ pub trait SessionStore: Send + Sync {
         answer: ProviderAnswer,
     ) -> BoxFuture<'a, Result<(), StoreError>>;
 
+    /// The conversation that owns the derived session id `opening` of `tenant`
+    /// ([`Openings`](super::openings::Openings)): `candidate` (its id through the model's first
+    /// reply) when none claimed it yet, which then does. Shared stores answer the same on every
+    /// replica.
+    fn claim_opening<'a>(
+        &'a self,
+        tenant: TenantId,
+        opening: &'a str,
+        candidate: &'a str,
+    ) -> BoxFuture<'a, Result<String, StoreError>>;
+
     /// The session with this id (admin API), without counting as use.
     fn session<'a>(&'a self, id: &'a str)
         -> BoxFuture<'a, Result<Option<SessionInfo>, StoreError>>;
