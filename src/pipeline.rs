@@ -711,7 +711,7 @@ impl Pipeline {
         let mut mask = self
             .mask_view(request, splice.as_ref(), staged.as_ref())
             .await;
-        let (count, mut tokens) = self.view_size(request.scan, splice.as_ref(), &mask);
+        let (count, tokens) = self.view_size(request.scan, splice.as_ref(), &mask);
         if self.strategy.masks() {
             figures.masked_tokens = Some(tokens);
         }
@@ -746,7 +746,6 @@ impl Pipeline {
                     // Still over: compact further, refining the staged summary.
                     splice = Some(ready);
                     mask = ready_mask;
-                    tokens = ready_tokens;
                 }
                 Ok(None) => {}
                 Err(e) => return self.not_understood(Some(trigger), &e),
@@ -754,6 +753,8 @@ impl Pipeline {
         }
         if !self.breaker_allows(request.tenant, request.session).await {
             self.record(trigger, CompactionOutcome::Breaker);
+            let mask = self.mask_instead(request, splice.as_ref(), mask).await;
+            let (_, tokens) = self.view_size(request.scan, splice.as_ref(), &mask);
             return self.reuse(request.scan, splice.as_ref(), &mask, tokens, figures);
         }
         let transcript = match request.scan.transcript() {
@@ -851,6 +852,8 @@ impl Pipeline {
                     error = %e,
                     "compaction failed; forwarding the request without a new summary"
                 );
+                let mask = self.mask_instead(request, splice.as_ref(), mask).await;
+                let (_, tokens) = self.view_size(request.scan, splice.as_ref(), &mask);
                 match self.reuse(request.scan, splice.as_ref(), &mask, tokens, figures) {
                     Outcome::Unchanged => Outcome::Failed,
                     reused => reused,
@@ -1146,6 +1149,41 @@ impl Pipeline {
         let masked = self
             .mask_floor(request, start, MaskNeed { enough, step })
             .await;
+        candidates.first(masked)
+    }
+
+    /// `hybrid` over its trigger with no new summary to be had (the conversation's breaker is
+    /// open, or the summary failed): masking every maskable output stands in for it, so the
+    /// request is as small as masking can make it, and the mask floor keeps the step for the
+    /// requests after it. Other strategies, and a `mask` that already masks as much, are left
+    /// as they are.
+    async fn mask_instead<'b>(
+        &self,
+        request: &Request<'_, 'b>,
+        splice: Option<&Splice>,
+        mask: Masking<'b>,
+    ) -> Masking<'b> {
+        if self.strategy != Strategy::Hybrid {
+            return mask;
+        }
+        let scan = request.scan;
+        let start = splice.map_or(0, |s| s.covered);
+        let from = match splice.map_or(Ok(0), |s| scan.verbatim_from(s.covered)) {
+            Ok(from) => from,
+            Err(_) => return mask,
+        };
+        let candidates = Found::in_scan(scan, &self.masker, start)
+            .and_then(|f| f.weigh(scan, from, self.engine.estimator(), usize::MAX));
+        let candidates = match candidates {
+            Ok(c) if c.len() > mask.masked() => c,
+            _ => return mask,
+        };
+        let all = candidates.len();
+        let need = MaskNeed {
+            enough: all,
+            step: all,
+        };
+        let masked = self.mask_floor(request, start, need).await;
         candidates.first(masked)
     }
 

@@ -553,6 +553,28 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn when_no_summary_can_be_had_hybrid_masks_every_old_output_instead() {
+        // 1,200 tokens, no background summaries: masking all 9 old outputs is not enough, so
+        // the plan is a summary; the summarizer fails (and later the breaker is open). Masking
+        // every old output stands in, on every such request.
+        let config = strategy("hybrid", "[models.\"gpt-4o\"]\ncontext_window = 1200\n");
+        let fake = FakeSummarizer::new(vec![crate::testing::Reply::Error]);
+        let (c, metrics) = compactor(&config, fake.clone());
+        for steps in 12..17 {
+            let outcome = c
+                .process(
+                    DialectKind::ChatCompletions,
+                    &request(&agent(steps, 600)),
+                    &caller(),
+                )
+                .await;
+            assert_eq!(masked(&outcome), steps - 3, "{steps} steps: {outcome:?}");
+        }
+        assert_eq!(metrics.breaker_open.get(), 1, "three failures opened it");
+        assert_eq!(fake.requests().len(), 3, "no call past the open breaker");
+    }
+
+    #[tokio::test]
     async fn without_background_summaries_a_step_that_leaves_no_room_for_a_turn_is_a_summary() {
         // 1,400 tokens: trigger 1,190. Masking all 9 old outputs brings the request under it,
         // but by less than one more turn (a call and its ~200-token output): the next request
