@@ -776,6 +776,19 @@ impl Config {
         if self.server.max_connections == 0 {
             return Err(invalid("server.max_connections", "must be positive"));
         }
+        // An empty token can never be sent (header values are trimmed): it would lock every
+        // admin client out while looking like auth is on.
+        if self
+            .admin
+            .token
+            .as_deref()
+            .is_some_and(|t| t.trim().is_empty())
+        {
+            return Err(invalid(
+                "admin.token",
+                "must not be blank (leave it unset for no admin auth)",
+            ));
+        }
         if self.client_timeout().is_zero() {
             return Err(invalid("server.client_timeout_secs", "must be positive"));
         }
@@ -1132,6 +1145,19 @@ mod tests {
         // Not a number at all is still figment's own message, naming the key.
         let err = Config::from_toml("[store]\nttl_secs = \"soon\"\n").unwrap_err();
         assert!(err.to_string().contains("ttl_secs"), "{err}");
+    }
+
+    #[test]
+    fn a_blank_admin_token_is_refused_not_taken_for_auth() {
+        for token in ["\"\"", "\"   \""] {
+            let err = Config::from_toml(&format!("[admin]\ntoken = {token}\n")).expect_err(token);
+            assert!(
+                matches!(&err, ConfigError::Invalid { key, .. } if key == "admin.token"),
+                "{err}"
+            );
+        }
+        let c = Config::from_toml("[admin]\ntoken = \"s3cret\"\n").expect("a real token");
+        assert_eq!(c.admin.token.as_deref(), Some("s3cret"));
     }
 
     #[test]

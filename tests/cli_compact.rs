@@ -1,6 +1,7 @@
 //! The `compactor compact` command: the real binary run over real transcripts with the
-//! `extractive` summarizer. stdout is the request the proxy would forward (smaller, valid, tail
-//! verbatim; the original bytes when nothing triggers), stderr names the trigger, the token
+//! `extractive` summarizer. stdout is the request with a summary, as the `summarize` strategy
+//! makes it for a conversation's first request (smaller, valid, tail verbatim; the original
+//! bytes when nothing triggers), stderr names the trigger, the token
 //! estimates, the boundary and the summary; invalid input exits non-zero with a clear message.
 
 mod support;

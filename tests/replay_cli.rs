@@ -198,7 +198,9 @@ fn check_section(name: &str, section: &Section, stdout: &str) {
         } else {
             assert_eq!(row.calls, calls, "{}", ctx());
         }
-        if compacted || row.outcome.starts_with("summary #") {
+        // Masked outputs make a request smaller too: under `hybrid`, every old one when a
+        // summary is due but cannot be had (the breaker is open).
+        if compacted || row.outcome.starts_with("summary #") || row.outcome.contains("masked") {
             assert!(row.forwarded < row.received, "{}", ctx());
         } else {
             assert_eq!(row.forwarded, row.received, "{}", ctx());
