@@ -62,7 +62,7 @@ pub struct Changes {
 }
 
 impl Changes {
-    /// The changed keys among [`DESTINATION_KEYS`].
+    /// The changed keys among `DESTINATION_KEYS`.
     pub fn destinations(&self) -> Vec<&str> {
         self.keys
             .iter()
@@ -85,7 +85,7 @@ impl Reloader {
     }
 
     /// Loads, validates and swaps in the configuration now. On success returns what changed;
-    /// on failure, or a refusal ([`refusal`]), the running configuration stays.
+    /// on failure, or a refusal (`refusal`), the running configuration stays.
     pub fn reload(&self) -> Result<Changes, Error> {
         let current = self.handle.current();
         let metrics = &current.metrics;

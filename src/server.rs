@@ -8,7 +8,7 @@
 //!
 //! A client is bounded in both directions by `server.client_timeout_secs`: sending a request
 //! (hyper's header timeout, the body reader's), sitting idle, and reading its answer (a write
-//! that makes no progress for that long ends the connection: [`send_timeout`]). So no client
+//! that makes no progress for that long ends the connection: `server::send_timeout`). So no client
 //! holds a slot, or shutdown, longer than that without making progress. A client that
 //! half-closes after its request (shuts down its write side) still gets its whole answer.
 
