@@ -415,6 +415,20 @@ fn endless_summary() -> Reply {
     )
 }
 
+/// A provider that refuses every request for its length and answers every summary with
+/// [`endless_summary`].
+async fn incurable_provider() -> MockUpstream {
+    let mock = MockUpstream::start().await;
+    mock.set_handler(|r| {
+        if is_summary_request(r) {
+            endless_summary()
+        } else {
+            refusal()
+        }
+    });
+    mock
+}
+
 /// The summarizer calls the mock received.
 fn summarizer_calls(mock: &MockUpstream) -> usize {
     mock.requests()
@@ -432,14 +446,7 @@ async fn a_request_makes_at_most_three_summarizer_calls_before_and_after_a_refus
     // The trigger fires on the request (20 messages over `max_messages = 10`) and its three
     // attempts each get a summary too long to help; the provider then refuses the request for
     // its length. The compaction after the refusal has no call left.
-    let mock = MockUpstream::start().await;
-    mock.set_handler(|r| {
-        if is_summary_request(r) {
-            endless_summary()
-        } else {
-            refusal()
-        }
-    });
+    let mock = incurable_provider().await;
     let config = LLM_SUMMARIES.replace("max_messages = 1000", "max_messages = 10");
     let proxy = TestProxy::start(&format!("{}{config}", upstream_toml(&mock.url()))).await;
     let body = json!({"model": "gpt-4o", "messages": conversation(19)});
@@ -469,14 +476,7 @@ async fn the_session_breaker_stops_compactions_after_refusals_that_cannot_be_cur
     // No trigger fires; every request is refused for its length and every compaction after
     // the refusal fails. After three failures the conversation's breaker opens: later
     // refusals are passed on without calling the summarizer.
-    let mock = MockUpstream::start().await;
-    mock.set_handler(|r| {
-        if is_summary_request(r) {
-            endless_summary()
-        } else {
-            refusal()
-        }
-    });
+    let mock = incurable_provider().await;
     let proxy = TestProxy::start(&format!("{}{LLM_SUMMARIES}", upstream_toml(&mock.url()))).await;
     let mut messages = conversation(19);
     let mut calls = Vec::new();

@@ -19,6 +19,27 @@ async fn send(c: &Arc<Pipeline>, messages: &[Value]) -> Outcome {
     .await
 }
 
+/// Handles one chat request of `messages` from `caller` (no session header) and waits for the
+/// background summaries it started; returns its session id.
+async fn session_of_request(
+    c: &Arc<Pipeline>,
+    caller: &Arc<Caller>,
+    messages: Vec<Value>,
+) -> String {
+    let context = RequestContext {
+        caller,
+        session_header: None,
+        long_context: false,
+        attempts: &Attempts::per_request(),
+    };
+    let body = Bytes::from(body("tiny", messages));
+    let processed = c
+        .handle(DialectKind::ChatCompletions, &body, &context)
+        .await;
+    c.background_idle().await;
+    processed.session_id.expect("a conversation has a session")
+}
+
 /// The rewritten body of an outcome that rewrote or reused, else a panic naming `what`.
 fn forwarded(what: &str, out: &Outcome) -> Vec<Value> {
     match out {
@@ -282,24 +303,7 @@ async fn summaries_made_ahead_and_manual_compactions_answer_to_the_conversations
         ..Caller::default()
     });
     let tenant = TenantId::from_caller(&caller);
-    let handle = |messages: Vec<Value>| {
-        let c = c.clone();
-        let caller = caller.clone();
-        async move {
-            let context = RequestContext {
-                caller: &caller,
-                session_header: None,
-                long_context: false,
-                attempts: &Attempts::per_request(),
-            };
-            let body = Bytes::from(body("tiny", messages));
-            let processed = c
-                .handle(DialectKind::ChatCompletions, &body, &context)
-                .await;
-            c.background_idle().await;
-            processed.session_id.expect("a conversation has a session")
-        }
-    };
+    let handle = |messages: Vec<Value>| session_of_request(&c, &caller, messages);
     let failures = |session: String| {
         let c = c.clone();
         async move {
@@ -548,23 +552,7 @@ async fn two_conversations_that_open_alike_are_two_sessions_from_the_first_reply
         }
         m
     };
-    let session = |messages: Vec<Value>| {
-        let c = c.clone();
-        let caller = caller.clone();
-        async move {
-            let context = RequestContext {
-                caller: &caller,
-                session_header: None,
-                long_context: false,
-                attempts: &Attempts::per_request(),
-            };
-            let body = Bytes::from(body("tiny", messages));
-            let processed = c
-                .handle(DialectKind::ChatCompletions, &body, &context)
-                .await;
-            processed.session_id.expect("a conversation has a session")
-        }
-    };
+    let session = |messages: Vec<Value>| session_of_request(&c, &caller, messages);
     let first_a = session(opening.clone()).await;
     let first_b = session(opening.clone()).await;
     assert_eq!(
