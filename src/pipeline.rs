@@ -1626,7 +1626,9 @@ impl Pipeline {
     /// forced, to the window the refusal named (if any), and smaller than what was refused
     /// (`forwarded`, the estimate of the body that was sent). The checkpoint is stored, so the
     /// conversation's next requests splice it. `None` when no smaller request can be made
-    /// (counted); never fails otherwise, and a panic is caught and counted.
+    /// (counted, and a failure of the conversation's breaker); never fails otherwise, and a
+    /// panic is caught and counted. Whether the smaller request worked is the provider's to say:
+    /// report its answer with [`Pipeline::retry_answered`].
     pub async fn compact_after_refusal(
         &self,
         dialect: DialectKind,
@@ -1634,7 +1636,7 @@ impl Pipeline {
         context: &RequestContext<'_>,
         refusal: Overflow,
         forwarded: usize,
-    ) -> Option<Bytes> {
+    ) -> Option<Smaller> {
         let compacted = AssertUnwindSafe(
             self.compact_after_refusal_unguarded(dialect, body, context, refusal, forwarded),
         )
@@ -1654,7 +1656,7 @@ impl Pipeline {
         context: &RequestContext<'_>,
         refusal: Overflow,
         forwarded: usize,
-    ) -> Option<Bytes> {
+    ) -> Option<Smaller> {
         let scan = dialect.scan(body, self.engine.estimator()).ok()?;
         let Ok(transcript) = scan.transcript() else {
             self.record(Trigger::Overflow, CompactionOutcome::Failed);
@@ -1712,9 +1714,10 @@ impl Pipeline {
         }
         let started = Instant::now();
         let compacted = self.compact_now(&request, &transcript, None, started).await;
-        let succeeded = matches!(&compacted, Ok(c)
-            if c.compaction.result.post_tokens < forwarded && !c.still_over(&limits));
-        self.feed_breaker(tenant, &session, succeeded).await;
+        let smaller = matches!(&compacted, Ok(c) if c.compaction.result.post_tokens < forwarded);
+        if !smaller {
+            self.feed_breaker(tenant, &session, false).await;
+        }
         match compacted {
             Ok(Compacted {
                 body, compaction, ..
@@ -1727,7 +1730,11 @@ impl Pipeline {
                     &compaction,
                     started,
                 );
-                Some(Bytes::from(body))
+                Some(Smaller {
+                    body: Bytes::from(body),
+                    tenant,
+                    session,
+                })
             }
             Ok(_) => {
                 self.record(Trigger::Overflow, CompactionOutcome::Failed);
@@ -1743,6 +1750,21 @@ impl Pipeline {
                 None
             }
         }
+    }
+
+    /// How the provider answered a request compacted after a refusal for length: a success of
+    /// the conversation's breaker unless it refused the smaller request for its length too
+    /// (a conversation that cannot be brought under the provider's window stops calling the
+    /// summarizer after three such refusals, as after three failed compactions).
+    pub async fn retry_answered(&self, retried: &Smaller, refused_for_length: bool) {
+        if refused_for_length {
+            tracing::warn!(
+                session = retried.session,
+                "the compacted request was refused for its length too; counted toward the session breaker"
+            );
+        }
+        self.feed_breaker(retried.tenant, &retried.session, !refused_for_length)
+            .await;
     }
 
     /// Compacts the latest request of a session now (admin API), with optional focus
@@ -1948,6 +1970,15 @@ impl Drop for Running {
     fn drop(&mut self) {
         self.0.background_running.dec();
     }
+}
+
+/// A request compacted after a refusal for length ([`Pipeline::compact_after_refusal`]).
+#[derive(Debug)]
+pub struct Smaller {
+    /// The smaller body to send once more.
+    pub body: Bytes,
+    tenant: TenantId,
+    session: String,
 }
 
 /// What the proxy should forward.

@@ -32,6 +32,7 @@ use crate::compaction::Attempts;
 use crate::dialect::DialectKind;
 use crate::error::Error;
 use crate::metrics::{method_label, route_label, Metrics};
+use crate::overflow::Overflow;
 use crate::pipeline::{ForwardedEstimate, Outcome, Processed, RequestContext};
 use crate::session::{ProviderAnswer, TenantId};
 use crate::timing::Overhead;
@@ -426,35 +427,12 @@ async fn retry_after_refusal(
     retry: Retry,
     overhead: &mut Overhead,
 ) -> Result<Retried, Error> {
-    let (parts, body) = response.into_parts();
-    let bytes = match read_error_body(body, app.config.response_timeout()).await {
-        Ok(ErrorBody::Whole(bytes)) => bytes,
-        // Longer or slower than any refusal: passed on as it comes, the bytes read first
-        // included.
-        Ok(ErrorBody::Partial(prefix, rest)) => {
-            let body = Prefixed {
-                prefix: (!prefix.is_empty()).then_some(prefix),
-                rest,
-            };
-            return Ok(Retried {
-                response: Response::from_parts(parts, body.map_err(BoxError::from).boxed_unsync()),
-                again: false,
-            });
-        }
-        Err(e) => return Err(Error::UpstreamUnavailable(e.to_string())),
-    };
-    let status = parts.status.as_u16();
-    let refused = |bytes: Bytes| Retried {
-        response: Response::from_parts(
-            parts,
-            Full::new(bytes)
-                .map_err(|never| match never {})
-                .boxed_unsync(),
-        ),
-        again: false,
-    };
-    let Some(refusal) = crate::overflow::recognise(status, &bytes) else {
-        return Ok(refused(bytes));
+    let (passed, refusal) = read_refusal(app, response).await?;
+    let Some(refusal) = refusal else {
+        return Ok(Retried {
+            response: passed,
+            again: false,
+        });
     };
     let context = RequestContext {
         caller: &retry.caller,
@@ -476,24 +454,67 @@ async fn retry_after_refusal(
     overhead.exclude(started.elapsed());
     app.metrics.overflow_retry(compacted.is_some());
     let Some(smaller) = compacted else {
-        return Ok(refused(bytes));
+        return Ok(Retried {
+            response: passed,
+            again: false,
+        });
     };
     let mut request = Request::new(
-        Full::new(smaller.clone())
+        Full::new(smaller.body.clone())
             .map_err(|never| match never {})
             .boxed_unsync(),
     );
     *request.method_mut() = retry.method;
     *request.uri_mut() = retry.uri;
     *request.headers_mut() = retry.headers;
-    request
-        .headers_mut()
-        .insert(header::CONTENT_LENGTH, HeaderValue::from(smaller.len()));
+    request.headers_mut().insert(
+        header::CONTENT_LENGTH,
+        HeaderValue::from(smaller.body.len()),
+    );
     let response = send(app, request, overhead).await?;
+    // The provider says whether the smaller request worked: refused for its length again, it
+    // is a failure of the conversation's breaker.
+    let (response, refused_again) = if maybe_refusal(&response) {
+        let (passed, refusal) = read_refusal(app, response).await?;
+        (passed, refusal.is_some())
+    } else {
+        (
+            response.map(|b| b.map_err(BoxError::from).boxed_unsync()),
+            false,
+        )
+    };
+    app.compactor.retry_answered(&smaller, refused_again).await;
     Ok(Retried {
-        response: response.map(|b| b.map_err(BoxError::from).boxed_unsync()),
+        response,
         again: true,
     })
+}
+
+/// Reads an error response as far as telling whether it is a refusal for length: the response
+/// to pass on (its body whole, or the bytes read first and then the rest as it comes when it
+/// is longer or slower than any refusal) and the refusal, if it is one.
+async fn read_refusal(
+    app: &App,
+    response: Response<Incoming>,
+) -> Result<(Response<ProxyBody>, Option<Overflow>), Error> {
+    let (parts, body) = response.into_parts();
+    let bytes = match read_error_body(body, app.config.response_timeout()).await {
+        Ok(ErrorBody::Whole(bytes)) => bytes,
+        Ok(ErrorBody::Partial(prefix, rest)) => {
+            let body = Prefixed {
+                prefix: (!prefix.is_empty()).then_some(prefix),
+                rest,
+            };
+            let body = body.map_err(BoxError::from).boxed_unsync();
+            return Ok((Response::from_parts(parts, body), None));
+        }
+        Err(e) => return Err(Error::UpstreamUnavailable(e.to_string())),
+    };
+    let refusal = crate::overflow::recognise(parts.status.as_u16(), &bytes);
+    let body = Full::new(bytes)
+        .map_err(|never| match never {})
+        .boxed_unsync();
+    Ok((Response::from_parts(parts, body), refusal))
 }
 
 /// Fills the `x-compactor-*` response headers from the compaction outcome and the estimate

@@ -507,3 +507,49 @@ async fn the_session_breaker_stops_compactions_after_refusals_that_cannot_be_cur
     );
     proxy.shutdown().await;
 }
+
+#[tokio::test]
+async fn retries_refused_again_for_their_length_open_the_session_breaker() {
+    // Every compaction after a refusal makes a smaller request, and the provider refuses that
+    // one for its length too (its window is smaller than anything compactor can make). The
+    // provider's answer is what counts: after three such retries the conversation's breaker
+    // opens and later refusals are passed on without calling the summarizer.
+    let mock = MockUpstream::start().await;
+    mock.set_handler(|r| {
+        if is_summary_request(r) {
+            answer(false)
+        } else {
+            refusal()
+        }
+    });
+    let proxy = TestProxy::start(&format!("{}{LLM_SUMMARIES}", upstream_toml(&mock.url()))).await;
+    let mut messages = conversation(19);
+    let mut calls = Vec::new();
+    for turn in 0..5 {
+        let got = send(&proxy, &json!({"model": "gpt-4o", "messages": messages})).await;
+        assert_eq!(got.status, 400, "turn {turn}");
+        assert_eq!(got.json()["error"]["code"], "context_length_exceeded");
+        calls.push(summarizer_calls(&mock));
+        messages.push(json!({"role": "assistant", "content": format!("answer {turn}")}));
+        messages.push(json!({"role": "user", "content": format!("question {turn}")}));
+    }
+    assert_eq!(
+        metric(
+            &proxy,
+            "compactor_retries_total",
+            &[("reason", "context_length"), ("outcome", "retried")]
+        )
+        .await,
+        3.0,
+        "three smaller requests were sent: {calls:?}"
+    );
+    assert_eq!(
+        calls[2], calls[4],
+        "no call once the breaker is open: {calls:?}"
+    );
+    assert_eq!(
+        metric(&proxy, "compactor_breaker_open_total", &[]).await,
+        1.0
+    );
+    proxy.shutdown().await;
+}
