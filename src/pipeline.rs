@@ -1471,15 +1471,28 @@ impl Pipeline {
         let compacted = self
             .compact_view(&request, &transcript, splice.as_ref(), None)
             .await;
-        let succeeded = matches!(&compacted, Ok(c)
-            if request.limits.check(c.messages, c.result.post_tokens).is_none());
-        self.feed_breaker(request.tenant, request.session, succeeded)
-            .await;
         let compaction = match compacted {
-            Ok(c) => c,
+            // Nothing yet worth summarising ahead (the tail the request keeps holds it all, or
+            // a summary would not make it smaller): not a failure of the summarizer, so the
+            // breaker is not told (a half-open trial this took waits out its cooldown).
+            Err(CompactError::NothingToCompact | CompactError::NotSmaller { .. }) => {
+                tracing::debug!(session = job.session, "no summary needed ahead yet");
+                return BackgroundOutcome::NotNeeded;
+            }
             Err(e) => {
+                self.feed_breaker(request.tenant, request.session, false)
+                    .await;
                 tracing::warn!(session = job.session, error = %e, "background compaction failed");
                 return BackgroundOutcome::Failed;
+            }
+            Ok(c) => {
+                let fits = request
+                    .limits
+                    .check(c.messages, c.result.post_tokens)
+                    .is_none();
+                self.feed_breaker(request.tenant, request.session, fits)
+                    .await;
+                c
             }
         };
         if self.edited_since(&request, compaction.boundary).await {

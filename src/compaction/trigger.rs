@@ -263,11 +263,14 @@ pub enum BackgroundOutcome {
     Abandoned,
     /// Not made: the conversation's breaker is open.
     Breaker,
+    /// Nothing worth summarising ahead yet: everything is in the tail a request keeps, or a
+    /// summary would not make the request smaller (no warning: nothing went wrong).
+    NotNeeded,
 }
 
 impl BackgroundOutcome {
     /// Every outcome (the metrics pre-initialise their label values).
-    pub const ALL: [BackgroundOutcome; 7] = [
+    pub const ALL: [BackgroundOutcome; 8] = [
         BackgroundOutcome::Stored,
         BackgroundOutcome::Failed,
         BackgroundOutcome::Discarded,
@@ -275,6 +278,7 @@ impl BackgroundOutcome {
         BackgroundOutcome::Busy,
         BackgroundOutcome::Abandoned,
         BackgroundOutcome::Breaker,
+        BackgroundOutcome::NotNeeded,
     ];
 
     /// The label value.
@@ -287,6 +291,7 @@ impl BackgroundOutcome {
             BackgroundOutcome::Busy => "busy",
             BackgroundOutcome::Abandoned => "abandoned",
             BackgroundOutcome::Breaker => "breaker",
+            BackgroundOutcome::NotNeeded => "not_needed",
         }
     }
 }

@@ -592,3 +592,19 @@ async fn two_conversations_that_open_alike_are_two_sessions_from_the_first_reply
     assert!(!allowed(ids_a[0].clone()).await, "A's breaker is open");
     assert!(allowed(ids_b[0].clone()).await, "B's is not");
 }
+
+#[tokio::test]
+async fn a_summary_ahead_that_would_not_help_is_not_needed_not_a_failure() {
+    // Over the background watermark (8 of 10 messages); the summary the summarizer writes is
+    // longer than what it would replace, so nothing is stored, nothing warned, and the
+    // conversation's breaker is not told.
+    let fake = FakeSummarizer::text(&"a long summary ".repeat(400));
+    let (c, metrics) = compactor(&config(SMALL), fake.clone());
+    let caller = caller();
+    let session = session_of_request(&c, &caller, chat(8)).await;
+    assert!(!fake.requests().is_empty(), "a summary was asked for");
+    assert_eq!(metrics.background_counted(BackgroundOutcome::NotNeeded), 1);
+    assert_eq!(metrics.background_counted(BackgroundOutcome::Failed), 0);
+    let info = c.store().session(&session).await.expect("store");
+    assert_eq!(info.expect("session").consecutive_failures, 0);
+}
