@@ -1679,11 +1679,25 @@ impl Pipeline {
         let session = self
             .session_of(&scan, &tenant, context.session_header)
             .await;
-        if let (Some(model), Some(window)) = (scan.model.as_deref(), refusal.window) {
+        if let Some(model) = scan.model.as_deref() {
             let upstream = &context.caller.upstream_base_url;
-            let model = window_model(model, context.long_context);
-            self.learn_window(upstream, &model, window, WindowSource::Error)
-                .await;
+            // A refusal that names no window still bounds it: the refused request did not fit.
+            // Only a bound below the window in use teaches anything.
+            let learned = match refusal.window {
+                Some(window) => Some((window, WindowSource::Error)),
+                None => {
+                    let asked = forwarded.saturating_add(scan.requested_output.unwrap_or(0));
+                    let in_use = self
+                        .limits(upstream, Some(model), context.long_context, None)
+                        .await
+                        .context_window;
+                    (asked < in_use).then_some((asked, WindowSource::Refused))
+                }
+            };
+            if let Some((window, source)) = learned {
+                let model = window_model(model, context.long_context);
+                self.learn_window(upstream, &model, window, source).await;
+            }
         }
         let limits = self
             .limits(

@@ -553,3 +553,88 @@ async fn retries_refused_again_for_their_length_open_the_session_breaker() {
     );
     proxy.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_refusal_that_names_no_window_teaches_its_size_as_a_ceiling() {
+    // OpenAI's Responses refusal names no numbers. The refused request's size bounds the
+    // window: learned, so the conversation's next, larger request is compacted by the trigger
+    // before it is sent instead of being refused again.
+    let words = "the parser drops trailing commas ".repeat(6);
+    let items = |n: usize| {
+        let mut items =
+            vec![json!({"type": "message", "role": "developer", "content": "Be brief."})];
+        for i in 0..n {
+            items.push(json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": format!("task {i}: {words}")}]}));
+            items.push(json!({"type": "function_call", "call_id": format!("call_{i}"), "name": "shell", "arguments": "{\"command\":[\"ls\"]}"}));
+            items.push(json!({"type": "function_call_output", "call_id": format!("call_{i}"), "output": words.repeat(8)}));
+        }
+        items.push(json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "go on"}]}));
+        json!({"model": "gpt-5-codex", "store": false, "input": items})
+    };
+    let refusal = json!({"error": {"message": "Your input exceeds the context window of this model. Please adjust your input and try again.",
+        "type": "invalid_request_error", "param": "input", "code": "context_length_exceeded"}});
+    let mock = MockUpstream::start().await;
+    mock.set_handler(move |r| {
+        let v: Value = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
+        if is_summary_request(r) || v["input"].as_array().map_or(0, Vec::len) <= 12 {
+            Reply::json(200, &json!({"id": "ok", "output": []}))
+        } else {
+            Reply::json(400, &refusal)
+        }
+    });
+    let proxy = TestProxy::start(&format!("{}{CONFIG}", upstream_toml(&mock.url()))).await;
+    let send = |body: Value| {
+        let url = proxy.url("/v1/responses");
+        async move {
+            TestClient::http1()
+                .exchange(
+                    "POST",
+                    &url,
+                    &[
+                        ("content-type", "application/json"),
+                        ("authorization", "Bearer sk-retry"),
+                    ],
+                    Bytes::from(body.to_string()),
+                )
+                .await
+        }
+    };
+    let refused = |mock: &MockUpstream| {
+        agent_requests(mock)
+            .iter()
+            .filter(|r| {
+                let v: Value = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
+                v["input"].as_array().map_or(0, Vec::len) > 12
+            })
+            .count()
+    };
+    let first = send(items(6)).await;
+    assert_eq!(first.status, 200);
+    assert_eq!(first.header("x-compactor-retried"), Some("true"));
+    assert_eq!(refused(&mock), 1);
+    assert_eq!(
+        metric(
+            &proxy,
+            "compactor_context_window_learned_total",
+            &[("source", "refused")]
+        )
+        .await,
+        1.0
+    );
+    let (status, models) = TestClient::http1()
+        .get_text(&proxy.admin_url("/models"))
+        .await;
+    assert_eq!(status, 200);
+    assert!(models.contains("\"refused\""), "{models}");
+
+    let next = send(items(8)).await;
+    assert_eq!(next.status, 200);
+    assert_eq!(
+        next.header("x-compactor-retried"),
+        None,
+        "compacted before it was sent"
+    );
+    assert_eq!(next.header("x-compactor-compacted"), Some("true"));
+    assert_eq!(refused(&mock), 1, "no second refusal");
+    proxy.shutdown().await;
+}

@@ -180,17 +180,26 @@ pub enum WindowSource {
     /// The provider's `usage` counted more tokens (input plus output) in one successful
     /// request than the window compactor assumed, so the window is at least that.
     Usage,
+    /// The provider refused a request for its length without naming its window (OpenAI's
+    /// Responses API): the window is at most what that request asked for (its estimated input
+    /// plus the output it reserved).
+    Refused,
 }
 
 impl WindowSource {
     /// Every source (the metrics pre-initialise their label values).
-    pub const ALL: [WindowSource; 2] = [WindowSource::Error, WindowSource::Usage];
+    pub const ALL: [WindowSource; 3] = [
+        WindowSource::Error,
+        WindowSource::Usage,
+        WindowSource::Refused,
+    ];
 
     /// The `source` label value.
     pub fn label(self) -> &'static str {
         match self {
             WindowSource::Error => "error",
             WindowSource::Usage => "usage",
+            WindowSource::Refused => "refused",
         }
     }
 }
@@ -212,7 +221,8 @@ impl LearnedWindow {
     ///
     /// A window named in a refusal is the provider's own statement and replaces what was known.
     /// A window seen in `usage` is only a floor (the request fitted, so the window is at least
-    /// that big): it raises what is known, never lowers it.
+    /// that big): it raises what is known, never lowers it. A refused request's size is only a
+    /// ceiling: it lowers what is known, never raises it.
     pub fn merged_into(self, known: Option<LearnedWindow>) -> Option<LearnedWindow> {
         let Some(known) = known else {
             return (self.context_window > 0).then_some(self);
@@ -222,6 +232,7 @@ impl LearnedWindow {
                 self.context_window != known.context_window || known.source != WindowSource::Error
             }
             WindowSource::Usage => self.context_window > known.context_window,
+            WindowSource::Refused => self.context_window < known.context_window,
         };
         (changes && self.context_window > 0).then_some(self)
     }
@@ -438,6 +449,23 @@ mod tests {
         );
         assert_eq!(usage(0).merged_into(None), None);
         assert_eq!(error(0).merged_into(Some(error(5))), None);
+        // The size of a request refused without a named window is a ceiling: it only lowers.
+        let refused = |w| learned(w, WindowSource::Refused);
+        assert_eq!(refused(30_000).merged_into(None), Some(refused(30_000)));
+        assert_eq!(
+            refused(30_000).merged_into(Some(usage(40_000))),
+            Some(refused(30_000))
+        );
+        assert_eq!(
+            refused(50_000).merged_into(Some(refused(30_000))),
+            None,
+            "a ceiling never raises"
+        );
+        assert_eq!(
+            usage(35_000).merged_into(Some(refused(30_000))),
+            Some(usage(35_000)),
+            "a request that fitted beats an estimate's ceiling"
+        );
     }
 
     #[test]
