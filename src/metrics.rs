@@ -190,14 +190,18 @@ pub enum UpstreamErrorKind {
     Timeout,
     /// Connected, but the exchange failed (reset, malformed response).
     Protocol,
+    /// The response head came, but its body broke off (the upstream closed or reset the
+    /// stream mid-body): the client got what came before.
+    StreamCut,
 }
 
 impl UpstreamErrorKind {
     /// Every kind, pre-initialised at registration.
-    pub const ALL: [UpstreamErrorKind; 3] = [
+    pub const ALL: [UpstreamErrorKind; 4] = [
         UpstreamErrorKind::Connect,
         UpstreamErrorKind::Timeout,
         UpstreamErrorKind::Protocol,
+        UpstreamErrorKind::StreamCut,
     ];
 
     /// The label value.
@@ -206,6 +210,7 @@ impl UpstreamErrorKind {
             UpstreamErrorKind::Connect => "connect",
             UpstreamErrorKind::Timeout => "timeout",
             UpstreamErrorKind::Protocol => "protocol",
+            UpstreamErrorKind::StreamCut => "stream_cut",
         }
     }
 }

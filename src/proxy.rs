@@ -31,12 +31,12 @@ use crate::compaction::models::{enables_long_context, window_model, WindowSource
 use crate::compaction::Attempts;
 use crate::dialect::DialectKind;
 use crate::error::Error;
-use crate::metrics::{method_label, route_label, Metrics};
+use crate::metrics::{method_label, route_label, Metrics, UpstreamErrorKind};
 use crate::overflow::Overflow;
 use crate::pipeline::{ForwardedEstimate, Outcome, Processed, RequestContext};
 use crate::session::{ProviderAnswer, TenantId};
 use crate::timing::Overhead;
-use crate::upstream::{holding, prepare_headers, strip_hop_by_hop, BoxError, ProxyBody, Resolved};
+use crate::upstream::{prepare_headers, strip_hop_by_hop, BoxError, ProxyBody, Resolved};
 use crate::usage::{self, Encoding, Format, Observed, Usage};
 
 pub mod budget;
@@ -104,8 +104,57 @@ pub async fn handle(
         "proxied"
     );
 
-    // Counted in flight until the answer has been sent.
-    response.map(|body| holding(body, in_flight))
+    // Counted in flight until the answer has been sent, and watched for a cut mid-body.
+    let session = response.headers().get(HEADER_SESSION).cloned();
+    response.map(|body| {
+        Answer {
+            inner: body,
+            in_flight,
+            route,
+            session,
+        }
+        .boxed_unsync()
+    })
+}
+
+/// A response body on its way to the client: keeps the request counted in flight until it has
+/// been sent or dropped, and counts and logs an upstream that breaks the body off (the status
+/// was already sent as a success, so nothing else would show it).
+struct Answer {
+    inner: ProxyBody,
+    in_flight: InFlight,
+    route: &'static str,
+    /// `x-compactor-session`, for the log.
+    session: Option<HeaderValue>,
+}
+
+impl Body for Answer {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Err(e))) = &polled {
+            this.in_flight
+                .0
+                .upstream_error(UpstreamErrorKind::StreamCut);
+            let session = this.session.as_ref().and_then(|v| v.to_str().ok());
+            tracing::warn!(route = this.route, session, error = %e, "upstream response cut off mid-body");
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
 }
 
 async fn forward(

@@ -309,3 +309,46 @@ async fn upstream_dying_mid_stream_ends_the_client_stream() {
         .await;
     proxy.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_stream_cut_mid_body_is_counted_and_the_client_gets_what_came() {
+    let mock = MockUpstream::start().await;
+    let proxy = TestProxy::start(&upstream_toml(&mock.url())).await;
+    mock.push(Reply::ResetAfter {
+        status: 200,
+        headers: vec![("content-type".into(), "text/event-stream".into())],
+        chunks: vec![Bytes::from_static(
+            b"data: {\"choices\":[{\"delta\":{\"content\":\"partial\"}}]}\n\n",
+        )],
+    });
+    let body = json!({"model": "gpt-4o", "stream": true,
+                      "messages": [{"role": "user", "content": "hi"}]});
+    let response = TestClient::http1()
+        .send(
+            Request::post(proxy.url("/v1/chat/completions"))
+                .header("content-type", "application/json")
+                .body(full_body(Bytes::from(body.to_string())))
+                .expect("request"),
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::OK, "the head was a success");
+    let mut received = Vec::new();
+    let mut body = response.into_body();
+    let ended_in_error = loop {
+        match body.frame().await {
+            Some(Ok(frame)) => received.extend(frame.into_data().unwrap_or_default()),
+            Some(Err(_)) => break true,
+            None => break false,
+        }
+    };
+    assert!(ended_in_error, "the client sees the stream break off");
+    assert!(String::from_utf8_lossy(&received).contains("partial"));
+    proxy
+        .wait_metric(
+            "compactor_upstream_errors_total",
+            &[("kind", "stream_cut")],
+            1.0,
+        )
+        .await;
+    proxy.shutdown().await;
+}
