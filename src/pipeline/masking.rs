@@ -572,6 +572,22 @@ mod tests {
         }
         assert_eq!(metrics.breaker_open.get(), 1, "three failures opened it");
         assert_eq!(fake.requests().len(), 3, "no call past the open breaker");
+
+        // Past `max_messages` (masking cannot lower a count) with the summarizer down: every
+        // old output is still masked on every request, so the request stays small.
+        let config = strategy("hybrid", "max_messages = 8\n");
+        let fake = FakeSummarizer::new(vec![crate::testing::Reply::Error]);
+        let (c, _) = compactor(&config, fake);
+        for steps in 12..17 {
+            let outcome = c
+                .process(
+                    DialectKind::ChatCompletions,
+                    &request(&agent(steps, 600)),
+                    &caller(),
+                )
+                .await;
+            assert_eq!(masked(&outcome), steps - 3, "{steps} steps: {outcome:?}");
+        }
     }
 
     #[tokio::test]
