@@ -10,6 +10,7 @@ use crate::error::Error;
 use crate::metrics::Metrics;
 use crate::pipeline::Pipeline;
 use crate::proxy::budget::BufferBudget;
+use crate::proxy::tunnel::Tunnels;
 use crate::summarizer;
 use crate::upstream::Upstream;
 
@@ -25,6 +26,8 @@ pub struct App {
     pub compactor: Arc<Pipeline>,
     /// `server.max_buffered_bytes`: chat bodies held at once (kept across reloads).
     pub buffers: Arc<BufferBudget>,
+    /// Upgraded connections joined to the upstream (kept across reloads, closed at shutdown).
+    pub tunnels: Arc<Tunnels>,
 }
 
 impl App {
@@ -55,6 +58,7 @@ impl App {
             upstream,
             compactor,
             buffers: self.buffers.clone(),
+            tunnels: self.tunnels.clone(),
         })
     }
 
@@ -66,12 +70,14 @@ impl App {
         let compactor = Arc::new(Pipeline::new(&config, summarizer, metrics.clone()));
         let upstream = Upstream::new(&config)?;
         let buffers = BufferBudget::new(config.server.max_buffered_bytes);
+        let tunnels = Tunnels::new(config.server.max_connections);
         Ok(App {
             config,
             metrics,
             upstream,
             compactor,
             buffers,
+            tunnels,
         })
     }
 }

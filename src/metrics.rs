@@ -272,6 +272,48 @@ impl RiskyChange {
     }
 }
 
+/// How an upgrade request (WebSocket) ended (`compactor_tunnels_total{outcome}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TunnelOutcome {
+    /// The upstream switched protocols and the two connections were joined.
+    Opened,
+    /// The upstream answered something other than `101`, passed back as it came.
+    Refused,
+    /// The upstream switched protocols but an upgraded connection could not be taken over.
+    Failed,
+    /// `server.max_connections` tunnels were open: forwarded as a plain request.
+    Busy,
+}
+
+impl TunnelOutcome {
+    /// Every outcome, pre-initialised at registration.
+    pub const ALL: [TunnelOutcome; 4] = [
+        TunnelOutcome::Opened,
+        TunnelOutcome::Refused,
+        TunnelOutcome::Failed,
+        TunnelOutcome::Busy,
+    ];
+
+    /// The label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            TunnelOutcome::Opened => "opened",
+            TunnelOutcome::Refused => "refused",
+            TunnelOutcome::Failed => "failed",
+            TunnelOutcome::Busy => "busy",
+        }
+    }
+}
+
+/// Holds `compactor_tunnels_open` up while a tunnel is open.
+pub struct TunnelOpen(IntGauge);
+
+impl Drop for TunnelOpen {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
 /// Every metric compactor exports.
 pub struct Metrics {
     registry: Registry,
@@ -297,6 +339,10 @@ pub struct Metrics {
     background_compactions: IntCounterVec,
     /// `compactor_background_compactions_running`
     pub background_running: IntGauge,
+    /// `compactor_tunnels_total{outcome}`
+    tunnels: IntCounterVec,
+    /// `compactor_tunnels_open`
+    tunnels_open: IntGauge,
     /// `compactor_request_tokens_estimated`
     pub request_tokens_estimated: Histogram,
     /// `compactor_tokens_saved_total`
@@ -565,6 +611,19 @@ impl Metrics {
                 "Summaries made off the request path, by outcome.",
                 &["outcome"],
             )?,
+            tunnels: counter_vec(
+                r,
+                "compactor_tunnels_total",
+                "Upgrade requests (WebSocket) tunnelled to the upstream, by outcome.",
+                &["outcome"],
+            )?,
+            tunnels_open: register(
+                r,
+                IntGauge::new(
+                    "compactor_tunnels_open",
+                    "Upgraded connections (WebSocket) joined to the upstream now.",
+                )?,
+            )?,
             background_running: register(
                 r,
                 IntGauge::new(
@@ -753,6 +812,9 @@ impl Metrics {
             self.background_compactions
                 .with_label_values(&[outcome.label()]);
         }
+        for outcome in TunnelOutcome::ALL {
+            self.tunnels.with_label_values(&[outcome.label()]);
+        }
         for source in WindowSource::ALL {
             self.windows_learned.with_label_values(&[source.label()]);
         }
@@ -804,6 +866,17 @@ impl Metrics {
         let route = route_index(route);
         self.hot.duration[route].observe(duration.as_secs_f64());
         self.hot.overhead[route].observe(overhead.as_secs_f64());
+    }
+
+    /// An upgrade request ended this way.
+    pub fn tunnel(&self, outcome: TunnelOutcome) {
+        self.tunnels.with_label_values(&[outcome.label()]).inc();
+    }
+
+    /// A tunnel opened: counted open until the guard is dropped.
+    pub fn tunnel_open(&self) -> TunnelOpen {
+        self.tunnels_open.inc();
+        TunnelOpen(self.tunnels_open.clone())
     }
 
     /// A request went upstream: one more in flight until [`Metrics::request_ended`].

@@ -23,7 +23,7 @@ use bytes::Bytes;
 use compactor_plugin_api::Caller;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response};
-use http_body_util::{BodyExt, Full};
+use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::{Body, Frame, Incoming};
 
 use crate::app::App;
@@ -41,6 +41,7 @@ use crate::usage::{self, Encoding, Format, Observed, Usage};
 
 pub mod budget;
 mod client_body;
+pub mod tunnel;
 
 /// Response header: whether the forwarded request carries a summary, new or reused.
 pub const HEADER_COMPACTED: HeaderName = HeaderName::from_static("x-compactor-compacted");
@@ -165,6 +166,15 @@ async fn forward(
     peer: SocketAddr,
     overhead: &mut Overhead,
 ) -> Result<Response<ProxyBody>, Error> {
+    if tunnel::is_upgrade(request.headers()) {
+        let mut upstream =
+            Request::new(Empty::new().map_err(|never| match never {}).boxed_unsync());
+        *upstream.method_mut() = request.method().clone();
+        *upstream.uri_mut() = resolved.uri.clone();
+        *upstream.headers_mut() = request.headers().clone();
+        prepare_headers(upstream.headers_mut(), &resolved.host, peer.ip());
+        return tunnel::forward(app, request, upstream).await;
+    }
     let (mut parts, body) = request.into_parts();
     prepare_headers(&mut parts.headers, &resolved.host, peer.ip());
     parts.uri = resolved.uri.clone();

@@ -191,6 +191,12 @@ impl Server {
             Ok(_) => tracing::info!("drain complete: every connection finished"),
             Err(_) => tracing::warn!("drain timed out: closing the remaining connections"),
         }
+        // Upgraded connections (WebSocket) have no end of their own: closed once the requests
+        // in progress are done (their clients reconnect or fall back elsewhere).
+        let tunnels = app.current().tunnels.close_all();
+        if tunnels > 0 {
+            tracing::info!(tunnels, "tunnels closed");
+        }
         Ok(())
     }
 }
@@ -314,7 +320,7 @@ impl Connection {
                 Ok::<_, std::convert::Infallible>(response.map(|body| active.holding(body)))
             }
         });
-        let conn = self.builder.serve_connection(io, service);
+        let conn = self.builder.serve_connection_with_upgrades(io, service);
         tokio::pin!(conn);
         let idle = tokio::time::sleep(self.client_timeout);
         tokio::pin!(idle);
