@@ -35,11 +35,11 @@ use compactor_plugin_api::{
 
 use super::boundary::{find_preserve_boundary, preserve_budget, TailLimits};
 use super::files::FileTracker;
-use super::mask::{mask_observations, PRESERVE_RECENT_OUTPUTS};
+use super::mask::PRESERVE_RECENT_OUTPUTS;
 use super::models::ModelTable;
 use super::prompt::{
-    build_prompt, summary_message, to_entries, truncate_entries, PromptError, PromptInput,
-    SUMMARY_INTRO,
+    build_prompt, count_outputs, summary_message, to_entries_masking, truncate_entries,
+    PromptError, PromptInput, SUMMARY_INTRO,
 };
 use super::trigger::{CompactionOutcome, Limits};
 use super::CompactionResult;
@@ -450,10 +450,13 @@ impl Engine {
         input: &CompactionInput<'_>,
         compaction_num: u32,
     ) -> Result<String, CompactError> {
-        let mut entries = to_entries(slice);
-        if self.config.mask_observations {
-            mask_observations(&mut entries, PRESERVE_RECENT_OUTPUTS);
-        }
+        // Old outputs are masked as they are converted, never copied only to be dropped.
+        let masked = if self.config.mask_observations {
+            count_outputs(slice).saturating_sub(PRESERVE_RECENT_OUTPUTS)
+        } else {
+            0
+        };
+        let mut entries = to_entries_masking(slice, masked);
         truncate_entries(&mut entries);
         let (max_prompt, max_output) =
             self.summarizer_budget(input.limits.summarizer_window, input.caller.api);

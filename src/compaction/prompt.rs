@@ -94,13 +94,47 @@ pub fn truncate(text: &str, max: usize) -> String {
 /// of a conversation become user turns marked `[system]`; tool results (tool-role messages and
 /// the tool-result parts of user messages) join the assistant turn before them.
 pub fn to_entries(messages: &[Message]) -> Vec<Entry> {
+    to_entries_masking(messages, 0)
+}
+
+/// The tool outputs in `messages` (tool-role messages and tool-result parts), as
+/// [`mask_observations`](super::mask::mask_observations) counts them in their entries.
+pub fn count_outputs(messages: &[Message]) -> usize {
+    messages
+        .iter()
+        .map(|m| match m.role {
+            Role::Tool => 1,
+            _ => m
+                .parts
+                .iter()
+                .filter(|p| matches!(p, Part::ToolResult(_)))
+                .count(),
+        })
+        .sum()
+}
+
+/// [`to_entries`] with the first `masked` tool outputs already reading
+/// [`MASKED_OUTPUT`](super::mask::MASKED_OUTPUT), as
+/// [`mask_observations`](super::mask::mask_observations) would leave them, without copying
+/// them first: a large request's outputs are most of its bytes, and a copy of each only to
+/// throw it away doubled what a compaction held.
+pub fn to_entries_masking(messages: &[Message], masked: usize) -> Vec<Entry> {
+    let mut left = masked;
+    let mut output = |content: &[Part]| {
+        if left > 0 {
+            left -= 1;
+            super::mask::MASKED_OUTPUT.to_string()
+        } else {
+            flatten(content)
+        }
+    };
     let mut entries: Vec<Entry> = Vec::new();
     for m in messages {
         match m.role {
             Role::Tool => {
                 let part = EntryPart::ToolResult {
                     name: m.tool_name.clone().unwrap_or_else(|| "tool".into()),
-                    output: flatten(&m.parts),
+                    output: output(&m.parts),
                     is_error: false,
                 };
                 match entries.last_mut() {
@@ -125,12 +159,15 @@ pub fn to_entries(messages: &[Message]) -> Vec<Entry> {
                     .iter()
                     .partition(|p| matches!(p, Part::ToolResult(_)));
                 if !results.is_empty() {
-                    let parts = results.into_iter().map(entry_part);
+                    let parts = results
+                        .into_iter()
+                        .map(|p| result_part(p, &mut output))
+                        .collect::<Vec<_>>();
                     match entries.last_mut() {
                         Some(e) if e.role == EntryRole::Assistant => e.parts.extend(parts),
                         _ => entries.push(Entry {
                             role: EntryRole::Assistant,
-                            parts: parts.collect(),
+                            parts,
                         }),
                     }
                     if rest.is_empty() {
@@ -143,7 +180,11 @@ pub fn to_entries(messages: &[Message]) -> Vec<Entry> {
                 });
             }
             Role::Assistant => {
-                let parts = m.parts.iter().map(entry_part).collect();
+                let parts = m
+                    .parts
+                    .iter()
+                    .map(|p| result_part(p, &mut output))
+                    .collect();
                 entries.push(Entry {
                     role: EntryRole::Assistant,
                     parts,
@@ -184,6 +225,18 @@ fn user_parts(parts: &[&Part]) -> Vec<EntryPart> {
     own.extend(context);
     own.extend(other);
     own
+}
+
+/// [`entry_part`], with a tool result's output from `output`.
+fn result_part(part: &Part, output: &mut impl FnMut(&[Part]) -> String) -> EntryPart {
+    match part {
+        Part::ToolResult(result) => EntryPart::ToolResult {
+            name: result.name.clone().unwrap_or_else(|| "tool".into()),
+            output: output(&result.content),
+            is_error: result.is_error,
+        },
+        other => entry_part(other),
+    }
 }
 
 fn entry_part(part: &Part) -> EntryPart {
@@ -517,6 +570,46 @@ mod tests {
             lens,
             vec![2_000 + marker, 500 + marker, 2_000 + marker, 2_000]
         );
+    }
+
+    #[test]
+    fn masking_while_converting_is_masking_after_converting() {
+        // Chat tool messages and Anthropic tool_result parts (two in one user message),
+        // between turns with text: the first k outputs read as masked either way.
+        let result = |id: &str, out: &str| {
+            Part::ToolResult(crate::transcript::ToolResult {
+                call_id: Some(id.into()),
+                name: Some("read".into()),
+                content: vec![Part::Text(out.into())],
+                is_error: false,
+            })
+        };
+        let messages = vec![
+            text(Role::User, "fix it"),
+            Message::new(Role::Assistant, vec![call("c1", "read", "{}")]),
+            Message::tool_result(Some("c1".into()), "output one"),
+            Message::new(
+                Role::Assistant,
+                vec![call("c2", "read", "{}"), call("c3", "read", "{}")],
+            ),
+            Message::new(
+                Role::User,
+                vec![
+                    result("c2", "output two"),
+                    result("c3", "output three"),
+                    Part::Text("go on".into()),
+                ],
+            ),
+            Message::new(Role::Assistant, vec![call("c4", "read", "{}")]),
+            Message::tool_result(Some("c4".into()), "output four"),
+        ];
+        let total = count_outputs(&messages);
+        assert_eq!(total, 4);
+        for k in 0..=total + 1 {
+            let mut expected = to_entries(&messages);
+            crate::compaction::mask::mask_observations(&mut expected, total.saturating_sub(k));
+            assert_eq!(to_entries_masking(&messages, k), expected, "{k} masked");
+        }
     }
 
     #[test]
