@@ -268,6 +268,7 @@ struct Scripts {
     renew: Script,
     release: Script,
     floor: Script,
+    open: Script,
 }
 
 impl Scripts {
@@ -434,6 +435,16 @@ impl Scripts {
                     return redis.call('DEL', KEYS[1])
                 end
                 return 0",
+            ),
+            // KEYS: the opening's claim. ARGV: candidate, ttl (ms). The owner: the one stored,
+            // else the candidate, stored now (what `SET NX GET` does from Redis 7 on; a script
+            // works on 6 too, like the others).
+            open: Script::new(
+                r"
+                local owner = redis.call('GET', KEYS[1])
+                if owner then return owner end
+                redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+                return ARGV[1]",
             ),
         }
     }
@@ -866,9 +877,8 @@ impl Shared {
         }))
     }
 
-    /// Claims `opening` for `candidate` unless a conversation did (on any replica): one
-    /// `SET NX GET`, whose answer is the owner before it (none: the claim was taken). The claim
-    /// lives as long as a session does.
+    /// Claims `opening` for `candidate` unless a conversation did (on any replica), in one
+    /// script call answering the owner. The claim lives as long as a session does.
     async fn claim_opening(
         &self,
         tenant: TenantId,
@@ -877,17 +887,10 @@ impl Shared {
     ) -> Option<String> {
         let key = self.tenant_key(tenant, &format!("open:{}", sid(opening)));
         let mut conn = self.conn()?;
-        let mut set = redis::cmd("SET");
-        set.arg(key)
-            .arg(candidate)
-            .arg("NX")
-            .arg("GET")
-            .arg("PX")
-            .arg(self.ttl_ms());
-        let before: Option<String> = self
-            .call(StoreOp::Touch, set.query_async(&mut conn))
-            .await?;
-        Some(before.unwrap_or_else(|| candidate.to_string()))
+        let mut invocation = self.scripts.open.key(key);
+        invocation.arg(candidate).arg(self.ttl_ms());
+        self.call(StoreOp::Touch, invocation.invoke_async(&mut conn))
+            .await
     }
 
     async fn allowed(&self, tenant: TenantId, id: &str) -> Option<bool> {
