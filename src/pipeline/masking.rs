@@ -554,40 +554,42 @@ mod tests {
 
     #[tokio::test]
     async fn when_no_summary_can_be_had_hybrid_masks_every_old_output_instead() {
+        // Requests of 12 to 16 steps with the summarizer down; every old output (all but the 3
+        // most recent) must be masked on each, and three failures open the breaker.
+        async fn every_old_output_masked(extra: &str) {
+            let config = strategy("hybrid", extra);
+            let fake = FakeSummarizer::new(vec![crate::testing::Reply::Error]);
+            let (c, metrics) = compactor(&config, fake.clone());
+            for steps in 12..17 {
+                let outcome = c
+                    .process(
+                        DialectKind::ChatCompletions,
+                        &request(&agent(steps, 600)),
+                        &caller(),
+                    )
+                    .await;
+                assert_eq!(
+                    masked(&outcome),
+                    steps - 3,
+                    "{extra}{steps} steps: {outcome:?}"
+                );
+            }
+            assert_eq!(
+                metrics.breaker_open.get(),
+                1,
+                "{extra}three failures opened it"
+            );
+            assert_eq!(
+                fake.requests().len(),
+                3,
+                "{extra}no call past the open breaker"
+            );
+        }
         // 1,200 tokens, no background summaries: masking all 9 old outputs is not enough, so
-        // the plan is a summary; the summarizer fails (and later the breaker is open). Masking
-        // every old output stands in, on every such request.
-        let config = strategy("hybrid", "[models.\"gpt-4o\"]\ncontext_window = 1200\n");
-        let fake = FakeSummarizer::new(vec![crate::testing::Reply::Error]);
-        let (c, metrics) = compactor(&config, fake.clone());
-        for steps in 12..17 {
-            let outcome = c
-                .process(
-                    DialectKind::ChatCompletions,
-                    &request(&agent(steps, 600)),
-                    &caller(),
-                )
-                .await;
-            assert_eq!(masked(&outcome), steps - 3, "{steps} steps: {outcome:?}");
-        }
-        assert_eq!(metrics.breaker_open.get(), 1, "three failures opened it");
-        assert_eq!(fake.requests().len(), 3, "no call past the open breaker");
-
-        // Past `max_messages` (masking cannot lower a count) with the summarizer down: every
-        // old output is still masked on every request, so the request stays small.
-        let config = strategy("hybrid", "max_messages = 8\n");
-        let fake = FakeSummarizer::new(vec![crate::testing::Reply::Error]);
-        let (c, _) = compactor(&config, fake);
-        for steps in 12..17 {
-            let outcome = c
-                .process(
-                    DialectKind::ChatCompletions,
-                    &request(&agent(steps, 600)),
-                    &caller(),
-                )
-                .await;
-            assert_eq!(masked(&outcome), steps - 3, "{steps} steps: {outcome:?}");
-        }
+        // the plan is a summary, which fails (and later the breaker is open).
+        every_old_output_masked("[models.\"gpt-4o\"]\ncontext_window = 1200\n").await;
+        // Past `max_messages` (masking cannot lower a count).
+        every_old_output_masked("max_messages = 8\n").await;
     }
 
     #[tokio::test]
