@@ -1385,9 +1385,13 @@ impl Pipeline {
             trigger,
         };
         let this = self.clone();
-        let started = self
-            .background
-            .spawn(async move { this.compact_in_background(job).await });
+        // Running from now, not from when the task is first polled: a request answered before
+        // then is never told no summary runs (the gauge is what tests and dashboards wait on).
+        let running = Running::start(&self.metrics);
+        let started = self.background.spawn(async move {
+            let _running = running;
+            this.compact_in_background(job).await
+        });
         if !started {
             self.metrics.background_compaction(BackgroundOutcome::Busy);
         }
@@ -1397,8 +1401,6 @@ impl Pipeline {
     /// flight of its prefix (so a request crossing the trigger meanwhile waits for it instead
     /// of starting a second), and stored staged unless the conversation was edited meanwhile.
     async fn compact_in_background(self: Arc<Self>, job: BackgroundJob) {
-        // Dropped however the task ends, shutdown's abort included.
-        let _running = Running::start(&self.metrics);
         let started = Instant::now();
         let mut outcome = BackgroundOutcome::Failed;
         let slot = &mut outcome;
