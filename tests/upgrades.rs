@@ -202,3 +202,47 @@ async fn an_upgrade_the_upstream_refuses_comes_back_as_answered_and_plain_reques
     );
     proxy.shutdown().await;
 }
+
+#[tokio::test]
+async fn past_the_tunnel_bound_an_upgrade_goes_as_a_plain_request() {
+    let upstream = EchoUpstream::start().await;
+    // One connection at a time, so one tunnel at a time; an upgraded connection leaves its slot.
+    let toml = format!(
+        "{}[server]\nmax_connections = 1\n",
+        upstream_toml(&upstream.url())
+    );
+    let proxy = TestProxy::start(&toml).await;
+    let (mut open, head) = handshake(&proxy, "/v1/responses", true).await;
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    proxy.wait_metric("compactor_tunnels_open", &[], 1.0).await;
+
+    let (mut second, head) = handshake(&proxy, "/v1/responses", true).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "forwarded plain: {head}");
+    let mut body = [0u8; 5];
+    within("the plain answer", second.read_exact(&mut body))
+        .await
+        .expect("read");
+    assert_eq!(&body, b"plain");
+    assert!(
+        !upstream.heads()[1]
+            .to_ascii_lowercase()
+            .contains("upgrade:"),
+        "sent without its upgrade: {}",
+        upstream.heads()[1]
+    );
+    assert_eq!(
+        proxy
+            .metric("compactor_tunnels_total", &[("outcome", "busy")])
+            .await,
+        Some(1.0)
+    );
+    // The first tunnel still carries bytes.
+    open.write_all(b"still here").await.expect("write");
+    let mut echoed = [0u8; 10];
+    within("the echo", open.read_exact(&mut echoed))
+        .await
+        .expect("read");
+    assert_eq!(&echoed, b"still here");
+    drop(second);
+    proxy.shutdown().await;
+}
