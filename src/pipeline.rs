@@ -753,9 +753,9 @@ impl Pipeline {
         }
         if !self.breaker_allows(request.tenant, request.session).await {
             self.record(trigger, CompactionOutcome::Breaker);
-            let mask = self.mask_instead(request, splice.as_ref(), mask).await;
-            let (_, tokens) = self.view_size(request.scan, splice.as_ref(), &mask);
-            return self.reuse(request.scan, splice.as_ref(), &mask, tokens, figures);
+            return self
+                .without_summary(request, splice.as_ref(), mask, figures)
+                .await;
         }
         let transcript = match request.scan.transcript() {
             Ok(t) => t,
@@ -852,9 +852,10 @@ impl Pipeline {
                     error = %e,
                     "compaction failed; forwarding the request without a new summary"
                 );
-                let mask = self.mask_instead(request, splice.as_ref(), mask).await;
-                let (_, tokens) = self.view_size(request.scan, splice.as_ref(), &mask);
-                match self.reuse(request.scan, splice.as_ref(), &mask, tokens, figures) {
+                match self
+                    .without_summary(request, splice.as_ref(), mask, figures)
+                    .await
+                {
                     Outcome::Unchanged => Outcome::Failed,
                     reused => reused,
                 }
@@ -1150,6 +1151,20 @@ impl Pipeline {
             .mask_floor(request, start, MaskNeed { enough, step })
             .await;
         candidates.first(masked)
+    }
+
+    /// The request over its trigger forwarded with no new summary: any stored one spliced in,
+    /// its outputs masked as [`Pipeline::mask_instead`] says.
+    async fn without_summary(
+        &self,
+        request: &Request<'_, '_>,
+        splice: Option<&Splice>,
+        mask: Masking<'_>,
+        figures: &mut Figures,
+    ) -> Outcome {
+        let mask = self.mask_instead(request, splice, mask).await;
+        let (_, tokens) = self.view_size(request.scan, splice, &mask);
+        self.reuse(request.scan, splice, &mask, tokens, figures)
     }
 
     /// `hybrid` over its trigger with no new summary to be had (the conversation's breaker is

@@ -173,7 +173,7 @@ async fn forward(
         *upstream.uri_mut() = resolved.uri.clone();
         *upstream.headers_mut() = request.headers().clone();
         prepare_headers(upstream.headers_mut(), &resolved.host, peer.ip());
-        return tunnel::forward(app, request, upstream).await;
+        return tunnel::forward(app, request, upstream, overhead).await;
     }
     let (mut parts, body) = request.into_parts();
     prepare_headers(&mut parts.headers, &resolved.host, peer.ip());

@@ -24,9 +24,11 @@ use hyper_util::rt::TokioIo;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
+use super::send;
 use crate::app::App;
 use crate::error::Error;
 use crate::metrics::TunnelOutcome;
+use crate::timing::Overhead;
 use crate::upstream::{strip_hop_by_hop, BoxError, ProxyBody};
 
 /// Whether a request asks to switch protocols (`Connection: upgrade` and an `Upgrade` header).
@@ -81,6 +83,7 @@ pub async fn forward(
     app: &App,
     mut client: Request<Incoming>,
     mut upstream: Request<ProxyBody>,
+    overhead: &mut Overhead,
 ) -> Result<Response<ProxyBody>, Error> {
     let tunnels = &app.tunnels;
     let permit = match tunnels.permits.clone().try_acquire_owned() {
@@ -88,7 +91,7 @@ pub async fn forward(
         _ => {
             // No room: forwarded as a plain request; the client falls back to HTTP.
             app.metrics.tunnel(TunnelOutcome::Busy);
-            return plain(app, upstream).await;
+            return Ok(passed(send(app, upstream, overhead).await?));
         }
     };
     let upgrade = client.headers().get(header::UPGRADE).cloned();
@@ -101,7 +104,7 @@ pub async fn forward(
             .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
     }
     let client_side = hyper::upgrade::on(&mut client);
-    let mut answer = send(app, upstream).await?;
+    let mut answer = send(app, upstream, overhead).await?;
     if answer.status() != StatusCode::SWITCHING_PROTOCOLS {
         app.metrics.tunnel(TunnelOutcome::Refused);
         return Ok(passed(answer));
@@ -142,20 +145,6 @@ pub async fn forward(
     });
     let body = Empty::new().map_err(|never| match never {}).boxed_unsync();
     Ok(Response::from_parts(parts, body))
-}
-
-async fn send(app: &App, request: Request<ProxyBody>) -> Result<Response<Incoming>, Error> {
-    app.upstream.send(request).await.map_err(|e| {
-        if let Some(kind) = e.kind() {
-            app.metrics.upstream_error(kind);
-        }
-        Error::from(e)
-    })
-}
-
-/// An upgrade forwarded as a plain request (its `Upgrade` already stripped).
-async fn plain(app: &App, request: Request<ProxyBody>) -> Result<Response<ProxyBody>, Error> {
-    Ok(passed(send(app, request).await?))
 }
 
 /// An upstream answer passed back as it came, minus hop-by-hop headers.
