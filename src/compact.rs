@@ -65,8 +65,10 @@ pub async fn compact(
     let scan = dialect
         .scan(body, engine.estimator())
         .map_err(not_understood)?;
-    let transcript = scan.transcript().map_err(not_understood)?;
     let limits = engine.limits(scan.model.as_deref(), scan.requested_output);
+    let transcript = scan
+        .transcript(limits.opening_budget)
+        .map_err(not_understood)?;
     let mut notes = String::new();
     let _ = writeln!(
         notes,

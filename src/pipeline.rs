@@ -696,7 +696,7 @@ impl Pipeline {
             }
             other => (other, None),
         };
-        let mut splice = match checkpoint.map(|c| self.splice(request.scan, c)) {
+        let mut splice = match checkpoint.map(|c| self.splice(request.scan, c, request.limits.opening_budget)) {
             None => None,
             Some(Ok(splice)) => splice,
             Some(Err(e)) => {
@@ -727,7 +727,7 @@ impl Pipeline {
             return self.reuse(request.scan, splice.as_ref(), &mask, tokens, figures);
         };
         if let Some(staged) = staged {
-            match self.splice(request.scan, staged) {
+            match self.splice(request.scan, staged, request.limits.opening_budget) {
                 Ok(Some(ready)) => {
                     let ready_mask = self.mask_view(request, Some(&ready), None).await;
                     let (count, ready_tokens) =
@@ -757,7 +757,7 @@ impl Pipeline {
                 .without_summary(request, splice.as_ref(), mask, figures)
                 .await;
         }
-        let transcript = match request.scan.transcript() {
+        let transcript = match request.scan.transcript(request.limits.opening_budget) {
             Ok(t) => t,
             Err(e) => return self.not_understood(Some(trigger), &e),
         };
@@ -905,8 +905,9 @@ impl Pipeline {
         &self,
         scan: &Scan<'_>,
         checkpoint: Arc<Checkpoint>,
+        opening_budget: usize,
     ) -> Result<Option<Splice>, DialectError> {
-        let head = scan.head_len()?;
+        let head = scan.head_len(opening_budget)?;
         let covered = checkpoint.covered;
         // The summary replaces whole turns after the system head, and a tail must remain.
         if covered <= head || covered >= scan.len() {
@@ -1135,7 +1136,7 @@ impl Pipeline {
         } else if fits(target)(candidates.saving(all)) {
             all
         } else if watermark.is_none()
-            || staged.is_some_and(|c| matches!(self.splice(scan, c.clone()), Ok(Some(_))))
+            || staged.is_some_and(|c| matches!(self.splice(scan, c.clone(), request.limits.opening_budget), Ok(Some(_))))
         {
             0
         } else {
@@ -1232,7 +1233,7 @@ impl Pipeline {
         figures: &mut Figures,
     ) -> Outcome {
         let scan = request.scan;
-        let splice = self.stored_splice(request.tenant, scan).await;
+        let splice = self.stored_splice(request).await;
         if let Some(s) = &splice {
             // What it waited for may have been a background summary: needed now.
             self.promote(request, s).await;
@@ -1258,9 +1259,12 @@ impl Pipeline {
     }
 
     /// The stored checkpoint that can stand in for a prefix of `scan`, if any.
-    async fn stored_splice(&self, tenant: TenantId, scan: &Scan<'_>) -> Option<Splice> {
-        let checkpoint = self.lookup(tenant, &scan.messages).await?;
-        self.splice(scan, checkpoint).ok().flatten()
+    async fn stored_splice(&self, request: &Request<'_, '_>) -> Option<Splice> {
+        let scan = request.scan;
+        let checkpoint = self.lookup(request.tenant, &scan.messages).await?;
+        self.splice(scan, checkpoint, request.limits.opening_budget)
+            .ok()
+            .flatten()
     }
 
     /// A compaction that is not the trigger's (manual, or after a refusal for length):
@@ -1272,7 +1276,7 @@ impl Pipeline {
         instructions: Option<&str>,
         started: Instant,
     ) -> Result<Compacted, Failure> {
-        let splice = self.stored_splice(request.tenant, request.scan).await;
+        let splice = self.stored_splice(request).await;
         let result = self
             .compact_and_store(request, transcript, splice.as_ref(), instructions)
             .await;
@@ -1455,7 +1459,7 @@ impl Pipeline {
         let Ok(scan) = job.dialect.scan(&job.body, self.engine.estimator()) else {
             return BackgroundOutcome::Failed;
         };
-        let Ok(transcript) = scan.transcript() else {
+        let Ok(transcript) = scan.transcript(job.limits.opening_budget) else {
             return BackgroundOutcome::Failed;
         };
         let request = Request {
@@ -1476,7 +1480,7 @@ impl Pipeline {
             }
             other => other,
         };
-        let splice = match base.map(|c| self.splice(&scan, c)) {
+        let splice = match base.map(|c| self.splice(&scan, c, request.limits.opening_budget)) {
             Some(Ok(Some(s))) => Some(s),
             Some(_) => return BackgroundOutcome::Failed,
             None => None,
@@ -1688,10 +1692,6 @@ impl Pipeline {
         forwarded: usize,
     ) -> Option<Smaller> {
         let scan = dialect.scan(body, self.engine.estimator()).ok()?;
-        let Ok(transcript) = scan.transcript() else {
-            self.record(Trigger::Overflow, CompactionOutcome::Failed);
-            return None;
-        };
         let tenant = TenantId::from_caller(context.caller);
         let session = self
             .session_of(&scan, &tenant, context.session_header)
@@ -1756,6 +1756,10 @@ impl Pipeline {
             );
             return None;
         }
+        let Ok(transcript) = scan.transcript(request.limits.opening_budget) else {
+            self.record(Trigger::Overflow, CompactionOutcome::Failed);
+            return None;
+        };
         let started = Instant::now();
         let compacted = self.compact_now(&request, &transcript, None, started).await;
         let smaller = matches!(&compacted, Ok(c) if c.compaction.result.post_tokens < forwarded);
@@ -1863,7 +1867,15 @@ impl Pipeline {
         let Ok(scan) = latest.dialect.scan(&latest.body, self.engine.estimator()) else {
             return not_understood;
         };
-        let Ok(transcript) = scan.transcript() else {
+        let limits = self
+            .limits(
+                &latest.caller.upstream_base_url,
+                scan.model.as_deref(),
+                false,
+                scan.requested_output,
+            )
+            .await;
+        let Ok(transcript) = scan.transcript(limits.opening_budget) else {
             return not_understood;
         };
         let request = Request {
@@ -1872,14 +1884,7 @@ impl Pipeline {
             caller: &latest.caller,
             tenant: latest.tenant,
             session: id,
-            limits: self
-                .limits(
-                    &latest.caller.upstream_base_url,
-                    scan.model.as_deref(),
-                    false,
-                    scan.requested_output,
-                )
-                .await,
+            limits,
             attempts: &Attempts::per_request(),
         };
         if !self.breaker_allows(latest.tenant, id).await {

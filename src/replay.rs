@@ -740,6 +740,7 @@ mod tests {
                 reserved_output: 0,
                 token_threshold: 108_800,
                 max_messages: 10,
+                opening_budget: 36_266,
             },
             rows: vec![
                 row(1, Event::Unchanged),

@@ -209,3 +209,36 @@ pub(crate) fn check_estimates(
     }
     Ok(())
 }
+
+/// How an independent reading of a request sees one of its raw messages, for the head the
+/// property tests expect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Said {
+    /// By the client: a system, developer or user message that answers no tool call.
+    Client,
+    /// By the model.
+    Model,
+    /// A tool's answer.
+    ToolAnswer,
+}
+
+/// The head the property tests expect after `leading` system messages: the opening (the
+/// client's messages before the model's first reply) too when the model has replied and the
+/// opening's estimate fits the opening budget of the limits the request was compacted with.
+pub(crate) fn expected_head(
+    said: &[Said],
+    leading: usize,
+    scan: &crate::dialect::Scan<'_>,
+    opening_budget: usize,
+) -> usize {
+    match said.iter().position(|s| *s != Said::Client) {
+        Some(end)
+            if said[end] == Said::Model
+                && end >= leading
+                && scan.tokens_of(leading..end) <= opening_budget =>
+        {
+            end
+        }
+        _ => leading,
+    }
+}

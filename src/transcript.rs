@@ -229,6 +229,36 @@ impl Transcript {
         }
     }
 
+    /// This transcript with its opening in the head, when the opening is at most `budget`
+    /// estimated tokens. The opening is what the client sent before the model's first reply,
+    /// after the leading system messages: agents put their project instructions there (Claude
+    /// Code's CLAUDE.md as `<system-reminder>` blocks in the first user message, Codex's
+    /// AGENTS.md and environment context as user messages), and the task itself, and never
+    /// send them again. Summarised, they would live on only as far as the summarizer copies
+    /// them; in the head they reach the model verbatim on every request. A conversation with
+    /// no reply yet has no opening, and one longer than `budget` is compacted like any other
+    /// turn, so a huge first message cannot stop compaction.
+    pub fn keeping_opening(mut self, budget: usize) -> Transcript {
+        let leading = self
+            .messages
+            .iter()
+            .take_while(|m| m.role == Role::System)
+            .count();
+        let reply = self
+            .messages
+            .iter()
+            .position(|m| m.role == Role::Assistant || m.is_tool_answer());
+        if let Some(end) = reply.filter(|&i| self.messages[i].role == Role::Assistant) {
+            let tokens = self.messages[leading.min(end)..end]
+                .iter()
+                .fold(0usize, |acc, m| acc.saturating_add(m.tokens));
+            if tokens <= budget {
+                self.head = self.head.max(end);
+            }
+        }
+        self
+    }
+
     /// This conversation without `messages[range]` (a prefix a stored summary stands in for),
     /// keeping this transcript's head. The head is not recomputed: a system message that
     /// followed the removed range is a message of the conversation to compact like any other,
@@ -258,8 +288,9 @@ impl Transcript {
     }
 
     /// How many leading messages are the head that is never compacted: the leading
-    /// system/developer messages of the conversation as received, and everything through its
-    /// last provider summary ([`Transcript::new`]).
+    /// system/developer messages of the conversation as received, everything through its
+    /// last provider summary ([`Transcript::new`]), and the opening when it was kept
+    /// ([`Transcript::keeping_opening`]).
     pub fn head_len(&self) -> usize {
         self.head.min(self.messages.len())
     }
@@ -442,6 +473,61 @@ pub(crate) mod tests {
         assert_eq!(t.last_user(), Some(4));
         assert_eq!(Transcript::default().head_len(), 0);
         assert_eq!(Transcript::default().last_user(), None);
+    }
+
+    /// `text` with an estimate of `tokens`.
+    fn costing(role: Role, t: &str, tokens: usize) -> Message {
+        let mut m = text(role, t);
+        m.tokens = tokens;
+        m
+    }
+
+    #[test]
+    fn the_opening_joins_the_head_when_it_fits_its_budget() {
+        // Codex: developer instructions, AGENTS.md, environment, the task; then the model.
+        let codex = || {
+            Transcript::new(vec![
+                costing(Role::System, "permissions", 50),
+                costing(Role::User, "# AGENTS.md RULE-PURPLE", 30),
+                costing(Role::User, "<environment_context>", 20),
+                costing(Role::System, "a developer note between them", 10),
+                costing(Role::User, "fix the parser", 5),
+                costing(Role::Assistant, "reasoning", 5),
+                costing(Role::User, "thanks", 1),
+            ])
+        };
+        assert_eq!(codex().head_len(), 1, "no opening without a budget");
+        // The system head is not the opening's: 30 + 20 + 10 + 5 tokens.
+        assert_eq!(codex().keeping_opening(65).head_len(), 5);
+        assert_eq!(codex().keeping_opening(64).head_len(), 1, "too long to keep");
+        // The head survives removing a later range.
+        assert_eq!(codex().keeping_opening(65).without(5..6).head_len(), 5);
+
+        // No reply yet: nothing tells the opening from the conversation.
+        let unanswered = Transcript::new(vec![text(Role::User, "a"), text(Role::User, "b")]);
+        assert_eq!(unanswered.keeping_opening(usize::MAX).head_len(), 0);
+        // A tool answer before any reply is no opening either.
+        let odd = Transcript::new(vec![
+            text(Role::User, "a"),
+            text(Role::Tool, "out"),
+            text(Role::Assistant, "b"),
+        ]);
+        assert_eq!(odd.keeping_opening(usize::MAX).head_len(), 0);
+        // A provider's sealed summary later in the conversation still ends the head.
+        let sealed = Transcript::new(vec![
+            text(Role::User, "task"),
+            text(Role::Assistant, "a"),
+            Message::new(
+                Role::Assistant,
+                vec![Part::Opaque {
+                    kind: PROVIDER_SUMMARY_KIND.into(),
+                    weight: 1,
+                }],
+            ),
+            text(Role::User, "next"),
+        ]);
+        assert_eq!(sealed.head_len(), 3);
+        assert_eq!(sealed.keeping_opening(usize::MAX).head_len(), 3);
     }
 
     #[test]

@@ -778,6 +778,7 @@ mod tests {
             reserved_output: 0,
             token_threshold: 0,
             max_messages: 4,
+            opening_budget: 0,
         };
         let c = e
             .compact(CompactionInput {
@@ -836,6 +837,7 @@ mod tests {
             reserved_output: 0,
             token_threshold: 0,
             max_messages: 4,
+            opening_budget: 0,
         };
         e.compact(CompactionInput {
             transcript: &t,
@@ -865,6 +867,7 @@ mod tests {
             reserved_output: 0,
             token_threshold: 0,
             max_messages: 4,
+            opening_budget: 0,
         };
         e.compact(CompactionInput {
             transcript: &t,

@@ -108,6 +108,12 @@ pub struct Limits {
     pub token_threshold: usize,
     /// Compact above this many messages.
     pub max_messages: usize,
+    /// The most estimated tokens a conversation's opening may hold to be kept verbatim in the
+    /// head ([`crate::transcript::Transcript::keeping_opening`]): a third of the token trigger
+    /// before the output reserve, so a kept opening leaves room below the trigger for a
+    /// summary and a tail. It depends only on the model's window and the trigger ratio, not on
+    /// the request, so every request of a conversation agrees on its head.
+    pub opening_budget: usize,
 }
 
 impl Limits {
@@ -128,6 +134,7 @@ impl Limits {
             reserved_output,
             token_threshold: scaled.saturating_sub(reserved_output),
             max_messages: config.max_messages,
+            opening_budget: scaled / 3,
         }
     }
 

@@ -16,10 +16,12 @@
 //!   wire role, so a user message of `tool_result` blocks stays one message answering every
 //!   parallel call of the assistant message before it.
 //! - `rewrite`: `system`, `tools`, `tool_choice`, `metadata`, `thinking` and every unknown
-//!   field byte for byte; `messages` becomes one user message holding the
-//!   summary, then the preserved tail verbatim. Roles must alternate, so when the tail starts
-//!   with a user message the summary is merged into it as a leading text block (its other
-//!   blocks, `cache_control` markers included, stay as they are); a tail starting with
+//!   field byte for byte; `messages` becomes the kept head (the opening, see
+//!   `Transcript::keeping_opening`), one user message holding the summary, then the preserved
+//!   tail verbatim. Roles must alternate, so the summary joins a user neighbour as a text
+//!   block: after the blocks of a head ending on a user message, before those of a tail
+//!   starting with one (their blocks, `cache_control` markers included, stay as they are);
+//!   a tail starting with
 //!   `tool_result` blocks is refused (they must answer the message right before them, which
 //!   the boundary rules never cut away).
 
@@ -329,15 +331,18 @@ fn text_block(text: &str) -> TextBlock<'_> {
     TextBlock { kind: "text", text }
 }
 
-/// `messages[head..boundary]` replaced by one user message holding `summary_message`, merged
-/// into the first kept message when that is a user message (roles must alternate).
+/// `messages[head..boundary]` replaced by one user message holding `summary_message`. Roles
+/// must alternate, so the summary joins its user neighbours: it is appended to the last
+/// message of the head when that is a user message (the conversation's opening, kept
+/// verbatim), and the first kept message is merged in when that is a user message. Every
+/// block of those messages stays as it was, in order.
 pub(super) fn rewrite(
     scan: &Scan<'_>,
     head: usize,
     boundary: usize,
     summary_message: &str,
 ) -> Result<Vec<u8>, DialectError> {
-    let merge_into = match scan.messages.get(boundary) {
+    let after = match scan.messages.get(boundary) {
         Some(raw) => {
             let first = message(raw, boundary)?;
             if first.role != Role::User {
@@ -350,59 +355,111 @@ pub(super) fn rewrite(
         }
         None => None,
     };
-    let extra = summary_message.len();
-    match merge_into {
-        Some(first) => scan.splice(head, boundary, true, extra + first.len(), |out| {
-            merged_user_message(out, first, summary_message)
-        }),
-        None => scan.splice(head, boundary, false, extra, |out| {
-            serde_json::to_writer(
-                out,
-                &SummaryMessage {
-                    role: "user",
-                    content: summary_message,
-                },
-            )
-        }),
-    }
+    let before = match head.checked_sub(1) {
+        Some(last) if message(scan.messages[last], last)?.role == Role::User => {
+            Some(scan.messages[last])
+        }
+        _ => None,
+    };
+    let extra = summary_message.len()
+        + before.map_or(0, str::len)
+        + after.map_or(0, str::len);
+    let start = if before.is_some() { head - 1 } else { head };
+    scan.splice(start, boundary, after.is_some(), extra, |out| match (before, after) {
+        (None, None) => serde_json::to_writer(
+            out,
+            &SummaryMessage {
+                role: "user",
+                content: summary_message,
+            },
+        ),
+        (Some(message), _) => joined_user_message(out, message, summary_message, after),
+        (None, Some(message)) => {
+            let fields: OrderedObject<'_> = serde_json::from_str(message)?;
+            let Some(at) = fields.position("content") else {
+                return Err(serde::ser::Error::custom("user message without content"));
+            };
+            fields.write_replacing(out, at, |out| {
+                out.push(b'[');
+                serde_json::to_writer(&mut *out, &text_block(summary_message))?;
+                write_blocks(out, fields.0[at].1, true)?;
+                out.push(b']');
+                Ok(())
+            })
+        }
+    })
 }
 
-/// Writes the user message `raw` with a text block holding `summary` before its content.
-fn merged_user_message(
+/// Writes the user message `raw` with its content followed by a text block holding `summary`
+/// and then the content of `next` (when the message after the summary is a user message too).
+fn joined_user_message(
     out: &mut Vec<u8>,
     raw: &str,
     summary: &str,
+    next: Option<&str>,
 ) -> Result<(), serde_json::Error> {
     let fields: OrderedObject<'_> = serde_json::from_str(raw)?;
     let Some(at) = fields.position("content") else {
         return Err(serde::ser::Error::custom("user message without content"));
     };
-    let content = fields.0[at].1;
+    let next_content = match next {
+        Some(next) => {
+            let next: OrderedObject<'_> = serde_json::from_str(next)?;
+            let Some(at) = next.position("content") else {
+                return Err(serde::ser::Error::custom("user message without content"));
+            };
+            Some(next.0[at].1)
+        }
+        None => None,
+    };
     fields.write_replacing(out, at, |out| {
-        let trimmed = content.get().trim_start();
-        if trimmed.starts_with('[') {
-            let blocks: Vec<&RawValue> = serde_json::from_str(content.get())?;
-            out.push(b'[');
-            serde_json::to_writer(&mut *out, &text_block(summary))?;
-            // The original blocks after it, byte for byte.
-            for block in blocks {
-                out.push(b',');
-                out.extend_from_slice(block.get().as_bytes());
-            }
-            out.push(b']');
-            return Ok(());
+        out.push(b'[');
+        let wrote = write_blocks(out, fields.0[at].1, false)?;
+        if wrote {
+            out.push(b',');
         }
-        let text = match serde_json::from_str::<Value>(content.get())? {
-            Value::String(s) => s,
-            Value::Null => String::new(),
-            _ => return Err(serde::ser::Error::custom("unexpected content shape")),
-        };
-        if text.is_empty() {
-            serde_json::to_writer(&mut *out, &[text_block(summary)])
-        } else {
-            serde_json::to_writer(&mut *out, &[text_block(summary), text_block(&text)])
+        serde_json::to_writer(&mut *out, &text_block(summary))?;
+        if let Some(content) = next_content {
+            write_blocks(out, content, true)?;
         }
+        out.push(b']');
+        Ok(())
     })
+}
+
+/// Writes the blocks of a message's `content` (each block byte for byte; a string as one text
+/// block, none when empty), each preceded by a comma when `comma_first`, else separated by
+/// commas; whether any block was written.
+fn write_blocks(
+    out: &mut Vec<u8>,
+    content: &RawValue,
+    comma_first: bool,
+) -> Result<bool, serde_json::Error> {
+    let mut wrote = false;
+    let separate = |out: &mut Vec<u8>, wrote: &mut bool| {
+        if comma_first || *wrote {
+            out.push(b',');
+        }
+        *wrote = true;
+    };
+    if content.get().trim_start().starts_with('[') {
+        let blocks: Vec<&RawValue> = serde_json::from_str(content.get())?;
+        for block in blocks {
+            separate(out, &mut wrote);
+            out.extend_from_slice(block.get().as_bytes());
+        }
+        return Ok(wrote);
+    }
+    match serde_json::from_str::<Value>(content.get())? {
+        Value::String(text) if text.is_empty() => {}
+        Value::String(text) => {
+            separate(out, &mut wrote);
+            serde_json::to_writer(&mut *out, &text_block(&text))?;
+        }
+        Value::Null => {}
+        _ => return Err(serde::ser::Error::custom("unexpected content shape")),
+    }
+    Ok(wrote)
 }
 
 #[cfg(test)]
@@ -443,7 +500,7 @@ mod tests {
         .to_string();
         let r = parse(body.as_bytes()).expect("parses");
         assert_eq!(r.transcript.head_len(), 2);
-        assert_eq!(r.scan.head_len().expect("head"), 2);
+        assert_eq!(r.scan.head_len(0).expect("head"), 2);
     }
 
     #[test]
@@ -647,6 +704,54 @@ mod tests {
         // Roles alternate in every case.
         for b in 1..=6 {
             let Ok(out) = r.scan.rewrite(0, b, "S") else {
+                continue;
+            };
+            let roles: Vec<Value> = messages_of(&out)
+                .iter()
+                .map(|m| m["role"].clone())
+                .collect();
+            for (i, role) in roles.iter().enumerate() {
+                assert_eq!(role, if i % 2 == 0 { "user" } else { "assistant" }, "b={b}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_head_ending_on_the_opening_takes_the_summary_after_its_blocks() {
+        let r = parse(BODY.as_bytes()).expect("parses");
+        let original = messages_of(BODY.as_bytes());
+        // The opening (a string) kept: its text, then the summary, in one user message.
+        let out = r.scan.rewrite(1, 3, "S").expect("rewrites");
+        let m = messages_of(&out);
+        assert_eq!(
+            m[0],
+            json!({"role": "user", "content": [{"type": "text", "text": "old task"}, {"type": "text", "text": "S"}]})
+        );
+        assert_eq!(&m[1..], &original[3..]);
+        // A user tail start too: the opening, the summary, the tail's first blocks verbatim.
+        let out = r.scan.rewrite(1, 6, "S").expect("rewrites");
+        let text = String::from_utf8(out.clone()).expect("utf8");
+        assert!(text.contains(r#"{"role":"user","content":[{"type":"text","text":"old task"},{"type":"text","text":"S"},{"type":"text","text":"last","cache_control":{"type":"ephemeral"}},{"type":"image","source":{"type":"url","url":"https://x/y.png"}}]}"#), "{text}");
+        assert_eq!(messages_of(&out).len(), 1);
+        // Block content in the head is copied byte for byte before the summary.
+        let body = json!({"model": "m", "max_tokens": 1, "messages": [
+            {"role": "user", "content": [
+                {"type": "text", "text": "<system-reminder>CLAUDE.md: RULE-PURPLE</system-reminder>"},
+                {"type": "text", "text": "fix it", "cache_control": {"type": "ephemeral"}}
+            ]},
+            {"role": "assistant", "content": "looking"},
+            {"role": "user", "content": "more"},
+            {"role": "assistant", "content": "done"}
+        ]})
+        .to_string();
+        let r = parse(body.as_bytes()).expect("parses");
+        let out = r.scan.rewrite(1, 3, "S").expect("rewrites");
+        let text = String::from_utf8(out).expect("utf8");
+        assert!(text.contains(r#"[{"text":"<system-reminder>CLAUDE.md: RULE-PURPLE</system-reminder>","type":"text"},{"cache_control":{"type":"ephemeral"},"text":"fix it","type":"text"},{"type":"text","text":"S"}]"#), "{text}");
+        // Roles alternate in every case.
+        let r = parse(BODY.as_bytes()).expect("parses");
+        for b in 1..=6 {
+            let Ok(out) = r.scan.rewrite(1, b, "S") else {
                 continue;
             };
             let roles: Vec<Value> = messages_of(&out)

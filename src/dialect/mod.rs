@@ -182,32 +182,50 @@ impl<'a> Scan<'a> {
     }
 
     /// How many leading messages are the head that is never compacted, as
-    /// [`Transcript::head_len`] counts them: the leading system and developer messages, and
-    /// everything through the last provider summary. Reads those leading messages, the one
-    /// after them, and only the messages whose marks say they may hold a provider summary.
-    pub fn head_len(&self) -> Result<usize, DialectError> {
-        let mut head = 0;
-        while head < self.messages.len() && self.message(head)?.role == Role::System {
-            head += 1;
+    /// [`Transcript::head_len`] counts them for `scan.transcript(opening_budget)`: the leading
+    /// system and developer messages, the opening when it is at most `opening_budget` tokens
+    /// ([`Transcript::keeping_opening`]), and everything through the last provider summary.
+    /// Reads the leading messages through the model's first reply, and only the later
+    /// messages whose marks say they may hold a provider summary.
+    pub fn head_len(&self, opening_budget: usize) -> Result<usize, DialectError> {
+        let n = self.messages.len();
+        let mut leading = 0;
+        while leading < n && self.message(leading)?.role == Role::System {
+            leading += 1;
         }
-        for i in (head..self.messages.len()).rev() {
+        let mut head = leading;
+        let mut end = leading;
+        while end < n {
+            let m = self.message(end)?;
+            if m.role == Role::Assistant || m.is_tool_answer() {
+                let replied = m.role == Role::Assistant;
+                if replied && self.tokens_of(leading..end) <= opening_budget {
+                    head = end;
+                }
+                break;
+            }
+            end += 1;
+        }
+        for i in (leading..n).rev() {
             let marked = self
                 .marks
                 .get(i)
                 .is_some_and(|&m| outputs::may_hold_provider_summary(m));
             if marked && self.message(i)?.parts.iter().any(Part::is_provider_summary) {
-                return Ok(i + 1);
+                return Ok(head.max(i + 1));
             }
         }
         Ok(head)
     }
 
-    /// The whole conversation in neutral form, tool names resolved across messages.
-    pub fn transcript(&self) -> Result<Transcript, DialectError> {
+    /// The whole conversation in neutral form, tool names resolved across messages, its
+    /// opening kept in the head when it is at most `opening_budget` tokens
+    /// ([`Transcript::keeping_opening`]).
+    pub fn transcript(&self, opening_budget: usize) -> Result<Transcript, DialectError> {
         let messages = (0..self.messages.len())
             .map(|i| self.message(i))
             .collect::<Result<Vec<_>, _>>()?;
-        let mut transcript = Transcript::new(messages);
+        let mut transcript = Transcript::new(messages).keeping_opening(opening_budget);
         transcript.resolve_tool_names();
         Ok(transcript)
     }
@@ -421,7 +439,7 @@ impl DialectKind {
     /// Scans `body` with the default estimator and builds its transcript (tests only).
     pub(crate) fn parse(self, body: &[u8]) -> Result<Parsed<'_>, DialectError> {
         let scan = self.scan(body, &LazyEstimator::default())?;
-        let transcript = scan.transcript()?;
+        let transcript = scan.transcript(0)?;
         Ok(Parsed { scan, transcript })
     }
 }
@@ -566,7 +584,7 @@ mod tests {
         let est = LazyEstimator::default();
         for (dialect, body, head) in bodies {
             let scan = dialect.scan(body.as_bytes(), &est).expect("scan");
-            assert_eq!(scan.head_len().expect("head"), head, "{body}");
+            assert_eq!(scan.head_len(0).expect("head"), head, "{body}");
             let out = scan.rewrite(head, head + 2, "SUMMARY").expect("rewrite");
             let out = String::from_utf8(out).expect("utf-8");
             let start = body.find(scan.messages[head]).expect("head message");

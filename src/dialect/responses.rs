@@ -651,7 +651,7 @@ mod tests {
         let body = json!({"model": "gpt-5-codex", "input": input}).to_string();
         let r = parse(body.as_bytes()).expect("parses");
         assert_eq!(r.transcript.head_len(), 3);
-        assert_eq!(r.scan.head_len().expect("head"), 3);
+        assert_eq!(r.scan.head_len(0).expect("head"), 3);
         assert!(r.transcript.messages[2].parts[0].is_provider_summary());
 
         // Without the sealed summary, nothing but leading system messages is the head.
@@ -660,7 +660,7 @@ mod tests {
         let body = json!({"model": "gpt-5-codex", "input": plain}).to_string();
         let r = parse(body.as_bytes()).expect("parses");
         assert_eq!(r.transcript.head_len(), 0);
-        assert_eq!(r.scan.head_len().expect("head"), 0);
+        assert_eq!(r.scan.head_len(0).expect("head"), 0);
     }
 
     #[test]

@@ -20,7 +20,8 @@ use crate::dialect::DialectKind;
 use crate::estimate::LazyEstimator;
 use crate::pipeline::Outcome;
 use crate::testing::{
-    caller, check_estimates, compactor, config, ensure, valid_for_provider, FakeSummarizer,
+    caller, check_estimates, compactor, config, ensure, expected_head, valid_for_provider,
+    FakeSummarizer, Said,
 };
 
 fn text(min: usize, max: usize) -> impl Strategy<Value = String> {
@@ -498,41 +499,79 @@ fn anthropic_rewrites_stay_valid_verbatim_and_smaller() {
                     .map(|m| serde_json::from_str(m).unwrap_or(Value::Null))
                     .collect();
                 valid_for_provider(DialectKind::Messages, &out).map_err(fail)?;
-                // The first message carries the summary; after it, a verbatim suffix.
-                let first = &values[0];
-                ensure(first["role"] == "user", "summary is a user message")?;
-                let summary_text = match &first["content"] {
-                    Value::String(s) => s.clone(),
-                    blocks => blocks[0]["text"].as_str().unwrap_or("").to_string(),
+                // The opening (when kept), then the summary, then a verbatim suffix. Roles
+                // alternate, so the summary joins the opening's message as a block after its
+                // blocks, and the first kept user message's blocks follow it.
+                let said: Vec<Said> = orig
+                    .iter()
+                    .map(|m| {
+                        let m: Value = serde_json::from_str(m).unwrap_or(Value::Null);
+                        if m["role"] == "assistant" {
+                            Said::Model
+                        } else if m["content"][0]["type"] == "tool_result" {
+                            Said::ToolAnswer
+                        } else {
+                            Said::Client
+                        }
+                    })
+                    .collect();
+                let budget = c
+                    .engine()
+                    .limits(before.model.as_deref(), before.requested_output)
+                    .opening_budget;
+                let head = expected_head(&said, 0, before, budget);
+                let at = head.saturating_sub(1);
+                ensure(new[..at] == orig[..at], "the opening kept")?;
+                let first = &values[at];
+                ensure(first["role"] == "user", "summary is in a user message")?;
+                let blocks = match &first["content"] {
+                    Value::String(s) => vec![json!({"type": "text", "text": s})],
+                    Value::Array(b) => b.clone(),
+                    _ => Vec::new(),
                 };
+                let blocks_of = |raw: &str| -> Result<Vec<Value>, TestCaseError> {
+                    let m: Value = serde_json::from_str(raw).map_err(fail)?;
+                    Ok(match &m["content"] {
+                        Value::String(s) if s.is_empty() => Vec::new(),
+                        Value::String(s) => vec![json!({"type": "text", "text": s})],
+                        Value::Array(b) => b.clone(),
+                        _ => Vec::new(),
+                    })
+                };
+                let opening = if head > 0 {
+                    blocks_of(&orig[head - 1])?
+                } else {
+                    Vec::new()
+                };
+                ensure(
+                    blocks.len() > opening.len() && blocks[..opening.len()] == opening[..],
+                    "the opening's blocks kept, in order",
+                )?;
+                let summary_text = blocks[opening.len()]["text"].as_str().unwrap_or("");
                 ensure(
                     summary_text.starts_with(SUMMARY_INTRO),
                     "summary introduced",
                 )?;
-                let tail = &new[1..];
+                let tail = &new[at + 1..];
                 ensure(
                     tail == &orig[orig.len() - tail.len()..],
                     "tail byte-identical",
                 )?;
-                let merged = first["content"].is_array();
-                if let Some(blocks) = first["content"].as_array() {
-                    // Merged into the first kept user message: its blocks follow, unchanged.
-                    let at = orig.len() - tail.len() - 1;
-                    let kept: Value = serde_json::from_str(&orig[at]).map_err(fail)?;
-                    let kept_blocks = match &kept["content"] {
-                        Value::String(s) => vec![json!({"type": "text", "text": s})],
-                        Value::Array(b) => b.clone(),
-                        _ => Vec::new(),
-                    };
-                    ensure(blocks[1..] == kept_blocks[..], "merged blocks kept")?;
-                    ensure(tail.len() + 1 < orig.len(), "something was compacted")?;
+                let joined = &blocks[opening.len() + 1..];
+                let merged = !joined.is_empty();
+                let compacted_from = if merged {
+                    // Merged with the first kept user message: its blocks follow, unchanged.
+                    let kept = orig.len() - tail.len() - 1;
+                    ensure(joined == &blocks_of(&orig[kept])?[..], "merged blocks kept")?;
+                    kept
                 } else {
-                    ensure(tail.len() < orig.len(), "something was compacted")?;
-                }
+                    orig.len() - tail.len()
+                };
+                ensure(compacted_from > head, "something was compacted")?;
                 // The engine prices the summary and the kept message separately; merged into one
                 // message they can round to one token less.
                 let after = DialectKind::Messages.scan(&out, &est).map_err(fail)?;
-                let slack = usize::from(merged);
+                let slack = usize::from(merged) + usize::from(head > 0);
                 ensure(
                     after.tokens <= result.post_tokens
                         && after.tokens + slack >= result.post_tokens,
@@ -832,17 +871,35 @@ fn responses_rewrites_stay_valid_verbatim_and_smaller() {
                 same_fields_except(&body, &out, "input")?;
                 let orig = raw_list(&body, "input")?;
                 let new = raw_list(&out, "input")?;
-                // The head: leading instructions, and everything through the last sealed
-                // provider summary.
+                // The head: leading instructions, the opening when kept, and everything
+                // through the last sealed provider summary.
                 let leading = input
                     .iter()
                     .take_while(|m| m["role"] == "developer" || m["role"] == "system")
                     .count();
+                let said: Vec<Said> = input
+                    .iter()
+                    .map(|m| {
+                        let kind = m["type"].as_str().unwrap_or("message");
+                        if kind == "message" && m["role"] != "assistant" {
+                            Said::Client
+                        } else if kind.ends_with("_call_output") || kind == "mcp_approval_response"
+                        {
+                            Said::ToolAnswer
+                        } else {
+                            Said::Model
+                        }
+                    })
+                    .collect();
+                let budget = c
+                    .engine()
+                    .limits(before.model.as_deref(), before.requested_output)
+                    .opening_budget;
                 let sealed = input
                     .iter()
                     .rposition(|m| m["type"] == "compaction")
                     .map_or(0, |i| i + 1);
-                let head = leading.max(sealed);
+                let head = expected_head(&said, leading, before, budget).max(sealed);
                 ensure(new.len() >= head + 2, "head + summary + tail")?;
                 ensure(new[..head] == orig[..head], "the head kept")?;
                 let summary: Value = serde_json::from_str(&new[head]).map_err(fail)?;

@@ -37,9 +37,13 @@ fn process_is_send_so_the_proxy_can_await_it_anywhere() {
 async fn the_latest_user_turn_is_kept_verbatim_when_its_turn_is_compacted() {
     let fake = FakeSummarizer::text("Work so far.");
     let (c, _) = compactor(&config(SMALL), fake);
+    // The opening (before the model's first reply) is kept verbatim; the task comes in the
+    // person's next turn, which is compacted.
     let task = "TASK: fix the parser in src/p.rs";
     let mut m = vec![
         json!({"role": "system", "content": "You are an agent."}),
+        json!({"role": "user", "content": "hello"}),
+        json!({"role": "assistant", "content": "Hello. What shall I do?"}),
         json!({"role": "user", "content": task}),
     ];
     m.extend(agent_run(0, 8));
@@ -59,11 +63,12 @@ async fn the_latest_user_turn_is_kept_verbatim_when_its_turn_is_compacted() {
         panic!("expected a rewrite, got {out:?}");
     };
     let sent = messages_of(&b);
+    assert_eq!(sent[1], m[1], "the opening is kept");
     assert!(
-        sent[2..].iter().all(|x| x["content"] != task),
+        sent[3..].iter().all(|x| x["content"] != task),
         "the task message itself was compacted"
     );
-    let summary = sent[1]["content"].as_str().expect("summary text");
+    let summary = sent[2]["content"].as_str().expect("summary text");
     assert!(summary.contains(&pin), "{summary}");
     assert!(result.summary.contains(&pin));
 
@@ -129,11 +134,12 @@ async fn message_trigger_rewrites_and_counts() {
     assert!(result.post_tokens < result.pre_tokens);
     let messages = messages_of(&body);
     assert_eq!(messages[0], original[0], "system prompt kept");
-    assert_eq!(messages[1]["role"], "user");
-    let summary = messages[1]["content"].as_str().expect("string");
+    assert_eq!(messages[1], original[1], "the opening kept");
+    assert_eq!(messages[2]["role"], "user");
+    let summary = messages[2]["content"].as_str().expect("string");
     assert!(summary.starts_with(crate::compaction::prompt::SUMMARY_INTRO));
     assert!(summary.contains("The user chatted."));
-    let tail = &messages[2..];
+    let tail = &messages[3..];
     assert_eq!(
         tail,
         &original[original.len() - tail.len()..],
@@ -148,7 +154,11 @@ async fn message_trigger_rewrites_and_counts() {
     assert_eq!(metrics.compaction_duration.get_sample_count(), 1);
     let requests = fake.requests();
     assert_eq!(requests.len(), 1);
-    assert!(requests[0].prompt.contains("<user>\nmessage 0 "));
+    assert!(requests[0].prompt.contains("<user>\nmessage 2 "));
+    assert!(
+        !requests[0].prompt.contains("message 0 "),
+        "the opening is kept, not summarised"
+    );
     assert_eq!(requests[0].compaction_num, 1);
     assert_eq!(requests[0].model.as_deref(), Some("tiny"));
 }
@@ -335,7 +345,8 @@ async fn fixture_replay_keeps_every_rewrite_valid() {
         include_str!("../../tests/fixtures/transcripts/swe-agent-ctf-web.json"),
     ];
     let cfg = config(
-        "[compaction]\nmax_messages = 6\nmin_preserve_tokens = 50\nmax_preserve_tokens = 400\n",
+        "[compaction]\nstrategy = \"summarize\"\nmax_messages = 6\nmin_preserve_tokens = 50\n\
+         max_preserve_tokens = 400\n",
     );
     let fake = FakeSummarizer::text("Summary of the work so far.");
     let (c, metrics) = compactor(&cfg, fake.clone());
@@ -358,8 +369,8 @@ async fn fixture_replay_keeps_every_rewrite_valid() {
                     max_num = max_num.max(result.compaction_num);
                     let out = messages_of(&body);
                     check_openai_pairing(&out).unwrap_or_else(|e| panic!("n={n}: {e}"));
-                    assert_eq!(out[0], all[0], "system prompt kept");
-                    let tail = &out[2..];
+                    assert_eq!(out[..2], all[..2], "system prompt and opening kept");
+                    let tail = &out[3..];
                     assert_eq!(tail, &all[n - tail.len()..n]);
                     assert!(result.post_tokens < result.pre_tokens);
                 }
@@ -368,8 +379,8 @@ async fn fixture_replay_keeps_every_rewrite_valid() {
                     reused += 1;
                     let out = messages_of(&body);
                     check_openai_pairing(&out).unwrap_or_else(|e| panic!("n={n}: {e}"));
-                    assert_eq!(out[0], all[0], "system prompt kept");
-                    let tail = &out[2..];
+                    assert_eq!(out[..2], all[..2], "system prompt and opening kept");
+                    let tail = &out[3..];
                     assert_eq!(tail, &all[n - tail.len()..n]);
                     assert!(result.post_tokens < result.pre_tokens);
                 }

@@ -38,6 +38,7 @@ use serde_json::{json, Value};
 use super::dialect_props::{valid_anthropic_request, valid_responses_request};
 use super::props::valid_request;
 use super::Outcome;
+use crate::transcript::Role;
 use crate::dialect::json::OrderedObject;
 use crate::dialect::{DialectKind, Scan};
 use crate::estimate::LazyEstimator;
@@ -180,17 +181,20 @@ fn check_scan(scan: &Scan<'_>) -> Result<(), TestCaseError> {
             format!("message {i} is not one JSON value: {m:?}"),
         )?;
     }
-    let transcript = scan.transcript();
-    let head = scan.head_len();
-    if let (Ok(t), Ok(head)) = (&transcript, &head) {
-        ensure(t.len() == scan.len(), "one neutral message per message")?;
-        ensure(
-            t.head_len() == *head,
-            "the head of the scan and the transcript",
-        )?;
-    }
-    if transcript.is_ok() {
-        ensure(head.is_ok(), "a readable conversation has a head")?;
+    // No opening kept, the opening kept whatever its size, and a budget in between.
+    for budget in [0, scan.tokens / 4, usize::MAX] {
+        let transcript = scan.transcript(budget);
+        let head = scan.head_len(budget);
+        if let (Ok(t), Ok(head)) = (&transcript, &head) {
+            ensure(t.len() == scan.len(), "one neutral message per message")?;
+            ensure(
+                t.head_len() == *head,
+                format!("the head of the scan and the transcript (opening budget {budget})"),
+            )?;
+        }
+        if transcript.is_ok() {
+            ensure(head.is_ok(), "a readable conversation has a head")?;
+        }
     }
     Ok(())
 }
@@ -304,30 +308,65 @@ fn check_rewrite(
         )?;
         return Ok(());
     }
-    let (text, merged) = summary_of(dialect, at(head)).ok_or_else(|| {
+    // Anthropic roles alternate: after a head ending on a user message the summary is a block
+    // of that message, after its own blocks.
+    let joined = dialect == DialectKind::Messages
+        && head > 0
+        && scan.message(head - 1).is_ok_and(|m| m.role == Role::User);
+    let at_summary = if joined { head - 1 } else { head };
+    let (text, merged) = if joined {
+        joined_summary(scan.messages[head - 1], at(at_summary))
+    } else {
+        summary_of(dialect, at(head))
+    }
+    .ok_or_else(|| {
         fail(format!(
-            "no summary message at {head}: {:?}",
-            after.messages.get(head)
+            "no summary message at {at_summary}: {:?}",
+            after.messages.get(at_summary)
         ))
     })?;
     ensure(text == summary, "the summary message holds the summary")?;
     let tail = boundary + usize::from(merged);
     ensure(
-        after.len() == head + 1 + (len - tail.min(len)),
+        after.len() == at_summary + 1 + (len - tail.min(len)),
         format!(
             "{} messages after a rewrite of {len} at {head}..{boundary}",
             after.len()
         ),
     )?;
     ensure(
-        after.messages[..head] == scan.messages[..head],
+        after.messages[..at_summary] == scan.messages[..at_summary],
         "the head is copied",
     )?;
     ensure(
-        after.messages[head + 1..] == scan.messages[tail..],
+        after.messages[at_summary + 1..] == scan.messages[tail..],
         "the tail is copied",
     )?;
     Ok(())
+}
+
+/// The summary block of an Anthropic user message `message` that is `original` with the
+/// summary joined after its blocks, and whether more blocks follow it (the tail's first
+/// message merged in); `None` when `original`'s blocks are not kept in front of it.
+fn joined_summary(original: &str, message: &str) -> Option<(String, bool)> {
+    let blocks_of = |v: &Value| match &v["content"] {
+        Value::String(s) if s.is_empty() => Some(Vec::new()),
+        Value::String(s) => Some(vec![json!({"type": "text", "text": s})]),
+        Value::Array(blocks) => Some(blocks.clone()),
+        Value::Null => Some(Vec::new()),
+        _ => None,
+    };
+    let original = blocks_of(&serde_json::from_str(original).ok()?)?;
+    let v: Value = serde_json::from_str(message).ok()?;
+    let blocks = v["content"].as_array()?;
+    let k = original.len();
+    if v["role"] != "user" || blocks.len() <= k || blocks[..k] != original[..] {
+        return None;
+    }
+    let summary = &blocks[k];
+    (summary["type"] == "text")
+        .then(|| summary["text"].as_str().map(|s| (s.to_string(), blocks.len() > k + 1)))
+        .flatten()
 }
 
 /// Scans `body` in `dialect` and, when it scans, rewrites it at the plan `plan` picks.

@@ -15,7 +15,8 @@ use crate::dialect::chat::top_level_fields;
 use crate::dialect::DialectKind;
 use crate::estimate::LazyEstimator;
 use crate::testing::{
-    caller, check_estimates, check_openai_pairing, compactor, config, ensure, FakeSummarizer, Reply,
+    caller, check_estimates, check_openai_pairing, compactor, config, ensure, expected_head,
+    FakeSummarizer, Reply, Said,
 };
 
 #[derive(Debug, Clone)]
@@ -329,12 +330,28 @@ fn rewritten_requests_stay_valid_verbatim_and_smaller() {
                 // Messages: system head verbatim, one summary, tail verbatim.
                 let orig = raw_messages(&body);
                 let new = raw_messages(&out);
-                let head = messages
+                let leading = messages
                     .iter()
                     .take_while(|m| m["role"] == "system" || m["role"] == "developer")
                     .count();
+                let said: Vec<Said> = messages
+                    .iter()
+                    .map(|m| match m["role"].as_str() {
+                        Some("assistant") => Said::Model,
+                        Some("tool" | "function") => Said::ToolAnswer,
+                        _ => Said::Client,
+                    })
+                    .collect();
+                let budget = c
+                    .engine()
+                    .limits(before.model.as_deref(), before.requested_output)
+                    .opening_budget;
+                let head = expected_head(&said, leading, before, budget);
                 ensure(new.len() >= head + 2, "head + summary + tail")?;
-                ensure(new[..head] == orig[..head], "system messages kept verbatim")?;
+                ensure(
+                    new[..head] == orig[..head],
+                    "system messages and opening kept verbatim",
+                )?;
                 let summary: Value = serde_json::from_str(&new[head])
                     .map_err(|e| TestCaseError::fail(e.to_string()))?;
                 ensure(summary["role"] == "user", "summary is a user message")?;

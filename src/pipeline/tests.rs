@@ -260,8 +260,11 @@ async fn the_persons_own_words_are_pinned_and_lead_their_turn_in_the_prompt() {
     let toml = "[compaction]\nmax_messages = 10\nmin_preserve_tokens = 20\n\
                 max_preserve_tokens = 60\n[models.tiny]\ncontext_window = 16000\n";
     let (c, _) = compactor(&config(toml), fake.clone());
+    // A later turn: the conversation's opening is kept verbatim, never summarised.
     let mut m = vec![
         json!({"role": "system", "content": "You are an agent."}),
+        json!({"role": "user", "content": "hello"}),
+        json!({"role": "assistant", "content": "Hello! What shall we work on?"}),
         json!({"role": "user", "content": [
             {"type": "text", "text": reminder},
             {"type": "text", "text": "<command-name>/clear</command-name>"},
@@ -279,7 +282,8 @@ async fn the_persons_own_words_are_pinned_and_lead_their_turn_in_the_prompt() {
     }
     let out = send(&c, &m).await;
     let sent = forwarded("claude code turn", &out);
-    let summary = sent[1]["content"].as_str().expect("summary text");
+    assert_eq!(sent[..2], m[..2], "system prompt and opening kept");
+    let summary = sent[2]["content"].as_str().expect("summary text");
     let pin = format!("{LATEST_USER_OPEN}\n{words}\n{LATEST_USER_CLOSE}");
     assert!(summary.contains(&pin), "{summary}");
     assert!(!summary.contains("claudeMd"), "context is not pinned");

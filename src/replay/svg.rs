@@ -442,6 +442,7 @@ mod tests {
                 reserved_output: 0,
                 token_threshold: 6_800,
                 max_messages: 80,
+                opening_budget: 2_266,
             },
             rows,
         }
