@@ -1076,6 +1076,15 @@ async fn claude_code_summarizer_prompt_puts_typed_words_before_injected_context(
         }
         // The LLM's summary is a placeholder here: the latest typed words must still be there.
         let v = sent.forwarded_json();
+        let sent_body: Value = serde_json::from_slice(&body).expect("JSON");
+        let opening = sent_body["messages"][0]["content"]
+            .as_array()
+            .expect("blocks");
+        let first = v["messages"][0]["content"].as_array().expect("blocks");
+        assert!(
+            first.len() >= opening.len() && first[..opening.len()] == opening[..],
+            "{what}: the opening (CLAUDE.md reminder and all) is forwarded verbatim"
+        );
         assert_eq!(check_messages(&v, CLAUDE_WINDOW), Ok(()), "{what}");
         let view = View::of(&v["messages"]);
         let typed = session.typed_before(k);
@@ -1089,9 +1098,11 @@ async fn claude_code_summarizer_prompt_puts_typed_words_before_injected_context(
     }
     assert!(prompts >= 2, "several compactions ({prompts} prompts)");
     assert_eq!(provider.summaries(), prompts);
+    // The first turn (the opening: the /clear echo, CLAUDE.md, the words) is kept verbatim in
+    // every forwarded request, never summarised.
     assert!(
-        seen_in_prompts.contains(CLAUDE_TURNS[0].words),
-        "the /clear turn was summarised: {seen_in_prompts:?}"
+        !seen_in_prompts.contains(CLAUDE_TURNS[0].words),
+        "the opening was summarised: {seen_in_prompts:?}"
     );
     assert!(
         seen_in_prompts.len() >= 3,
@@ -1763,7 +1774,10 @@ const SYSTEM_MID: Instruction = Instruction {
 async fn a_mid_conversation_system_message_survives_every_compaction() {
     let mock = MockUpstream::start().await;
     let provider = Provider::install(&mock);
-    let proxy = TestProxy::start(&proxy_toml(&mock, "max_messages = 10\n", "extractive")).await;
+    // 12, not 10: the opening is kept verbatim, so at 10 a compaction covers four short
+    // messages, fewer tokens than the extractive summary's fixed sections, and the rewrite
+    // would not be smaller.
+    let proxy = TestProxy::start(&proxy_toml(&mock, "max_messages = 12\n", "extractive")).await;
     let base = coding_chat(16);
     let mut placements = Vec::new();
     for at in 2..=24 {
