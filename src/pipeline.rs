@@ -696,7 +696,7 @@ impl Pipeline {
             }
             other => (other, None),
         };
-        let mut splice = match checkpoint.map(|c| self.splice(request.scan, c, request.limits.opening_budget)) {
+        let mut splice = match checkpoint.map(|c| self.splice(request.scan, c)) {
             None => None,
             Some(Ok(splice)) => splice,
             Some(Err(e)) => {
@@ -727,7 +727,7 @@ impl Pipeline {
             return self.reuse(request.scan, splice.as_ref(), &mask, tokens, figures);
         };
         if let Some(staged) = staged {
-            match self.splice(request.scan, staged, request.limits.opening_budget) {
+            match self.splice(request.scan, staged) {
                 Ok(Some(ready)) => {
                     let ready_mask = self.mask_view(request, Some(&ready), None).await;
                     let (count, ready_tokens) =
@@ -905,9 +905,14 @@ impl Pipeline {
         &self,
         scan: &Scan<'_>,
         checkpoint: Arc<Checkpoint>,
-        opening_budget: usize,
     ) -> Result<Option<Splice>, DialectError> {
-        let head = scan.head_len(opening_budget)?;
+        // The head the summary was made after (the covered prefix is the one it was made
+        // from, so that head is this request's too); one stored before openings were kept
+        // follows the head without the opening.
+        let head = match checkpoint.head {
+            Some(head) => head,
+            None => scan.head_len(0)?,
+        };
         let covered = checkpoint.covered;
         // The summary replaces whole turns after the system head, and a tail must remain.
         if covered <= head || covered >= scan.len() {
@@ -1136,7 +1141,7 @@ impl Pipeline {
         } else if fits(target)(candidates.saving(all)) {
             all
         } else if watermark.is_none()
-            || staged.is_some_and(|c| matches!(self.splice(scan, c.clone(), request.limits.opening_budget), Ok(Some(_))))
+            || staged.is_some_and(|c| matches!(self.splice(scan, c.clone()), Ok(Some(_))))
         {
             0
         } else {
@@ -1262,9 +1267,7 @@ impl Pipeline {
     async fn stored_splice(&self, request: &Request<'_, '_>) -> Option<Splice> {
         let scan = request.scan;
         let checkpoint = self.lookup(request.tenant, &scan.messages).await?;
-        self.splice(scan, checkpoint, request.limits.opening_budget)
-            .ok()
-            .flatten()
+        self.splice(scan, checkpoint).ok().flatten()
     }
 
     /// A compaction that is not the trigger's (manual, or after a refusal for length):
@@ -1298,7 +1301,7 @@ impl Pipeline {
             .compact_view(request, transcript, splice, instructions)
             .await?;
         let summary = (
-            transcript.head_len(),
+            compaction.head,
             compaction.boundary,
             compaction.summary_message.as_str(),
         );
@@ -1337,12 +1340,12 @@ impl Pipeline {
         instructions: Option<&str>,
     ) -> Result<Compaction, CompactError> {
         let scan = request.scan;
-        let head = transcript.head_len();
-        // The engine sees the conversation without the covered prefix; the prior summary
-        // travels in `<prior-summary>` and is refined, not repeated.
+        // The engine sees the conversation without the covered prefix (after the head the
+        // stored summary follows); the prior summary travels in `<prior-summary>` and is
+        // refined, not repeated.
         let (view, offset) = match splice {
             None => (None, 0),
-            Some(s) => (Some(transcript.without(head..s.covered)), s.covered - head),
+            Some(s) => (Some(transcript.without(s.head..s.covered)), s.covered - s.head),
         };
         // The stored summary is refined, its file lists carried forward.
         let prior = splice.map(|s| Prior {
@@ -1480,7 +1483,7 @@ impl Pipeline {
             }
             other => other,
         };
-        let splice = match base.map(|c| self.splice(&scan, c, request.limits.opening_budget)) {
+        let splice = match base.map(|c| self.splice(&scan, c)) {
             Some(Ok(Some(s))) => Some(s),
             Some(_) => return BackgroundOutcome::Failed,
             None => None,
@@ -1634,6 +1637,7 @@ impl Pipeline {
         let checkpoint = Arc::new(Checkpoint {
             session_id: request.session.to_string(),
             covered: compaction.boundary,
+            head: Some(compaction.head),
             summary: r.summary.clone(),
             read_files: r.read_files.clone(),
             modified_files: r.modified_files.clone(),

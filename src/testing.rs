@@ -222,16 +222,18 @@ pub(crate) enum Said {
     ToolAnswer,
 }
 
-/// The head the property tests expect after `leading` system messages: the opening (the
-/// client's messages before the model's first reply) too when the model has replied and the
-/// opening's estimate fits the opening budget of the limits the request was compacted with.
-pub(crate) fn expected_head(
+/// The heads the property tests accept after `leading` system messages: first with the
+/// opening (the client's messages before the model's first reply) when the model has replied
+/// and the opening's estimate fits the opening budget of the limits the request was compacted
+/// with, then without it (the engine compacts the opening when keeping it leaves no way under
+/// the trigger).
+pub(crate) fn expected_heads(
     said: &[Said],
     leading: usize,
     scan: &crate::dialect::Scan<'_>,
     opening_budget: usize,
-) -> usize {
-    match said.iter().position(|s| *s != Said::Client) {
+) -> [usize; 2] {
+    let with_opening = match said.iter().position(|s| *s != Said::Client) {
         Some(end)
             if said[end] == Said::Model
                 && end >= leading
@@ -240,5 +242,6 @@ pub(crate) fn expected_head(
             end
         }
         _ => leading,
-    }
+    };
+    [with_opening, leading]
 }

@@ -207,6 +207,8 @@ pub struct Transcript {
     pub messages: Vec<Message>,
     /// How many leading messages are the kept head (see [`Transcript::head_len`]).
     head: usize,
+    /// The head without the opening (see [`Transcript::head_len_without_opening`]).
+    base_head: usize,
 }
 
 impl Transcript {
@@ -223,9 +225,11 @@ impl Transcript {
             .iter()
             .rposition(|m| m.parts.iter().any(Part::is_provider_summary))
             .map_or(0, |i| i + 1);
+        let head = leading.max(sealed);
         Transcript {
             messages,
-            head: leading.max(sealed),
+            head,
+            base_head: head,
         }
     }
 
@@ -274,6 +278,7 @@ impl Transcript {
         Transcript {
             messages,
             head: self.head.min(start),
+            base_head: self.base_head.min(start),
         }
     }
 
@@ -293,6 +298,13 @@ impl Transcript {
     /// ([`Transcript::keeping_opening`]).
     pub fn head_len(&self) -> usize {
         self.head.min(self.messages.len())
+    }
+
+    /// The head without the conversation's opening: what remains never compacted when keeping
+    /// the opening verbatim would leave no way under the trigger (see
+    /// [`crate::compaction::engine::Engine::compact`]).
+    pub fn head_len_without_opening(&self) -> usize {
+        self.base_head.min(self.messages.len())
     }
 
     /// Index of the latest user message, if any; user messages that only carry tool results

@@ -75,8 +75,17 @@ pub struct TailLimits {
 ///
 /// The result `b` satisfies `head < b < len`: messages `head..b` are compacted, `b..` kept.
 pub fn find_preserve_boundary(t: &Transcript, limits: &TailLimits) -> Option<usize> {
+    find_preserve_boundary_after(t, t.head_len(), limits)
+}
+
+/// [`find_preserve_boundary`] after a head of `head` messages instead of the transcript's
+/// own (the head without the opening, when keeping the opening cannot fit).
+pub fn find_preserve_boundary_after(
+    t: &Transcript,
+    head: usize,
+    limits: &TailLimits,
+) -> Option<usize> {
     let n = t.len();
-    let head = t.head_len();
     if n < head + 2 {
         return None;
     }

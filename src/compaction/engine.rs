@@ -33,7 +33,7 @@ use compactor_plugin_api::{
     is_blank, split_user_text, Api, Caller, SummarizeError, Summarizer, SummaryRequest,
 };
 
-use super::boundary::{find_preserve_boundary, preserve_budget, TailLimits};
+use super::boundary::{find_preserve_boundary_after, preserve_budget, TailLimits};
 use super::files::FileTracker;
 use super::mask::PRESERVE_RECENT_OUTPUTS;
 use super::models::ModelTable;
@@ -256,11 +256,64 @@ impl Engine {
         (window.saturating_sub(max_output as usize), max_output)
     }
 
+    /// The head this compaction keeps: the transcript's, its opening included, unless even
+    /// the smallest tail an attempt may keep would leave the rewrite over the token trigger
+    /// beside it (a long opening and a long last tool output in a small window). Then the
+    /// opening is compacted like any turn, so the request fits. The choice travels with the
+    /// stored summary (it records the head it follows), so the requests splicing it agree.
+    fn head_for(
+        &self,
+        input: &CompactionInput<'_>,
+        base_budget: usize,
+        summary_reserve: usize,
+        tail_cap: usize,
+    ) -> usize {
+        let t = input.transcript;
+        let (head, base) = (t.head_len(), t.head_len_without_opening());
+        if head == base {
+            return head;
+        }
+        let smallest = TailLimits {
+            budget: base_budget >> (MAX_ATTEMPTS_PER_REQUEST - 1),
+            max_messages: tail_cap,
+            turn_max_tokens: 0,
+            turn_max_messages: 0,
+        };
+        let fits = find_preserve_boundary_after(t, head, &smallest).is_some_and(|b| {
+            input
+                .fixed_tokens
+                .saturating_add(t.tokens(0..head))
+                .saturating_add(summary_reserve)
+                .saturating_add(t.tokens(b..t.len()))
+                <= input.limits.token_threshold
+        });
+        if !fits {
+            tracing::debug!(
+                opening = head - base,
+                "the opening cannot stay verbatim and fit the trigger; compacting it"
+            );
+        }
+        if fits {
+            head
+        } else {
+            base
+        }
+    }
+
     /// Compacts a transcript, within the per-request attempt limit.
     pub async fn compact(&self, input: CompactionInput<'_>) -> Result<Compaction, CompactError> {
         let t = input.transcript;
         let n = t.len();
-        let head = t.head_len();
+        let limits = input.limits;
+        let base_budget = preserve_budget(&self.config, limits.usable_window());
+        // Room the summary message may take: the summary's output budget plus its framing.
+        let (_, max_output) =
+            self.summarizer_budget(input.limits.summarizer_window, input.caller.api);
+        let summary_reserve = (max_output as usize)
+            .saturating_add(self.estimator.text(SUMMARY_INTRO))
+            .saturating_add(64);
+        let tail_cap = (limits.max_messages / 2).max(1);
+        let head = self.head_for(&input, base_budget, summary_reserve, tail_cap);
         // What the request would carry without this compaction: the transcript plus the prior
         // compaction's summary message, which the session layer spliced out of `transcript`.
         let prior_message = input.prior.map_or(0, |p| {
@@ -278,14 +331,6 @@ impl Engine {
         let compaction_num = input
             .prior
             .map_or(1, |p| p.compaction_num.saturating_add(1));
-        let limits = input.limits;
-        let base_budget = preserve_budget(&self.config, limits.usable_window());
-        // Room the summary message may take: the summary's output budget plus its framing.
-        let (_, max_output) =
-            self.summarizer_budget(input.limits.summarizer_window, input.caller.api);
-        let summary_reserve = (max_output as usize)
-            .saturating_add(self.estimator.text(SUMMARY_INTRO))
-            .saturating_add(64);
         let others = input
             .fixed_tokens
             .saturating_add(head_tokens)
@@ -295,7 +340,6 @@ impl Engine {
         // the same goes for the number of messages the budget walk may keep.
         let turn_max_tokens = (limits.token_threshold / 2).saturating_sub(others);
         let turn_max_messages = (limits.max_messages / 2).saturating_sub(head + 1);
-        let tail_cap = (limits.max_messages / 2).max(1);
 
         let mut tracker = FileTracker::with_limit(self.config.max_tracked_files);
         if let Some(p) = input.prior {
@@ -316,7 +360,7 @@ impl Engine {
                 turn_max_tokens,
                 turn_max_messages,
             };
-            let Some(boundary) = find_preserve_boundary(t, &tail) else {
+            let Some(boundary) = find_preserve_boundary_after(t, head, &tail) else {
                 break;
             };
             let Some(slice) = t.messages.get(done..boundary).filter(|s| !s.is_empty()) else {

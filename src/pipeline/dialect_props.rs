@@ -20,7 +20,7 @@ use crate::dialect::DialectKind;
 use crate::estimate::LazyEstimator;
 use crate::pipeline::Outcome;
 use crate::testing::{
-    caller, check_estimates, compactor, config, ensure, expected_head, valid_for_provider,
+    caller, check_estimates, compactor, config, ensure, expected_heads, valid_for_provider,
     FakeSummarizer, Said,
 };
 
@@ -519,16 +519,6 @@ fn anthropic_rewrites_stay_valid_verbatim_and_smaller() {
                     .engine()
                     .limits(before.model.as_deref(), before.requested_output)
                     .opening_budget;
-                let head = expected_head(&said, 0, before, budget);
-                let at = head.saturating_sub(1);
-                ensure(new[..at] == orig[..at], "the opening kept")?;
-                let first = &values[at];
-                ensure(first["role"] == "user", "summary is in a user message")?;
-                let blocks = match &first["content"] {
-                    Value::String(s) => vec![json!({"type": "text", "text": s})],
-                    Value::Array(b) => b.clone(),
-                    _ => Vec::new(),
-                };
                 let blocks_of = |raw: &str| -> Result<Vec<Value>, TestCaseError> {
                     let m: Value = serde_json::from_str(raw).map_err(fail)?;
                     Ok(match &m["content"] {
@@ -538,6 +528,23 @@ fn anthropic_rewrites_stay_valid_verbatim_and_smaller() {
                         _ => Vec::new(),
                     })
                 };
+                // With the opening kept, the summary is the block after the opening's.
+                let [with_opening, _] = expected_heads(&said, 0, before, budget);
+                let kept_opening = with_opening > 0 && {
+                    let opening = blocks_of(&orig[with_opening - 1])?;
+                    let blocks = blocks_of(&new[with_opening - 1])?;
+                    blocks.get(opening.len()).is_some_and(|b| {
+                        b["text"]
+                            .as_str()
+                            .is_some_and(|t| t.starts_with(SUMMARY_INTRO))
+                    })
+                };
+                let head = if kept_opening { with_opening } else { 0 };
+                let at = head.saturating_sub(1);
+                ensure(new[..at] == orig[..at], "the opening kept")?;
+                let first = &values[at];
+                ensure(first["role"] == "user", "summary is in a user message")?;
+                let blocks = blocks_of(&new[at])?;
                 let opening = if head > 0 {
                     blocks_of(&orig[head - 1])?
                 } else {
@@ -899,7 +906,22 @@ fn responses_rewrites_stay_valid_verbatim_and_smaller() {
                     .iter()
                     .rposition(|m| m["type"] == "compaction")
                     .map_or(0, |i| i + 1);
-                let head = expected_head(&said, leading, before, budget).max(sealed);
+                let is_summary = |h: usize| {
+                    new.get(h)
+                        .and_then(|m| serde_json::from_str::<Value>(m).ok())
+                        .is_some_and(|v| {
+                            v["type"] == "message"
+                                && v["role"] == "user"
+                                && v["content"][0]["text"]
+                                    .as_str()
+                                    .is_some_and(|s| s.starts_with(SUMMARY_INTRO))
+                        })
+                };
+                let head = expected_heads(&said, leading, before, budget)
+                    .map(|h| h.max(sealed))
+                    .into_iter()
+                    .find(|&h| is_summary(h))
+                    .ok_or_else(|| fail("no summary item after the head"))?;
                 ensure(new.len() >= head + 2, "head + summary + tail")?;
                 ensure(new[..head] == orig[..head], "the head kept")?;
                 let summary: Value = serde_json::from_str(&new[head]).map_err(fail)?;

@@ -594,3 +594,79 @@ async fn a_long_context_request_is_summarised_within_the_usual_window() {
         "the prompt fits the usual window: {prompt_tokens} tokens"
     );
 }
+
+/// An agent's session in a 4,000-token window: a long opening (project rules and the task),
+/// six tool rounds, then one last tool output of `lines` lines of code.
+fn opening_session(lines: usize) -> Vec<Value> {
+    let output: String = (0..lines)
+        .map(|i| format!("{i}: let value_{i} = compute(input_{i}, {i});\n"))
+        .collect();
+    let mut m = vec![
+        json!({"role": "system", "content": "You are an agent."}),
+        json!({"role": "user", "content": format!("RULE-PURPLE: answer in lowercase. {}Fix the parser.", "Project rules. ".repeat(200))}),
+    ];
+    m.extend(agent_run(0, 6));
+    m.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": "call_last",
+        "type": "function", "function": {"name": "bash", "arguments": "{\"command\": \"cat big.rs\"}"}}]}));
+    m.push(json!({"role": "tool", "tool_call_id": "call_last", "content": output}));
+    m
+}
+
+#[tokio::test]
+async fn the_opening_is_kept_verbatim_unless_it_cannot_fit_beside_the_smallest_tail() {
+    let toml = "[compaction]\nstrategy = \"summarize\"\nmax_messages = 10\n\
+                background_ratio = 0\n[models.w4k]\ncontext_window = 4000\n";
+    let send = |c: Arc<Pipeline>, m: Vec<Value>| async move {
+        c.process(DialectKind::ChatCompletions, &body("w4k", m), &caller())
+            .await
+    };
+
+    // Room for it: the opening (about 800 tokens) stays verbatim, the summarizer never sees it.
+    let fake = FakeSummarizer::text("Work so far.");
+    let (c, _) = compactor(&config(toml), fake.clone());
+    let m = opening_session(10);
+    let out = send(c.clone(), m.clone()).await;
+    let Outcome::Rewritten { body: b, .. } = out else {
+        panic!("expected a rewrite, got {out:?}");
+    };
+    let sent = messages_of(&b);
+    assert_eq!(sent[..2], m[..2], "system prompt and opening verbatim");
+    assert!(sent[2]["content"]
+        .as_str()
+        .is_some_and(|s| s.starts_with(crate::compaction::prompt::SUMMARY_INTRO)));
+    assert!(!fake.requests()[0].prompt.contains("RULE-PURPLE"));
+
+    // A last output of about 2,000 tokens: with the opening, even the smallest tail leaves the
+    // rewrite over the trigger (3,400), so the opening is summarised and the request fits.
+    let fake = FakeSummarizer::text("Work so far.");
+    let (c, _) = compactor(&config(toml), fake.clone());
+    let mut m = opening_session(120);
+    let out = send(c.clone(), m.clone()).await;
+    let Outcome::Rewritten { body: b, result, .. } = out else {
+        panic!("expected a rewrite, got {out:?}");
+    };
+    let sent = messages_of(&b);
+    assert_eq!(sent[0], m[0]);
+    assert!(
+        sent[1]["content"]
+            .as_str()
+            .is_some_and(|s| s.starts_with(crate::compaction::prompt::SUMMARY_INTRO)),
+        "the summary follows the system prompt: {:?}",
+        sent[1]
+    );
+    assert!(fake.requests()[0].prompt.contains("RULE-PURPLE"));
+    assert!(result.post_tokens < 3_400, "{}", result.post_tokens);
+    // The next request splices that summary after the same head: the opening is not added
+    // back beside the summary that holds it.
+    m.push(json!({"role": "assistant", "content": "Done."}));
+    m.push(json!({"role": "user", "content": "thanks"}));
+    let out = send(c.clone(), m.clone()).await;
+    let Outcome::Reused { body: b, .. } = out else {
+        panic!("expected the stored summary reused, got {out:?}");
+    };
+    let sent = messages_of(&b);
+    assert!(sent[1]["content"]
+        .as_str()
+        .is_some_and(|s| s.starts_with(crate::compaction::prompt::SUMMARY_INTRO)));
+    assert!(sent.iter().all(|x| x != &m[1]), "the opening is not forwarded twice");
+}

@@ -940,6 +940,7 @@ mod tests {
         Arc::new(Checkpoint {
             session_id: session.into(),
             covered,
+            head: None,
             summary: summary.into(),
             read_files: vec!["src/a.rs".into()],
             modified_files: vec!["src/b.rs".into()],

@@ -1147,6 +1147,9 @@ impl Drop for ClaimGuard {
 struct WireCheckpoint {
     session_id: String,
     covered: usize,
+    /// Absent from checkpoints stored by earlier versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    head: Option<usize>,
     summary: String,
     read_files: Vec<String>,
     modified_files: Vec<String>,
@@ -1164,6 +1167,7 @@ impl From<&Checkpoint> for WireCheckpoint {
         WireCheckpoint {
             session_id: c.session_id.clone(),
             covered: c.covered,
+            head: c.head,
             summary: c.summary.clone(),
             read_files: c.read_files.clone(),
             modified_files: c.modified_files.clone(),
@@ -1186,6 +1190,7 @@ impl WireCheckpoint {
         Checkpoint {
             session_id: self.session_id,
             covered: self.covered,
+            head: self.head,
             summary: self.summary,
             read_files: self.read_files,
             modified_files: self.modified_files,
@@ -1491,6 +1496,7 @@ mod tests {
         Checkpoint {
             session_id: "s".into(),
             covered,
+            head: Some(1),
             summary: format!("summary of {covered}"),
             read_files: vec!["a.rs".into()],
             modified_files: vec!["b.rs".into()],

@@ -38,6 +38,12 @@ pub struct Checkpoint {
     /// set is a function of the request, this and the configuration, so it needs no field of
     /// its own.
     pub covered: usize,
+    /// How many leading messages the summary follows, kept verbatim before it: the system
+    /// messages, and the conversation's opening when the compaction kept it (see
+    /// `Transcript::keeping_opening`). Every request splicing the summary keeps the same head,
+    /// whatever its own limits say now. `None` for a checkpoint stored before openings were
+    /// kept: its head is the request's without the opening.
+    pub head: Option<usize>,
     /// The summary text spliced in place of the covered messages.
     pub summary: String,
     /// Files read so far, carried into the next compaction.
@@ -531,6 +537,7 @@ mod tests {
         let checkpoint = Checkpoint {
             session_id: "s".into(),
             covered: 4,
+            head: None,
             summary: "did things".into(),
             read_files: vec!["a.rs".into()],
             modified_files: vec![],
