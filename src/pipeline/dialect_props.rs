@@ -530,7 +530,7 @@ fn anthropic_rewrites_stay_valid_verbatim_and_smaller() {
                 };
                 // With the opening kept, the summary is the block after the opening's.
                 let [with_opening, _] = expected_heads(&said, 0, before, budget);
-                let kept_opening = with_opening > 0 && {
+                let kept_opening = with_opening > 0 && with_opening <= new.len() && {
                     let opening = blocks_of(&orig[with_opening - 1])?;
                     let blocks = blocks_of(&new[with_opening - 1])?;
                     blocks.get(opening.len()).is_some_and(|b| {
