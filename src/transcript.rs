@@ -300,9 +300,8 @@ impl Transcript {
         self.head.min(self.messages.len())
     }
 
-    /// The head without the conversation's opening: what remains never compacted when keeping
-    /// the opening verbatim would leave no way under the trigger (see
-    /// [`crate::compaction::engine::Engine::compact`]).
+    /// The head without the conversation's opening: what stays never compacted when keeping
+    /// the opening verbatim would leave no way under the trigger (the engine decides).
     pub fn head_len_without_opening(&self) -> usize {
         self.base_head.min(self.messages.len())
     }

@@ -162,6 +162,8 @@ async fn metric(proxy: &TestProxy, name: &str, labels: &[(&str, &str)]) -> f64 {
 struct Replay {
     requests: usize,
     compacted: usize,
+    /// Compacted requests that kept the task (the opening) verbatim before the summary.
+    openings_kept: usize,
     /// (compaction number, the summary text leading the forwarded messages) of every
     /// compacted request, in order.
     spliced: Vec<(u32, String)>,
@@ -221,14 +223,28 @@ async fn replay_through(proxy: &TestProxy, mock: &MockUpstream, name: &str, mode
         let first: Value = serde_json::from_str(&out[0]).expect("message");
         assert_eq!(first["role"], "user", "{what}");
         // Standalone before an assistant message, or the first block of the kept user
-        // message (whose own blocks, cache marker included, may differ from step to step).
-        let summary = match &first["content"] {
-            Value::String(s) => s.clone(),
-            blocks => blocks[0]["text"]
-                .as_str()
-                .expect("summary block")
-                .to_owned(),
+        // message (whose own blocks, cache marker included, may differ from step to step);
+        // after the task's blocks when the task (the opening) is kept verbatim.
+        let blocks = |m: &Value| match &m["content"] {
+            Value::String(s) => vec![json!({"type": "text", "text": s})],
+            Value::Array(b) => b.clone(),
+            _ => Vec::new(),
         };
+        let opening = blocks(&serde_json::from_str(&sent[0]).expect("message"));
+        let first_blocks = blocks(&first);
+        let text_at = |i: usize| {
+            first_blocks
+                .get(i)
+                .and_then(|b| b["text"].as_str())
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let kept_opening = first_blocks.len() > opening.len()
+            && first_blocks[..opening.len()] == opening[..]
+            && text_at(opening.len()).starts_with(SUMMARY_INTRO);
+        replay.openings_kept += usize::from(kept_opening);
+        let at = if kept_opening { opening.len() } else { 0 };
+        let summary = text_at(at);
         assert!(summary.starts_with(SUMMARY_INTRO), "{what}");
         assert!(
             summary.contains("(Summary of compaction #"),
@@ -240,11 +256,12 @@ async fn replay_through(proxy: &TestProxy, mock: &MockUpstream, name: &str, mode
             &sent[sent.len() - tail.len()..],
             "{what}: verbatim tail"
         );
-        if let Some(blocks) = first["content"].as_array() {
+        let after_summary = &first_blocks[at + 1..];
+        if !after_summary.is_empty() {
             // Merged into the first kept user message: its blocks follow the summary as sent.
             let kept: Value =
                 serde_json::from_str(&sent[sent.len() - tail.len() - 1]).expect("message");
-            assert_eq!(blocks[1..], kept["content"].as_array().expect("blocks")[..]);
+            assert_eq!(after_summary, &blocks(&kept)[..]);
             assert!(
                 tail.len() + 1 < sent.len(),
                 "{what}: something was compacted"
@@ -323,6 +340,7 @@ async fn replays_fit_the_window_and_reuse_their_summaries() {
         max_num = max_num.max(replay.spliced.iter().map(|s| s.0).max().unwrap_or(0));
         total.requests += replay.requests;
         total.compacted += replay.compacted;
+        total.openings_kept += replay.openings_kept;
     }
     let refused = refusals.reasons()[direct_errors..].to_vec();
     assert_eq!(refusals.invalid(), 0, "rejected: {refused:?}");
@@ -333,6 +351,7 @@ async fn replays_fit_the_window_and_reuse_their_summaries() {
     );
 
     assert!(total.compacted > 0, "compaction happened");
+    assert!(total.openings_kept > 0, "some compactions keep the task verbatim");
     assert!(
         max_num >= 2,
         "later compactions refine earlier ones (reached #{max_num})"

@@ -139,6 +139,8 @@ async fn metric(proxy: &TestProxy, name: &str, labels: &[(&str, &str)]) -> f64 {
 #[derive(Default)]
 struct Replay {
     compacted: usize,
+    /// Compacted requests that kept a head (instructions, the task) before the summary.
+    openings_kept: usize,
     /// (compaction number, the summary item) of every compacted request, in order.
     spliced: Vec<(u32, String)>,
 }
@@ -190,7 +192,15 @@ async fn replay_through(proxy: &TestProxy, mock: &MockUpstream, name: &str, mode
         }
         let sent = raw_elements(&body, "input");
         let out = raw_elements(&forwarded.body, "input");
-        let summary: Value = serde_json::from_str(&out[0]).expect("item");
+        // The instructions and the task (the opening) are kept verbatim before the summary
+        // when they fit.
+        let head = out
+            .iter()
+            .position(|item| item.contains(SUMMARY_INTRO))
+            .expect("a summary item");
+        assert_eq!(out[..head], sent[..head], "{what}: the head verbatim");
+        replay.openings_kept += usize::from(head > 0);
+        let summary: Value = serde_json::from_str(&out[head]).expect("item");
         assert_eq!(summary["type"], "message", "{what}");
         assert_eq!(summary["role"], "user", "{what}");
         assert_eq!(summary["content"][0]["type"], "input_text", "{what}");
@@ -198,15 +208,15 @@ async fn replay_through(proxy: &TestProxy, mock: &MockUpstream, name: &str, mode
             .as_str()
             .expect("summary text");
         assert!(text.starts_with(SUMMARY_INTRO), "{what}");
-        let tail = &out[1..];
-        assert!(!tail.is_empty() && tail.len() < sent.len(), "{what}");
+        let tail = &out[head + 1..];
+        assert!(!tail.is_empty() && tail.len() < sent.len() - head, "{what}");
         assert_eq!(
             tail,
             &sent[sent.len() - tail.len()..],
             "{what}: verbatim tail"
         );
         let num = ex.compaction_num().expect("compaction number");
-        replay.spliced.push((num, out[0].clone()));
+        replay.spliced.push((num, out[head].clone()));
     }
     replay
 }
@@ -238,7 +248,7 @@ async fn replays_fit_the_window_and_reuse_their_summaries() {
     );
 
     let proxy = TestProxy::start(&proxy_toml(&mock, None)).await;
-    let (mut compacted, mut max_num) = (0, 0);
+    let (mut compacted, mut max_num, mut openings_kept) = (0, 0, 0);
     for (name, model, _) in FIXTURES {
         let replay = replay_through(&proxy, &mock, name, model).await;
         if name != FIXTURES[0].0 {
@@ -253,7 +263,9 @@ async fn replays_fit_the_window_and_reuse_their_summaries() {
         }
         max_num = max_num.max(replay.spliced.iter().map(|s| s.0).max().unwrap_or(0));
         compacted += replay.compacted;
+        openings_kept += replay.openings_kept;
     }
+    assert!(openings_kept > 0, "some compactions keep the task verbatim");
     let refused = refusals.reasons()[direct_errors..].to_vec();
     assert_eq!(refusals.invalid(), 0, "rejected: {refused:?}");
     assert_eq!(

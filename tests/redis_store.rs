@@ -402,13 +402,14 @@ async fn redis_killed_mid_run_loses_no_request_and_sharing_resumes() {
         }
     })
     .await;
-    // Sharing resumed: A compacts the fresh conversation, B reuses A's summary.
+    // Sharing resumed: A compacts the fresh conversation, B reuses A's summary for its next
+    // request.
     let on_a = play(&mock, &[&a], AUTH, &fresh[..22]).await;
     let summaries = provider.summaries();
     let stored = on_a.last().cloned().unwrap_or_default();
     assert!(!stored.is_empty(), "A compacted after the outage");
     let seen = mock.requests().len();
-    chat(&client, &b, AUTH, request_before(&fresh, 23)).await;
+    chat(&client, &b, AUTH, request_before(&fresh, 22)).await;
     assert_eq!(
         provider.summaries(),
         summaries,

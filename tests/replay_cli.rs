@@ -286,26 +286,13 @@ fn every_transcript_replays_with_one_summary_per_compaction_and_a_chart() {
 fn aggressive_thresholds_show_failed_compactions_without_extra_summaries() {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = write(dir.path(), "replay.toml", AGGRESSIVE);
-    let mut total_failed = 0;
+    let (mut total_failed, mut total_compacted) = (0, 0);
     for name in TRANSCRIPTS {
         let path = transcript_path(name).display().to_string();
         let (sections, stdout) = run_ok(dir.path(), &["replay", "--config", &config, &path]);
         assert_eq!(sections.len(), 1, "{stdout}");
         let section = &sections[0];
         check_section(name, section, &stdout);
-        // The tasks of function-calling-simple and marshmallow are most of their early
-        // requests, where these thresholds first fire, and the person's latest words are
-        // pinned verbatim: no rewrite can be smaller, so those compactions fail (each failure
-        // is shown) and the breaker stops the attempts.
-        let task_dominated = matches!(
-            name,
-            "swe-agent-function-calling-simple.json"
-                | "swe-agent-marshmallow-function-calling.json"
-        );
-        assert!(
-            task_dominated || section.rows.last().expect("rows").compactions >= 1,
-            "{stdout}"
-        );
         let failed = section
             .rows
             .iter()
@@ -319,12 +306,20 @@ fn aggressive_thresholds_show_failed_compactions_without_extra_summaries() {
             failed,
             "{stdout}"
         );
+        // At 4 messages the rewrite is the system prompt, the task (kept verbatim), the summary
+        // and the last message: where the early slices are short tool rounds, no rewrite is
+        // smaller, so those compactions fail (each failure shown) and the breaker stops the
+        // attempts; the others compact.
+        let compacted = section.rows.last().expect("rows").compactions;
+        assert!(compacted >= 1 || failed > 0, "{stdout}");
+        total_compacted += compacted;
         total_failed += failed;
     }
     assert!(
         total_failed > 0,
         "these thresholds make compactions fail; the replay must show it"
     );
+    assert!(total_compacted > 0, "and some still compact");
 }
 
 #[test]
