@@ -1345,7 +1345,10 @@ impl Pipeline {
         // refined, not repeated.
         let (view, offset) = match splice {
             None => (None, 0),
-            Some(s) => (Some(transcript.without(s.head..s.covered)), s.covered - s.head),
+            Some(s) => (
+                Some(transcript.without(s.head..s.covered)),
+                s.covered - s.head,
+            ),
         };
         // The stored summary is refined, its file lists carried forward.
         let prior = splice.map(|s| Prior {

@@ -510,7 +510,11 @@ pub(crate) mod tests {
         assert_eq!(codex().head_len(), 1, "no opening without a budget");
         // The system head is not the opening's: 30 + 20 + 10 + 5 tokens.
         assert_eq!(codex().keeping_opening(65).head_len(), 5);
-        assert_eq!(codex().keeping_opening(64).head_len(), 1, "too long to keep");
+        assert_eq!(
+            codex().keeping_opening(64).head_len(),
+            1,
+            "too long to keep"
+        );
         // The head survives removing a later range.
         assert_eq!(codex().keeping_opening(65).without(5..6).head_len(), 5);
 

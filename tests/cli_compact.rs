@@ -101,7 +101,11 @@ fn every_fixture_is_compacted_into_a_smaller_valid_request_with_a_verbatim_tail(
         check_chat(&forwarded, usize::MAX).unwrap_or_else(|e| panic!("{name}: {e:?}"));
         // The system prompt and the task (the opening, before the model's first reply) are
         // kept verbatim, even where the task outweighs everything after it.
-        assert_eq!(messages[..2], original[..2], "{name}: system prompt and task first");
+        assert_eq!(
+            messages[..2],
+            original[..2],
+            "{name}: system prompt and task first"
+        );
         assert_eq!(messages[2]["role"], "user", "{name}");
         let summary = messages[2]["content"].as_str().expect("summary text");
         assert!(summary.contains("1. Primary Request and Intent"), "{name}");

@@ -351,7 +351,10 @@ async fn replays_fit_the_window_and_reuse_their_summaries() {
     );
 
     assert!(total.compacted > 0, "compaction happened");
-    assert!(total.openings_kept > 0, "some compactions keep the task verbatim");
+    assert!(
+        total.openings_kept > 0,
+        "some compactions keep the task verbatim"
+    );
     assert!(
         max_num >= 2,
         "later compactions refine earlier ones (reached #{max_num})"

@@ -361,31 +361,31 @@ pub(super) fn rewrite(
         }
         _ => None,
     };
-    let extra = summary_message.len()
-        + before.map_or(0, str::len)
-        + after.map_or(0, str::len);
+    let extra = summary_message.len() + before.map_or(0, str::len) + after.map_or(0, str::len);
     let start = if before.is_some() { head - 1 } else { head };
-    scan.splice(start, boundary, after.is_some(), extra, |out| match (before, after) {
-        (None, None) => serde_json::to_writer(
-            out,
-            &SummaryMessage {
-                role: "user",
-                content: summary_message,
-            },
-        ),
-        (Some(message), _) => joined_user_message(out, message, summary_message, after),
-        (None, Some(message)) => {
-            let fields: OrderedObject<'_> = serde_json::from_str(message)?;
-            let Some(at) = fields.position("content") else {
-                return Err(serde::ser::Error::custom("user message without content"));
-            };
-            fields.write_replacing(out, at, |out| {
-                out.push(b'[');
-                serde_json::to_writer(&mut *out, &text_block(summary_message))?;
-                write_blocks(out, fields.0[at].1, true)?;
-                out.push(b']');
-                Ok(())
-            })
+    scan.splice(start, boundary, after.is_some(), extra, |out| {
+        match (before, after) {
+            (None, None) => serde_json::to_writer(
+                out,
+                &SummaryMessage {
+                    role: "user",
+                    content: summary_message,
+                },
+            ),
+            (Some(message), _) => joined_user_message(out, message, summary_message, after),
+            (None, Some(message)) => {
+                let fields: OrderedObject<'_> = serde_json::from_str(message)?;
+                let Some(at) = fields.position("content") else {
+                    return Err(serde::ser::Error::custom("user message without content"));
+                };
+                fields.write_replacing(out, at, |out| {
+                    out.push(b'[');
+                    serde_json::to_writer(&mut *out, &text_block(summary_message))?;
+                    write_blocks(out, fields.0[at].1, true)?;
+                    out.push(b']');
+                    Ok(())
+                })
+            }
         }
     })
 }

@@ -642,7 +642,10 @@ async fn the_opening_is_kept_verbatim_unless_it_cannot_fit_beside_the_smallest_t
     let (c, _) = compactor(&config(toml), fake.clone());
     let mut m = opening_session(120);
     let out = send(c.clone(), m.clone()).await;
-    let Outcome::Rewritten { body: b, result, .. } = out else {
+    let Outcome::Rewritten {
+        body: b, result, ..
+    } = out
+    else {
         panic!("expected a rewrite, got {out:?}");
     };
     let sent = messages_of(&b);
@@ -668,5 +671,8 @@ async fn the_opening_is_kept_verbatim_unless_it_cannot_fit_beside_the_smallest_t
     assert!(sent[1]["content"]
         .as_str()
         .is_some_and(|s| s.starts_with(crate::compaction::prompt::SUMMARY_INTRO)));
-    assert!(sent.iter().all(|x| x != &m[1]), "the opening is not forwarded twice");
+    assert!(
+        sent.iter().all(|x| x != &m[1]),
+        "the opening is not forwarded twice"
+    );
 }

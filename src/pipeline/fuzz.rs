@@ -38,12 +38,12 @@ use serde_json::{json, Value};
 use super::dialect_props::{valid_anthropic_request, valid_responses_request};
 use super::props::valid_request;
 use super::Outcome;
-use crate::transcript::Role;
 use crate::dialect::json::OrderedObject;
 use crate::dialect::{DialectKind, Scan};
 use crate::estimate::LazyEstimator;
 use crate::testing::fuzz::{self, mutate, mutations, pick};
 use crate::testing::{caller, compactor, config, ensure, valid_for_provider, FakeSummarizer};
+use crate::transcript::Role;
 
 const DIALECTS: [DialectKind; 3] = [
     DialectKind::ChatCompletions,
@@ -365,7 +365,11 @@ fn joined_summary(original: &str, message: &str) -> Option<(String, bool)> {
     }
     let summary = &blocks[k];
     (summary["type"] == "text")
-        .then(|| summary["text"].as_str().map(|s| (s.to_string(), blocks.len() > k + 1)))
+        .then(|| {
+            summary["text"]
+                .as_str()
+                .map(|s| (s.to_string(), blocks.len() > k + 1))
+        })
         .flatten()
 }
 
