@@ -448,3 +448,103 @@ async fn codex() {
     let run = run("codex", c).await;
     check(&run, &session, true).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opencode() {
+    let opencode = npm_agent("opencode", "opencode-ai", "OPENCODE_VERSION");
+    let ws = workspace(&["AGENTS.md"]);
+    let session = session(Finish::Text, "scripted-opencode", "").await;
+    // A provider of our own through the bundled OpenAI-compatible SDK (Chat Completions); its
+    // model's limits say what it may ask for (`max_tokens` is the output limit).
+    std::fs::write(
+        ws.project.join("opencode.json"),
+        serde_json::json!({
+            "$schema": "https://opencode.ai/config.json",
+            "model": "scripted/scripted-opencode",
+            "small_model": "scripted/scripted-opencode",
+            "autoupdate": false,
+            "share": "disabled",
+            "provider": {"scripted": {
+                "npm": "@ai-sdk/openai-compatible",
+                "name": "Scripted",
+                "options": {"baseURL": session.proxy.url("/v1"), "apiKey": "sk-scripted-test"},
+                "models": {"scripted-opencode": {
+                    "name": "Scripted",
+                    "tool_call": true,
+                    "limit": {"context": 64000, "output": 4000}
+                }}
+            }}
+        })
+        .to_string(),
+    )
+    .expect("opencode.json");
+    let mut c = command(&opencode, &ws);
+    c.args(["run", "--auto", PROMPT])
+        .env("OPENCODE_DISABLE_AUTOUPDATE", "1")
+        .env("OPENCODE_DISABLE_MODELS_FETCH", "1")
+        .env("OPENCODE_DISABLE_LSP_DOWNLOAD", "1")
+        .env("OPENCODE_DISABLE_SHARE", "1")
+        .env("OPENCODE_DISABLE_CLAUDE_CODE", "1")
+        // compactor compacts, not opencode.
+        .env("OPENCODE_DISABLE_AUTOCOMPACT", "1");
+    let run = run("opencode", c).await;
+    check(&run, &session, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mini_swe_agent() {
+    let mini = prefix().join("venv/bin/mini");
+    let python = prefix().join("venv/bin/python");
+    assert!(
+        mini.exists(),
+        "mini-swe-agent is not installed in {}: run `{INSTALL}`",
+        prefix().display()
+    );
+    let version = std::process::Command::new(&python)
+        .args([
+            "-c",
+            "import importlib.metadata as m; print(m.version('mini-swe-agent'))",
+        ])
+        .output()
+        .expect("run the agents' venv python");
+    let want = pinned("MINI_SWE_AGENT_VERSION");
+    assert_eq!(
+        String::from_utf8_lossy(&version.stdout).trim(),
+        want,
+        "mini-swe-agent in {} is not the pinned {want}: run `{INSTALL}`",
+        prefix().display()
+    );
+    let ws = workspace(&["AGENTS.md"]);
+    let session = session(
+        Finish::Command("echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT".into()),
+        "scripted-mini",
+        "",
+    )
+    .await;
+    // mini reads no instructions file: the project's rules go in with the task, as a user of
+    // it would pass them (its first user message).
+    let task = format!("{PROMPT}\n\nProject instructions (AGENTS.md):\n{RULE}");
+    let mut c = command(&mini, &ws);
+    c.args([
+        "--yolo",
+        "--exit-immediately",
+        "--model",
+        "openai/scripted-mini",
+        "--task",
+        &task,
+        "--output",
+    ])
+    .arg(ws.home.join("trajectory.json"))
+    .env("OPENAI_API_KEY", "sk-scripted-test")
+    .env("OPENAI_BASE_URL", session.proxy.url("/v1"))
+    .env("OPENAI_API_BASE", session.proxy.url("/v1"))
+    .env("MSWEA_CONFIGURED", "true")
+    .env("MSWEA_SILENT_STARTUP", "1")
+    .env("MSWEA_COST_TRACKING", "ignore_errors")
+    .env("MSWEA_GLOBAL_CONFIG_DIR", ws.home.join(".config/mini-swe-agent"))
+    // litellm: the bundled model cost map, no download.
+    .env("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    .env("PYTHONDONTWRITEBYTECODE", "1");
+    let run = run("mini", c).await;
+    check(&run, &session, false).await;
+}
