@@ -49,11 +49,16 @@ const RULE_MARK: &str = "RULE-PURPLE";
 /// Tool-call turns of the scripted session.
 const TURNS: usize = 8;
 
-/// compactor: compaction on the request path once a request holds more than 8 messages, a
-/// small verbatim tail, the local summarizer.
-const COMPACTOR: &str = "[compaction]\nmax_messages = 8\nbackground_ratio = 0\n\
-                         min_preserve_tokens = 200\nmax_preserve_tokens = 1500\n\
-                         [summarizer]\nbackend = \"extractive\"\n";
+/// compactor: compaction on the request path (no background summaries) by message count
+/// (`max_messages`), by tokens against the model's window once a refusal taught it, a small
+/// verbatim tail, the local summarizer.
+fn compactor_toml(max_messages: usize) -> String {
+    format!(
+        "[compaction]\nmax_messages = {max_messages}\nbackground_ratio = 0\n\
+         min_preserve_tokens = 200\nmax_preserve_tokens = 1500\n\
+         [summarizer]\nbackend = \"extractive\"\n"
+    )
+}
 
 /// The prefix `scripts/agents-install` installs into.
 fn prefix() -> PathBuf {
@@ -79,7 +84,10 @@ fn pinned(var: &str) -> String {
 fn npm_agent(bin: &str, package: &str, pin: &str) -> PathBuf {
     let prefix = prefix();
     let path = prefix.join("node_modules/.bin").join(bin);
-    let manifest = prefix.join("node_modules").join(package).join("package.json");
+    let manifest = prefix
+        .join("node_modules")
+        .join(package)
+        .join("package.json");
     assert!(
         path.exists() && manifest.exists(),
         "{bin} ({package}) is not installed in {}: run `{INSTALL}` (needs Node.js 18+ and npm)",
@@ -137,16 +145,47 @@ struct Session {
     proxy: TestProxy,
 }
 
-async fn session(finish: Finish, model: &str, extra_toml: &str) -> Session {
+/// How a test sets up the provider and compactor.
+struct Setup {
+    /// How the scripted session ends.
+    finish: Finish,
+    /// The model the provider lists.
+    model: &'static str,
+    /// The provider's window ([`Script::window`]).
+    window: usize,
+    /// Lines of output each step prints.
+    filler_lines: usize,
+    /// compactor's `compaction.max_messages`.
+    max_messages: usize,
+}
+
+impl Setup {
+    /// Compaction by message count (more than 8), a provider window no session reaches.
+    fn by_messages(finish: Finish, model: &'static str) -> Setup {
+        Setup {
+            finish,
+            model,
+            window: 60_000,
+            filler_lines: 120,
+            max_messages: 8,
+        }
+    }
+}
+
+async fn session(setup: Setup) -> Session {
     let provider = ScriptedProvider::start(Script {
         turns: TURNS,
-        window: 60_000,
-        filler_lines: 120,
-        finish,
-        model: model.into(),
+        window: setup.window,
+        filler_lines: setup.filler_lines,
+        finish: setup.finish,
+        model: setup.model.into(),
     })
     .await;
-    let toml = format!("{}{COMPACTOR}{extra_toml}", upstream_toml(&provider.url()));
+    let toml = format!(
+        "{}{}",
+        upstream_toml(&provider.url()),
+        compactor_toml(setup.max_messages)
+    );
     let proxy = TestProxy::start(&toml).await;
     Session { provider, proxy }
 }
@@ -253,8 +292,26 @@ fn text(e: &Exchange) -> String {
     String::from_utf8_lossy(&e.request.body).into_owned()
 }
 
+/// With `COMPACTOR_AGENTS_DUMP=DIR`, writes every request the provider received to
+/// `DIR/<agent>-<n>.json`, for a look at what compactor forwarded.
+fn dump(run: &Run, session: &Session) {
+    let Some(dir) = std::env::var_os("COMPACTOR_AGENTS_DUMP") else {
+        return;
+    };
+    let dir = PathBuf::from(dir);
+    std::fs::create_dir_all(&dir).expect("dump dir");
+    for (i, e) in session.provider.exchanges().iter().enumerate() {
+        std::fs::write(
+            dir.join(format!("{}-{i:02}.json", run.name)),
+            &e.request.body,
+        )
+        .expect("dump a request");
+    }
+}
+
 /// The checks every agent's session must pass (see the module doc).
 async fn check(run: &Run, session: &Session, final_in_stdout: bool) {
+    dump(run, session);
     eprintln!(
         "{}: exit {:?} after {:.1?}\n{}",
         run.name,
@@ -277,7 +334,12 @@ async fn check(run: &Run, session: &Session, final_in_stdout: bool) {
     // Nothing malformed, nothing the script did not expect.
     let invalid: Vec<&Exchange> = exchanges
         .iter()
-        .filter(|e| matches!(e.answer, Answer::Refused(compactor_plugin_testing::rules::Rejection::Invalid(_))))
+        .filter(|e| {
+            matches!(
+                e.answer,
+                Answer::Refused(compactor_plugin_testing::rules::Rejection::Invalid(_))
+            )
+        })
         .collect();
     run.ensure(
         invalid.is_empty(),
@@ -362,16 +424,9 @@ async fn check(run: &Run, session: &Session, final_in_stdout: bool) {
         &format!("no forwarded request carries a summary; compactions: {compaction_lines:#?}"),
         session,
     );
-    let compactions = session
-        .proxy
-        .metric(
-            "compactor_compactions_total",
-            &[("trigger", "messages"), ("outcome", "compacted")],
-        )
-        .await
-        .unwrap_or(0.0);
     eprintln!(
-        "{}: {} of {} session turns forwarded with a summary; {compactions} compaction(s) by message count; {too_long} refusal(s) for length retried",
+        "{}: {} of {} session turns forwarded with a summary; {too_long} refusal(s) for length \
+         retried; {compaction_lines:?}",
         run.name,
         compacted.len(),
         turns.len()
@@ -401,7 +456,7 @@ async fn check(run: &Run, session: &Session, final_in_stdout: bool) {
 async fn claude_code() {
     let claude = npm_agent("claude", "@anthropic-ai/claude-code", "CLAUDE_CODE_VERSION");
     let ws = workspace(&["CLAUDE.md"]);
-    let session = session(Finish::Text, "claude-sonnet-4-5", "").await;
+    let session = session(Setup::by_messages(Finish::Text, "claude-sonnet-4-5")).await;
     let mut c = command(&claude, &ws);
     c.args(["-p", PROMPT, "--permission-mode", "bypassPermissions"])
         .env("ANTHROPIC_BASE_URL", session.proxy.url(""))
@@ -420,7 +475,7 @@ async fn claude_code() {
 async fn codex() {
     let codex = npm_agent("codex", "@openai/codex", "CODEX_VERSION");
     let ws = workspace(&["AGENTS.md"]);
-    let session = session(Finish::Text, "gpt-5-codex", "").await;
+    let session = session(Setup::by_messages(Finish::Text, "gpt-5-codex")).await;
     let codex_home = ws.home.join(".codex");
     std::fs::create_dir_all(&codex_home).expect("codex home");
     // A provider of our own (Responses over HTTP), nothing phoning home.
@@ -453,7 +508,7 @@ async fn codex() {
 async fn opencode() {
     let opencode = npm_agent("opencode", "opencode-ai", "OPENCODE_VERSION");
     let ws = workspace(&["AGENTS.md"]);
-    let session = session(Finish::Text, "scripted-opencode", "").await;
+    let session = session(Setup::by_messages(Finish::Text, "scripted-opencode")).await;
     // A provider of our own through the bundled OpenAI-compatible SDK (Chat Completions); its
     // model's limits say what it may ask for (`max_tokens` is the output limit).
     std::fs::write(
@@ -515,11 +570,16 @@ async fn mini_swe_agent() {
         prefix().display()
     );
     let ws = workspace(&["AGENTS.md"]);
-    let session = session(
-        Finish::Command("echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT".into()),
-        "scripted-mini",
-        "",
-    )
+    // No compaction by message count here: the provider refuses a request over its window
+    // (about five steps in), compactor compacts it to the window the refusal names and sends
+    // it again, and from then on compacts by tokens against the window it learned.
+    let session = session(Setup {
+        finish: Finish::Command("echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT".into()),
+        model: "scripted-mini",
+        window: 4000,
+        filler_lines: 400,
+        max_messages: 100,
+    })
     .await;
     // mini reads no instructions file: the project's rules go in with the task, as a user of
     // it would pass them (its first user message).
@@ -541,7 +601,10 @@ async fn mini_swe_agent() {
     .env("MSWEA_CONFIGURED", "true")
     .env("MSWEA_SILENT_STARTUP", "1")
     .env("MSWEA_COST_TRACKING", "ignore_errors")
-    .env("MSWEA_GLOBAL_CONFIG_DIR", ws.home.join(".config/mini-swe-agent"))
+    .env(
+        "MSWEA_GLOBAL_CONFIG_DIR",
+        ws.home.join(".config/mini-swe-agent"),
+    )
     // litellm: the bundled model cost map, no download.
     .env("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     .env("PYTHONDONTWRITEBYTECODE", "1");

@@ -241,10 +241,7 @@ fn answer(state: &State, req: &Recorded) -> (Reply, Exchange) {
     } else if req.method == http::Method::GET && path.ends_with("/models") {
         models(state, req)
     } else if req.method == http::Method::POST && path.ends_with("/messages/count_tokens") {
-        Reply::json(
-            200,
-            &json!({"input_tokens": req.body.len().div_ceil(4)}),
-        )
+        Reply::json(200, &json!({"input_tokens": req.body.len().div_ceil(4)}))
     } else if let (true, Some(api)) = (req.method == http::Method::POST, Api::of(path)) {
         exchange.api = Some(api);
         chat(state, req, api, &mut exchange)
@@ -407,7 +404,10 @@ fn tools(api: Api, body: &Value) -> Vec<(String, Value)> {
             let (name, schema) = match api {
                 Api::Messages => (t["name"].as_str()?, &t["input_schema"]),
                 Api::Responses => (t["name"].as_str()?, &t["parameters"]),
-                Api::Chat => (t["function"]["name"].as_str()?, &t["function"]["parameters"]),
+                Api::Chat => (
+                    t["function"]["name"].as_str()?,
+                    &t["function"]["parameters"],
+                ),
             };
             Some((name.to_owned(), schema.clone()))
         })
@@ -418,11 +418,13 @@ fn tools(api: Api, body: &Value) -> Vec<(String, Value)> {
 /// `bash`, `exec_command` or `shell` (any case), its arguments built from its schema (`cmd`
 /// or `command`, a string or an argv array, and a `description` when it has one).
 fn shell_call(tools: &[(String, Value)], command: &str, k: usize) -> Option<(String, Value)> {
-    let (name, schema) = ["bash", "exec_command", "shell"].iter().find_map(|wanted| {
-        tools
-            .iter()
-            .find(|(name, _)| name.eq_ignore_ascii_case(wanted))
-    })?;
+    let (name, schema) = ["bash", "exec_command", "shell"]
+        .iter()
+        .find_map(|wanted| {
+            tools
+                .iter()
+                .find(|(name, _)| name.eq_ignore_ascii_case(wanted))
+        })?;
     let props = &schema["properties"];
     let mut args = serde_json::Map::new();
     let key = if props.get("cmd").is_some() {
@@ -577,9 +579,8 @@ impl Responder<'_> {
         if !self.stream {
             let mut content = Vec::new();
             if self.thinking {
-                content.push(
-                    json!({"type": "thinking", "thinking": thought, "signature": SIGNATURE}),
-                );
+                content
+                    .push(json!({"type": "thinking", "thinking": thought, "signature": SIGNATURE}));
             }
             content.push(json!({"type": "text", "text": text}));
             if let Some((name, args)) = call {
