@@ -281,7 +281,10 @@ async fn bodies_it_does_not_understand_pass_through_uncounted() {
         (DialectKind::Messages, body("tiny", developer)),
         (DialectKind::Responses, big.clone()),
     ] {
-        assert!(matches!(c.process(d, &b, &caller()).await, Outcome::Unchanged));
+        assert!(matches!(
+            c.process(d, &b, &caller()).await,
+            Outcome::Unchanged
+        ));
     }
     let disabled = config("[compaction]\nenabled = false\nmax_messages = 10\n");
     let (off, _) = compactor(&disabled, fake.clone());
