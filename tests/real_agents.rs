@@ -478,13 +478,17 @@ async fn codex() {
     let session = session(Setup::by_messages(Finish::Text, "gpt-5-codex")).await;
     let codex_home = ws.home.join(".codex");
     std::fs::create_dir_all(&codex_home).expect("codex home");
-    // A provider of our own (Responses over HTTP), nothing phoning home.
+    // A provider of our own (Responses over HTTP), nothing phoning home: no update check, no
+    // analytics, and none of the features that reach OpenAI or GitHub at start (plugins and
+    // their marketplace, apps, the background daemon).
     std::fs::write(
         codex_home.join("config.toml"),
         format!(
             "model = \"gpt-5-codex\"\nmodel_provider = \"scripted\"\n\
              check_for_update_on_startup = false\n\
              [analytics]\nenabled = false\n[feedback]\nenabled = false\n\
+             [features]\nplugins = false\nremote_plugin = false\nplugin_sharing = false\n\
+             apps = false\nin_app_updates = false\ndaemon_auto_start = false\n\
              [model_providers.scripted]\nname = \"scripted\"\nbase_url = \"{}\"\n\
              env_key = \"SCRIPTED_API_KEY\"\nwire_api = \"responses\"\n",
             session.proxy.url("/v1")
@@ -541,7 +545,14 @@ async fn opencode() {
         .env("OPENCODE_DISABLE_SHARE", "1")
         .env("OPENCODE_DISABLE_CLAUDE_CODE", "1")
         // compactor compacts, not opencode.
-        .env("OPENCODE_DISABLE_AUTOCOMPACT", "1");
+        .env("OPENCODE_DISABLE_AUTOCOMPACT", "1")
+        // opencode installs `@opencode-ai/plugin` into its config directory in the background
+        // at every start (abandoned when the run ends): a registry with nothing behind it
+        // keeps that on this machine.
+        .env(
+            "npm_config_registry",
+            format!("http://127.0.0.1:{}/", support::closed_port()),
+        );
     let run = run("opencode", c).await;
     check(&run, &session, true).await;
 }
