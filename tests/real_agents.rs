@@ -7,16 +7,19 @@
 //! updates turned off, against the in-process proxy and the scripted provider of
 //! `tests/support/agent_provider.rs`: a coding session of tool calls (`echo step-K; seq ...`,
 //! run by the agent's own shell tool) and a final answer, every request checked against its
-//! API's rules and the provider's window. compactor runs with a small `max_messages`, the
-//! local `extractive` summarizer and no background summaries, so each session is compacted on
-//! the request path several times.
+//! API's rules and the provider's window. compactor runs with the local `extractive`
+//! summarizer and no background summaries, so each session is compacted on the request path
+//! several times: by message count (`max_messages = 8`) for Claude Code, Codex and opencode;
+//! for mini-swe-agent by the provider's window, which its session outgrows halfway (the
+//! refusal is compacted and sent again, and the window it names is learned).
 //!
 //! Each test checks: the agent exits 0 within [`AGENT_TIMEOUT`] and printed the final answer;
 //! the provider refused no request as malformed, and every refusal for length was retried by
-//! compactor (none reached the agent); the script ran to its end, every step's output back in
-//! the next request; a forwarded request carried compactor's summary; the last request of the
-//! session still holds the user's prompt and the project rule. On failure it prints the
-//! agent's stdout and stderr and the provider's log.
+//! compactor (none reached the agent, whose output names none); the script ran to its end,
+//! every step's output back in the next request; compactor compacted at least twice and a
+//! forwarded request carried its summary; the last request of the session still holds the
+//! user's prompt and the project rule. On failure it prints the agent's stdout and stderr and
+//! the provider's log.
 
 mod support;
 
@@ -25,6 +28,7 @@ use std::process::{ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use compactor::compaction::prompt::SUMMARY_INTRO;
+use compactor_plugin_testing::rules::Rejection;
 use support::agent_provider::{final_text, Answer, Exchange, Finish, Script, ScriptedProvider};
 use support::{upstream_toml, TestProxy};
 use tokio::io::AsyncReadExt;
@@ -335,10 +339,7 @@ async fn check(run: &Run, session: &Session, final_in_stdout: bool) {
     let invalid: Vec<&Exchange> = exchanges
         .iter()
         .filter(|e| {
-            matches!(
-                e.answer,
-                Answer::Refused(compactor_plugin_testing::rules::Rejection::Invalid(_))
-            )
+            matches!(e.answer, Answer::Refused(Rejection::Invalid(_)))
         })
         .collect();
     run.ensure(
@@ -364,7 +365,7 @@ async fn check(run: &Run, session: &Session, final_in_stdout: bool) {
     // agent.
     let too_long = exchanges
         .iter()
-        .filter(|e| matches!(e.answer, Answer::Refused(_)))
+        .filter(|e| matches!(e.answer, Answer::Refused(Rejection::ContextLength { .. })))
         .count();
     let labels = |outcome| [("reason", "context_length"), ("outcome", outcome)];
     let retried = session
@@ -384,6 +385,17 @@ async fn check(run: &Run, session: &Session, final_in_stdout: bool) {
         ),
         session,
     );
+    for refusal in [
+        "prompt is too long",
+        "context_length_exceeded",
+        "exceeds the context window",
+    ] {
+        run.ensure(
+            !run.stdout.contains(refusal) && !run.stderr.contains(refusal),
+            &format!("the agent saw a refusal ({refusal:?})"),
+            session,
+        );
+    }
 
     // The script ran to its end: every step, then the finish.
     let turns = session.provider.session_turns();
@@ -419,9 +431,22 @@ async fn check(run: &Run, session: &Session, final_in_stdout: bool) {
         .lines()
         .filter(|l| l.starts_with("compactor_compactions_total") && !l.ends_with(" 0"))
         .collect();
+    let compactions: f64 = metrics
+        .lines()
+        .filter_map(support::metrics::parse_sample_line)
+        .filter(|(name, labels, _)| {
+            name == "compactor_compactions_total"
+                && labels.get("outcome").map(String::as_str) == Some("compacted")
+        })
+        .map(|(_, _, v)| v)
+        .sum();
     run.ensure(
-        !compacted.is_empty(),
-        &format!("no forwarded request carries a summary; compactions: {compaction_lines:#?}"),
+        !compacted.is_empty() && compactions >= 2.0,
+        &format!(
+            "{} forwarded request(s) carry a summary, {compactions} compaction(s) (at least 2 \
+             wanted): {compaction_lines:#?}",
+            compacted.len()
+        ),
         session,
     );
     eprintln!(
