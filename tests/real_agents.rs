@@ -338,9 +338,7 @@ async fn check(run: &Run, session: &Session, final_in_stdout: bool) {
     // Nothing malformed, nothing the script did not expect.
     let invalid: Vec<&Exchange> = exchanges
         .iter()
-        .filter(|e| {
-            matches!(e.answer, Answer::Refused(Rejection::Invalid(_)))
-        })
+        .filter(|e| matches!(e.answer, Answer::Refused(Rejection::Invalid(_))))
         .collect();
     run.ensure(
         invalid.is_empty(),
