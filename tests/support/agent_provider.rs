@@ -359,24 +359,21 @@ fn last_tool_result(api: Api, body: &Value) -> Option<String> {
             .as_array()?
             .iter()
             .flat_map(|m| m["content"].as_array().into_iter().flatten())
-            .filter(|b| b["type"] == "tool_result")
-            .last()
+            .rfind(|b| b["type"] == "tool_result")
             .map(|b| text_of(&b["content"])),
         Api::Responses => body["input"]
             .as_array()?
             .iter()
-            .filter(|i| {
+            .rfind(|i| {
                 i["type"]
                     .as_str()
                     .is_some_and(|t| t.ends_with("_call_output"))
             })
-            .last()
             .map(|i| text_of(&i["output"])),
         Api::Chat => body["messages"]
             .as_array()?
             .iter()
-            .filter(|m| m["role"] == "tool")
-            .last()
+            .rfind(|m| m["role"] == "tool")
             .map(|m| text_of(&m["content"])),
     }
 }
