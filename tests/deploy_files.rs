@@ -653,7 +653,7 @@ fn dockerfile_is_multi_stage_non_root_with_a_livez_healthcheck() {
     );
 
     let ignore = std::fs::read_to_string(root().join(".dockerignore")).expect(".dockerignore");
-    for entry in ["target/", ".venv-sdk/", ".git"] {
+    for entry in ["target/", ".venv-sdk/", ".agents/", ".git"] {
         assert!(
             ignore.lines().any(|l| l.trim() == entry),
             ".dockerignore lacks {entry}"

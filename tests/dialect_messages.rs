@@ -487,10 +487,10 @@ async fn requests_it_does_not_understand_pass_through_byte_identical() {
     let mock = MockUpstream::start().await;
     let proxy = TestProxy::start(&proxy_toml(&mock, Some(1_000))).await;
     let client = TestClient::http1();
-    // Too big for the window, but not a Messages request (a `system` role in `messages`).
+    // Too big for the window, but not a Messages request (a `tool` role in `messages`).
     let odd = serde_json::to_vec(&json!({
         "model": MODEL, "max_tokens": 10,
-        "messages": [{"role": "system", "content": "x".repeat(8_000)}, {"role": "user", "content": "hi"}]
+        "messages": [{"role": "tool", "content": "x".repeat(8_000)}, {"role": "user", "content": "hi"}]
     }))
     .expect("serialise");
     mock.push(Reply::json(200, &reply("ok")));

@@ -7,8 +7,10 @@
 //!   leaves of any other block (`document`, `redacted_thinking`, `server_tool_use`,
 //!   `web_search_tool_result`, ...); ids, signatures, citations and `cache_control` are not
 //!   read as text. The top-level `system` (string or blocks) and `tools` are counted as fixed
-//!   tokens. Roles other than `user`/`assistant` make the body not a Messages request (it
-//!   passes through).
+//!   tokens. Roles other than `user`, `assistant` and `system` make the body not a Messages
+//!   request (it passes through). A `system` message in `messages` is a mid-conversation
+//!   system turn (Claude Code 2.1 sends its environment as one, right after the first user
+//!   message); it is a [`Role::System`] message like Chat Completions' `system` messages.
 //! - `message` (only when a compaction is due or a stored summary is spliced in): one
 //!   neutral message per wire message: `text` → text, `image` → image, `tool_use` → a
 //!   tool call (id, name, input as sent), `tool_result` → a [`Part::ToolResult`] (call id,
@@ -56,7 +58,7 @@ pub(crate) static RULES: Rules = Rules {
     image_types: &["image"],
 };
 
-const ROLES: &[&str] = &["user", "assistant"];
+const ROLES: &[&str] = &["user", "assistant", "system"];
 
 // ---------------------------------------------------------------------------------------------
 // Hot path.
@@ -106,7 +108,7 @@ pub fn scan<'a>(
     ))
 }
 
-/// What the model reads of one message; the role must be `user` or `assistant`.
+/// What the model reads of one message; the role must be `user`, `assistant` or `system`.
 struct MessageStats(Counts);
 
 impl From<MessageStats> for Counts {
@@ -147,7 +149,9 @@ impl<'de> Deserialize<'de> for MessageStats {
                     }
                 }
                 if !role_ok {
-                    return Err(de::Error::custom("role must be `user` or `assistant`"));
+                    return Err(de::Error::custom(
+                        "role must be `user`, `assistant` or `system`",
+                    ));
                 }
                 Ok(MessageStats(counts))
             }
@@ -157,8 +161,8 @@ impl<'de> Deserialize<'de> for MessageStats {
 }
 
 /// [`MessageStats`] of the message at the start of `text` read by hand
-/// ([`super::json::fast_object`]), and the bytes it takes; `None` leaves it to serde (a role
-/// other than `user` or `assistant` too, so serde says what is wrong).
+/// ([`super::json::fast_object`]), and the bytes it takes; `None` leaves it to serde (an
+/// unknown role too, so serde says what is wrong).
 fn fast_message(text: &str) -> Option<(MessageStats, usize)> {
     let mut counts = Counts::default();
     let mut role_ok = false;
@@ -196,7 +200,8 @@ pub(super) fn message(raw: &str, index: usize) -> Result<Message, DialectError> 
     let role = match wire.role.as_str() {
         "user" => Role::User,
         "assistant" => Role::Assistant,
-        _ => return Err(bad("role must be `user` or `assistant`")),
+        "system" => Role::System,
+        _ => return Err(bad("role must be `user`, `assistant` or `system`")),
     };
     let parts = match wire.content {
         None => Vec::new(),
@@ -573,7 +578,7 @@ mod tests {
             b"{}",
             br#"{"messages": 5}"#,
             br#"{"messages": [], "messages": []}"#,
-            br#"{"messages": [{"role": "system", "content": "s"}]}"#,
+            br#"{"messages": [{"role": "tool", "content": "s"}]}"#,
             br#"{"messages": [{"content": "no role"}]}"#,
         ] {
             assert!(
@@ -634,6 +639,39 @@ mod tests {
             parse(br#"{"messages":[{"role":"tool","content":"x"}]}"#),
             Err(DialectError::Json(_) | DialectError::BadMessage { .. })
         ));
+    }
+
+    #[test]
+    fn a_system_turn_in_messages_is_a_system_message() {
+        // Claude Code 2.1: CLAUDE.md and the task, its environment as a system turn, then the
+        // tool loop.
+        let body = json!({"model": "claude-x", "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "<system-reminder>rules</system-reminder>"},
+                                         {"type": "text", "text": "fix it"}]},
+            {"role": "system", "content": [{"type": "text", "text": "# Environment"}]},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "Bash", "input": {"command": "ls"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "a"}]},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t2", "name": "Bash", "input": {"command": "ls"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t2", "content": "b"}]}
+        ]})
+        .to_string();
+        let fast = scan(body.as_bytes(), &est()).expect("scans");
+        assert_eq!(fast.messages.len(), 6);
+        let r = parse(body.as_bytes()).expect("parses");
+        let roles: Vec<Role> = r.transcript.messages.iter().map(|m| m.role).collect();
+        use Role::{Assistant, System, User};
+        assert_eq!(roles, [User, System, Assistant, User, Assistant, User]);
+        assert_eq!(
+            r.scan.head_len(1000).expect("head"),
+            2,
+            "the opening, the system turn included"
+        );
+        // The opening kept, the summary after the system turn, the tail as sent.
+        let m = messages_of(&r.scan.rewrite(2, 4, "S").expect("rewrites"));
+        let original = messages_of(body.as_bytes());
+        assert_eq!(&m[..2], &original[..2]);
+        assert_eq!(m[2], json!({"role": "user", "content": "S"}));
+        assert_eq!(&m[3..], &original[4..]);
     }
 
     const BODY: &str = r#"{"model":"claude-x","system" : [{"type":"text","text":"sys","cache_control":{"type":"ephemeral"}}],

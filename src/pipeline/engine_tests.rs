@@ -273,9 +273,16 @@ async fn bodies_it_does_not_understand_pass_through_uncounted() {
         assert!(matches!(out, Outcome::Unchanged));
     }
     let big = body("tiny", chat(40));
-    for d in [DialectKind::Messages, DialectKind::Responses] {
+    // A `developer` role is no Messages role (a `system` one is: a system turn); a Chat body
+    // has no Responses `input`.
+    let mut developer = chat(40);
+    developer[0]["role"] = json!("developer");
+    for (d, b) in [
+        (DialectKind::Messages, body("tiny", developer)),
+        (DialectKind::Responses, big.clone()),
+    ] {
         assert!(matches!(
-            c.process(d, &big, &caller()).await,
+            c.process(d, &b, &caller()).await,
             Outcome::Unchanged
         ));
     }

@@ -5,6 +5,7 @@
 //! each uses a different subset, hence the blanket `dead_code` allowance.
 #![allow(dead_code, unused_imports)]
 
+pub mod agent_provider;
 pub mod anthropic_rules;
 pub mod binary;
 pub mod client;
