@@ -1524,6 +1524,16 @@ mod tests {
     }
 
     #[test]
+    fn a_checkpoint_stored_before_heads_were_recorded_reads_without_one() {
+        let mut json: serde_json::Value =
+            serde_json::to_value(WireCheckpoint::from(&checkpoint(3, None))).expect("json");
+        assert_eq!(json["head"], 1, "the head is stored");
+        json.as_object_mut().expect("object").remove("head");
+        let back: WireCheckpoint = serde_json::from_value(json).expect("an old entry decodes");
+        assert_eq!(back.into_checkpoint().head, None);
+    }
+
+    #[test]
     fn tenant_hex_round_trips_and_rejects_garbage() {
         let tenant = TenantId::from_credential("sk-1");
         assert_eq!(tenant_from_hex(&tenant.to_hex()), Some(tenant));
