@@ -191,16 +191,20 @@ fn prior_block(summary: &str) -> String {
 fn check_rewrite(what: &str, sent: &[Value], forwarded: &[u8]) -> (String, String) {
     let raw = raw_messages(forwarded);
     let out = messages_of(forwarded);
-    assert!(out.len() >= 3, "{what}: system, summary and a tail");
+    assert!(
+        out.len() >= 4,
+        "{what}: system, opening, summary and a tail"
+    );
     assert_eq!(out[0], sent[0], "{what}: system message kept first");
+    assert_eq!(out[1], sent[1], "{what}: the opening kept verbatim");
     assert_eq!(
-        out[1]["role"], "user",
+        out[2]["role"], "user",
         "{what}: the summary is a user message"
     );
-    let text = out[1]["content"].as_str().expect("summary text");
-    let tail = &out[2..];
+    let text = out[2]["content"].as_str().expect("summary text");
+    let tail = &out[3..];
     assert!(
-        tail.len() < sent.len() - 1,
+        tail.len() < sent.len() - 2,
         "{what}: something was compacted"
     );
     assert_eq!(
@@ -208,7 +212,7 @@ fn check_rewrite(what: &str, sent: &[Value], forwarded: &[u8]) -> (String, Strin
         &sent[sent.len() - tail.len()..],
         "{what}: the tail is a verbatim suffix of what the client sent"
     );
-    (raw[1].clone(), summary_name(text).to_owned())
+    (raw[2].clone(), summary_name(text).to_owned())
 }
 
 /// Sum of `compactor_compactions_total` over the automatic triggers for one outcome.

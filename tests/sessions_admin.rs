@@ -171,10 +171,15 @@ async fn manual_summarize_compacts_a_session_and_the_next_request_uses_it() {
     let proxy = TestProxy::start(&upstream_toml(&mock.url())).await;
     let client = TestClient::http1();
 
-    // Below every trigger: forwarded untouched.
+    // Below every trigger: forwarded untouched. The opening (kept verbatim by any
+    // compaction) is short; the long answer after it is what a summary replaces.
     let mut conversation = vec![
         system(),
-        user(&long("Design the REST API of the billing service.", 2_000)),
+        user("Let's work on the billing service."),
+        assistant(&long(
+            "Design the REST API of the billing service first.",
+            2_000,
+        )),
         assistant("I will start with the endpoints."),
         user("Go on."),
     ];
@@ -208,7 +213,7 @@ async fn manual_summarize_compacts_a_session_and_the_next_request_uses_it() {
     assert_eq!(answer["summary"], "SUMMARY-1");
     let covered = answer["covered_messages"].as_u64().expect("covered") as usize;
     assert!(
-        (2..conversation.len()).contains(&covered),
+        (3..conversation.len()).contains(&covered),
         "covers part of the history: {answer}"
     );
     let (summaries, forwarded) = received_since(&mock, seen);
@@ -253,11 +258,11 @@ async fn manual_summarize_compacts_a_session_and_the_next_request_uses_it() {
     assert!(summaries.is_empty(), "the stored summary is reused");
     let out: Value = serde_json::from_slice(&forwarded[0].body).expect("JSON");
     let out = out["messages"].as_array().expect("messages");
-    assert_eq!(out[0], conversation[0]);
-    let summary = out[1]["content"].as_str().expect("summary");
+    assert_eq!(out[..2], conversation[..2], "system prompt and opening");
+    let summary = out[2]["content"].as_str().expect("summary");
     assert!(summary.starts_with(SUMMARY_INTRO), "{summary}");
     assert!(summary.contains("SUMMARY-1"), "{summary}");
-    assert_eq!(&out[2..], &conversation[covered..], "the rest verbatim");
+    assert_eq!(&out[3..], &conversation[covered..], "the rest verbatim");
     assert_eq!(session_ids(&client, &proxy).await, ["s1", "s2"]);
 
     // Unknown session, nothing to compact, a malformed body.
@@ -418,7 +423,7 @@ async fn repeated_summarizer_failures_open_the_session_breaker_until_the_cooldow
     proxy.shutdown().await;
 }
 
-/// Six messages (over `max_messages = 4`), distinct per session.
+/// Six messages (over `max_messages = 5`), distinct per session.
 fn session_conversation(i: usize) -> Vec<Value> {
     vec![
         system(),
@@ -439,7 +444,7 @@ async fn the_least_recently_used_sessions_are_evicted_under_max_bytes() {
     let proxy = TestProxy::start(&format!(
         // One tenant here: its share is the whole store (the default share, a tenth of
         // `max_bytes`, would not hold a single session).
-        "{}[compaction]\nmax_messages = 4\nbackground_ratio = 0\n\
+        "{}[compaction]\nmax_messages = 5\nbackground_ratio = 0\n\
          [store]\nmax_bytes = {MAX_BYTES}\nmax_sessions_per_tenant = 10000\n",
         upstream_toml(&mock.url())
     ))
@@ -530,7 +535,7 @@ async fn a_tenant_flooding_sessions_evicts_only_its_own() {
     // Room for four sessions, two per tenant: without the share, the flood's fourth session
     // would evict the quiet tenant's.
     let proxy = TestProxy::start(&format!(
-        "{}[compaction]\nmax_messages = 4\nbackground_ratio = 0\n\
+        "{}[compaction]\nmax_messages = 5\nbackground_ratio = 0\n\
          [store]\nmax_sessions = 4\nmax_sessions_per_tenant = 2\n",
         upstream_toml(&mock.url())
     ))
@@ -591,7 +596,7 @@ async fn requests_the_provider_refuses_as_unauthorised_evict_no_established_sess
     // Room for two more sessions than the established tenant holds, and no per-tenant share to
     // hide behind (every made-up credential is a tenant of its own anyway).
     let proxy = TestProxy::start(&format!(
-        "{}[compaction]\nmax_messages = 4\nbackground_ratio = 0\n\
+        "{}[compaction]\nmax_messages = 5\nbackground_ratio = 0\n\
          [store]\nmax_sessions = {}\nmax_sessions_per_tenant = 10000\n",
         upstream_toml(&mock.url()),
         ESTABLISHED + 2
