@@ -293,8 +293,10 @@ mod tests {
         );
         // OpenAI Responses: an `error` event, code and message at the top.
         assert_eq!(
-            streamed(&json!({"type": "error", "sequence_number": 1, "code": "context_length_exceeded",
-                "message": "Your input exceeds the context window of this model.", "param": null})),
+            streamed(
+                &json!({"type": "error", "sequence_number": 1, "code": "context_length_exceeded",
+                "message": "Your input exceeds the context window of this model.", "param": null})
+            ),
             Some(Overflow {
                 window: None,
                 requested: None
@@ -302,8 +304,10 @@ mod tests {
         );
         // Anthropic Messages: an `error` event.
         assert_eq!(
-            streamed(&json!({"type": "error", "error": {"type": "invalid_request_error",
-                "message": "prompt is too long: 208317 tokens > 200000 maximum"}})),
+            streamed(
+                &json!({"type": "error", "error": {"type": "invalid_request_error",
+                "message": "prompt is too long: 208317 tokens > 200000 maximum"}})
+            ),
             Some(Overflow {
                 window: Some(200_000),
                 requested: Some(208_317)
@@ -311,8 +315,10 @@ mod tests {
         );
         // Chat Completions: an error chunk.
         assert_eq!(
-            streamed(&json!({"error": {"message": "This model's maximum context length is 128000 tokens. However, your messages resulted in 130512 tokens.",
-                "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}})),
+            streamed(
+                &json!({"error": {"message": "This model's maximum context length is 128000 tokens. However, your messages resulted in 130512 tokens.",
+                "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}})
+            ),
             Some(Overflow {
                 window: Some(128_000),
                 requested: Some(130_512)
@@ -336,7 +342,10 @@ mod tests {
         ] {
             assert_eq!(streamed(&data), None, "{data}");
         }
-        assert_eq!(recognise_streamed(b"prompt is too long: 9 tokens > 8 maximum"), None);
+        assert_eq!(
+            recognise_streamed(b"prompt is too long: 9 tokens > 8 maximum"),
+            None
+        );
         assert_eq!(recognise_streamed(b"[DONE]"), None);
     }
 }

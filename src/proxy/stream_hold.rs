@@ -87,7 +87,12 @@ where
         let frame = match polled {
             Err(_) => break Then::Rest(body),
             Ok(None) => break Then::End,
-            Ok(Some(Err(e))) => break Then::Error(Some(e)),
+            Ok(Some(Err(e))) => {
+                break Then::Error {
+                    error: Some(e),
+                    yielded: false,
+                }
+            }
             Ok(Some(Ok(frame))) => frame,
         };
         let data = match frame.into_data() {
@@ -120,8 +125,13 @@ pub struct Released<B: Body> {
 enum Then<B: Body> {
     /// The rest of the stream, as it comes.
     Rest(B),
-    /// The error that broke the stream off during the hold, then the end.
-    Error(Option<B::Error>),
+    /// The error that broke the stream off during the hold, then the end. It waits for one
+    /// poll after the held bytes (`yielded`), so that the server writes them out before it
+    /// gives up the connection for the error.
+    Error {
+        error: Option<B::Error>,
+        yielded: bool,
+    },
     /// The trailers that ended the stream during the hold, then the end.
     Trailers(Option<HeaderMap>),
     /// Nothing: the stream ended during the hold.
@@ -158,7 +168,12 @@ where
         }
         match &mut this.then {
             Then::Rest(body) => Pin::new(body).poll_frame(cx),
-            Then::Error(e) => Poll::Ready(e.take().map(Err)),
+            Then::Error { yielded, .. } if !*yielded => {
+                *yielded = true;
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+            Then::Error { error, .. } => Poll::Ready(error.take().map(Err)),
             Then::Trailers(t) => Poll::Ready(t.take().map(|t| Ok(Frame::trailers(t)))),
             Then::End => Poll::Ready(None),
         }
@@ -168,7 +183,7 @@ where
         self.held.is_none()
             && match &self.then {
                 Then::Rest(body) => body.is_end_stream(),
-                Then::Error(e) => e.is_none(),
+                Then::Error { error, .. } => error.is_none(),
                 Then::Trailers(t) => t.is_none(),
                 Then::End => true,
             }
@@ -176,9 +191,13 @@ where
 
     fn size_hint(&self) -> SizeHint {
         let held = self.held.as_ref().map_or(0, |h| h.len() as u64);
+        // A stream that broke off or sent trailers must not look complete: with an exact size
+        // an HTTP/1 answer would be sent with a `Content-Length`, losing the cut or the
+        // trailers.
         let rest = match &self.then {
             Then::Rest(body) => body.size_hint(),
-            _ => SizeHint::with_exact(0),
+            Then::Error { .. } | Then::Trailers(_) => SizeHint::new(),
+            Then::End => SizeHint::with_exact(0),
         };
         // The upper bound first: `set_lower` asserts it stays at most the upper one.
         let mut hint = SizeHint::new();
@@ -506,7 +525,10 @@ mod tests {
             Verdict::Undecided
         );
         assert_eq!(
-            verdict_in_pieces(Responses, &format!("{RESPONSES_PREAMBLE}{RESPONSES_CONTENT}")),
+            verdict_in_pieces(
+                Responses,
+                &format!("{RESPONSES_PREAMBLE}{RESPONSES_CONTENT}")
+            ),
             Verdict::Content
         );
         assert_eq!(
@@ -533,10 +555,7 @@ mod tests {
             "not json",
         ] {
             assert_eq!(
-                verdict_in_pieces(
-                    ChatCompletions,
-                    &format!("{CHAT_ROLE}data: {content}\n\n")
-                ),
+                verdict_in_pieces(ChatCompletions, &format!("{CHAT_ROLE}data: {content}\n\n")),
                 Verdict::Content,
                 "{content}"
             );
@@ -573,7 +592,10 @@ mod tests {
     fn a_refusal_for_length_before_content_is_recognised_in_every_dialect() {
         use DialectKind::*;
         assert_eq!(
-            verdict_in_pieces(Responses, &format!("{RESPONSES_PREAMBLE}{RESPONSES_FAILED}")),
+            verdict_in_pieces(
+                Responses,
+                &format!("{RESPONSES_PREAMBLE}{RESPONSES_FAILED}")
+            ),
             length(None, None)
         );
         assert_eq!(
@@ -631,12 +653,11 @@ mod tests {
 
     #[test]
     fn the_top_level_type_is_found_without_parsing_the_rest() {
+        assert_eq!(top_level_type(br#"{"type":"ping"}"#), Some(&b"ping"[..]));
         assert_eq!(
-            top_level_type(br#"{"type":"ping"}"#),
-            Some(&b"ping"[..])
-        );
-        assert_eq!(
-            top_level_type(br#" { "a" : [1, "x]"], "b": {"type": "inner"}, "c": null , "type" : "outer"}"#),
+            top_level_type(
+                br#" { "a" : [1, "x]"], "b": {"type": "inner"}, "c": null , "type" : "outer"}"#
+            ),
             Some(&b"outer"[..])
         );
         assert_eq!(top_level_type(br#"{"a":1}"#), None);
@@ -650,8 +671,9 @@ mod tests {
 
     fn body(
         frames: Frames,
-    ) -> StreamBody<futures_util::stream::Iter<std::vec::IntoIter<Result<Frame<Bytes>, &'static str>>>>
-    {
+    ) -> StreamBody<
+        futures_util::stream::Iter<std::vec::IntoIter<Result<Frame<Bytes>, &'static str>>>,
+    > {
         StreamBody::new(futures_util::stream::iter(frames))
     }
 
@@ -681,18 +703,16 @@ mod tests {
         let (a, b) = RESPONSES_PREAMBLE.split_at(40);
         // Content: every byte, in order, then the rest.
         let frames = vec![data(a), data(b), data(RESPONSES_CONTENT), data("tail")];
-        let Held::Pass(released) = hold(
-            body(frames),
-            DialectKind::Responses,
-            within,
-            &mut overhead,
-        )
-        .await
+        let Held::Pass(released) =
+            hold(body(frames), DialectKind::Responses, within, &mut overhead).await
         else {
             panic!("content releases");
         };
         let (got, error) = collect(released).await;
-        assert_eq!(got, format!("{RESPONSES_PREAMBLE}{RESPONSES_CONTENT}tail").as_bytes());
+        assert_eq!(
+            got,
+            format!("{RESPONSES_PREAMBLE}{RESPONSES_CONTENT}tail").as_bytes()
+        );
         assert!(error.is_none());
 
         // The stream ends during the preamble.
@@ -707,8 +727,14 @@ mod tests {
             panic!("the end releases");
         };
         assert!(!released.is_end_stream());
-        assert_eq!(released.size_hint().exact(), Some(RESPONSES_PREAMBLE.len() as u64));
-        assert_eq!(collect(released).await, (RESPONSES_PREAMBLE.as_bytes().to_vec(), None));
+        assert_eq!(
+            released.size_hint().exact(),
+            Some(RESPONSES_PREAMBLE.len() as u64)
+        );
+        assert_eq!(
+            collect(released).await,
+            (RESPONSES_PREAMBLE.as_bytes().to_vec(), None)
+        );
 
         // It breaks off: the bytes, then the error.
         let Held::Pass(released) = hold(
@@ -739,7 +765,11 @@ mod tests {
         else {
             panic!("trailers release");
         };
-        let first = released.frame().await.and_then(Result::ok).and_then(|f| f.into_data().ok());
+        let first = released
+            .frame()
+            .await
+            .and_then(Result::ok)
+            .and_then(|f| f.into_data().ok());
         assert_eq!(first.as_deref(), Some(CHAT_ROLE.as_bytes()));
         let second = released.frame().await.and_then(Result::ok);
         assert!(second.is_some_and(|f| f.is_trailers()));
@@ -765,7 +795,11 @@ mod tests {
 
         // A refusal: the refused answer is kept whole, in case it must be passed on.
         let Held::Refused(released, overflow) = hold(
-            body(vec![data(CHAT_ROLE), data(CHAT_ERROR), data("data: [DONE]\n\n")]),
+            body(vec![
+                data(CHAT_ROLE),
+                data(CHAT_ERROR),
+                data("data: [DONE]\n\n"),
+            ]),
             DialectKind::ChatCompletions,
             within,
             &mut overhead,
@@ -797,7 +831,11 @@ mod tests {
         else {
             panic!("the time bound releases");
         };
-        let first = released.frame().await.and_then(Result::ok).and_then(|f| f.into_data().ok());
+        let first = released
+            .frame()
+            .await
+            .and_then(Result::ok)
+            .and_then(|f| f.into_data().ok());
         assert_eq!(first.as_deref(), Some(RESPONSES_PREAMBLE.as_bytes()));
         tx.send(data(RESPONSES_FAILED)).await.expect("open");
         drop(tx);
