@@ -77,7 +77,7 @@ where
     B: Body<Data = Bytes> + Unpin,
 {
     let deadline = tokio::time::Instant::now() + within;
-    let mut held = BytesMut::new();
+    let mut held = Holding::default();
     let mut scan = Scan::new(dialect);
     let then = loop {
         // Cancel-safe: a frame not yet taken stays in `body`.
@@ -102,16 +102,49 @@ where
                 Err(_) => continue,
             },
         };
-        held.extend_from_slice(&data);
-        match scan.feed(&held) {
+        match scan.feed(held.push(data)) {
             Verdict::Undecided if held.len() <= HOLD_LIMIT => {}
             Verdict::Refusal(overflow) => {
-                return Held::Refused(Released::new(held.freeze(), Then::Rest(body)), overflow)
+                return Held::Refused(Released::new(held.take(), Then::Rest(body)), overflow)
             }
             Verdict::Undecided | Verdict::Content => break Then::Rest(body),
         }
     };
-    Held::Pass(Released::new(held.freeze(), then))
+    Held::Pass(Released::new(held.take(), then))
+}
+
+/// The bytes held so far: the first frame as it came (most streams show content in it, and
+/// it is released without a copy), then, from a second frame on, all of them in one buffer
+/// (an event can straddle frames).
+#[derive(Default)]
+struct Holding {
+    first: Option<Bytes>,
+    joined: BytesMut,
+}
+
+impl Holding {
+    /// Holds `data` too; everything held so far, in order.
+    fn push(&mut self, data: Bytes) -> &[u8] {
+        if self.first.is_none() && self.joined.is_empty() {
+            return self.first.insert(data);
+        }
+        if let Some(first) = self.first.take() {
+            self.joined.extend_from_slice(&first);
+        }
+        self.joined.extend_from_slice(&data);
+        &self.joined
+    }
+
+    fn len(&self) -> usize {
+        self.first.as_ref().map_or(self.joined.len(), Bytes::len)
+    }
+
+    fn take(&mut self) -> Bytes {
+        match self.first.take() {
+            Some(first) => first,
+            None => std::mem::take(&mut self.joined).freeze(),
+        }
+    }
 }
 
 /// A held stream on its way to the client: the held bytes, then what ended the hold or the
