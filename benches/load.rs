@@ -300,10 +300,17 @@ fn stream_reply() -> String {
             "usage": usage});
         format!("data: {chunk}\n\n")
     };
-    let mut events =
-        vec![chunk(json!({"role": "assistant", "content": "", "refusal": null}), Value::Null, Value::Null)];
+    let mut events = vec![chunk(
+        json!({"role": "assistant", "content": "", "refusal": null}),
+        Value::Null,
+        Value::Null,
+    )];
     for i in 0..STREAM_EVENTS - 3 {
-        events.push(chunk(json!({"content": format!("tok{i} ")}), Value::Null, Value::Null));
+        events.push(chunk(
+            json!({"content": format!("tok{i} ")}),
+            Value::Null,
+            Value::Null,
+        ));
     }
     events.push(chunk(
         json!({}),
@@ -1221,11 +1228,7 @@ fn main() {
         if let Some(w) = streamed {
             for i in 0..targets.len() {
                 let t = (i + round) % targets.len();
-                ttfbs[t].push(ttfb_p50_us(
-                    targets[t].port,
-                    &workloads[w],
-                    settings.secs,
-                ));
+                ttfbs[t].push(ttfb_p50_us(targets[t].port, &workloads[w], settings.secs));
             }
         }
         eprintln!(

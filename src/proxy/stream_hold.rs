@@ -700,13 +700,11 @@ mod tests {
         assert_eq!(top_level_type(br#"{"a":"\"#), None);
     }
 
-    type Frames = Vec<Result<Frame<Bytes>, &'static str>>;
+    type Polled = Result<Frame<Bytes>, &'static str>;
+    type Frames = Vec<Polled>;
+    type TestBody = StreamBody<futures_util::stream::Iter<std::vec::IntoIter<Polled>>>;
 
-    fn body(
-        frames: Frames,
-    ) -> StreamBody<
-        futures_util::stream::Iter<std::vec::IntoIter<Result<Frame<Bytes>, &'static str>>>,
-    > {
+    fn body(frames: Frames) -> TestBody {
         StreamBody::new(futures_util::stream::iter(frames))
     }
 
