@@ -249,6 +249,30 @@ impl UsageKind {
     }
 }
 
+/// How the provider refused a chat request for its length: the `via` label of
+/// `compactor_retries_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefusalVia {
+    /// An error status (400, 413, 422, 500) with the refusal as its body.
+    Status,
+    /// A `200` event stream whose first event after the preamble is the refusal (Responses
+    /// `response.failed`, an Anthropic `error` event, a Chat Completions error chunk).
+    Stream,
+}
+
+impl RefusalVia {
+    /// Every way, pre-initialised at registration.
+    pub const ALL: [RefusalVia; 2] = [RefusalVia::Status, RefusalVia::Stream];
+
+    /// The label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            RefusalVia::Status => "status",
+            RefusalVia::Stream => "stream",
+        }
+    }
+}
+
 /// A reload that changed where requests go or tried to remove admin auth: the `change` label
 /// of `compactor_config_risky_reloads_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -351,7 +375,7 @@ pub struct Metrics {
     summarizer_requests: IntCounterVec,
     /// `compactor_summarizer_duration_seconds{backend}`
     summarizer_duration: HistogramVec,
-    /// `compactor_retries_total{reason,outcome}`
+    /// `compactor_retries_total{reason,outcome,via}`
     retries: IntCounterVec,
     /// `compactor_context_window_learned_total{source}`
     windows_learned: IntCounterVec,
@@ -660,8 +684,8 @@ impl Metrics {
             retries: counter_vec(
                 r,
                 "compactor_retries_total",
-                "Chat requests the provider refused for their length, by whether they were compacted and sent again.",
-                &["reason", "outcome"],
+                "Chat requests the provider refused for their length, by whether they were compacted and sent again and by how the refusal came (an error status, or inside a 200 stream).",
+                &["reason", "outcome", "via"],
             )?,
             windows_learned: counter_vec(
                 r,
@@ -805,8 +829,10 @@ impl Metrics {
             self.compactions.with_label_values(&[NO_TRIGGER, outcome]);
         }
         for outcome in RETRY_OUTCOMES {
-            self.retries
-                .with_label_values(&[RETRY_REASON_OVERFLOW, outcome]);
+            for via in RefusalVia::ALL {
+                self.retries
+                    .with_label_values(&[RETRY_REASON_OVERFLOW, outcome, via.label()]);
+            }
         }
         for outcome in BackgroundOutcome::ALL {
             self.background_compactions
@@ -947,16 +973,17 @@ impl Metrics {
             .map_or(0, |c| c.get())
     }
 
-    /// The provider refused a chat request for its length: it was compacted and sent again
-    /// (`retried`), or no smaller request could be made (`not_compacted`).
-    pub fn overflow_retry(&self, retried: bool) {
+    /// The provider refused a chat request for its length, `via` an error status or inside
+    /// a `200` stream: it was compacted and sent again (`retried`), or no smaller request
+    /// could be made (`not_compacted`).
+    pub fn overflow_retry(&self, retried: bool, via: RefusalVia) {
         let outcome = if retried {
             RETRY_OUTCOMES[0]
         } else {
             RETRY_OUTCOMES[1]
         };
         self.retries
-            .with_label_values(&[RETRY_REASON_OVERFLOW, outcome])
+            .with_label_values(&[RETRY_REASON_OVERFLOW, outcome, via.label()])
             .inc();
     }
 

@@ -16,6 +16,16 @@
 //! | Ollama | 400, 500 | `the input length exceeds the context length` |
 //! | OpenRouter | 400 | `This endpoint's maximum context length is N tokens. However, you requested about M tokens …` |
 //!
+//! Some refuse inside a `200` event stream instead, before any content ([`recognise_streamed`]
+//! reads the event's `data`; the proxy holds a chat stream's first events to see them):
+//!
+//! | provider | event | words |
+//! | --- | --- | --- |
+//! | OpenAI Responses | `response.failed`, its `response.error` | `Your input exceeds the context window of this model …` (code `context_length_exceeded`) |
+//! | OpenAI Responses | `error` (`code`, `message` at the top) | same |
+//! | Anthropic Messages | `error` (`{"type":"error","error":{…}}`, as the 400 body) | `prompt is too long: M tokens > N maximum` |
+//! | OpenAI Chat Completions and compatibles | a chunk `{"error":{…}}` (as the 400 body) | `This model's maximum context length is N tokens …` (code `context_length_exceeded`) |
+//!
 //! A rate limit is never a length refusal (429, or a `tokens per min` message), however it is
 //! worded: compacting would not help it.
 
@@ -54,13 +64,35 @@ pub fn recognise(status: u16, body: &[u8]) -> Option<Overflow> {
         Some(v) => error_text(v),
         None => String::from_utf8_lossy(body).into_owned(),
     };
+    recognise_text(&text, parsed.as_ref())
+}
+
+/// Whether the `data` of an error event in a `200` event stream (the shapes in the second
+/// table of the module docs) is a refusal for length, and what it names. `data` that is not
+/// JSON is not an error event, so never a refusal.
+pub fn recognise_streamed(data: &[u8]) -> Option<Overflow> {
+    let parsed: Value = serde_json::from_slice(data).ok()?;
+    // Responses' `response.failed` carries the failed response, whose `error` is the refusal.
+    let failed = parsed
+        .get("response")
+        .and_then(|r| r.get("error"))
+        .filter(|e| e.is_object());
+    let text = match failed {
+        Some(error) => error_text(&serde_json::json!({ "error": error })),
+        None => error_text(&parsed),
+    };
+    recognise_text(&text, Some(&parsed))
+}
+
+/// The refusal `text` (an error's words, or a body that is not JSON) names, if it is one;
+/// `parsed` is the JSON it came from, for the fields llama.cpp names numbers in.
+fn recognise_text(text: &str, parsed: Option<&Value>) -> Option<Overflow> {
     let lower = text.to_lowercase();
     if RATE_LIMITS.iter().any(|p| lower.contains(p)) || !PHRASES.iter().any(|p| lower.contains(p)) {
         return None;
     }
     let field = |name: &str| {
         parsed
-            .as_ref()
             .and_then(|v| v.get("error").unwrap_or(v).get(name))
             .and_then(Value::as_u64)
             .and_then(|n| usize::try_from(n).ok())
@@ -80,7 +112,8 @@ pub fn recognise(status: u16, body: &[u8]) -> Option<Overflow> {
 }
 
 /// The human-readable error of a provider's JSON body: `error.message`, `error` as a string,
-/// or `message`, with `error.code` and `error.type` appended (the phrases may be there).
+/// or `message`, with `error.code`, `error.type` and `code` appended (the phrases may be
+/// there; Responses' streamed `error` event has its `code` and `message` at the top).
 fn error_text(v: &Value) -> String {
     let error = v.get("error");
     let mut text = String::new();
@@ -91,6 +124,7 @@ fn error_text(v: &Value) -> String {
         v.get("detail"),
         error.and_then(|e| e.get("code")),
         error.and_then(|e| e.get("type")),
+        v.get("code"),
     ]
     .into_iter()
     .flatten()
@@ -237,5 +271,81 @@ mod tests {
         }
         assert_eq!(recognise(400, b""), None);
         assert_eq!(recognise(400, b"\xff\xfe"), None);
+    }
+
+    fn streamed(data: &Value) -> Option<Overflow> {
+        recognise_streamed(data.to_string().as_bytes())
+    }
+
+    #[test]
+    fn refusals_streamed_in_a_200_are_recognised_with_their_numbers() {
+        // OpenAI Responses: `response.failed`, the failed response's `error`.
+        assert_eq!(
+            streamed(&json!({"type": "response.failed", "sequence_number": 2,
+                "response": {"id": "resp_1", "object": "response", "status": "failed",
+                    "instructions": "You are Codex.", "output": [],
+                    "error": {"code": "context_length_exceeded",
+                        "message": "Your input exceeds the context window of this model. Please adjust your input and try again."}}})),
+            Some(Overflow {
+                window: None,
+                requested: None
+            })
+        );
+        // OpenAI Responses: an `error` event, code and message at the top.
+        assert_eq!(
+            streamed(
+                &json!({"type": "error", "sequence_number": 1, "code": "context_length_exceeded",
+                "message": "Your input exceeds the context window of this model.", "param": null})
+            ),
+            Some(Overflow {
+                window: None,
+                requested: None
+            })
+        );
+        // Anthropic Messages: an `error` event.
+        assert_eq!(
+            streamed(
+                &json!({"type": "error", "error": {"type": "invalid_request_error",
+                "message": "prompt is too long: 208317 tokens > 200000 maximum"}})
+            ),
+            Some(Overflow {
+                window: Some(200_000),
+                requested: Some(208_317)
+            })
+        );
+        // Chat Completions: an error chunk.
+        assert_eq!(
+            streamed(
+                &json!({"error": {"message": "This model's maximum context length is 128000 tokens. However, your messages resulted in 130512 tokens.",
+                "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}})
+            ),
+            Some(Overflow {
+                window: Some(128_000),
+                requested: Some(130_512)
+            })
+        );
+    }
+
+    #[test]
+    fn other_streamed_failures_are_not_length_refusals() {
+        for data in [
+            json!({"type": "response.failed", "response": {"status": "failed",
+                "error": {"code": "server_error", "message": "The server had an error while processing your request."}}}),
+            json!({"type": "response.failed", "response": {"status": "failed",
+                "error": {"code": "rate_limit_exceeded", "message": "Rate limit reached for gpt-5 on tokens per min (TPM)"}}}),
+            json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}),
+            json!({"error": {"message": "The server is overloaded", "type": "server_error"}}),
+            // Content that merely quotes the words is no error event.
+            json!({"type": "response.output_text.delta", "delta": "maximum context length"}),
+            json!({"type": "response.created", "response": {"status": "in_progress", "error": null,
+                "instructions": "explain context_length_exceeded"}}),
+        ] {
+            assert_eq!(streamed(&data), None, "{data}");
+        }
+        assert_eq!(
+            recognise_streamed(b"prompt is too long: 9 tokens > 8 maximum"),
+            None
+        );
+        assert_eq!(recognise_streamed(b"[DONE]"), None);
     }
 }

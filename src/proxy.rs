@@ -5,7 +5,11 @@
 //! 3. compact (chat calls only): read the body within `server.max_body_bytes`, let the engine
 //!    decide, forward the rewritten body or the original bytes (fail open);
 //! 4. send upstream with the response-head timeout;
-//! 5. respond: stream the upstream body back untouched, minus hop-by-hop headers, plus the
+//! 5. refusal (chat calls that could be sent again): an error status is read as far as telling
+//!    a refusal for length, a `200` event stream is held until its first content event
+//!    ([`stream_hold`]); a refusal is compacted and sent once more, and the client gets only
+//!    the second answer;
+//! 6. respond: stream the upstream body back untouched, minus hop-by-hop headers, plus the
 //!    `x-compactor-*` headers; chat responses are watched for the provider's `usage` as frames
 //!    pass (metrics, calibration); record metrics once the head is out (including compactor's
 //!    own overhead: the time not spent waiting on the upstream or the summarizer) and keep the
@@ -31,7 +35,7 @@ use crate::compaction::models::{enables_long_context, window_model, WindowSource
 use crate::compaction::Attempts;
 use crate::dialect::DialectKind;
 use crate::error::Error;
-use crate::metrics::{method_label, route_label, Metrics, UpstreamErrorKind};
+use crate::metrics::{method_label, route_label, Metrics, RefusalVia, UpstreamErrorKind};
 use crate::overflow::Overflow;
 use crate::pipeline::{ForwardedEstimate, Outcome, Processed, RequestContext};
 use crate::session::{ProviderAnswer, TenantId};
@@ -41,6 +45,7 @@ use crate::usage::{self, Encoding, Format, Observed, Usage};
 
 pub mod budget;
 mod client_body;
+pub mod stream_hold;
 pub mod tunnel;
 
 /// Response header: whether the forwarded request carries a summary, new or reused.
@@ -90,10 +95,15 @@ pub async fn handle(
     });
 
     let status = response.status().as_u16();
+    // A refusal for length streamed inside a 200 counts as the refusal it is, as a 400 would.
+    let counted = match response.extensions().get::<StreamedRefusal>() {
+        Some(_) => 400,
+        None => status,
+    };
     app.metrics.request_finished(
         dialect,
         &method,
-        status,
+        counted,
         started.elapsed(),
         overhead.finish(),
     );
@@ -262,17 +272,23 @@ async fn forward(
     let response = send(app, Request::from_parts(parts, body), overhead).await?;
     app.metrics.upstream_answered(sent.elapsed());
     let response = match retry {
-        Some(retry) if maybe_refusal(&response) => {
-            let retried = retry_after_refusal(app, response, retry, overhead).await?;
+        Some(retry) => {
+            let session = chat_headers.get(HEADER_SESSION).cloned();
+            let session = session.as_ref().and_then(|v| v.to_str().ok());
+            let retried = retry_after_refusal(app, response, retry, session, overhead).await?;
             if retried.again {
                 chat_headers.insert(HEADER_RETRIED, HeaderValue::from_static("true"));
                 chat_headers.insert(HEADER_COMPACTED, HeaderValue::from_static("true"));
                 // The usage of the retried request is not the estimate's to compare with.
                 estimate = None;
             }
-            retried.response
+            let mut response = retried.response;
+            if retried.streamed_refusal {
+                response.extensions_mut().insert(StreamedRefusal);
+            }
+            response
         }
-        _ => response.map(|b| b.map_err(BoxError::from).boxed_unsync()),
+        None => response.map(|b| b.map_err(BoxError::from).boxed_unsync()),
     };
 
     if let Some((tenant, id)) = recorded {
@@ -470,29 +486,101 @@ impl Body for Prefixed {
     }
 }
 
-/// The response the client gets after a possible refusal, and whether it answers a
-/// second, compacted request.
+/// The response the client gets after a possible refusal, whether it answers a second,
+/// compacted request, and whether it is a refusal for length inside a `200` stream.
 struct Retried {
     response: Response<ProxyBody>,
     again: bool,
+    streamed_refusal: bool,
 }
 
-/// Reads a small error response; when it is a refusal for length, compacts the request and
-/// sends it once more. Whatever cannot be retried goes to the client exactly as the provider
-/// sent it.
+/// Marks (in its extensions) a `200` response whose stream is a refusal for length, for the
+/// request metrics to count as one.
+#[derive(Clone, Copy)]
+struct StreamedRefusal;
+
+/// A refusal for length and how it came.
+struct Refusal {
+    overflow: Overflow,
+    via: RefusalVia,
+}
+
+/// Reads the start of the provider's answer to a chat request that could be sent again, as
+/// far as telling whether it is a refusal for length: a small error response (see
+/// [`read_refusal`]), or a `200` event stream held until its first content event
+/// ([`stream_hold`]). Every other answer passes on at once. The response to pass on comes back
+/// whole in every case: what was read first, then the rest as it comes.
+async fn read_answer(
+    app: &App,
+    response: Response<Incoming>,
+    dialect: DialectKind,
+    overhead: &mut Overhead,
+) -> Result<(Response<ProxyBody>, Option<Refusal>), Error> {
+    if maybe_refusal(&response) {
+        let (passed, refusal) = read_refusal(app, response).await?;
+        let refusal = refusal.map(|overflow| Refusal {
+            overflow,
+            via: RefusalVia::Status,
+        });
+        return Ok((passed, refusal));
+    }
+    if !held_stream(&response) {
+        return Ok((
+            response.map(|b| b.map_err(BoxError::from).boxed_unsync()),
+            None,
+        ));
+    }
+    let (parts, body) = response.into_parts();
+    let held = stream_hold::hold(body, dialect, app.config.response_timeout(), overhead).await;
+    let (body, refusal) = match held {
+        stream_hold::Held::Pass(body) => (body, None),
+        stream_hold::Held::Refused(body, overflow) => (
+            body,
+            Some(Refusal {
+                overflow,
+                via: RefusalVia::Stream,
+            }),
+        ),
+    };
+    let body = body.map_err(BoxError::from).boxed_unsync();
+    Ok((Response::from_parts(parts, body), refusal))
+}
+
+/// Whether a response is one [`stream_hold`] can read: a success streamed as server-sent
+/// events, not compressed.
+fn held_stream(response: &Response<Incoming>) -> bool {
+    response.status().is_success()
+        && Format::from_headers(response.headers()) == Some(Format::Sse)
+        && Encoding::from_headers(response.headers()) == Some(Encoding::Identity)
+}
+
+/// Reads the start of the provider's answer ([`read_answer`]); when it is a refusal for
+/// length, compacts the request and sends it once more. Whatever cannot be retried goes to
+/// the client exactly as the provider sent it.
 async fn retry_after_refusal(
     app: &App,
     response: Response<Incoming>,
     retry: Retry,
+    session: Option<&str>,
     overhead: &mut Overhead,
 ) -> Result<Retried, Error> {
-    let (passed, refusal) = read_refusal(app, response).await?;
-    let Some(refusal) = refusal else {
+    let (passed, refusal) = read_answer(app, response, retry.dialect, overhead).await?;
+    let Some(Refusal { overflow, via }) = refusal else {
         return Ok(Retried {
             response: passed,
             again: false,
+            streamed_refusal: false,
         });
     };
+    if via == RefusalVia::Stream {
+        tracing::info!(
+            route = retry.dialect.label(),
+            session,
+            window = overflow.window,
+            requested = overflow.requested,
+            "the provider refused the request for its length inside a 200 stream; held back from the client"
+        );
+    }
     let context = RequestContext {
         caller: &retry.caller,
         session_header: retry.session_header.as_deref(),
@@ -506,16 +594,17 @@ async fn retry_after_refusal(
             retry.dialect,
             &retry.original,
             &context,
-            refusal,
+            overflow,
             retry.forwarded_tokens,
         )
         .await;
     overhead.exclude(started.elapsed());
-    app.metrics.overflow_retry(compacted.is_some());
+    app.metrics.overflow_retry(compacted.is_some(), via);
     let Some(smaller) = compacted else {
         return Ok(Retried {
             response: passed,
             again: false,
+            streamed_refusal: via == RefusalVia::Stream,
         });
     };
     let mut request = Request::new(
@@ -531,21 +620,16 @@ async fn retry_after_refusal(
         HeaderValue::from(smaller.body.len()),
     );
     let response = send(app, request, overhead).await?;
-    // The provider says whether the smaller request worked: refused for its length again, it
-    // is a failure of the conversation's breaker.
-    let (response, refused_again) = if maybe_refusal(&response) {
-        let (passed, refusal) = read_refusal(app, response).await?;
-        (passed, refusal.is_some())
-    } else {
-        (
-            response.map(|b| b.map_err(BoxError::from).boxed_unsync()),
-            false,
-        )
-    };
-    app.compactor.retry_answered(&smaller, refused_again).await;
+    // The provider says whether the smaller request worked: refused for its length again (with
+    // an error status or inside a stream), it is a failure of the conversation's breaker.
+    let (response, refused_again) = read_answer(app, response, retry.dialect, overhead).await?;
+    app.compactor
+        .retry_answered(&smaller, refused_again.is_some())
+        .await;
     Ok(Retried {
         response,
         again: true,
+        streamed_refusal: refused_again.is_some_and(|r| r.via == RefusalVia::Stream),
     })
 }
 

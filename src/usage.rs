@@ -30,12 +30,14 @@
 //! [`record`] feeds the metrics and the per-model [`Calibration`].
 
 use std::pin::Pin;
+use std::sync::LazyLock;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::header::{CONTENT_ENCODING, CONTENT_TYPE};
 use http::HeaderMap;
 use hyper::body::{Body, Frame, SizeHint};
+use memchr::memmem::Finder;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
@@ -684,7 +686,7 @@ struct SseScan {
 impl SseScan {
     fn feed(&mut self, chunk: &[u8]) {
         let mut rest = chunk;
-        while let Some(nl) = rest.iter().position(|&b| b == b'\n') {
+        while let Some(nl) = memchr::memchr(b'\n', rest) {
             let head = &rest[..nl];
             rest = &rest[nl + 1..];
             if self.skipping {
@@ -763,7 +765,7 @@ impl SseScan {
     }
 
     fn dispatch(&mut self) {
-        if !self.data_overflow && contains(&self.data, b"\"usage\"") {
+        if !self.data_overflow && names_usage(&self.data) {
             if let Ok(event) = serde_json::from_slice::<Event>(&self.data) {
                 let found = [
                     event.usage,
@@ -788,20 +790,22 @@ fn nested_usage(holder: Option<&RawValue>) -> Option<&RawValue> {
     serde_json::from_str::<Holder>(holder?.get()).ok()?.usage
 }
 
-/// Whether `needle` occurs in `haystack`.
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    let Some((&first, _)) = needle.split_first() else {
-        return true;
-    };
-    let mut from = 0;
-    while let Some(n) = haystack[from..].iter().position(|&b| b == first) {
-        let at = from + n;
-        if haystack[at..].starts_with(needle) {
-            return true;
+/// Whether an event's data may hold a `usage` to read: it names `"usage"` other than as a key
+/// whose value is `null`. With `stream_options.include_usage`, OpenAI writes `"usage":null`
+/// into every Chat Completions chunk before the last; parsing each of them was most of the
+/// time a streamed answer spent in compactor.
+fn names_usage(data: &[u8]) -> bool {
+    const KEY: &[u8] = b"\"usage\"";
+    // Built once: a searcher's setup cost more than a short event's search.
+    static FINDER: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(KEY));
+    FINDER.find_iter(data).any(|at| {
+        let after = data[at + KEY.len()..].trim_ascii_start();
+        match after.strip_prefix(b":") {
+            Some(value) => !value.trim_ascii_start().starts_with(b"null"),
+            // Not a key (a string value): parsed, to be safe.
+            None => true,
         }
-        from = at + 1;
-    }
-    false
+    })
 }
 
 #[cfg(test)]

@@ -121,7 +121,11 @@ async fn a_refusal_for_length_is_compacted_and_retried_streaming_or_not() {
             metric(
                 &proxy,
                 "compactor_retries_total",
-                &[("reason", "context_length"), ("outcome", "retried")]
+                &[
+                    ("reason", "context_length"),
+                    ("outcome", "retried"),
+                    ("via", "status")
+                ]
             )
             .await,
             1.0
@@ -181,7 +185,11 @@ async fn other_refusals_and_incurable_ones_reach_the_client_unchanged() {
         metric(
             &proxy,
             "compactor_retries_total",
-            &[("reason", "context_length"), ("outcome", "not_compacted")]
+            &[
+                ("reason", "context_length"),
+                ("outcome", "not_compacted"),
+                ("via", "status")
+            ]
         )
         .await,
         1.0
@@ -537,7 +545,11 @@ async fn retries_refused_again_for_their_length_open_the_session_breaker() {
         metric(
             &proxy,
             "compactor_retries_total",
-            &[("reason", "context_length"), ("outcome", "retried")]
+            &[
+                ("reason", "context_length"),
+                ("outcome", "retried"),
+                ("via", "status")
+            ]
         )
         .await,
         3.0,

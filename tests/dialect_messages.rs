@@ -417,31 +417,6 @@ async fn a_compacted_stream_passes_through_event_by_event() {
     let (system, messages) = from_chat(&chat[..chat.len() - 1], true);
     let body = request(MODEL, system, messages, true);
 
-    let (reply, sse) = Reply::sse_channel();
-    mock.push(reply);
-    let client = TestClient::http1();
-    let response = client
-        .request(
-            "POST",
-            &proxy.url("/v1/messages"),
-            &[
-                ("content-type", "application/json"),
-                ("x-api-key", "sk-stream"),
-            ],
-            Bytes::from(body.clone()),
-        )
-        .await;
-    assert_eq!(response.status(), 200);
-    assert_eq!(response.headers()["content-type"], "text/event-stream");
-    assert_eq!(response.headers()["x-compactor-compacted"], "true");
-    let forwarded = mock.last_request();
-    assert_ne!(forwarded.body, body, "the request was rewritten");
-    let v: Value = serde_json::from_slice(&forwarded.body).expect("JSON");
-    assert_eq!(check_messages(&v, usize::MAX), Ok(()));
-    assert_eq!(v["stream"], true);
-
-    // Anthropic's named events: each reaches the client before the next is written.
-    let mut reader = SseReader::new(response);
     let events = [
         (
             "message_start",
@@ -466,12 +441,51 @@ async fn a_compacted_stream_passes_through_event_by_event() {
         ),
         ("message_stop", json!({"type": "message_stop"})),
     ];
-    for (name, data) in &events {
-        let event = format!("event: {name}\ndata: {data}");
-        sse.send(format!("{event}\n\n"))
+    let event = |(name, data): &(&str, Value)| format!("event: {name}\ndata: {data}");
+
+    let (reply, sse) = Reply::sse_channel();
+    mock.push(reply);
+    let client = TestClient::http1();
+    // compactor holds the stream (its head too) until the first content event, in case the
+    // provider refuses the request for its length first: the preamble goes out with it.
+    let url = proxy.url("/v1/messages");
+    let (response, ()) = tokio::join!(
+        client.request(
+            "POST",
+            &url,
+            &[
+                ("content-type", "application/json"),
+                ("x-api-key", "sk-stream"),
+            ],
+            Bytes::from(body.clone()),
+        ),
+        async {
+            for e in &events[..2] {
+                sse.send(format!("{}\n\n", event(e)))
+                    .await
+                    .expect("proxy still reading");
+            }
+        }
+    );
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["content-type"], "text/event-stream");
+    assert_eq!(response.headers()["x-compactor-compacted"], "true");
+    let forwarded = mock.last_request();
+    assert_ne!(forwarded.body, body, "the request was rewritten");
+    let v: Value = serde_json::from_slice(&forwarded.body).expect("JSON");
+    assert_eq!(check_messages(&v, usize::MAX), Ok(()));
+    assert_eq!(v["stream"], true);
+
+    let mut reader = SseReader::new(response);
+    for e in &events[..2] {
+        assert_eq!(reader.next_event().await, Some(event(e)));
+    }
+    // From then on, each event reaches the client before the next is written.
+    for e in &events[2..] {
+        sse.send(format!("{}\n\n", event(e)))
             .await
             .expect("proxy still reading");
-        assert_eq!(reader.next_event().await.as_deref(), Some(event.as_str()));
+        assert_eq!(reader.next_event().await, Some(event(e)));
     }
     sse.finish();
     assert_eq!(

@@ -207,12 +207,16 @@ async fn disconnect_mid_stream(method: &str, path: &str, body: Bytes) {
         .header("content-type", "application/json")
         .body(full_body(body))
         .expect("request");
-    let response = within("response head", sender.send_request(request))
-        .await
-        .expect("response");
+    // A chat stream's head waits for its first content event (compactor holds it in case the
+    // provider refuses the request for its length first): the event goes with the head.
+    let (response, sent) = within("response head", async {
+        tokio::join!(sender.send_request(request), sse.event("first"))
+    })
+    .await;
+    sent.expect("stream open");
+    let response = response.expect("response");
     assert_eq!(response.status(), StatusCode::OK);
     let mut reader = SseReader::new(response);
-    sse.event("first").await.expect("stream open");
     assert_eq!(reader.next_data().await.as_deref(), Some("first"));
     proxy
         .wait_metric("compactor_in_flight_requests", &[], 1.0)

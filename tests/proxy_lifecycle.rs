@@ -32,16 +32,15 @@ async fn shutdown_lets_in_flight_streams_finish_and_refuses_new_connections() {
     let (reply, sse) = Reply::sse_channel();
     mock.push(reply);
 
-    let response = client
-        .post_json(
-            &proxy.url("/v1/chat/completions"),
-            &json!({"model": "gpt-4o-mini", "stream": true,
-                    "messages": [{"role": "user", "content": "count to three"}]}),
-        )
-        .await;
+    // The head of a chat stream comes with its first content event (compactor holds it until
+    // then, in case the provider refuses the request for its length first).
+    let url = proxy.url("/v1/chat/completions");
+    let request = json!({"model": "gpt-4o-mini", "stream": true,
+                         "messages": [{"role": "user", "content": "count to three"}]});
+    let (response, sent) = tokio::join!(client.post_json(&url, &request), sse.event("one"));
+    sent.expect("open");
     assert_eq!(response.status(), StatusCode::OK);
     let mut reader = SseReader::new(response);
-    sse.event("one").await.expect("open");
     assert_eq!(reader.next_data().await.as_deref(), Some("one"));
 
     proxy.trigger_shutdown();

@@ -182,9 +182,13 @@ async fn sse_events_reach_the_client_one_at_a_time() {
         "stream": true,
         "messages": [{"role": "user", "content": "Say hi"}]
     });
-    let response = client
-        .post_json(&proxy.url("/v1/chat/completions"), &request)
-        .await;
+    // compactor holds a chat stream's head until its first content event (a refusal for length
+    // may come before it, to be retried): the first event goes out with the head.
+    let event =
+        |n: usize| json!({"choices": [{"delta": {"content": format!("part {n}")}}]}).to_string();
+    let (url, first) = (proxy.url("/v1/chat/completions"), event(1));
+    let (response, sent) = tokio::join!(client.post_json(&url, &request), sse.event(&first));
+    sent.expect("proxy still reading");
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(response.headers()["content-type"], "text/event-stream");
     assert_eq!(
@@ -196,12 +200,12 @@ async fn sse_events_reach_the_client_one_at_a_time() {
         "chat responses say whether they were compacted"
     );
     let mut reader = SseReader::new(response);
+    assert_eq!(reader.next_data().await, Some(event(1)));
 
-    // The upstream writes event 2 only after the client has received event 1.
-    for n in 1..=3 {
-        let event = json!({"choices": [{"delta": {"content": format!("part {n}")}}]}).to_string();
-        sse.event(&event).await.expect("proxy still reading");
-        assert_eq!(reader.next_data().await.as_deref(), Some(event.as_str()));
+    // The upstream writes event 3 only after the client has received event 2.
+    for n in 2..=3 {
+        sse.event(&event(n)).await.expect("proxy still reading");
+        assert_eq!(reader.next_data().await, Some(event(n)));
     }
     sse.event("[DONE]").await.expect("proxy still reading");
     assert_eq!(reader.next_data().await.as_deref(), Some("[DONE]"));

@@ -771,3 +771,41 @@ fn callback_counter_type_is_send() {
     drop(body);
     assert_eq!(count.load(Ordering::SeqCst), 1);
 }
+
+#[test]
+fn only_events_that_may_hold_a_usage_are_parsed() {
+    // With `include_usage`, every chunk before the last carries `"usage":null`: not parsed.
+    for data in [
+        r#"{"choices":[{"delta":{"content":"hi"}}],"usage":null}"#,
+        r#"{"choices":[],"usage" :  null}"#,
+        r#"{"choices":[{"delta":{"content":"say \"usage\": {}"}}]}"#,
+        r#"{"type":"ping"}"#,
+    ] {
+        assert!(!names_usage(data.as_bytes()), "{data}");
+    }
+    for data in [
+        r#"{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1}}"#,
+        r#"{"type":"message_start","message":{"usage": {"input_tokens":1}}}"#,
+        r#"{"usage":null,"response":{"usage":{"input_tokens":1}}}"#,
+        r#"{"kind":"usage"}"#,
+    ] {
+        assert!(names_usage(data.as_bytes()), "{data}");
+    }
+    // A stream of null usages and a last real one reads the last.
+    let mut stream = String::new();
+    for i in 0..50 {
+        stream.push_str(&format!(
+            "data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"t{i}\"}}}}],\"usage\":null}}\n\n"
+        ));
+    }
+    stream.push_str("data: {\"choices\":[],\"usage\":{\"prompt_tokens\":40,\"completion_tokens\":50}}\n\ndata: [DONE]\n\n");
+    assert_eq!(
+        scan(Format::Sse, [stream.as_bytes()]),
+        Some(Usage {
+            input: 40,
+            output: 50,
+            cache_read: 0,
+            cache_write: 0,
+        })
+    );
+}
