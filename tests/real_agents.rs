@@ -365,17 +365,25 @@ async fn check(run: &Run, session: &Session, final_in_stdout: bool) {
         .iter()
         .filter(|e| matches!(e.answer, Answer::Refused(Rejection::ContextLength { .. })))
         .count();
-    let labels = |outcome| [("reason", "context_length"), ("outcome", outcome)];
-    let retried = session
-        .proxy
-        .metric("compactor_retries_total", &labels("retried"))
-        .await
-        .unwrap_or(0.0);
-    let not_retried = session
-        .proxy
-        .metric("compactor_retries_total", &labels("not_compacted"))
-        .await
-        .unwrap_or(0.0);
+    // Refusals as an error status and inside a stream alike.
+    let count = |outcome: &'static str| async move {
+        let mut sum = 0.0;
+        for via in ["status", "stream"] {
+            let labels = [
+                ("reason", "context_length"),
+                ("outcome", outcome),
+                ("via", via),
+            ];
+            sum += session
+                .proxy
+                .metric("compactor_retries_total", &labels)
+                .await
+                .unwrap_or(0.0);
+        }
+        sum
+    };
+    let retried = count("retried").await;
+    let not_retried = count("not_compacted").await;
     run.ensure(
         retried == too_long as f64 && not_retried == 0.0,
         &format!(
