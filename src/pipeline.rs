@@ -22,7 +22,9 @@
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use bytes::Bytes;
 use compactor_plugin_api::{Caller, SummarizeError, Summarizer};
@@ -132,6 +134,10 @@ struct Request<'r, 'b> {
     tenant: TenantId,
     session: &'r str,
     limits: Limits,
+    /// Where a summary of it starts in the background: the watermark, earlier when the
+    /// conversation is predicted to reach the trigger before a summary started there is
+    /// written ([`pace`]); `None` without background summaries, and off the request path.
+    background_at: Option<Limits>,
     /// The summarizer calls it may still make.
     attempts: &'r Attempts,
 }
@@ -218,6 +224,9 @@ pub struct Pipeline {
     flights: Arc<SingleFlight<FlightKey, ()>>,
     flight_wait: Duration,
     background: Arc<Background>,
+    /// How fast conversations grow and summaries are written (shared on reload, as
+    /// `background`).
+    pace: Arc<Pace>,
     /// `compaction.background_ratio`.
     background_ratio: f64,
     /// Chain hashes of histories already seen, so a long conversation's next request hashes
@@ -295,6 +304,7 @@ impl Pipeline {
             flights: Arc::new(SingleFlight::new()),
             flight_wait,
             background: Arc::new(Background::new(config.summarizer.max_concurrent)),
+            pace: Arc::default(),
             background_ratio: config.compaction.background_ratio,
             // Sized to the store they serve (README, *Memory*).
             memo: ChainMemo::for_sessions(config.store.max_sessions),
@@ -327,6 +337,7 @@ impl Pipeline {
         self.calibration = old.calibration.clone();
         self.flights = old.flights.clone();
         self.background = old.background.clone();
+        self.pace = old.pace.clone();
         self
     }
 
@@ -545,20 +556,29 @@ impl Pipeline {
         }
 
         let checkpoint = self.lookup(tenant, &scan.messages).await;
+        let limits = self
+            .limits(
+                &context.caller.upstream_base_url,
+                scan.model.as_deref(),
+                context.long_context,
+                scan.requested_output,
+            )
+            .await;
+        let lead = self
+            .pace
+            .observe(&(tenant, &session), scan.len(), scan.tokens, Instant::now());
+        let background_at = limits.watermark(self.background_ratio).map(|w| match lead {
+            Some(lead) => w.earlier_by(&limits, lead.tokens, lead.messages),
+            None => w,
+        });
         let request = Request {
             scan: &scan,
             body,
             caller: context.caller,
             tenant,
             session: &session,
-            limits: self
-                .limits(
-                    &context.caller.upstream_base_url,
-                    scan.model.as_deref(),
-                    context.long_context,
-                    scan.requested_output,
-                )
-                .await,
+            limits,
+            background_at,
             attempts: context.attempts,
         };
         let mut figures = Figures::default();
@@ -669,10 +689,7 @@ impl Pipeline {
     /// Whether a request with no checkpoint is over the trigger or the background watermark
     /// (the cheap test that keeps most requests off the rewrite path).
     fn may_compact(&self, request: &Request<'_, '_>) -> bool {
-        let limits = request
-            .limits
-            .watermark(self.background_ratio)
-            .unwrap_or(request.limits);
+        let limits = request.background_at.unwrap_or(request.limits);
         limits
             .check(request.scan.len(), request.scan.tokens)
             .is_some()
@@ -808,6 +825,9 @@ impl Pipeline {
         self.metrics
             .compaction_duration
             .observe(started.elapsed().as_secs_f64());
+        if result.is_ok() {
+            self.pace.summary_took(started.elapsed());
+        }
         // A rewrite still over the trigger makes the next request compact again: it is
         // forwarded (it is smaller and valid) but counts as a failure toward the breaker, so a
         // conversation that cannot be brought under its limits stops calling the summarizer.
@@ -1386,8 +1406,7 @@ impl Pipeline {
         tokens: usize,
     ) {
         let Some(trigger) = request
-            .limits
-            .watermark(self.background_ratio)
+            .background_at
             .and_then(|soft| soft.check(count, tokens))
         else {
             return;
@@ -1447,6 +1466,7 @@ impl Pipeline {
             self.metrics
                 .compaction_duration
                 .observe(started.elapsed().as_secs_f64());
+            self.pace.summary_took(started.elapsed());
         }
         tracing::info!(
             session = job.session,
@@ -1475,6 +1495,7 @@ impl Pipeline {
             tenant: job.key.tenant,
             session: &job.session,
             limits: job.limits,
+            background_at: None,
             attempts: &Attempts::per_request(),
         };
         // The checkpoint in use when the job started; one that covers more (another summary
@@ -1744,6 +1765,7 @@ impl Pipeline {
             tenant,
             session: &session,
             limits,
+            background_at: None,
             attempts: context.attempts,
         };
         if context.attempts.left() == 0 {
@@ -1892,6 +1914,7 @@ impl Pipeline {
             tenant: latest.tenant,
             session: id,
             limits,
+            background_at: None,
             attempts: &Attempts::per_request(),
         };
         if !self.breaker_allows(latest.tenant, id).await {
@@ -2080,9 +2103,11 @@ pub enum Outcome {
 
 mod background;
 mod masking;
+pub mod pace;
 
 use background::Background;
 use masking::{Found, Masker, Masking};
+use pace::Pace;
 
 #[cfg(test)]
 mod dialect_props;

@@ -201,6 +201,19 @@ impl Limits {
         (ratio > 0.0 && ratio < 1.0).then(|| self.scaled(ratio))
     }
 
+    /// These background limits (a [`Limits::watermark`] of `trigger`) lowered so a summary
+    /// starts `tokens` and `messages` before `trigger`, when that is earlier: a conversation
+    /// predicted to grow that much while the summary is written then finds it ready. Never
+    /// below half the trigger, where a summary would cover too little to be worth it.
+    pub fn earlier_by(self, trigger: &Limits, tokens: usize, messages: usize) -> Limits {
+        let ahead = |at: usize, of: usize, by: usize| at.min(of.saturating_sub(by).max(of / 2));
+        Limits {
+            token_threshold: ahead(self.token_threshold, trigger.token_threshold, tokens),
+            max_messages: ahead(self.max_messages, trigger.max_messages, messages).max(1),
+            ..self
+        }
+    }
+
     /// The limits a background summary is made for. The conversation grows by `1 − ratio` of
     /// the trigger between the watermark and the request that splices the summary, so the
     /// summary keeps a shorter verbatim tail: made for `max_messages` scaled by `2·ratio − 1`
@@ -381,6 +394,23 @@ mod tests {
         assert_eq!(l.watermark(0.0), None);
         assert_eq!(l.watermark(1.0), None);
         assert_eq!(l.watermark(f64::NAN), None);
+    }
+
+    #[test]
+    fn a_predicted_lead_moves_the_watermark_earlier_down_to_half_the_trigger() {
+        let l = Limits::new(&config(), 128_000, None); // 108,800 tokens, 80 messages
+        let w = l.watermark(0.7).expect("on"); // 76,160 tokens, 56 messages
+        let e = w.earlier_by(&l, 40_000, 30);
+        assert_eq!((e.token_threshold, e.max_messages), (68_800, 50));
+        let small = w.earlier_by(&l, 1_000, 2);
+        assert_eq!(
+            (small.token_threshold, small.max_messages),
+            (76_160, 56),
+            "never later than the watermark"
+        );
+        let huge = w.earlier_by(&l, usize::MAX, usize::MAX);
+        assert_eq!((huge.token_threshold, huge.max_messages), (54_400, 40));
+        assert_eq!(huge.context_window, l.context_window);
     }
 
     #[test]

@@ -1,0 +1,241 @@
+//! How fast conversations grow, and how long a summary takes to write: what starting a
+//! background summary early enough needs.
+//!
+//! A background summary starts at `compaction.background_ratio` of the trigger. In a small
+//! window, or with a slow summarizer, a conversation crosses from there to the trigger in fewer
+//! turns than a summary takes, and the request that crosses waits for it. So each conversation's
+//! growth per request (estimated tokens and messages, and the time between requests) is
+//! followed, and so is the summarizer's latency; the summary starts when the conversation is
+//! predicted to reach the trigger before a summary started now would be ready, with one turn to
+//! spare. Until a summary has been timed, for a conversation's first request, and while
+//! summaries take less than [`QUICK_SUMMARY`] (a local summarizer: ready before the next turn),
+//! nothing is predicted: the plain watermark applies.
+//!
+//! What is followed is this process's view: a replica sees the requests routed to it, which
+//! only makes its turns look longer and its start later. The map is bounded and forgotten all
+//! at once when full (at worst one conversation starts at the plain watermark again).
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// Conversations followed at most.
+const MAX_FOLLOWED: usize = 16_384;
+/// Weight of the newest observation in the running averages.
+const NEWEST: f64 = 0.5;
+/// A summary written this fast is ready before an agent's next request (each waits on a
+/// model's answer): no lead is needed.
+pub const QUICK_SUMMARY: Duration = Duration::from_millis(100);
+
+/// What a conversation is predicted to add while a summary is written: start it this much
+/// before the trigger.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lead {
+    /// Estimated tokens.
+    pub tokens: usize,
+    /// Messages.
+    pub messages: usize,
+}
+
+/// One conversation's growth so far.
+#[derive(Debug, Clone, Copy)]
+struct Growth {
+    tokens: usize,
+    messages: usize,
+    at: Instant,
+    /// Running averages per request: estimated tokens, messages and seconds added.
+    per_turn: Option<(f64, f64, f64)>,
+}
+
+/// Growth of every followed conversation and the summarizer's latency.
+#[derive(Debug, Default)]
+pub struct Pace {
+    conversations: Mutex<HashMap<u64, Growth>>,
+    /// Running average of a summary's duration, in seconds.
+    summary_secs: Mutex<Option<f64>>,
+}
+
+impl Pace {
+    /// A summary took `took` to write.
+    pub fn summary_took(&self, took: Duration) {
+        let mut secs = self
+            .summary_secs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        *secs = Some(average(*secs, took.as_secs_f64()));
+    }
+
+    /// Records a request of conversation `key` holding `messages` messages and `tokens`
+    /// estimated tokens at `now`, and returns how much the conversation is predicted to grow
+    /// while a summary started now is written (one turn more than the summary takes, rounded
+    /// up), once both its growth and a summary's duration are known. A request no larger than
+    /// the last one (a retry, or an edit that shortened the conversation) starts the following
+    /// again.
+    pub fn observe(
+        &self,
+        key: &impl Hash,
+        messages: usize,
+        tokens: usize,
+        now: Instant,
+    ) -> Option<Lead> {
+        let summary_secs = *self
+            .summary_secs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let key = hash(key);
+        let mut conversations = self
+            .conversations
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if conversations.len() >= MAX_FOLLOWED && !conversations.contains_key(&key) {
+            conversations.clear();
+        }
+        let fresh = Growth {
+            tokens,
+            messages,
+            at: now,
+            per_turn: None,
+        };
+        let growth = conversations.entry(key).or_insert(fresh);
+        let grew = tokens > growth.tokens && messages >= growth.messages;
+        if !grew {
+            // The same request again, or a shorter conversation: nothing to learn from it.
+            if tokens < growth.tokens || messages < growth.messages {
+                *growth = fresh;
+            }
+            return lead(growth.per_turn, summary_secs);
+        }
+        let added = (
+            (tokens - growth.tokens) as f64,
+            (messages - growth.messages) as f64,
+            now.saturating_duration_since(growth.at).as_secs_f64(),
+        );
+        let per_turn = match growth.per_turn {
+            None => added,
+            Some((t, m, s)) => (
+                average(Some(t), added.0),
+                average(Some(m), added.1),
+                average(Some(s), added.2),
+            ),
+        };
+        *growth = Growth {
+            tokens,
+            messages,
+            at: now,
+            per_turn: Some(per_turn),
+        };
+        lead(growth.per_turn, summary_secs)
+    }
+}
+
+/// The growth while a summary of `summary_secs` is written, one turn to spare.
+fn lead(per_turn: Option<(f64, f64, f64)>, summary_secs: Option<f64>) -> Option<Lead> {
+    let (tokens, messages, turn_secs) = per_turn?;
+    let summary_secs = summary_secs.filter(|s| *s >= QUICK_SUMMARY.as_secs_f64())?;
+    // A turn faster than a millisecond is a burst (a replay, a script): one turn per
+    // millisecond keeps the count finite.
+    let turns = (summary_secs / turn_secs.max(1e-3)).ceil() + 1.0;
+    // `as` saturates.
+    Some(Lead {
+        tokens: (tokens * turns).ceil() as usize,
+        messages: (messages * turns).ceil() as usize,
+    })
+}
+
+fn average(old: Option<f64>, new: f64) -> f64 {
+    match old {
+        None => new,
+        Some(old) => old + NEWEST * (new - old),
+    }
+}
+
+fn hash(key: &impl Hash) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    key.hash(&mut hasher);
+    hasher.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nothing_is_predicted_before_a_summary_is_timed_and_the_conversation_has_grown() {
+        let pace = Pace::default();
+        let t0 = Instant::now();
+        assert_eq!(pace.observe(&"a", 4, 1_000, t0), None, "first request");
+        let one = t0 + Duration::from_millis(500);
+        assert_eq!(
+            pace.observe(&"a", 6, 1_400, one),
+            None,
+            "no summary timed yet"
+        );
+        pace.summary_took(Duration::from_secs(4));
+        // 400 tokens and 2 messages every half second; a summary takes 8 turns, plus one.
+        let two = one + Duration::from_millis(500);
+        assert_eq!(
+            pace.observe(&"a", 8, 1_800, two),
+            Some(Lead {
+                tokens: 3_600,
+                messages: 18
+            })
+        );
+        // Another conversation has no growth of its own yet.
+        assert_eq!(pace.observe(&"b", 8, 1_800, two), None);
+    }
+
+    #[test]
+    fn averages_follow_the_conversation_and_a_shorter_one_starts_again() {
+        let pace = Pace::default();
+        pace.summary_took(Duration::from_secs(2));
+        pace.summary_took(Duration::from_secs(4)); // 3 s on average
+        let t0 = Instant::now();
+        pace.observe(&"a", 2, 100, t0);
+        pace.observe(&"a", 4, 300, t0 + Duration::from_secs(1)); // +200 in 1 s
+        let lead = pace.observe(&"a", 6, 700, t0 + Duration::from_secs(2)); // +400 in 1 s
+                                                                            // 300 tokens a turn on average, one turn a second: 3 turns and one to spare.
+        assert_eq!(
+            lead,
+            Some(Lead {
+                tokens: 1_200,
+                messages: 8
+            })
+        );
+        // The same request again teaches nothing and keeps the prediction.
+        assert_eq!(
+            pace.observe(&"a", 6, 700, t0 + Duration::from_secs(3)),
+            lead
+        );
+        // A shorter conversation (an edit) starts the following again.
+        assert_eq!(
+            pace.observe(&"a", 3, 200, t0 + Duration::from_secs(4)),
+            None
+        );
+    }
+
+    #[test]
+    fn a_quick_summarizer_needs_no_lead() {
+        let pace = Pace::default();
+        pace.summary_took(Duration::from_millis(20));
+        let t0 = Instant::now();
+        pace.observe(&"a", 2, 100, t0);
+        assert_eq!(
+            pace.observe(&"a", 4, 200, t0 + Duration::from_millis(1)),
+            None
+        );
+    }
+
+    #[test]
+    fn a_burst_of_requests_predicts_a_finite_lead() {
+        let pace = Pace::default();
+        pace.summary_took(Duration::from_secs(4));
+        let t0 = Instant::now();
+        pace.observe(&"a", 2, 100, t0);
+        let lead = pace.observe(&"a", 4, 200, t0).expect("a lead");
+        assert_eq!(lead.messages, 2 * 4_001);
+    }
+}
