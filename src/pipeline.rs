@@ -245,6 +245,14 @@ pub struct Pipeline {
 }
 
 impl Pipeline {
+    /// This pipeline without pacing ([`pace`]): background summaries start at the plain
+    /// watermark. For a caller that awaits every background summary before the next request
+    /// (the replay), whose figures must not depend on how fast this machine writes them.
+    pub fn without_pacing(mut self) -> Pipeline {
+        self.pace = Arc::new(Pace::off());
+        self
+    }
+
     /// A pipeline with the store `[store]` describes: in memory, or shared through Redis
     /// (with a memory store of this process's own beside it).
     pub fn new(config: &Config, summarizer: Arc<dyn Summarizer>, metrics: Arc<Metrics>) -> Self {

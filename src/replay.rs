@@ -443,11 +443,11 @@ impl Replayer {
             &self.config,
             metrics.clone(),
         )?));
-        let compactor = Arc::new(Pipeline::new(
-            &self.config,
-            counting.clone(),
-            metrics.clone(),
-        ));
+        // Each background summary is awaited before the next request (below): summaries are
+        // instant here, and nothing needs to start earlier.
+        let compactor = Arc::new(
+            Pipeline::new(&self.config, counting.clone(), metrics.clone()).without_pacing(),
+        );
         let estimator = compactor.engine().estimator();
         let mut rows = Vec::with_capacity(recording.steps.len());
         let mut compactions = 0;

@@ -30,6 +30,8 @@ pub(crate) enum Reply {
     Hang,
     /// Panics (a bug in a backend or in the engine).
     Panic,
+    /// This summary, after this long (tokio's clock: paused in tests that pace a session).
+    Slow(std::time::Duration, String),
 }
 
 /// A summarizer that answers from a script (the last reply repeats) and records requests.
@@ -98,6 +100,10 @@ impl Summarizer for FakeSummarizer {
                 Reply::Error => Err(SummarizeError::Transport("connection refused".into())),
                 Reply::Hang => std::future::pending().await,
                 Reply::Panic => panic!("fake summarizer panics, as a bug would"),
+                Reply::Slow(after, t) => {
+                    tokio::time::sleep(after).await;
+                    Ok(Summary { text: t })
+                }
             }
         })
     }

@@ -7,9 +7,12 @@
 //! growth per request (estimated tokens and messages, and the time between requests) is
 //! followed, and so is the summarizer's latency; the summary starts when the conversation is
 //! predicted to reach the trigger before a summary started now would be ready, with one turn to
-//! spare. Until a summary has been timed, for a conversation's first request, and while
-//! summaries take less than [`QUICK_SUMMARY`] (a local summarizer: ready before the next turn),
-//! nothing is predicted: the plain watermark applies.
+//! spare. Until a summary has been timed, for a conversation's first request, while summaries
+//! take less than [`QUICK_SUMMARY`] (a local summarizer: ready before the next turn), and for a
+//! conversation whose requests come faster than [`QUICK_TURN`] (no model answers between them:
+//! a script, a replay, a test), nothing is predicted: the plain watermark applies. The last
+//! rule also keeps fast back-to-back traffic from being told to summarise at half the trigger
+//! because one summary on a loaded machine took a few hundred milliseconds.
 //!
 //! What is followed is this process's view: a replica sees the requests routed to it, which
 //! only makes its turns look longer and its start later. The map is bounded and forgotten all
@@ -29,7 +32,10 @@ const MAX_FOLLOWED: usize = 16_384;
 const NEWEST: f64 = 0.5;
 /// A summary written this fast is ready before an agent's next request (each waits on a
 /// model's answer): no lead is needed.
-pub const QUICK_SUMMARY: Duration = Duration::from_millis(100);
+pub const QUICK_SUMMARY: Duration = Duration::from_millis(500);
+/// Requests closer together than this on average are not an agent waiting on a model between
+/// them: their pace predicts nothing.
+pub const QUICK_TURN: Duration = Duration::from_millis(100);
 
 /// What a conversation is predicted to add while a summary is written: start it this much
 /// before the trigger.
@@ -54,12 +60,24 @@ struct Growth {
 /// Growth of every followed conversation and the summarizer's latency.
 #[derive(Debug, Default)]
 pub struct Pace {
+    /// Predicts nothing ([`Pace::off`]).
+    off: bool,
     conversations: Mutex<HashMap<u64, Growth>>,
     /// Running average of a summary's duration, in seconds.
     summary_secs: Mutex<Option<f64>>,
 }
 
 impl Pace {
+    /// A pace that predicts nothing: for a caller whose summaries are ready before the next
+    /// request by construction (the replay awaits each one), where timing them with this
+    /// machine's clock would only make the result depend on its speed.
+    pub fn off() -> Pace {
+        Pace {
+            off: true,
+            ..Pace::default()
+        }
+    }
+
     /// A summary took `took` to write.
     pub fn summary_took(&self, took: Duration) {
         let mut secs = self
@@ -82,6 +100,9 @@ impl Pace {
         tokens: usize,
         now: Instant,
     ) -> Option<Lead> {
+        if self.off {
+            return None;
+        }
         let summary_secs = *self
             .summary_secs
             .lock()
@@ -136,9 +157,10 @@ impl Pace {
 fn lead(per_turn: Option<(f64, f64, f64)>, summary_secs: Option<f64>) -> Option<Lead> {
     let (tokens, messages, turn_secs) = per_turn?;
     let summary_secs = summary_secs.filter(|s| *s >= QUICK_SUMMARY.as_secs_f64())?;
-    // A turn faster than a millisecond is a burst (a replay, a script): one turn per
-    // millisecond keeps the count finite.
-    let turns = (summary_secs / turn_secs.max(1e-3)).ceil() + 1.0;
+    if turn_secs < QUICK_TURN.as_secs_f64() {
+        return None;
+    }
+    let turns = (summary_secs / turn_secs).ceil() + 1.0;
     // `as` saturates.
     Some(Lead {
         tokens: (tokens * turns).ceil() as usize,
@@ -220,22 +242,42 @@ mod tests {
     #[test]
     fn a_quick_summarizer_needs_no_lead() {
         let pace = Pace::default();
-        pace.summary_took(Duration::from_millis(20));
+        pace.summary_took(Duration::from_millis(400));
         let t0 = Instant::now();
         pace.observe(&"a", 2, 100, t0);
         assert_eq!(
-            pace.observe(&"a", 4, 200, t0 + Duration::from_millis(1)),
+            pace.observe(&"a", 4, 200, t0 + Duration::from_secs(1)),
             None
         );
     }
 
     #[test]
-    fn a_burst_of_requests_predicts_a_finite_lead() {
+    fn a_pace_that_is_off_predicts_nothing() {
+        let pace = Pace::off();
+        pace.summary_took(Duration::from_secs(4));
+        let t0 = Instant::now();
+        pace.observe(&"a", 2, 100, t0);
+        assert_eq!(
+            pace.observe(&"a", 4, 200, t0 + Duration::from_secs(1)),
+            None
+        );
+    }
+
+    #[test]
+    fn requests_faster_than_a_model_answers_predict_nothing() {
         let pace = Pace::default();
         pace.summary_took(Duration::from_secs(4));
         let t0 = Instant::now();
         pace.observe(&"a", 2, 100, t0);
-        let lead = pace.observe(&"a", 4, 200, t0).expect("a lead");
-        assert_eq!(lead.messages, 2 * 4_001);
+        assert_eq!(pace.observe(&"a", 4, 200, t0), None, "a burst");
+        assert_eq!(
+            pace.observe(&"a", 6, 300, t0 + Duration::from_millis(50)),
+            None,
+            "still faster than a model, on average"
+        );
+        // Slower turns bring the average over the bound: now a lead is predicted.
+        pace.observe(&"a", 8, 400, t0 + Duration::from_secs(1));
+        let lead = pace.observe(&"a", 10, 500, t0 + Duration::from_secs(2));
+        assert!(lead.is_some_and(|l| l.messages > 2), "{lead:?}");
     }
 }

@@ -612,3 +612,63 @@ async fn a_summary_ahead_that_would_not_help_is_not_needed_not_a_failure() {
     let info = c.store().session(&session).await.expect("store");
     assert_eq!(info.expect("session").consecutive_failures, 0);
 }
+
+/// The requests (by turn) that waited for a summary in a session paced like the scripted
+/// Codex sessions of issue 28: a turn every half second adding a reply and a tool output,
+/// summaries that take four seconds (tokio's clock, paused: the test takes no real time).
+async fn turns_that_waited(pacing: bool) -> (Vec<usize>, usize) {
+    let toml = "[compaction]\nmax_messages = 1000\nmin_preserve_tokens = 100\n\
+                max_preserve_tokens = 400\n[models.paced]\ncontext_window = 8000\n";
+    let fake = FakeSummarizer::new(vec![Reply::Slow(
+        Duration::from_secs(4),
+        "Summary: the files read, the fix made, the tests run.".into(),
+    )]);
+    let metrics = Arc::new(Metrics::new().expect("metrics"));
+    let pipeline = Pipeline::new(&config(toml), fake.clone(), metrics);
+    let c = Arc::new(if pacing {
+        pipeline
+    } else {
+        pipeline.without_pacing()
+    });
+    let caller = caller();
+    let mut messages = vec![
+        json!({"role": "system", "content": "You are a coding agent."}),
+        json!({"role": "user", "content": "Fix the failing test in the parser."}),
+    ];
+    let mut waited = Vec::new();
+    for turn in 0..120 {
+        let context = RequestContext {
+            caller: &caller,
+            session_header: None,
+            long_context: false,
+            attempts: &Attempts::per_request(),
+        };
+        let request = Bytes::from(body("paced", messages.clone()));
+        let processed = c
+            .handle(DialectKind::ChatCompletions, &request, &context)
+            .await;
+        if processed.summarizer_time > Duration::ZERO {
+            waited.push(turn);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        messages.push(json!({"role": "assistant", "content": format!("step {turn}: {}", "reading the code ".repeat(25))}));
+        messages.push(json!({"role": "user", "content": format!("output {turn}: {}", "line of tool output ".repeat(45))}));
+    }
+    c.background_idle().await;
+    (waited, fake.requests().len())
+}
+
+#[tokio::test(start_paused = true)]
+async fn background_summaries_paced_by_growth_and_latency_are_ready_before_the_trigger() {
+    let (unpaced, unpaced_calls) = turns_that_waited(false).await;
+    let (paced, paced_calls) = turns_that_waited(true).await;
+    eprintln!(
+        "unpaced waits {unpaced:?} ({unpaced_calls} calls); paced {paced:?} ({paced_calls} calls)"
+    );
+    assert!(
+        unpaced.len() >= 3,
+        "from the plain watermark, the trigger comes first: {unpaced:?}"
+    );
+    // The first summary has not been timed yet: it may be waited for. None after it.
+    assert!(paced.len() <= 1, "paced: {paced:?}");
+}
