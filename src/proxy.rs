@@ -40,7 +40,9 @@ use crate::overflow::Overflow;
 use crate::pipeline::{ForwardedEstimate, Outcome, Processed, RequestContext};
 use crate::session::{ProviderAnswer, TenantId};
 use crate::timing::Overhead;
-use crate::upstream::{prepare_headers, strip_hop_by_hop, BoxError, ProxyBody, Resolved};
+use crate::upstream::{
+    prepare_headers, strip_hop_by_hop, BoxError, ProxyBody, Resolved, SendError,
+};
 use crate::usage::{self, Encoding, Format, Observed, Usage};
 
 pub mod budget;
@@ -176,10 +178,14 @@ async fn forward(
     peer: SocketAddr,
     overhead: &mut Overhead,
 ) -> Result<Response<ProxyBody>, Error> {
-    if tunnel::is_upgrade(request.headers()) {
+    if tunnel::wants_tunnel(&request) {
         let mut upstream =
             Request::new(Empty::new().map_err(|never| match never {}).boxed_unsync());
-        *upstream.method_mut() = request.method().clone();
+        // An HTTP/2 WebSocket (extended CONNECT) goes on as the HTTP/1.1 GET upgrade.
+        *upstream.method_mut() = match request.method() {
+            &Method::CONNECT => Method::GET,
+            other => other.clone(),
+        };
         *upstream.uri_mut() = resolved.uri.clone();
         *upstream.headers_mut() = request.headers().clone();
         prepare_headers(upstream.headers_mut(), &resolved.host, peer.ip());
@@ -386,15 +392,20 @@ async fn send(
     request: Request<ProxyBody>,
     overhead: &mut Overhead,
 ) -> Result<Response<Incoming>, Error> {
-    overhead
-        .wait(app.upstream.send(request))
-        .await
-        .map_err(|e| {
-            if let Some(kind) = e.kind() {
-                app.metrics.upstream_error(kind);
-            }
-            Error::from(e)
-        })
+    counted(app, overhead.wait(app.upstream.send(request)).await)
+}
+
+/// An upstream's answer, its failure counted by kind.
+fn counted(
+    app: &App,
+    answer: Result<Response<Incoming>, SendError>,
+) -> Result<Response<Incoming>, Error> {
+    answer.map_err(|e| {
+        if let Some(kind) = e.kind() {
+            app.metrics.upstream_error(kind);
+        }
+        Error::from(e)
+    })
 }
 
 /// What a chat request keeps to be sent again if the provider refuses it for its length.

@@ -127,6 +127,8 @@ impl Server {
         // Half-close: a client that shuts down its write side after its request is waiting
         // for the answer, not gone (without this hyper ends the exchange at the EOF).
         builder.http1().timer(TokioTimer::new()).half_close(true);
+        // WebSockets over HTTP/2 (RFC 8441 extended CONNECT), tunnelled as upgrades are.
+        builder.http2().enable_connect_protocol();
         let max_connections = connection_limit(app.current().config.server.max_connections);
         let proxy_slots = Slots::new(max_connections, false);
         let admin_slots = Slots::new(ADMIN_CONNECTIONS, true);
@@ -186,16 +188,17 @@ impl Server {
             "shutting down: draining"
         );
         let _ = shutdown_tx.send(true);
+        // Tunnels (WebSockets) have no end of their own, and one over HTTP/2 is a stream of a
+        // connection the drain would wait for: closed now (their clients reconnect elsewhere
+        // or fall back to HTTP), while requests in progress get the grace.
+        let tunnels = app.current().tunnels.close_all();
+        if tunnels > 0 {
+            tracing::info!(tunnels, "tunnels closed");
+        }
         drop(drain_tx);
         match tokio::time::timeout(grace, drain_rx.recv()).await {
             Ok(_) => tracing::info!("drain complete: every connection finished"),
             Err(_) => tracing::warn!("drain timed out: closing the remaining connections"),
-        }
-        // Upgraded connections (WebSocket) have no end of their own: closed once the requests
-        // in progress are done (their clients reconnect or fall back elsewhere).
-        let tunnels = app.current().tunnels.close_all();
-        if tunnels > 0 {
-            tracing::info!(tunnels, "tunnels closed");
         }
         Ok(())
     }

@@ -143,9 +143,15 @@ pub struct Resolved {
     pub base_url: String,
 }
 
-/// The pooled client and the routing table.
+/// A pooled client to the upstreams.
+type Pooled = Client<HttpsConnector<HttpConnector>, ProxyBody>;
+
+/// The pooled clients and the routing table.
 pub struct Upstream {
-    client: Client<HttpsConnector<HttpConnector>, ProxyBody>,
+    client: Pooled,
+    /// HTTP/1.1 only, for upgrades: an `Upgrade` is an HTTP/1.1 mechanism, and a connection
+    /// the pool negotiated as HTTP/2 (ALPN, as most TLS upstreams offer) cannot carry one.
+    upgrades: Pooled,
     default: Target,
     routes: Vec<Route>,
     response_timeout: Duration,
@@ -160,28 +166,32 @@ impl Upstream {
         http.set_connect_timeout(Some(config.connect_timeout()));
         let tls = tls_client_config(config)?;
         let connector = HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
+            .with_tls_config(tls.clone())
             .https_or_http()
             .enable_all_versions()
+            .wrap_connector(http.clone());
+        let h1_connector = HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
             .wrap_connector(http);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(config.pool_idle_timeout())
-            .pool_timer(TokioTimer::new())
-            .timer(TokioTimer::new())
-            .build(connector);
-        Upstream::with_client(config, client)
+        let client = |connector| {
+            Client::builder(TokioExecutor::new())
+                .pool_idle_timeout(config.pool_idle_timeout())
+                .pool_timer(TokioTimer::new())
+                .timer(TokioTimer::new())
+                .build(connector)
+        };
+        Upstream::with_clients(config, client(connector), client(h1_connector))
     }
 
     /// The routing table of `config` over this upstream's pooled client, for a reload that
     /// leaves `[upstream]` as it was: warm connections and TLS sessions are kept.
     pub fn with_routes(&self, config: &Config) -> Result<Upstream, Error> {
-        Upstream::with_client(config, self.client.clone())
+        Upstream::with_clients(config, self.client.clone(), self.upgrades.clone())
     }
 
-    fn with_client(
-        config: &Config,
-        client: Client<HttpsConnector<HttpConnector>, ProxyBody>,
-    ) -> Result<Upstream, Error> {
+    fn with_clients(config: &Config, client: Pooled, upgrades: Pooled) -> Result<Upstream, Error> {
         let default = Target::parse(&config.upstream.base_url)?;
         let routes = config
             .routes
@@ -196,6 +206,7 @@ impl Upstream {
             .collect::<Result<Vec<_>, Error>>()?;
         Ok(Upstream {
             client,
+            upgrades,
             default,
             routes,
             response_timeout: config.response_timeout(),
@@ -243,14 +254,27 @@ impl Upstream {
     }
 
     /// Sends a prepared request; waits at most `upstream.response_timeout_secs` for the head.
-    pub async fn send(
+    pub async fn send(&self, request: Request<ProxyBody>) -> Result<Response<Incoming>, SendError> {
+        self.send_with(&self.client, request).await
+    }
+
+    /// [`Upstream::send`] for an upgrade: over HTTP/1.1, whatever the upstream offers.
+    pub async fn send_upgrade(
         &self,
+        request: Request<ProxyBody>,
+    ) -> Result<Response<Incoming>, SendError> {
+        self.send_with(&self.upgrades, request).await
+    }
+
+    async fn send_with(
+        &self,
+        client: &Pooled,
         mut request: Request<ProxyBody>,
     ) -> Result<Response<Incoming>, SendError> {
         // The pool picks HTTP/1.1 or HTTP/2 per connection (ALPN); an HTTP/2 version left over
         // from the client side would make an HTTP/1.1 upstream connection refuse the request.
         *request.version_mut() = Version::HTTP_11;
-        match tokio::time::timeout(self.response_timeout, self.client.request(request)).await {
+        match tokio::time::timeout(self.response_timeout, client.request(request)).await {
             Err(_) => Err(SendError::Timeout),
             Ok(Ok(response)) => Ok(response),
             Ok(Err(e)) if e.is_connect() => Err(SendError::Connect(error_chain(&e))),

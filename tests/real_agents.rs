@@ -183,6 +183,7 @@ async fn session(setup: Setup) -> Session {
         filler_lines: setup.filler_lines,
         finish: setup.finish,
         model: setup.model.into(),
+        latency: Duration::ZERO,
     })
     .await;
     let toml = format!(
@@ -502,11 +503,9 @@ async fn claude_code() {
     check(&run, &session, true).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn codex() {
+/// `codex exec` of the user's prompt in `ws`, its provider compactor at `proxy`.
+fn codex_command(ws: &Workspace, proxy: &TestProxy) -> tokio::process::Command {
     let codex = npm_agent("codex", "@openai/codex", "CODEX_VERSION");
-    let ws = workspace(&["AGENTS.md"]);
-    let session = session(Setup::by_messages(Finish::Text, "gpt-5-codex")).await;
     let codex_home = ws.home.join(".codex");
     std::fs::create_dir_all(&codex_home).expect("codex home");
     // A provider of our own (Responses over HTTP), nothing phoning home: no update check, no
@@ -522,11 +521,11 @@ async fn codex() {
              apps = false\nin_app_updates = false\ndaemon_auto_start = false\n\
              [model_providers.scripted]\nname = \"scripted\"\nbase_url = \"{}\"\n\
              env_key = \"SCRIPTED_API_KEY\"\nwire_api = \"responses\"\n",
-            session.proxy.url("/v1")
+            proxy.url("/v1")
         ),
     )
     .expect("codex config");
-    let mut c = command(&codex, &ws);
+    let mut c = command(&codex, ws);
     c.args([
         "exec",
         "--skip-git-repo-check",
@@ -535,7 +534,14 @@ async fn codex() {
     ])
     .env("CODEX_HOME", &codex_home)
     .env("SCRIPTED_API_KEY", "sk-scripted-test");
-    let run = run("codex", c).await;
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex() {
+    let ws = workspace(&["AGENTS.md"]);
+    let session = session(Setup::by_messages(Finish::Text, "gpt-5-codex")).await;
+    let run = run("codex", codex_command(&ws, &session.proxy)).await;
     check(&run, &session, true).await;
 }
 
@@ -652,4 +658,62 @@ async fn mini_swe_agent() {
     .env("PYTHONDONTWRITEBYTECODE", "1");
     let run = run("mini", c).await;
     check(&run, &session, false).await;
+}
+
+/// Issue 28's paced session: Codex with a model's latency (half a second an answer) and a
+/// summarizer that takes four seconds (an `exec` program), background summaries on and
+/// compaction by tokens against the model's window. Summaries start early enough, from the
+/// conversation's measured growth and the summarizer's measured latency, that no request
+/// waits for one once the first has been timed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_with_a_real_models_latency_waits_for_no_summary() {
+    let window: usize = std::env::var("PACED_WINDOW")
+        .ok()
+        .and_then(|w| w.parse().ok())
+        .unwrap_or(24_000);
+    let turns: usize = std::env::var("PACED_TURNS")
+        .ok()
+        .and_then(|w| w.parse().ok())
+        .unwrap_or(30);
+    let ws = workspace(&["AGENTS.md"]);
+    let provider = ScriptedProvider::start(Script {
+        turns,
+        window: 1_000_000,
+        filler_lines: 120,
+        finish: Finish::Text,
+        model: "gpt-5-codex".into(),
+        latency: Duration::from_millis(500),
+    })
+    .await;
+    // Debug formatting escapes as a TOML basic string does.
+    let script = "cat > /dev/null; sleep 4; \
+                  echo '{\"summary\": \"Steps ran with the shell; each printed its marker.\"}'";
+    let toml = format!(
+        "{}[compaction]\nmax_messages = 1000\nmin_preserve_tokens = 500\n\
+         max_preserve_tokens = 2000\n[models.\"gpt-5-codex\"]\ncontext_window = {window}\n\
+         [summarizer]\nbackend = \"exec\"\n[summarizer.exec]\ncommand = \"sh\"\n\
+         args = [\"-c\", {script:?}]\n",
+        upstream_toml(&provider.url()),
+    );
+    let proxy = TestProxy::start(&toml).await;
+    let session = Session { provider, proxy };
+    let run = run("codex", codex_command(&ws, &session.proxy)).await;
+    let sizes: Vec<usize> = session
+        .provider
+        .session_turns()
+        .iter()
+        .map(|e| e.request.body.len() / 4)
+        .collect();
+    let metrics = session.proxy.metrics().await;
+    eprintln!(
+        "sizes {sizes:?}\n{}",
+        metrics
+            .lines()
+            .filter(|l| l.contains("summarizer_wait")
+                || l.contains("background_compactions_total")
+                || l.contains("compactions_total"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    run.ensure(run.status.is_some_and(|s| s.success()), "exit", &session);
 }

@@ -246,3 +246,83 @@ async fn past_the_tunnel_bound_an_upgrade_goes_as_a_plain_request() {
     drop(second);
     proxy.shutdown().await;
 }
+
+/// An HTTP/2 extended CONNECT (RFC 8441) to `path` through the proxy over h2c; returns the
+/// answer (its upgrade still pending) and the connection's task.
+async fn h2_websocket(proxy: &TestProxy, path: &str) -> http::Response<hyper::body::Incoming> {
+    let stream = TcpStream::connect(proxy.addr).await.expect("connect");
+    let (mut sender, connection) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .expect("h2 handshake");
+    tokio::spawn(connection);
+    let request = http::Request::builder()
+        .method(http::Method::CONNECT)
+        .uri(format!("http://{}{path}", proxy.addr))
+        .header("authorization", "Bearer sk-ws")
+        .header("sec-websocket-version", "13")
+        .extension(hyper::ext::Protocol::from_static("websocket"))
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .expect("request");
+    within("the CONNECT's answer", sender.send_request(request))
+        .await
+        .expect("answer")
+}
+
+#[tokio::test]
+async fn an_http2_websocket_goes_upstream_as_an_http1_upgrade_and_is_tunnelled() {
+    let upstream = EchoUpstream::start().await;
+    let proxy = TestProxy::start(&upstream_toml(&upstream.url())).await;
+    let answer = h2_websocket(&proxy, "/v1/responses").await;
+    assert_eq!(answer.status(), 200, "the stream opens: {answer:?}");
+    assert!(
+        answer.headers().get("sec-websocket-accept").is_none(),
+        "the HTTP/1.1 handshake's proof stays behind"
+    );
+
+    // Upstream: the HTTP/1.1 handshake, with a fresh key, the version and the credential.
+    let sent = upstream.heads();
+    assert_eq!(sent.len(), 1);
+    let sent = sent[0].to_ascii_lowercase();
+    assert!(sent.starts_with("get /v1/responses http/1.1"), "{sent}");
+    for header in [
+        "upgrade: websocket",
+        "connection: upgrade",
+        "sec-websocket-version: 13",
+        "authorization: bearer sk-ws",
+    ] {
+        assert!(sent.contains(header), "{header} missing: {sent}");
+    }
+    let key = sent
+        .lines()
+        .find_map(|l| l.strip_prefix("sec-websocket-key: "))
+        .unwrap_or_else(|| panic!("a key: {sent}"));
+    assert_eq!(key.trim().len(), 24, "16 bytes, base64: {key}");
+
+    // Bytes both ways through the HTTP/2 stream.
+    let upgraded = within("the upgrade", hyper::upgrade::on(answer))
+        .await
+        .expect("upgraded");
+    let mut io = hyper_util::rt::TokioIo::new(upgraded);
+    for message in [&b"\x81\x05hello"[..], &[0u8, 255, 13, 10, 13, 10][..]] {
+        io.write_all(message).await.expect("write");
+        let mut echoed = vec![0u8; message.len()];
+        within("the echo", io.read_exact(&mut echoed))
+            .await
+            .expect("read");
+        assert_eq!(echoed, message);
+    }
+    assert_eq!(
+        proxy
+            .metric("compactor_tunnels_total", &[("outcome", "opened")])
+            .await,
+        Some(1.0)
+    );
+
+    // A CONNECT the upstream refuses comes back as answered.
+    let refused = h2_websocket(&proxy, "/v1/refuse").await;
+    assert_eq!(refused.status(), 403);
+    proxy.shutdown().await;
+}

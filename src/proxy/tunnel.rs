@@ -8,6 +8,15 @@
 //! either side closes. Any other answer is passed back as it came. Nothing inside a tunnel is
 //! read: a WebSocket's messages pass through uncompacted (README says so).
 //!
+//! HTTP/2 has no `Upgrade`: a WebSocket over HTTP/2 is an extended CONNECT (RFC 8441,
+//! `:protocol = websocket`), which the proxy listener accepts. It goes upstream as the
+//! HTTP/1.1 upgrade a WebSocket server takes everywhere (a `GET` with `Upgrade`, a fresh
+//! `Sec-WebSocket-Key`, `Sec-WebSocket-Version: 13` unless the client named one), and a `101`
+//! comes back to the client as the `200` that opens its stream; the frames are the same on
+//! both. Upgrades always go upstream over HTTP/1.1, on connections of their own
+//! ([`crate::upstream::Upstream::send_upgrade`]): one the pool negotiated as HTTP/2 could not
+//! carry them.
+//!
 //! Tunnels outlive the request that opened them, and the client connection's slot ends with
 //! the upgrade, so they have a bound of their own (`server.max_connections` at once; past it an
 //! upgrade is forwarded as a plain request and the client falls back) and shutdown closes
@@ -24,7 +33,11 @@ use hyper_util::rt::TokioIo;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
-use super::send;
+use base64::Engine as _;
+use http::Method;
+use ring::rand::SecureRandom as _;
+
+use super::{counted, send};
 use crate::app::App;
 use crate::error::Error;
 use crate::metrics::TunnelOutcome;
@@ -40,6 +53,25 @@ pub fn is_upgrade(headers: &HeaderMap) -> bool {
             .filter_map(|v| v.to_str().ok())
             .flat_map(|v| v.split(','))
             .any(|token| token.trim().eq_ignore_ascii_case("upgrade"))
+}
+
+/// Whether a request opens a tunnel: an HTTP/1.1 upgrade, or an HTTP/2 extended CONNECT.
+pub fn wants_tunnel<B>(request: &Request<B>) -> bool {
+    is_upgrade(request.headers()) || extended_connect(request).is_some()
+}
+
+/// The protocol an HTTP/2 extended CONNECT asks for (`websocket`), if it is one.
+fn extended_connect<B>(request: &Request<B>) -> Option<&hyper::ext::Protocol> {
+    (request.method() == Method::CONNECT)
+        .then(|| request.extensions().get::<hyper::ext::Protocol>())
+        .flatten()
+}
+
+/// A new `Sec-WebSocket-Key`: 16 random bytes, base64 (RFC 6455, 4.1).
+fn websocket_key() -> Option<HeaderValue> {
+    let mut nonce = [0u8; 16];
+    ring::rand::SystemRandom::new().fill(&mut nonce).ok()?;
+    HeaderValue::from_str(&base64::engine::general_purpose::STANDARD.encode(nonce)).ok()
 }
 
 /// The tunnels open now (shared by every app a reload makes, so shutdown reaches them all).
@@ -77,8 +109,9 @@ impl Tunnels {
 }
 
 /// Forwards an upgrade request (headers prepared, `Upgrade` and `Connection` stripped with
-/// the other hop-by-hop headers) and, when the upstream switches protocols, joins the two
-/// connections. `client` is the original request, still holding its upgrade.
+/// the other hop-by-hop headers; an extended CONNECT already made a `GET`) and, when the
+/// upstream switches protocols, joins the two connections. `client` is the original request,
+/// still holding its upgrade.
 pub async fn forward(
     app: &App,
     mut client: Request<Incoming>,
@@ -94,17 +127,30 @@ pub async fn forward(
             return Ok(passed(send(app, upstream, overhead).await?));
         }
     };
-    let upgrade = client.headers().get(header::UPGRADE).cloned();
+    let over_h2 = extended_connect(&client).is_some();
+    let upgrade = match extended_connect(&client) {
+        Some(protocol) => HeaderValue::from_str(protocol.as_str()).ok(),
+        None => client.headers().get(header::UPGRADE).cloned(),
+    };
     if let Some(protocol) = &upgrade {
-        upstream
-            .headers_mut()
-            .insert(header::UPGRADE, protocol.clone());
-        upstream
-            .headers_mut()
-            .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        let headers = upstream.headers_mut();
+        headers.insert(header::UPGRADE, protocol.clone());
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        if over_h2 && protocol.as_bytes().eq_ignore_ascii_case(b"websocket") {
+            // HTTP/2 WebSockets carry no key (RFC 8441, 5): the HTTP/1.1 handshake needs one.
+            if let Some(key) = websocket_key() {
+                headers.insert(header::SEC_WEBSOCKET_KEY, key);
+            }
+            headers
+                .entry(header::SEC_WEBSOCKET_VERSION)
+                .or_insert(HeaderValue::from_static("13"));
+        }
     }
     let client_side = hyper::upgrade::on(&mut client);
-    let mut answer = send(app, upstream, overhead).await?;
+    let mut answer = counted(
+        app,
+        overhead.wait(app.upstream.send_upgrade(upstream)).await,
+    )?;
     if answer.status() != StatusCode::SWITCHING_PROTOCOLS {
         app.metrics.tunnel(TunnelOutcome::Refused);
         return Ok(passed(answer));
@@ -113,12 +159,19 @@ pub async fn forward(
     let (mut parts, _) = answer.into_parts();
     let switched_to = parts.headers.get(header::UPGRADE).cloned();
     strip_hop_by_hop(&mut parts.headers);
-    if let Some(protocol) = switched_to.or(upgrade) {
-        parts.headers.insert(header::UPGRADE, protocol);
+    if over_h2 {
+        // The stream is open once the CONNECT is answered 2xx; the key's proof belongs to
+        // the HTTP/1.1 handshake alone.
+        parts.status = StatusCode::OK;
+        parts.headers.remove(header::SEC_WEBSOCKET_ACCEPT);
+    } else {
+        if let Some(protocol) = switched_to.or(upgrade) {
+            parts.headers.insert(header::UPGRADE, protocol);
+        }
+        parts
+            .headers
+            .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
     }
-    parts
-        .headers
-        .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
 
     let metrics = app.metrics.clone();
     let path = client.uri().path().to_string();

@@ -83,6 +83,8 @@ pub struct Script {
     pub finish: Finish,
     /// The model `GET …/models` lists.
     pub model: String,
+    /// How long each answer takes (a model's latency; zero for none).
+    pub latency: std::time::Duration,
 }
 
 /// What the provider answered.
@@ -166,6 +168,7 @@ impl ScriptedProvider {
     /// Starts the provider on `127.0.0.1:0`.
     pub async fn start(script: Script) -> ScriptedProvider {
         let mock = MockUpstream::start().await;
+        mock.set_latency(script.latency);
         let state = Arc::new(State {
             script,
             log: Mutex::new(Vec::new()),

@@ -249,6 +249,8 @@ struct State {
     handler: Mutex<Option<Handler>>,
     record: AtomicBool,
     seen: watch::Sender<usize>,
+    /// How long the handler's replies wait before they are sent (a model's latency).
+    latency: Mutex<std::time::Duration>,
 }
 
 /// The mock upstream. Dropping it stops accepting; open connections live on until the runtime
@@ -291,6 +293,7 @@ impl MockUpstream {
             handler: Mutex::new(None),
             record: AtomicBool::new(true),
             seen: watch::channel(0).0,
+            latency: Mutex::default(),
         });
         let is_tls = tls.is_some();
         let accept_state = state.clone();
@@ -353,6 +356,12 @@ impl MockUpstream {
     /// Sets the handler consulted when the queue is empty.
     pub fn set_handler(&self, handler: impl Fn(&Recorded) -> Reply + Send + Sync + 'static) {
         *self.state.handler.lock().expect("handler lock") = Some(Arc::new(handler));
+    }
+
+    /// Makes every reply of the handler wait `latency` before it is sent, as a model takes
+    /// time to answer.
+    pub fn set_latency(&self, latency: std::time::Duration) {
+        *self.state.latency.lock().expect("latency lock") = latency;
     }
 
     /// Turns request recording on or off (off keeps memory flat under load).
@@ -448,7 +457,11 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<Response<Mo
 
     recorded.body = body.collect().await?.to_bytes();
     record(&state, &recorded);
+    let latency = *state.latency.lock().expect("latency lock");
     let reply = next_reply(&state, &recorded);
+    if !latency.is_zero() {
+        tokio::time::sleep(latency).await;
+    }
     let (status, headers, body) = match reply {
         Reply::Full {
             status,
