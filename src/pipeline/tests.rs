@@ -616,7 +616,7 @@ async fn a_summary_ahead_that_would_not_help_is_not_needed_not_a_failure() {
 /// The requests (by turn) that waited for a summary in a session paced like the scripted
 /// Codex sessions of issue 28: a turn every half second adding a reply and a tool output,
 /// summaries that take four seconds (tokio's clock, paused: the test takes no real time).
-async fn turns_that_waited(pacing: bool) -> (Vec<usize>, usize) {
+async fn turns_that_waited(pacing: bool, output_lines: usize) -> (Vec<usize>, usize) {
     let toml = "[compaction]\nmax_messages = 1000\nmin_preserve_tokens = 100\n\
                 max_preserve_tokens = 400\n[models.paced]\ncontext_window = 8000\n";
     let fake = FakeSummarizer::new(vec![Reply::Slow(
@@ -652,7 +652,7 @@ async fn turns_that_waited(pacing: bool) -> (Vec<usize>, usize) {
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
         messages.push(json!({"role": "assistant", "content": format!("step {turn}: {}", "reading the code ".repeat(25))}));
-        messages.push(json!({"role": "user", "content": format!("output {turn}: {}", "line of tool output ".repeat(45))}));
+        messages.push(json!({"role": "user", "content": format!("output {turn}: {}", "line of tool output ".repeat(output_lines))}));
     }
     c.background_idle().await;
     (waited, fake.requests().len())
@@ -660,15 +660,15 @@ async fn turns_that_waited(pacing: bool) -> (Vec<usize>, usize) {
 
 #[tokio::test(start_paused = true)]
 async fn background_summaries_paced_by_growth_and_latency_are_ready_before_the_trigger() {
-    let (unpaced, unpaced_calls) = turns_that_waited(false).await;
-    let (paced, paced_calls) = turns_that_waited(true).await;
-    eprintln!(
-        "unpaced waits {unpaced:?} ({unpaced_calls} calls); paced {paced:?} ({paced_calls} calls)"
-    );
-    assert!(
-        unpaced.len() >= 3,
-        "from the plain watermark, the trigger comes first: {unpaced:?}"
-    );
-    // The first summary has not been timed yet: it may be waited for. None after it.
-    assert!(paced.len() <= 1, "paced: {paced:?}");
+    // Tool outputs of 45 and 80 lines: the trigger comes 18 and 11 turns after a summary is
+    // spliced. Only the first summary, not yet timed, may be waited for when paced.
+    for output_lines in [45, 80] {
+        let (unpaced, _) = turns_that_waited(false, output_lines).await;
+        let (paced, _) = turns_that_waited(true, output_lines).await;
+        assert!(
+            unpaced.len() >= 3,
+            "{output_lines} lines: from the plain watermark, the trigger comes first: {unpaced:?}"
+        );
+        assert!(paced.len() <= 1, "{output_lines} lines, paced: {paced:?}");
+    }
 }
