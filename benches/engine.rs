@@ -243,6 +243,43 @@ fn small_request(c: &mut Criterion) {
     group.finish();
 }
 
+/// A coding agent's request: a 24 KB opening (instructions and project files in the system
+/// prompt and the first user message, as Claude Code and Codex send them), the model's first
+/// reply and a few turns, well under the trigger. Every request of the session pays for its
+/// session id, derived from the opening.
+fn agent_request(c: &mut Criterion) {
+    let (compactor, rt) = setup();
+    let caller = Arc::new(Caller {
+        credentials: vec![("authorization".into(), "Bearer sk-bench".into())],
+        ..Caller::default()
+    });
+    let instructions = "Follow the project rules in CLAUDE.md. Keep changes small.\n".repeat(200);
+    let mut messages = vec![
+        json!({"role": "system", "content": instructions}),
+        json!({"role": "user", "content": format!("<system-reminder>{}</system-reminder> Fix the parser.", "rule ".repeat(2_400))}),
+    ];
+    messages.extend(conversation(8, 300).into_iter().skip(2));
+    let body = Bytes::from(request("gpt-4o", messages));
+    let context = RequestContext {
+        caller: &caller,
+        session_header: None,
+        long_context: false,
+        attempts: &Attempts::per_request(),
+    };
+    let mut group = c.benchmark_group("agent_request");
+    group.throughput(Throughput::Bytes(body.len() as u64));
+    group.bench_function("compactor_handle", |b| {
+        b.iter(|| {
+            black_box(rt.block_on(compactor.handle(
+                DialectKind::ChatCompletions,
+                black_box(&body),
+                &context,
+            )))
+        })
+    });
+    group.finish();
+}
+
 /// The token estimate alone over ~200 KB of text, the size of a large request body: once pure
 /// ASCII (prose, code and JSON tool output, the common case) and once with some accented and
 /// CJK text mixed in (the non-ASCII path).
@@ -296,6 +333,7 @@ criterion_group!(
     compaction,
     hot_path,
     small_request,
+    agent_request,
     estimate,
     plain_scan
 );

@@ -47,8 +47,8 @@ use crate::session::hash::SESSION_ID_MESSAGES;
 use crate::session::redis::CLAIM_TTL;
 use crate::session::{
     derived_session_ids, session_id, ChainMemo, Checkpoint, Claim, LatestRequest, Lease, MaskFloor,
-    MaskNeed, MemoryStore, RedisSettings, RedisStore, SessionStore, SingleFlight, Staged,
-    StoreError, StoreLimits, TenantId,
+    MaskNeed, MemoryStore, RedisSettings, RedisStore, SessionIdMemo, SessionStore, SingleFlight,
+    Staged, StoreError, StoreLimits, TenantId,
 };
 use crate::transcript::Transcript;
 
@@ -234,6 +234,9 @@ pub struct Pipeline {
     memo: ChainMemo,
     /// Conversation arrays already read, so a request reads only the messages it adds.
     scan_memo: ScanMemo,
+    /// Derived session ids of openings already seen (a parse and a digest of tens of
+    /// kilobytes, and a store call, per request otherwise).
+    session_ids: SessionIdMemo,
     enabled: bool,
     /// `compaction.strategy`.
     strategy: Strategy,
@@ -317,6 +320,7 @@ impl Pipeline {
             // Sized to the store they serve (README, *Memory*).
             memo: ChainMemo::for_sessions(config.store.max_sessions),
             scan_memo: ScanMemo::with_budget(config.store.max_bytes / 4),
+            session_ids: SessionIdMemo::for_sessions(config.store.max_sessions),
             enabled: config.compaction.enabled,
             strategy: config.compaction.strategy,
             masker: Masker {
@@ -2028,18 +2032,28 @@ impl Pipeline {
         let through_reply = first_reply(scan.dialect(), messages).map_or(0, |i| i + 1);
         let (opening, then) = messages.split_at(opening);
         let then = &then[..through_reply.saturating_sub(opening.len()).min(then.len())];
-        let (id, own) = derived_session_ids(tenant, opening, then);
-        if then.is_empty() {
+        let print = self
+            .session_ids
+            .print(&messages[..opening.len() + then.len()]);
+        if let Some(id) = self.session_ids.get(tenant, print) {
             return id;
         }
-        match self.store.claim_opening(*tenant, &id, &own).await {
-            Ok(owner) if owner == own => id,
-            Ok(_) => own,
-            Err(e) => {
-                tracing::warn!(error = %e, "session store unavailable; naming the session by its opening");
-                id
+        let (id, own) = derived_session_ids(tenant, opening, then);
+        let settled = if then.is_empty() {
+            id
+        } else {
+            match self.store.claim_opening(*tenant, &id, &own).await {
+                Ok(owner) if owner == own => id,
+                Ok(_) => own,
+                Err(e) => {
+                    // Not remembered: the store may settle it otherwise once it answers.
+                    tracing::warn!(error = %e, "session store unavailable; naming the session by its opening");
+                    return id;
+                }
             }
-        }
+        };
+        self.session_ids.insert(tenant, print, settled.clone());
+        settled
     }
 }
 

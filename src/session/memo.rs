@@ -1,4 +1,4 @@
-//! Chain hashes remembered by the bytes they were computed from.
+//! Chain hashes and session ids remembered by the bytes they were computed from.
 //!
 //! Every request of a long conversation carries the same history again, and finding its
 //! checkpoint means chain-hashing that history ([`super::hash::chain`]: canonical JSON and
@@ -16,6 +16,13 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::{Mutex, PoisonError};
+
+/// A random value without a dependency for it: std's per-process hash keys.
+fn random_seed() -> u64 {
+    std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish()
+}
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
@@ -62,12 +69,8 @@ impl ChainMemo {
 
     /// An empty memo holding at most `capacity` hashes.
     pub fn with_capacity(capacity: usize) -> ChainMemo {
-        // A random value without a dependency for it: std's per-process hash keys.
-        let seed = std::collections::hash_map::RandomState::new()
-            .build_hasher()
-            .finish();
         ChainMemo {
-            seed,
+            seed: random_seed(),
             table: Mutex::new(HashMap::default()),
             capacity,
         }
@@ -134,6 +137,63 @@ impl ChainMemo {
     /// Whether nothing is remembered.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// Session ids remembered by the bytes they were derived from.
+///
+/// A session id without a header is derived from the conversation's opening, through the
+/// model's first reply ([`super::hash::derived_session_ids`]: canonical JSON and SHA-256 over
+/// the messages), and, once there is a reply, settled by a claim in the store. An agent's
+/// opening holds its instructions and project files (tens of kilobytes), sent again with
+/// every request: so the settled id is remembered under a fingerprint of those messages' raw
+/// bytes (XXH3, random seed per process), for that tenant, and the next request pays one
+/// fast fingerprint instead of a parse, a digest and a store call. An id the store could not
+/// settle is not remembered. Bounded, and emptied when full.
+#[derive(Debug)]
+pub struct SessionIdMemo {
+    seed: u64,
+    table: Mutex<HashMap<(TenantId, u64), String, foldhash::fast::RandomState>>,
+    capacity: usize,
+}
+
+impl SessionIdMemo {
+    /// An empty memo for a store of `max_sessions` sessions (one id each, at least
+    /// [`MIN_CAPACITY`], at most [`MEMO_CAPACITY`]).
+    pub fn for_sessions(max_sessions: usize) -> SessionIdMemo {
+        SessionIdMemo {
+            seed: random_seed(),
+            table: Mutex::new(HashMap::default()),
+            capacity: max_sessions.clamp(MIN_CAPACITY, MEMO_CAPACITY),
+        }
+    }
+
+    /// The fingerprint of `messages` (each one's length and bytes).
+    pub fn print(&self, messages: &[&str]) -> u64 {
+        messages.iter().fold(self.seed, |print, message| {
+            xxh3_64_with_seed(
+                message.as_bytes(),
+                print.rotate_left(17) ^ message.len() as u64,
+            )
+        })
+    }
+
+    /// The id remembered for `print` of `tenant`'s messages.
+    pub fn get(&self, tenant: &TenantId, print: u64) -> Option<String> {
+        self.table
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&(*tenant, print))
+            .cloned()
+    }
+
+    /// Remembers `id` for `print` of `tenant`'s messages.
+    pub fn insert(&self, tenant: &TenantId, print: u64, id: String) {
+        let mut table = self.table.lock().unwrap_or_else(PoisonError::into_inner);
+        if table.len() >= self.capacity {
+            table.clear();
+        }
+        table.insert((*tenant, print), id);
     }
 }
 
@@ -229,5 +289,35 @@ mod tests {
             memo.chain(&t, &refs(&owned)).unwrap();
             assert!(memo.len() <= memo.capacity(), "{} held", memo.len());
         }
+    }
+
+    #[test]
+    fn session_ids_are_remembered_per_tenant_and_bytes() {
+        let memo = SessionIdMemo::for_sessions(10);
+        let t = TenantId::from_credential("k");
+        let owned = messages(3, "a");
+        let all = refs(&owned);
+        let print = memo.print(&all);
+        assert_eq!(memo.get(&t, print), None);
+        memo.insert(&t, print, "abc".into());
+        assert_eq!(memo.get(&t, print).as_deref(), Some("abc"));
+        // Another tenant, another message, or the same bytes cut elsewhere: not the same.
+        assert_eq!(memo.get(&TenantId::from_credential("other"), print), None);
+        assert_ne!(memo.print(&all[..2]), print);
+        let joined = format!("{}{}", all[0], all[1]);
+        assert_ne!(memo.print(&[joined.as_str(), all[2]]), print);
+    }
+
+    #[test]
+    fn a_full_session_id_memo_starts_over() {
+        let memo = SessionIdMemo::for_sessions(0);
+        let t = TenantId::from_credential("k");
+        for i in 0..MIN_CAPACITY as u64 {
+            memo.insert(&t, i, i.to_string());
+        }
+        assert_eq!(memo.get(&t, 0).as_deref(), Some("0"));
+        memo.insert(&t, u64::MAX, "last".into());
+        assert_eq!(memo.get(&t, 0), None, "emptied when full");
+        assert_eq!(memo.get(&t, u64::MAX).as_deref(), Some("last"));
     }
 }

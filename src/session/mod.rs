@@ -28,7 +28,7 @@ pub use flight::{Flight, FlightError, SingleFlight};
 pub use hash::{
     canonical_json, chain, derived_session_ids, session_id, CanonicalError, ChainHash, TenantId,
 };
-pub use memo::ChainMemo;
+pub use memo::{ChainMemo, SessionIdMemo};
 pub use memory::{Clock, MemoryStore};
 pub use redis::{RedisSettings, RedisStore};
 pub use store::{
