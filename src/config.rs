@@ -595,6 +595,37 @@ pub struct StoreConfig {
 pub struct ModelConfig {
     /// The model's context window in tokens.
     pub context_window: usize,
+    /// What the provider charges for the model; without it the model gets no cost figures.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub price: Option<Price>,
+}
+
+/// `[models."<name or glob>"].price`: a model's prices in USD per million tokens.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Price {
+    /// Input tokens read without the prompt cache.
+    pub input: f64,
+    /// Output tokens (reasoning included).
+    pub output: f64,
+    /// Input tokens read from the prompt cache (default: `input`, no discount assumed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_read: Option<f64>,
+    /// Input tokens written to the prompt cache (default: `input`; Anthropic charges more).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_write: Option<f64>,
+}
+
+impl Price {
+    /// USD per million cache-read tokens.
+    pub fn cache_read(&self) -> f64 {
+        self.cache_read.unwrap_or(self.input)
+    }
+
+    /// USD per million cache-written tokens.
+    pub fn cache_write(&self) -> f64 {
+        self.cache_write.unwrap_or(self.input)
+    }
 }
 
 impl Default for ServerConfig {
@@ -879,6 +910,22 @@ impl Config {
                     "must be positive",
                 ));
             }
+            if let Some(price) = &model.price {
+                let each = [
+                    ("input", Some(price.input)),
+                    ("output", Some(price.output)),
+                    ("cache_read", price.cache_read),
+                    ("cache_write", price.cache_write),
+                ];
+                for (key, value) in each {
+                    if value.is_some_and(|v| !(v.is_finite() && v >= 0.0)) {
+                        return Err(invalid(
+                            format!("models.\"{name}\".price.{key}"),
+                            "must be a finite number of USD per million tokens, at least 0",
+                        ));
+                    }
+                }
+            }
         }
         Ok(())
     }
@@ -1158,6 +1205,41 @@ mod tests {
         }
         let c = Config::from_toml("[admin]\ntoken = \"s3cret\"\n").expect("a real token");
         assert_eq!(c.admin.token.as_deref(), Some("s3cret"));
+    }
+
+    #[test]
+    fn prices_must_be_finite_and_not_negative_and_name_no_other_key() {
+        for (price, key) in [
+            ("{ input = -1.0, output = 1.0 }", "input"),
+            ("{ input = 1.0, output = nan }", "output"),
+            (
+                "{ input = 1.0, output = 1.0, cache_read = inf }",
+                "cache_read",
+            ),
+            (
+                "{ input = 1.0, output = 1.0, cache_write = -0.5 }",
+                "cache_write",
+            ),
+        ] {
+            let err = Config::from_toml(&format!(
+                "[models.\"m\"]\ncontext_window = 1000\nprice = {price}\n"
+            ))
+            .expect_err(price);
+            let want = format!("models.\"m\".price.{key}");
+            assert!(
+                matches!(&err, ConfigError::Invalid { key: k, .. } if *k == want),
+                "{price}: {err}"
+            );
+        }
+        assert!(Config::from_toml(
+            "[models.\"m\"]\ncontext_window = 1000\nprice = { input = 1.0, output = 1.0, cached = 0.1 }\n"
+        )
+        .is_err());
+        let free = Config::from_toml(
+            "[models.\"m\"]\ncontext_window = 1000\nprice = { input = 0.0, output = 0.0 }\n",
+        )
+        .expect("a free model is a price");
+        assert!(free.models["m"].price.is_some());
     }
 
     #[test]

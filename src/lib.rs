@@ -37,6 +37,7 @@ pub mod calibration;
 pub mod compact;
 pub mod compaction;
 pub mod config;
+pub mod cost;
 pub mod dialect;
 pub mod error;
 pub mod estimate;

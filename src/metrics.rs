@@ -16,8 +16,8 @@ use compactor_plugin_api::SummarizeError;
 use http::Method;
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry, TextEncoder,
+    CounterVec, Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
+    IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 use crate::compaction::models::WindowSource;
@@ -379,6 +379,8 @@ pub struct Metrics {
     retries: IntCounterVec,
     /// `compactor_context_window_learned_total{source}`
     windows_learned: IntCounterVec,
+    /// `compactor_cost_usd_total{dialect,kind}`
+    cost: CounterVec,
     /// `compactor_store_errors_total{op}`
     store_errors: IntCounterVec,
     /// `compactor_sessions`
@@ -472,6 +474,9 @@ impl Hot {
 }
 
 /// A dialect's place in [`DIALECTS`] (and in [`Hot`]'s arrays).
+/// `kind` values of `compactor_cost_usd_total`.
+const COST_KINDS: [&str; 4] = ["input", "cache_read", "cache_write", "output"];
+
 fn dialect_index(dialect: DialectKind) -> usize {
     match dialect {
         DialectKind::ChatCompletions => 0,
@@ -634,6 +639,16 @@ impl Metrics {
                 "compactor_background_compactions_total",
                 "Summaries made off the request path, by outcome.",
                 &["outcome"],
+            )?,
+            cost: register(
+                r,
+                CounterVec::new(
+                    Opts::new(
+                        "compactor_cost_usd_total",
+                        "What the provider billed for forwarded chat requests, in USD, from each response's usage and the model's price (models without a price are not counted), by kind: input (read without the prompt cache), cache_read, cache_write, output.",
+                    ),
+                    &["dialect", "kind"],
+                )?,
             )?,
             tunnels: counter_vec(
                 r,
@@ -818,6 +833,11 @@ impl Metrics {
         }
         for kind in UpstreamErrorKind::ALL {
             self.upstream_errors.with_label_values(&[kind.label()]);
+        }
+        for dialect in DIALECTS {
+            for kind in COST_KINDS {
+                self.cost.with_label_values(&[dialect.label(), kind]);
+            }
         }
         for trigger in Trigger::ALL {
             for outcome in CompactionOutcome::ALL {
@@ -1114,6 +1134,21 @@ impl Metrics {
         self.summarizer_requests
             .with_label_values(&[backend, outcome])
             .inc();
+    }
+
+    /// A forwarded `dialect` request's response was billed `bill`.
+    pub fn cost(&self, dialect: DialectKind, bill: &crate::cost::Bill) {
+        let [input, cache_read, cache_write, output] = COST_KINDS;
+        for (kind, usd) in [
+            (input, bill.input),
+            (cache_read, bill.cache_read),
+            (cache_write, bill.cache_write),
+            (output, bill.output),
+        ] {
+            self.cost
+                .with_label_values(&[dialect.label(), kind])
+                .inc_by(usd);
+        }
     }
 
     /// The upstream reported `tokens` of `kind` in a response's `usage`.

@@ -89,6 +89,8 @@ pub struct Processed {
 /// What the response's `usage` is compared with.
 #[derive(Debug, Clone)]
 pub struct ForwardedEstimate {
+    /// The request's dialect.
+    pub dialect: DialectKind,
     /// The request's model.
     pub model: Option<String>,
     /// Estimated input tokens of the body forwarded (raw, never calibrated).
@@ -652,6 +654,7 @@ impl Pipeline {
             .tokens_saved
             .inc_by(u64::try_from(saved).unwrap_or(u64::MAX));
         processed.estimate = Some(ForwardedEstimate {
+            dialect: scan.dialect(),
             model: scan.model.clone(),
             tokens: forwarded,
             context_window: request.limits.context_window,

@@ -317,6 +317,7 @@ async fn forward(
             let record: usage::OnUsage = Box::new(move |usage| {
                 if let Some(usage) = &usage {
                     learn_from_usage(&app, &estimate, usage);
+                    bill(&app, &estimate, usage);
                     usage::record(
                         &app.metrics,
                         app.compactor.calibration(),
@@ -333,6 +334,19 @@ async fn forward(
         _ => body,
     };
     Ok(Response::from_parts(parts, body))
+}
+
+/// Counts what the provider billed for a response, when its model has a price (under the
+/// name its window is looked up by: a long-context request is priced as such, or not at all).
+fn bill(app: &App, estimate: &ForwardedEstimate, usage: &Usage) {
+    let Some(model) = estimate.model.as_deref() else {
+        return;
+    };
+    let name = window_model(model, estimate.long_context);
+    if let Some(price) = app.compactor.engine().models().price(&name) {
+        app.metrics
+            .cost(estimate.dialect, &crate::cost::Bill::of(usage, &price));
+    }
 }
 
 /// A successful request whose `usage` (input plus output) is more than the window it was

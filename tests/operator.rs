@@ -321,3 +321,72 @@ async fn a_fresh_proxy_exports_its_labelled_counters_at_zero() {
     }
     assert!(mock.requests().is_empty(), "no traffic was sent");
 }
+
+/// A JSON completion of `model` whose usage reports 100,000 input tokens, 80,000 of them read
+/// from the cache, and 2,000 output tokens.
+fn billed_completion(model: &str) -> Reply {
+    Reply::json(
+        200,
+        &json!({
+            "id": "c", "object": "chat.completion", "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 100_000, "completion_tokens": 2_000, "total_tokens": 102_000,
+                      "prompt_tokens_details": {"cached_tokens": 80_000}}
+        }),
+    )
+}
+
+#[tokio::test]
+async fn what_the_provider_billed_is_priced_from_usage_and_unpriced_models_count_nothing() {
+    let mock = MockUpstream::start().await;
+    mock.set_handler(|r| {
+        let body: Value = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
+        billed_completion(body["model"].as_str().unwrap_or(""))
+    });
+    let toml = format!(
+        "{}[models.\"priced-model\"]\ncontext_window = 200000\n\
+         price = {{ input = 2.0, output = 8.0, cache_read = 0.5 }}\n\
+         [models.\"unpriced-model\"]\ncontext_window = 200000\n",
+        upstream_toml(&mock.url())
+    );
+    let proxy = TestProxy::start(&toml).await;
+    let client = TestClient::http1();
+    for model in ["unpriced-model", "priced-model"] {
+        let mut request = conversation(model, 3, 100);
+        request["model"] = json!(model);
+        let response = client.post_json(&proxy.url(CHAT), &request).await;
+        assert_eq!(response.status(), 200);
+        support::body_bytes(response).await;
+    }
+    // Both responses' usage is read; only the priced model's is billed.
+    proxy
+        .wait_metric(
+            "compactor_upstream_usage_tokens_total",
+            &[("kind", "output")],
+            4_000.0,
+        )
+        .await;
+    let cost = |kind: &'static str| {
+        let proxy = &proxy;
+        async move {
+            proxy
+                .metric(
+                    "compactor_cost_usd_total",
+                    &[("dialect", "chat_completions"), ("kind", kind)],
+                )
+                .await
+                .unwrap_or_else(|| panic!("compactor_cost_usd_total{{kind={kind}}} is exported"))
+        }
+    };
+    // 20,000 uncached at $2/M, 80,000 cached at $0.5/M, 2,000 output at $8/M, no cache writes
+    // (priced at input when written: none were).
+    for (kind, usd) in [
+        ("input", 0.04),
+        ("cache_read", 0.04),
+        ("cache_write", 0.0),
+        ("output", 0.016),
+    ] {
+        let got = cost(kind).await;
+        assert!((got - usd).abs() < 1e-9, "{kind}: {got} != {usd}");
+    }
+}

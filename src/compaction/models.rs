@@ -1,4 +1,4 @@
-//! Model → context window lookup over the `[models]` table.
+//! Model → context window (and price) lookup over the `[models]` table.
 //!
 //! Keys are exact model names or globs where `*` matches any run of characters. An exact
 //! name wins; otherwise the longest matching glob wins (ties: the lexicographically first
@@ -16,14 +16,23 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::ModelConfig;
+use crate::config::{ModelConfig, Price};
+
+/// What the table says of a model.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Entry {
+    /// Its context window in tokens.
+    pub window: usize,
+    /// Its prices, when the entry names them.
+    pub price: Option<Price>,
+}
 
 /// The compiled models table.
 #[derive(Debug, Clone)]
 pub struct ModelTable {
-    exact: HashMap<String, usize>,
+    exact: HashMap<String, Entry>,
     /// Lowercased patterns containing `*`, longest first.
-    globs: Vec<(Glob, usize)>,
+    globs: Vec<(Glob, Entry)>,
     default_window: usize,
 }
 
@@ -34,10 +43,14 @@ impl ModelTable {
         let mut globs = Vec::new();
         for (name, model) in models {
             let key = name.to_ascii_lowercase();
+            let entry = Entry {
+                window: model.context_window,
+                price: model.price,
+            };
             if key.contains('*') {
-                globs.push((key, model.context_window));
+                globs.push((key, entry));
             } else {
-                exact.insert(key, model.context_window);
+                exact.insert(key, entry);
             }
         }
         // Longest first; equal lengths in lexicographic order (stable and deterministic).
@@ -46,7 +59,7 @@ impl ModelTable {
             exact,
             globs: globs
                 .into_iter()
-                .map(|(pattern, window)| (Glob::new(&pattern), window))
+                .map(|(pattern, entry)| (Glob::new(&pattern), entry))
                 .collect(),
             default_window,
         }
@@ -59,8 +72,19 @@ impl ModelTable {
             .unwrap_or(self.default_window)
     }
 
-    /// The table entry for `model`, if any.
+    /// The prices of `model`, when its entry names them (the entry that gives its window: a
+    /// less specific one's prices are not borrowed, as its variants may cost differently).
+    pub fn price(&self, model: &str) -> Option<Price> {
+        self.entry(model).and_then(|e| e.price)
+    }
+
+    /// The table's window for `model`, if it has an entry.
     pub fn lookup(&self, model: &str) -> Option<usize> {
+        self.entry(model).map(|e| e.window)
+    }
+
+    /// The table entry for `model`, if any.
+    pub fn entry(&self, model: &str) -> Option<Entry> {
         let name = model.trim();
         // Model names are sent lowercase: no copy then.
         let name = if name.bytes().any(|b| b.is_ascii_uppercase()) {
@@ -74,17 +98,17 @@ impl ModelTable {
         })
     }
 
-    fn lookup_lower(&self, name: &str) -> Option<usize> {
+    fn lookup_lower(&self, name: &str) -> Option<Entry> {
         if name.is_empty() {
             return None;
         }
-        if let Some(w) = self.exact.get(name) {
-            return Some(*w);
+        if let Some(e) = self.exact.get(name) {
+            return Some(*e);
         }
         self.globs
             .iter()
             .find(|(glob, _)| glob.matches(name))
-            .map(|(_, w)| *w)
+            .map(|(_, e)| *e)
     }
 }
 
@@ -322,7 +346,15 @@ mod tests {
     fn table(entries: &[(&str, usize)]) -> ModelTable {
         let models = entries
             .iter()
-            .map(|(k, w)| (k.to_string(), ModelConfig { context_window: *w }))
+            .map(|(k, w)| {
+                (
+                    k.to_string(),
+                    ModelConfig {
+                        context_window: *w,
+                        price: None,
+                    },
+                )
+            })
             .collect();
         ModelTable::new(&models, 1000)
     }
@@ -348,6 +380,59 @@ mod tests {
             assert_eq!(window(false), 200_000, "{model}");
             assert_eq!(window(true), 1_000_000, "{model}[1m]");
         }
+    }
+
+    #[test]
+    fn prices_come_from_the_entry_that_gives_the_window_never_a_less_specific_one() {
+        let c = crate::config::Config::from_toml("").unwrap_or_else(|e| panic!("{e}"));
+        let shipped = ModelTable::new(&c.models, c.compaction.default_context_window);
+        let input = |model: &str| shipped.price(model).map(|p| p.input);
+        // Variants of one glob priced apart: the longer pattern or the exact name wins.
+        assert_eq!(input("gpt-4o"), Some(2.5));
+        assert_eq!(input("gpt-4o-mini-2024-07-18"), Some(0.15));
+        assert_eq!(input("gpt-5-codex"), Some(1.25));
+        assert_eq!(input("GPT-5-MINI"), Some(0.25));
+        assert_eq!(input("claude-opus-4-1-20250805"), Some(15.0));
+        assert_eq!(input("claude-opus-4-5-20251101"), Some(5.0));
+        assert_eq!(input("openrouter/anthropic/claude-sonnet-4-5"), Some(3.0));
+        // A glob whose variants cost differently names no price, and its entry's window does
+        // not borrow one: no figure rather than a wrong one.
+        for unpriced in [
+            "gpt-5.2",
+            "gpt-4o-audio-preview",
+            "o3-pro",
+            "claude-sonnet-4-5[1m]",
+            "gemini-2.5-pro",
+            "llama-3.1-70b",
+            "unknown-model",
+        ] {
+            assert_eq!(shipped.price(unpriced), None, "{unpriced}");
+        }
+        assert_eq!(shipped.context_window(Some("gpt-5.2")), 272_000);
+        // Anthropic writes the cache at a premium; OpenAI does not charge for writes.
+        let sonnet = shipped.price("claude-sonnet-4-5").expect("priced");
+        assert_eq!((sonnet.cache_read(), sonnet.cache_write()), (0.3, 3.75));
+        let gpt = shipped.price("gpt-5").expect("priced");
+        assert_eq!(gpt.cache_write(), gpt.input);
+        // A user entry overrides a shipped price and adds one.
+        let c = crate::config::Config::from_toml(
+            "[models.\"gpt-5\".price]\ninput = 9.0\noutput = 90.0\n\
+             [models.\"my-model\"]\ncontext_window = 8000\nprice = { input = 1.0, output = 2.0 }\n",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let table = ModelTable::new(&c.models, c.compaction.default_context_window);
+        let over = table.price("gpt-5").expect("priced");
+        assert_eq!(
+            (over.input, over.output, over.cache_read()),
+            (9.0, 90.0, 0.125),
+            "the keys named override, the others stay as shipped"
+        );
+        assert_eq!(
+            table.context_window(Some("gpt-5")),
+            272_000,
+            "the window stays"
+        );
+        assert_eq!(table.price("my-model").map(|p| p.output), Some(2.0));
     }
 
     #[test]
