@@ -276,6 +276,9 @@ async fn replay(
     if runs.len() > 1 {
         write_stdout(format!("\n{}", replay::comparison(&reports)).as_bytes())?;
     }
+    if let Some(costs) = replay::costs(&reports) {
+        write_stdout(format!("\n{costs}").as_bytes())?;
+    }
     if let Some(path) = svg {
         std::fs::write(path, replay::svg::render(&reports))
             .with_context(|| format!("writing {}", path.display()))?;

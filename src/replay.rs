@@ -36,7 +36,7 @@ use compactor_plugin_api::{
 };
 
 use crate::compaction::{Attempts, CompactionOutcome, Limits, Trigger};
-use crate::config::{Config, ConfigError, Strategy};
+use crate::config::{Config, ConfigError, Price, Strategy};
 use crate::dialect::DialectKind;
 use crate::estimate::LazyEstimator;
 use crate::metrics::Metrics;
@@ -105,6 +105,10 @@ pub enum ReplayError {
 pub struct CountingSummarizer {
     inner: Arc<dyn Summarizer>,
     calls: AtomicUsize,
+    /// Estimated tokens of every prompt sent.
+    prompt_tokens: AtomicUsize,
+    /// Estimated tokens of every summary received.
+    summary_tokens: AtomicUsize,
 }
 
 impl CountingSummarizer {
@@ -113,12 +117,22 @@ impl CountingSummarizer {
         CountingSummarizer {
             inner,
             calls: AtomicUsize::new(0),
+            prompt_tokens: AtomicUsize::new(0),
+            summary_tokens: AtomicUsize::new(0),
         }
     }
 
     /// Calls so far (successful or not).
     pub fn calls(&self) -> usize {
         self.calls.load(Ordering::Relaxed)
+    }
+
+    /// Estimated tokens of the prompts sent and of the summaries received so far.
+    pub fn tokens(&self) -> (usize, usize) {
+        (
+            self.prompt_tokens.load(Ordering::Relaxed),
+            self.summary_tokens.load(Ordering::Relaxed),
+        )
     }
 }
 
@@ -132,7 +146,15 @@ impl Summarizer for CountingSummarizer {
         request: &'a SummaryRequest,
     ) -> BoxFuture<'a, Result<Summary, SummarizeError>> {
         self.calls.fetch_add(1, Ordering::Relaxed);
-        self.inner.summarize(request)
+        let estimator = LazyEstimator::default();
+        self.prompt_tokens
+            .fetch_add(estimator.text(&request.prompt), Ordering::Relaxed);
+        Box::pin(async move {
+            let summary = self.inner.summarize(request).await?;
+            self.summary_tokens
+                .fetch_add(estimator.text(&summary.text), Ordering::Relaxed);
+            Ok(summary)
+        })
     }
 }
 
@@ -246,6 +268,10 @@ pub struct StepRow {
     /// Whether the forwarded request starts with the previous step's forwarded request less
     /// its last message ([`prefix_stable`]); `None` for the first step.
     pub prefix_stable: Option<bool>,
+    /// Of `forwarded`, the tokens a provider's prompt cache would serve ([`cached_tokens`]).
+    pub cached: usize,
+    /// Of `received`, the tokens the prompt cache would serve without compactor.
+    pub received_cached: usize,
 }
 
 /// The replay of one recording.
@@ -265,6 +291,13 @@ pub struct FileReport {
     pub limits: Limits,
     /// The `compaction.strategy` it ran with.
     pub strategy: Strategy,
+    /// The price of the last request's model, when the models table names one.
+    pub price: Option<Price>,
+    /// Estimated tokens of the summarizer's prompts and summaries.
+    pub summarizer_tokens: (usize, usize),
+    /// What the summarizer's calls are priced at: `None` for a local backend (`extractive`,
+    /// `exec`), `Some(None)` for a model with no price.
+    pub summarizer_price: Option<Option<Price>>,
     /// One row per request.
     pub rows: Vec<StepRow>,
 }
@@ -313,6 +346,62 @@ impl FileReport {
         compared.fold((0, 0), |(stable, all), s| {
             (stable + usize::from(s), all + 1)
         })
+    }
+
+    /// What the requests' input would cost at `price` with the prompt cache modelled
+    /// ([`StepRow::cached`]), in USD: `(with compactor, without)`. The part not read from the
+    /// cache is priced as input, or, for Anthropic Messages, as a cache write: Claude Code
+    /// marks its latest message as a cache breakpoint, so what is new is written.
+    pub fn input_cost(&self, price: &Price) -> (f64, f64) {
+        let uncached = if self.dialect == DialectKind::Messages.label() {
+            price.cache_write()
+        } else {
+            price.input
+        };
+        let cost = |tokens: usize, cached: usize| {
+            (tokens.saturating_sub(cached) as f64 * uncached + cached as f64 * price.cache_read())
+                / 1_000_000.0
+        };
+        self.rows.iter().fold((0.0, 0.0), |(with, without), r| {
+            (
+                with + cost(r.forwarded, r.cached),
+                without + cost(r.received, r.received_cached),
+            )
+        })
+    }
+
+    /// What the summarizer's calls cost in USD: `Some(0.0)` for a local backend, `None` when
+    /// its model has no price.
+    pub fn summarizer_cost(&self) -> Option<f64> {
+        let (prompt, summary) = self.summarizer_tokens;
+        match self.summarizer_price {
+            None => Some(0.0),
+            Some(None) => None,
+            Some(Some(p)) => Some((prompt as f64 * p.input + summary as f64 * p.output) / 1e6),
+        }
+    }
+
+    /// Of the forwarded tokens, the share the prompt cache would serve.
+    pub fn cached_share(&self) -> f64 {
+        let (cached, all) = self
+            .rows
+            .iter()
+            .fold((0, 0), |(c, a), r| (c + r.cached, a + r.forwarded));
+        if all == 0 {
+            0.0
+        } else {
+            cached as f64 / all as f64
+        }
+    }
+
+    /// The first step whose request, as received, is over the model's window less the
+    /// reserved output: where the conversation would have been refused without compaction.
+    pub fn over_window_at(&self) -> Option<usize> {
+        let usable = self.limits.usable_window();
+        self.rows
+            .iter()
+            .find(|r| r.received > usable)
+            .map(|r| r.step)
     }
 
     /// The largest request received, in estimated tokens.
@@ -453,6 +542,7 @@ impl Replayer {
         let mut compactions = 0;
         let mut last = (None, None);
         let mut previous: Option<(DialectKind, bytes::Bytes)> = None;
+        let mut previous_received: Option<&bytes::Bytes> = None;
         for (i, step) in recording.steps.iter().enumerate() {
             let scan = step.dialect.scan(&step.body, estimator).ok();
             let understood = scan.is_some();
@@ -505,6 +595,11 @@ impl Replayer {
                 *dialect == step.dialect && prefix_stable(step.dialect, before, &body)
             });
             let masked_now = masked_counted(&metrics).saturating_sub(masked_before);
+            let cached =
+                cached_tokens(previous.as_ref().map(|(_, b)| b.as_ref()), &body, forwarded);
+            let received_cached =
+                cached_tokens(previous_received.map(|b| b.as_ref()), &step.body, received);
+            previous_received = Some(&step.body);
             let event = match &processed.outcome {
                 Outcome::Unchanged if !understood => Event::PassedThrough,
                 Outcome::Unchanged => Event::Unchanged,
@@ -537,12 +632,32 @@ impl Replayer {
                 missed,
                 masked: usize::try_from(masked_now).unwrap_or(usize::MAX),
                 prefix_stable: prefix,
+                cached,
+                received_cached,
             });
         }
         let (model, requested_output) = last;
         let limits = compactor
             .engine()
             .limits(model.as_deref(), requested_output);
+        let price = model
+            .as_deref()
+            .and_then(|m| compactor.engine().models().price(m));
+        let s = &self.config.summarizer;
+        let summarizer_model = match s.backend.as_str() {
+            "openai" => s.openai.model.clone().or_else(|| model.clone()),
+            "anthropic" => s.anthropic.model.clone().or_else(|| model.clone()),
+            "auto" => model.clone(),
+            _ => None,
+        };
+        let summarizer_price = match s.backend.as_str() {
+            "extractive" | "exec" => None,
+            _ => Some(
+                summarizer_model
+                    .as_deref()
+                    .and_then(|m| compactor.engine().models().price(m)),
+            ),
+        };
         let mut dialects = recording.steps.iter().map(|s| s.dialect.label());
         let first = dialects.next().unwrap_or("none");
         let dialect = if dialects.all(|d| d == first) {
@@ -558,8 +673,39 @@ impl Replayer {
             summarizer: self.config.summarizer.backend.clone(),
             limits,
             strategy: self.config.compaction.strategy,
+            price,
+            summarizer_tokens: counting.tokens(),
+            summarizer_price,
             rows,
         })
+    }
+}
+
+/// The smallest prefix a provider caches, in tokens (OpenAI's rule; Anthropic's smallest
+/// cacheable prompt is the same size for its Sonnet and Opus models).
+pub const MIN_CACHED_TOKENS: usize = 1024;
+
+/// Cached prefixes grow in steps of this many tokens (OpenAI).
+pub const CACHE_STEP_TOKENS: usize = 128;
+
+/// Of a request of `tokens` estimated tokens whose body is `now`, the tokens a prompt cache
+/// would serve after `before` was sent: the bytes the two bodies share from the start, as a
+/// share of the request's tokens, counted in [`CACHE_STEP_TOKENS`] steps from
+/// [`MIN_CACHED_TOKENS`] on (OpenAI's automatic prefix caching). Nothing for a first request.
+pub fn cached_tokens(before: Option<&[u8]>, now: &[u8], tokens: usize) -> usize {
+    let Some(before) = before else {
+        return 0;
+    };
+    let shared = before.iter().zip(now).take_while(|(a, b)| a == b).count();
+    if now.is_empty() {
+        return 0;
+    }
+    // `as` saturates; the share is at most 1.
+    let prefix = (tokens as f64 * shared as f64 / now.len() as f64) as usize;
+    if prefix < MIN_CACHED_TOKENS {
+        0
+    } else {
+        prefix / CACHE_STEP_TOKENS * CACHE_STEP_TOKENS
     }
 }
 
@@ -625,9 +771,7 @@ pub fn comparison(reports: &[FileReport]) -> String {
                     100.0 * stable as f64 / compared as f64
                 )
             };
-            let name = std::path::Path::new(&r.name)
-                .file_name()
-                .map_or(r.name.clone(), |n| n.to_string_lossy().into_owned());
+            let name = file_name(&r.name);
             [
                 name,
                 r.strategy.label().to_string(),
@@ -671,6 +815,92 @@ pub fn comparison(reports: &[FileReport]) -> String {
 }
 
 /// Messages in a forwarded body (0 when its dialect cannot read it).
+/// `== cost`: for each report whose model has a price, what its requests' input costs with the
+/// prompt cache modelled, against the same requests unchanged (no compaction), and where those
+/// would first have been over the window. `None` when no report is priced.
+pub fn costs(reports: &[FileReport]) -> Option<String> {
+    let priced: Vec<(&FileReport, Price)> = reports
+        .iter()
+        .filter_map(|r| r.price.map(|p| (r, p)))
+        .collect();
+    let (first, price) = priced.first()?;
+    let mut out = format!(
+        "== cost (input side, USD; prompt cache modelled; {} at ${} input, ${} cached per million)\n",
+        first.model.as_deref().unwrap_or("(none)"),
+        price.input,
+        price.cache_read()
+    );
+    let header = [
+        "file",
+        "strategy",
+        "cached",
+        "requests",
+        "summarizer",
+        "no_compaction",
+        "ratio",
+        "over_window_at",
+    ];
+    let rows: Vec<[String; 8]> = priced
+        .iter()
+        .map(|(r, price)| {
+            let (requests, without) = r.input_cost(price);
+            let summarizer = r.summarizer_cost();
+            let ratio = match summarizer {
+                Some(s) if without > 0.0 => format!("{:.0}%", 100.0 * (requests + s) / without),
+                _ => "-".into(),
+            };
+            [
+                file_name(&r.name),
+                r.strategy.label().to_string(),
+                format!("{:.0}%", 100.0 * r.cached_share()),
+                format!("{requests:.4}"),
+                match (r.summarizer_price, summarizer) {
+                    (None, _) => "local".into(),
+                    (Some(_), Some(s)) => format!("{s:.4}"),
+                    (Some(_), None) => "unpriced".into(),
+                },
+                format!("{without:.4}"),
+                ratio,
+                r.over_window_at()
+                    .map_or("-".to_string(), |s| format!("step {s}")),
+            ]
+        })
+        .collect();
+    let mut widths = header.map(str::len);
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut line = |cells: [&str; 8]| {
+        let padded: Vec<String> = cells
+            .iter()
+            .zip(widths)
+            .enumerate()
+            .map(|(i, (c, w))| {
+                if i < 2 {
+                    format!("{c:<w$}")
+                } else {
+                    format!("{c:>w$}")
+                }
+            })
+            .collect();
+        let _ = writeln!(out, "{}", padded.join("  ").trim_end());
+    };
+    line(header);
+    for row in &rows {
+        line(row.each_ref().map(String::as_str));
+    }
+    Some(out)
+}
+
+/// The last component of a path, for a table.
+fn file_name(name: &str) -> String {
+    std::path::Path::new(name)
+        .file_name()
+        .map_or(name.to_string(), |n| n.to_string_lossy().into_owned())
+}
+
 fn messages_in(dialect: DialectKind, body: &[u8]) -> usize {
     dialect
         .scan(body, &LazyEstimator::default())
@@ -722,6 +952,8 @@ mod tests {
             background: false,
             masked: 0,
             prefix_stable: None,
+            cached: 0,
+            received_cached: 0,
         }
     }
 
@@ -734,6 +966,9 @@ mod tests {
             model: Some("gpt-4o".into()),
             summarizer: "extractive".into(),
             strategy: Strategy::Summarize,
+            price: None,
+            summarizer_tokens: (0, 0),
+            summarizer_price: None,
             limits: Limits {
                 context_window: 128_000,
                 summarizer_window: 128_000,
@@ -887,5 +1122,73 @@ mod tests {
         assert_eq!(report.rows[0].forwarded, report.rows[0].received);
         assert!(report.rows[0].received > 0);
         assert_eq!(report.compactions(), 0);
+    }
+
+    #[test]
+    fn a_cached_prefix_is_the_shared_bytes_share_in_steps_from_the_minimum() {
+        let before = b"aaaaaaaaaa";
+        // 8 of 10 bytes shared: 80% of 10,000 tokens, in 128-token steps.
+        assert_eq!(cached_tokens(Some(before), b"aaaaaaaabb", 10_000), 7_936);
+        assert_eq!(
+            cached_tokens(None, b"aaaaaaaabb", 10_000),
+            0,
+            "a first request"
+        );
+        // Under the minimum nothing is cached.
+        assert_eq!(cached_tokens(Some(before), b"aaaaaaaabb", 1_200), 0);
+        assert_eq!(cached_tokens(Some(before), before, 1_024), 1_024);
+        assert_eq!(
+            cached_tokens(Some(b"b"), before, 50_000),
+            0,
+            "nothing shared"
+        );
+    }
+
+    #[test]
+    fn input_cost_prices_cached_and_new_tokens_and_anthropic_writes_the_new() {
+        let price = Price {
+            input: 2.0,
+            output: 8.0,
+            cache_read: Some(0.5),
+            cache_write: Some(2.5),
+        };
+        let mut first = row(1, Event::Unchanged);
+        first.received = 10_000;
+        first.forwarded = 10_000;
+        let mut second = row(2, Event::Unchanged);
+        second.received = 20_000;
+        second.received_cached = 9_984;
+        second.forwarded = 8_000;
+        second.cached = 0;
+        let mut report = FileReport {
+            name: "t.json".into(),
+            format: Format::Transcript,
+            dialect: "chat_completions".into(),
+            model: Some("m".into()),
+            summarizer: "extractive".into(),
+            strategy: Strategy::Summarize,
+            price: Some(price),
+            summarizer_tokens: (3_000, 500),
+            summarizer_price: None,
+            limits: Limits::new(&crate::config::CompactionConfig::default(), 16_000, None),
+            rows: vec![first, second],
+        };
+        let (with, without) = report.input_cost(&price);
+        assert!((with - 18_000.0 * 2e-6).abs() < 1e-12, "{with}");
+        let baseline = 10_000.0 * 2e-6 + 10_016.0 * 2e-6 + 9_984.0 * 0.5e-6;
+        assert!((without - baseline).abs() < 1e-12, "{without}");
+        assert_eq!(report.over_window_at(), Some(2));
+        assert_eq!(report.summarizer_cost(), Some(0.0), "local");
+        report.summarizer_price = Some(Some(price));
+        let s = report.summarizer_cost().expect("priced");
+        assert!((s - (3_000.0 * 2e-6 + 500.0 * 8e-6)).abs() < 1e-12);
+        report.summarizer_price = Some(None);
+        assert_eq!(report.summarizer_cost(), None, "a model with no price");
+        // Anthropic Messages: what is not read from the cache is written to it.
+        report.dialect = "messages".into();
+        let (with, _) = report.input_cost(&price);
+        assert!((with - 18_000.0 * 2.5e-6).abs() < 1e-12, "{with}");
+        let costs = costs(std::slice::from_ref(&report)).expect("priced");
+        assert!(costs.contains("unpriced"), "{costs}");
     }
 }

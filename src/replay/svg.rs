@@ -426,6 +426,8 @@ mod tests {
                     background: false,
                     masked: 0,
                     prefix_stable: None,
+                    cached: 0,
+                    received_cached: 0,
                 }
             })
             .collect();
@@ -436,6 +438,9 @@ mod tests {
             model: Some("gpt-4o".into()),
             summarizer: "extractive".into(),
             strategy: crate::config::Strategy::Summarize,
+            price: None,
+            summarizer_tokens: (0, 0),
+            summarizer_price: None,
             limits: Limits {
                 context_window: 8_000,
                 summarizer_window: 8_000,
