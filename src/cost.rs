@@ -7,9 +7,127 @@
 //! so one rule prices both: the input not read from or written to the cache at `input`, the
 //! rest at `cache_read` and `cache_write`, the output at `output`. A model whose table entry
 //! names no price has no [`Bill`]: no figure rather than a zero that would read as a saving.
+//!
+//! Beside what was billed, what the request the agent sent would have cost without compactor
+//! (the counterfactual): its estimated tokens scaled by the response's own actual ÷ estimated
+//! input, with the part that repeats the session's previous request read from the prompt cache
+//! ([`Repeats`], [`cached_prefix`]: the provider caches a prefix it has seen, from
+//! [`MIN_CACHED_TOKENS`] on, in [`CACHE_STEP_TOKENS`] steps, as OpenAI does automatically) and
+//! the rest as new input (for Anthropic Messages, written to the cache: agents mark their
+//! latest message as a cache breakpoint). The output is the same either way.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::{Mutex, PoisonError};
+
+use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use crate::config::Price;
+use crate::session::TenantId;
 use crate::usage::Usage;
+
+/// The smallest prefix a provider caches, in tokens (OpenAI's rule; Anthropic's smallest
+/// cacheable prompt for its Sonnet and Opus models is the same).
+pub const MIN_CACHED_TOKENS: usize = 1024;
+
+/// Cached prefixes grow in steps of this many tokens (OpenAI).
+pub const CACHE_STEP_TOKENS: usize = 128;
+
+/// Of a prefix of `tokens` a provider has seen, what its cache serves.
+pub fn cached_prefix(tokens: usize) -> usize {
+    if tokens < MIN_CACHED_TOKENS {
+        0
+    } else {
+        tokens / CACHE_STEP_TOKENS * CACHE_STEP_TOKENS
+    }
+}
+
+/// Sessions remembered at most by [`Repeats`] before it starts over.
+const MAX_REPEATS: usize = 65_536;
+
+/// What each session's previous request held, to tell how much of the next one repeats it:
+/// its message count and a fingerprint of those messages' bytes (XXH3, random seed per
+/// process), per tenant and session. A request that starts with all of the previous one's
+/// messages repeats them; one that does not (an edit, the agent's own compaction) repeats
+/// none (an underestimate of what a provider's cache would still serve). Bounded, emptied
+/// when full.
+#[derive(Debug)]
+pub struct Repeats {
+    seed: u64,
+    table: Mutex<HashMap<(TenantId, u64), (usize, u64), foldhash::fast::RandomState>>,
+}
+
+impl Default for Repeats {
+    fn default() -> Self {
+        Repeats {
+            seed: std::collections::hash_map::RandomState::new()
+                .build_hasher()
+                .finish(),
+            table: Mutex::new(HashMap::default()),
+        }
+    }
+}
+
+impl Repeats {
+    /// How many leading `messages` repeat the previous request of `tenant`'s `session`
+    /// (all of that request's messages, or 0), and remembers these as the previous request.
+    pub fn repeated(&self, tenant: &TenantId, session: &str, messages: &[&str]) -> usize {
+        let key = (*tenant, xxh3_64_with_seed(session.as_bytes(), self.seed));
+        let print = |messages: &[&str]| {
+            messages.iter().fold(self.seed, |print, m| {
+                xxh3_64_with_seed(m.as_bytes(), print.rotate_left(17) ^ m.len() as u64)
+            })
+        };
+        let previous = self
+            .table
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&key)
+            .copied();
+        let repeated = match previous {
+            Some((n, before)) if n <= messages.len() && print(&messages[..n]) == before => n,
+            _ => 0,
+        };
+        let now = print(messages);
+        let mut table = self.table.lock().unwrap_or_else(PoisonError::into_inner);
+        if table.len() >= MAX_REPEATS && !table.contains_key(&key) {
+            table.clear();
+        }
+        table.insert(key, (messages.len(), now));
+        repeated
+    }
+}
+
+/// What a request of `tokens` estimated tokens would have cost without compactor, given that
+/// `cached` of them repeat what the provider saw before: priced as the response `usage` of the
+/// request actually sent scales (its actual ÷ `forwarded` estimated input), with its output.
+pub fn without_compactor(
+    price: &Price,
+    anthropic: bool,
+    tokens: usize,
+    cached: usize,
+    forwarded: usize,
+    usage: &Usage,
+) -> Bill {
+    let scale = if forwarded == 0 {
+        1.0
+    } else {
+        usage.input as f64 / forwarded as f64
+    };
+    // `as` saturates.
+    let input = (tokens as f64 * scale) as u64;
+    let cache_read = ((cached as f64 * scale) as u64).min(input);
+    let new = input - cache_read;
+    Bill::of(
+        &Usage {
+            input,
+            output: usage.output,
+            cache_read,
+            cache_write: if anthropic { new } else { 0 },
+        },
+        price,
+    )
+}
 
 /// One response's cost in USD, by what it was for.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -128,6 +246,58 @@ mod tests {
             close(bill.input, 0.0) && close(bill.cache_read, 0.02),
             "{bill:?}"
         );
+    }
+
+    #[test]
+    fn a_request_repeats_the_previous_one_only_when_it_starts_with_all_of_it() {
+        let repeats = Repeats::default();
+        let t = TenantId::from_credential("k");
+        assert_eq!(repeats.repeated(&t, "s", &["a", "b"]), 0, "nothing before");
+        assert_eq!(repeats.repeated(&t, "s", &["a", "b", "c", "d"]), 2);
+        assert_eq!(repeats.repeated(&t, "s", &["a", "b", "c", "d", "e"]), 4);
+        // An edit (or the agent's own compaction): nothing repeated, and it is the new base.
+        assert_eq!(
+            repeats.repeated(&t, "s", &["a", "x", "c", "d", "e", "f"]),
+            0
+        );
+        assert_eq!(
+            repeats.repeated(&t, "s", &["a", "x", "c", "d", "e", "f", "g"]),
+            6
+        );
+        // Other sessions and tenants are apart; messages joined differently do not match.
+        assert_eq!(repeats.repeated(&t, "other", &["a", "b", "c"]), 0);
+        let u = TenantId::from_credential("u");
+        assert_eq!(
+            repeats.repeated(&u, "s", &["a", "x", "c", "d", "e", "f", "g"]),
+            0
+        );
+        assert_eq!(repeats.repeated(&t, "other", &["ab", "c", "d"]), 0);
+    }
+
+    #[test]
+    fn caches_serve_prefixes_from_the_minimum_in_steps() {
+        assert_eq!(cached_prefix(1_023), 0);
+        assert_eq!(cached_prefix(1_024), 1_024);
+        assert_eq!(cached_prefix(1_300), 1_280);
+    }
+
+    #[test]
+    fn without_compactor_the_received_request_is_priced_as_the_actual_one_scales() {
+        // Sent 10k estimated, billed 12k input: the 40k-token original would have billed 48k,
+        // 30k of it (36k billed) repeating the previous request.
+        let usage = Usage {
+            input: 12_000,
+            output: 1_000,
+            cache_read: 0,
+            cache_write: 0,
+        };
+        let bill = without_compactor(&GPT_5, false, 40_000, 30_000, 10_000, &usage);
+        assert!(close(bill.input, 12_000.0 * 1.25e-6), "{bill:?}");
+        assert!(close(bill.cache_read, 36_000.0 * 0.125e-6), "{bill:?}");
+        assert!(close(bill.output, 1_000.0 * 10e-6));
+        // Anthropic: the new part is written to the cache.
+        let bill = without_compactor(&SONNET, true, 40_000, 30_000, 10_000, &usage);
+        assert!(close(bill.input, 0.0) && close(bill.cache_write, 12_000.0 * 3.75e-6));
     }
 
     #[test]

@@ -381,6 +381,10 @@ pub struct Metrics {
     windows_learned: IntCounterVec,
     /// `compactor_cost_usd_total{dialect,kind}`
     cost: CounterVec,
+    /// `compactor_cost_without_compactor_usd_total{dialect}`
+    cost_without: CounterVec,
+    /// `compactor_over_window_without_compactor_total{dialect}`
+    over_window_without: IntCounterVec,
     /// `compactor_store_errors_total{op}`
     store_errors: IntCounterVec,
     /// `compactor_sessions`
@@ -650,6 +654,22 @@ impl Metrics {
                     &["dialect", "kind"],
                 )?,
             )?,
+            cost_without: register(
+                r,
+                CounterVec::new(
+                    Opts::new(
+                        "compactor_cost_without_compactor_usd_total",
+                        "What the chat requests the agents sent would have cost without compactor, in USD (input and output; priced models only): the request as received, scaled by the response's actual / estimated input, its part repeating the session's previous request read from the prompt cache.",
+                    ),
+                    &["dialect"],
+                )?,
+            )?,
+            over_window_without: counter_vec(
+                r,
+                "compactor_over_window_without_compactor_total",
+                "Chat requests of priced models whose original, as received, was over the model's window: without compactor the provider would have refused them (counted, not priced).",
+                &["dialect"],
+            )?,
             tunnels: counter_vec(
                 r,
                 "compactor_tunnels_total",
@@ -838,6 +858,9 @@ impl Metrics {
             for kind in COST_KINDS {
                 self.cost.with_label_values(&[dialect.label(), kind]);
             }
+            self.cost_without.with_label_values(&[dialect.label()]);
+            self.over_window_without
+                .with_label_values(&[dialect.label()]);
         }
         for trigger in Trigger::ALL {
             for outcome in CompactionOutcome::ALL {
@@ -1149,6 +1172,20 @@ impl Metrics {
                 .with_label_values(&[dialect.label(), kind])
                 .inc_by(usd);
         }
+    }
+
+    /// Without compactor, a `dialect` request would have cost `usd`.
+    pub fn cost_without_compactor(&self, dialect: DialectKind, usd: f64) {
+        self.cost_without
+            .with_label_values(&[dialect.label()])
+            .inc_by(usd);
+    }
+
+    /// Without compactor, a `dialect` request would have been over its model's window.
+    pub fn over_window_without_compactor(&self, dialect: DialectKind) {
+        self.over_window_without
+            .with_label_values(&[dialect.label()])
+            .inc();
     }
 
     /// The upstream reported `tokens` of `kind` in a response's `usage`.

@@ -38,6 +38,7 @@ use crate::compaction::prompt::summary_message;
 use crate::compaction::trigger::{BackgroundOutcome, CompactionOutcome, Limits, Trigger};
 use crate::compaction::{Attempts, CompactionResult, MAX_ATTEMPTS_PER_REQUEST};
 use crate::config::{Config, StoreBackend, Strategy};
+use crate::cost::{cached_prefix, Repeats};
 use crate::dialect::reply::first_reply;
 use crate::dialect::scan_memo::{Remembering, ScanMemo};
 use crate::dialect::{DialectError, DialectKind, Scan};
@@ -95,6 +96,11 @@ pub struct ForwardedEstimate {
     pub model: Option<String>,
     /// Estimated input tokens of the body forwarded (raw, never calibrated).
     pub tokens: usize,
+    /// Estimated input tokens of the body received (raw).
+    pub received: usize,
+    /// Of `received`, the tokens that repeat the session's previous request as a provider's
+    /// cache would serve them ([`crate::cost::Repeats`]); counted only for a priced model.
+    pub received_cached: usize,
     /// The context window the request was checked against (usage beyond it teaches a larger
     /// one).
     pub context_window: usize,
@@ -239,6 +245,9 @@ pub struct Pipeline {
     /// Derived session ids of openings already seen (a parse and a digest of tens of
     /// kilobytes, and a store call, per request otherwise).
     session_ids: SessionIdMemo,
+    /// What each session's previous request held, for what the next would cost without
+    /// compactor (kept over reloads).
+    repeats: Arc<Repeats>,
     enabled: bool,
     /// `compaction.strategy`.
     strategy: Strategy,
@@ -323,6 +332,7 @@ impl Pipeline {
             memo: ChainMemo::for_sessions(config.store.max_sessions),
             scan_memo: ScanMemo::with_budget(config.store.max_bytes / 4),
             session_ids: SessionIdMemo::for_sessions(config.store.max_sessions),
+            repeats: Arc::default(),
             enabled: config.compaction.enabled,
             strategy: config.compaction.strategy,
             masker: Masker {
@@ -352,6 +362,7 @@ impl Pipeline {
         self.flights = old.flights.clone();
         self.background = old.background.clone();
         self.pace = old.pace.clone();
+        self.repeats = old.repeats.clone();
         self
     }
 
@@ -653,10 +664,32 @@ impl Pipeline {
         self.metrics
             .tokens_saved
             .inc_by(u64::try_from(saved).unwrap_or(u64::MAX));
+        // What the request as received would cost is worked out only for a priced model.
+        let priced = scan.model.as_deref().is_some_and(|m| {
+            self.engine
+                .models()
+                .price(&window_model(m, long_context))
+                .is_some()
+        });
+        let received_cached = if priced {
+            let repeated = self
+                .repeats
+                .repeated(&request.tenant, request.session, &scan.messages);
+            let bytes = |messages: &[&str]| messages.iter().map(|m| m.len()).sum::<usize>();
+            let all = bytes(&scan.messages).max(1);
+            // `as` saturates; the share is at most 1.
+            cached_prefix(
+                (received as f64 * bytes(&scan.messages[..repeated]) as f64 / all as f64) as usize,
+            )
+        } else {
+            0
+        };
         processed.estimate = Some(ForwardedEstimate {
             dialect: scan.dialect(),
             model: scan.model.clone(),
             tokens: forwarded,
+            received,
+            received_cached,
             context_window: request.limits.context_window,
             caller: request.caller.clone(),
             long_context,

@@ -343,10 +343,26 @@ fn bill(app: &App, estimate: &ForwardedEstimate, usage: &Usage) {
         return;
     };
     let name = window_model(model, estimate.long_context);
-    if let Some(price) = app.compactor.engine().models().price(&name) {
-        app.metrics
-            .cost(estimate.dialect, &crate::cost::Bill::of(usage, &price));
+    let Some(price) = app.compactor.engine().models().price(&name) else {
+        return;
+    };
+    app.metrics
+        .cost(estimate.dialect, &crate::cost::Bill::of(usage, &price));
+    // Without compactor: the request as received, unless the provider would have refused it.
+    if estimate.received > estimate.context_window {
+        app.metrics.over_window_without_compactor(estimate.dialect);
+        return;
     }
+    let without = crate::cost::without_compactor(
+        &price,
+        estimate.dialect == DialectKind::Messages,
+        estimate.received,
+        estimate.received_cached,
+        estimate.tokens,
+        usage,
+    );
+    app.metrics
+        .cost_without_compactor(estimate.dialect, without.total());
 }
 
 /// A successful request whose `usage` (input plus output) is more than the window it was

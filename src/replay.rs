@@ -37,6 +37,7 @@ use compactor_plugin_api::{
 
 use crate::compaction::{Attempts, CompactionOutcome, Limits, Trigger};
 use crate::config::{Config, ConfigError, Price, Strategy};
+use crate::cost::cached_prefix;
 use crate::dialect::DialectKind;
 use crate::estimate::LazyEstimator;
 use crate::metrics::Metrics;
@@ -681,17 +682,10 @@ impl Replayer {
     }
 }
 
-/// The smallest prefix a provider caches, in tokens (OpenAI's rule; Anthropic's smallest
-/// cacheable prompt is the same size for its Sonnet and Opus models).
-pub const MIN_CACHED_TOKENS: usize = 1024;
-
-/// Cached prefixes grow in steps of this many tokens (OpenAI).
-pub const CACHE_STEP_TOKENS: usize = 128;
-
 /// Of a request of `tokens` estimated tokens whose body is `now`, the tokens a prompt cache
 /// would serve after `before` was sent: the bytes the two bodies share from the start, as a
-/// share of the request's tokens, counted in [`CACHE_STEP_TOKENS`] steps from
-/// [`MIN_CACHED_TOKENS`] on (OpenAI's automatic prefix caching). Nothing for a first request.
+/// share of the request's tokens, as the provider caches it ([`cached_prefix`]: OpenAI's
+/// automatic prefix caching). Nothing for a first request.
 pub fn cached_tokens(before: Option<&[u8]>, now: &[u8], tokens: usize) -> usize {
     let Some(before) = before else {
         return 0;
@@ -701,12 +695,7 @@ pub fn cached_tokens(before: Option<&[u8]>, now: &[u8], tokens: usize) -> usize 
         return 0;
     }
     // `as` saturates; the share is at most 1.
-    let prefix = (tokens as f64 * shared as f64 / now.len() as f64) as usize;
-    if prefix < MIN_CACHED_TOKENS {
-        0
-    } else {
-        prefix / CACHE_STEP_TOKENS * CACHE_STEP_TOKENS
-    }
+    cached_prefix((tokens as f64 * shared as f64 / now.len() as f64) as usize)
 }
 
 /// Whether the forwarded body `now` starts with what `before` (the previous forwarded body of

@@ -390,3 +390,123 @@ async fn what_the_provider_billed_is_priced_from_usage_and_unpriced_models_count
         assert!((got - usd).abs() < 1e-9, "{kind}: {got} != {usd}");
     }
 }
+
+#[tokio::test]
+async fn what_the_agents_requests_would_have_cost_without_compactor_is_priced_beside_the_bill() {
+    let mock = MockUpstream::start().await;
+    // Usage as the mock counts the prompt, no cache fields: what is sent is what is billed.
+    mock.set_handler(|r| {
+        let body: Value = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
+        let prompt = chat_tokens(&body);
+        Reply::json(
+            200,
+            &json!({
+                "id": "c", "object": "chat.completion", "model": body["model"],
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": prompt, "completion_tokens": 10, "total_tokens": prompt + 10}
+            }),
+        )
+    });
+    let toml = format!(
+        "{}[compaction]\nbackground_ratio = 0\nmin_preserve_tokens = 100\nmax_preserve_tokens = 300\n\
+         [summarizer]\nbackend = \"extractive\"\n\
+         [models.\"priced-model\"]\ncontext_window = 200000\nprice = {{ input = 2.0, output = 8.0, cache_read = 0.2 }}\n\
+         [models.\"small-priced\"]\ncontext_window = 2000\nprice = {{ input = 2.0, output = 8.0 }}\n",
+        upstream_toml(&mock.url())
+    );
+    let proxy = TestProxy::start(&toml).await;
+    let client = TestClient::http1();
+    let send = |model: &'static str, request: Value| {
+        let (client, proxy) = (&client, &proxy);
+        async move {
+            let mut request = request;
+            request["model"] = json!(model);
+            let response = client.post_json(&proxy.url(CHAT), &request).await;
+            assert_eq!(response.status(), 200);
+            support::body_bytes(response).await;
+        }
+    };
+    let usd = |name: &'static str, labels: &'static [(&'static str, &'static str)]| {
+        let proxy = &proxy;
+        async move { proxy.metric(name, labels).await.expect("exported") }
+    };
+    let billed = || async {
+        let mut sum = 0.0;
+        for kind in ["input", "cache_read", "cache_write", "output"] {
+            sum += proxy
+                .metric(
+                    "compactor_cost_usd_total",
+                    &[("dialect", "chat_completions"), ("kind", kind)],
+                )
+                .await
+                .expect("exported");
+        }
+        sum
+    };
+    const WITHOUT: &str = "compactor_cost_without_compactor_usd_total";
+    const DIALECT: &[(&str, &str)] = &[("dialect", "chat_completions")];
+
+    // A first request forwarded unchanged, nothing cached: the same either way.
+    send("priced-model", conversation("a", 3, 100)).await;
+    proxy
+        .wait_metric(
+            "compactor_upstream_usage_tokens_total",
+            &[("kind", "output")],
+            10.0,
+        )
+        .await;
+    let (with, without) = (billed().await, usd(WITHOUT, DIALECT).await);
+    assert!(
+        with > 0.0 && (with - without).abs() < 1e-9,
+        "{with} vs {without}"
+    );
+
+    // A conversation that grows: without compactor its start would be read from the
+    // provider's cache (this mock bills no cache reads): priced lower than what was billed.
+    // A new conversation, large enough for a provider to cache its start (1,024 tokens on).
+    let mut grown = conversation("c", 3, 6_000);
+    let mut messages = grown["messages"].as_array().cloned().unwrap_or_default();
+    send("priced-model", grown.clone()).await;
+    proxy
+        .wait_metric(
+            "compactor_upstream_usage_tokens_total",
+            &[("kind", "output")],
+            20.0,
+        )
+        .await;
+    let (with, without) = (billed().await, usd(WITHOUT, DIALECT).await);
+    messages.push(json!({"role": "assistant", "content": "ok"}));
+    messages.push(json!({"role": "user", "content": "and the next step?"}));
+    grown["messages"] = json!(messages);
+    send("priced-model", grown).await;
+    proxy
+        .wait_metric(
+            "compactor_upstream_usage_tokens_total",
+            &[("kind", "output")],
+            30.0,
+        )
+        .await;
+    let second_with = billed().await - with;
+    let second_without = usd(WITHOUT, DIALECT).await - without;
+    assert!(
+        second_without < second_with,
+        "a repeated prefix is a cache read: {second_without} vs {second_with}"
+    );
+
+    // A request over its model's window, compacted: without compactor the provider would have
+    // refused it, so it is counted and not priced.
+    let before = usd(WITHOUT, DIALECT).await;
+    send("small-priced", conversation("b", 12, 1_200)).await;
+    proxy
+        .wait_metric(
+            "compactor_upstream_usage_tokens_total",
+            &[("kind", "output")],
+            40.0,
+        )
+        .await;
+    assert_eq!(
+        usd("compactor_over_window_without_compactor_total", DIALECT).await,
+        1.0
+    );
+    assert_eq!(usd(WITHOUT, DIALECT).await, before);
+}
