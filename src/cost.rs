@@ -54,8 +54,13 @@ const MAX_REPEATS: usize = 65_536;
 #[derive(Debug)]
 pub struct Repeats {
     seed: u64,
-    table: Mutex<HashMap<(TenantId, u64), (usize, u64), foldhash::fast::RandomState>>,
+    /// Per tenant and session fingerprint: the previous request's message count and the
+    /// fingerprint of its messages.
+    table: Mutex<HashMap<SessionKey, (usize, u64), foldhash::fast::RandomState>>,
 }
+
+/// A tenant and the fingerprint of a session id.
+type SessionKey = (TenantId, u64);
 
 impl Default for Repeats {
     fn default() -> Self {
