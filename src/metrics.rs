@@ -481,6 +481,9 @@ impl Hot {
 /// `kind` values of `compactor_cost_usd_total`.
 const COST_KINDS: [&str; 4] = ["input", "cache_read", "cache_write", "output"];
 
+/// The `kind` of `compactor_cost_usd_total` for the summarizer's own calls.
+const SUMMARIZER_COST: &str = "summarizer";
+
 fn dialect_index(dialect: DialectKind) -> usize {
     match dialect {
         DialectKind::ChatCompletions => 0,
@@ -649,7 +652,7 @@ impl Metrics {
                 CounterVec::new(
                     Opts::new(
                         "compactor_cost_usd_total",
-                        "What the provider billed for forwarded chat requests, in USD, from each response's usage and the model's price (models without a price are not counted), by kind: input (read without the prompt cache), cache_read, cache_write, output.",
+                        "What the provider billed for forwarded chat requests, in USD, from each response's usage and the model's price (models without a price are not counted), by kind: input (read without the prompt cache), cache_read, cache_write, output; and summarizer, what the summarizer's model billed for summaries (backends that report usage).",
                     ),
                     &["dialect", "kind"],
                 )?,
@@ -855,7 +858,7 @@ impl Metrics {
             self.upstream_errors.with_label_values(&[kind.label()]);
         }
         for dialect in DIALECTS {
-            for kind in COST_KINDS {
+            for kind in COST_KINDS.iter().chain([&SUMMARIZER_COST]) {
                 self.cost.with_label_values(&[dialect.label(), kind]);
             }
             self.cost_without.with_label_values(&[dialect.label()]);
@@ -1172,6 +1175,13 @@ impl Metrics {
                 .with_label_values(&[dialect.label(), kind])
                 .inc_by(usd);
         }
+    }
+
+    /// A summary of a `dialect` request cost `usd`.
+    pub fn summarizer_cost(&self, dialect: DialectKind, usd: f64) {
+        self.cost
+            .with_label_values(&[dialect.label(), SUMMARIZER_COST])
+            .inc_by(usd);
     }
 
     /// Without compactor, a `dialect` request would have cost `usd`.

@@ -47,7 +47,9 @@ use compactor_plugin_exec::{ExecConfig, ExecSummarizer};
 use compactor_plugin_extractive::{ExtractiveConfig, ExtractiveSummarizer};
 use compactor_plugin_openai::{OpenAiConfig, OpenAiSummarizer};
 
+use crate::compaction::models::ModelTable;
 use crate::config::Config;
+use crate::dialect::DialectKind;
 use crate::metrics::Metrics;
 
 /// Every backend name [`build`] knows.
@@ -77,12 +79,18 @@ pub fn build(config: &Config, metrics: Arc<Metrics>) -> Result<Arc<dyn Summarize
     for (i, name) in s.fallback.iter().enumerate() {
         backends.push(backend(config, name, &format!("summarizer.fallback[{i}]"))?);
     }
-    Ok(Arc::new(Chain::new(
-        backends,
-        config.summarizer_timeout(),
-        s.max_summary_bytes,
-        metrics,
-    )))
+    Ok(Arc::new(
+        Chain::new(
+            backends,
+            config.summarizer_timeout(),
+            s.max_summary_bytes,
+            metrics,
+        )
+        .priced_by(ModelTable::new(
+            &config.models,
+            config.compaction.default_context_window,
+        )),
+    ))
 }
 
 /// Builds one backend by name; `key` is the config key that named it.
@@ -278,6 +286,8 @@ pub struct Chain {
     /// Longest summary text taken from any backend, in bytes.
     max_summary_bytes: usize,
     metrics: Arc<Metrics>,
+    /// Prices summaries whose backend reported what the model billed ([`Chain::priced_by`]).
+    models: Option<ModelTable>,
 }
 
 impl Chain {
@@ -297,7 +307,38 @@ impl Chain {
             timeout,
             max_summary_bytes,
             metrics,
+            models: None,
         }
+    }
+
+    /// This chain pricing each summary a backend reports the usage of with `models`
+    /// (`compactor_cost_usd_total{kind="summarizer"}`, by the dialect of the request being
+    /// compacted).
+    pub fn priced_by(self, models: ModelTable) -> Chain {
+        Chain {
+            models: Some(models),
+            ..self
+        }
+    }
+
+    /// Counts what a summary cost, when its backend said and its model has a price.
+    fn bill(&self, request: &SummaryRequest, summary: &Summary) {
+        let (Some(models), Some(usage)) = (&self.models, &summary.usage) else {
+            return;
+        };
+        let Some(price) = models.price(&usage.model) else {
+            return;
+        };
+        let billed = crate::usage::Usage {
+            input: usage.input,
+            output: usage.output,
+            cache_read: usage.cache_read,
+            cache_write: usage.cache_write,
+        };
+        self.metrics.summarizer_cost(
+            DialectKind::of_api(request.caller.api),
+            crate::cost::Bill::of(&billed, &price).total(),
+        );
     }
 
     async fn run(&self, request: &SummaryRequest) -> Result<Summary, SummarizeError> {
@@ -321,9 +362,12 @@ impl Chain {
             let result = tokio::time::timeout(attempt_timeout, backend.summarize(&request))
                 .await
                 .unwrap_or(Err(SummarizeError::Timeout(attempt_timeout)))
-                .and_then(|s| Summary::bounded(s.text, self.max_summary_bytes));
+                .and_then(|s| {
+                    Summary::bounded(s.text, self.max_summary_bytes).map(|b| b.with_usage(s.usage))
+                });
             match result {
                 Ok(summary) => {
+                    self.bill(&request, &summary);
                     self.metrics
                         .summarizer_answered(name, i > 0, started.elapsed());
                     if i > 0 {
@@ -485,7 +529,7 @@ mod tests {
             _request: &'a SummaryRequest,
         ) -> BoxFuture<'a, Result<Summary, SummarizeError>> {
             let text = "s".repeat(self.len);
-            Box::pin(async move { Ok(Summary { text }) })
+            Box::pin(async move { Ok(Summary { text, usage: None }) })
         }
     }
 
@@ -533,6 +577,65 @@ mod tests {
             let line = format!("compactor_summarizer_requests_total{series} {count}\n");
             assert!(text.contains(&line), "{line} missing:\n{text}");
         }
+    }
+
+    /// Answers a summary with what `model` billed for it.
+    struct Billed {
+        model: &'static str,
+    }
+
+    impl Summarizer for Billed {
+        fn name(&self) -> &str {
+            "billed"
+        }
+
+        fn summarize<'a>(
+            &'a self,
+            _request: &'a SummaryRequest,
+        ) -> BoxFuture<'a, Result<Summary, SummarizeError>> {
+            let usage = compactor_plugin_api::SummaryUsage {
+                model: self.model.into(),
+                input: 100_000,
+                output: 2_000,
+                cache_read: 50_000,
+                cache_write: 0,
+            };
+            Box::pin(async move { Ok(Summary::new("a summary")?.with_usage(Some(usage))) })
+        }
+    }
+
+    #[tokio::test]
+    async fn summaries_a_backend_reports_the_usage_of_are_priced_at_their_model() {
+        let config = Config::from_toml(
+            "[models.\"summary-model\"]\ncontext_window = 100000\n\
+             price = { input = 2.0, output = 8.0, cache_read = 0.5 }\n",
+        )
+        .expect("config");
+        let m = metrics();
+        let models = || ModelTable::new(&config.models, 1000);
+        let cost = |m: &Metrics| {
+            m.render()
+                .lines()
+                .find(|l| {
+                    l.starts_with(
+                        r#"compactor_cost_usd_total{dialect="messages",kind="summarizer"}"#,
+                    )
+                })
+                .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .expect("the series is exported")
+        };
+        let mut request = summary_request();
+        request.caller.api = Api::Messages;
+        for model in ["summary-model", "unpriced-model"] {
+            let billed: Arc<dyn Summarizer> = Arc::new(Billed { model });
+            let chain = Chain::new(vec![billed], Duration::from_secs(5), 1000, m.clone())
+                .priced_by(models());
+            let summary = chain.summarize(&request).await.expect("a summary");
+            assert_eq!(summary.usage.map(|u| u.output), Some(2_000), "kept");
+        }
+        // 50k uncached at $2, 50k cached at $0.5, 2k output at $8; the unpriced one adds nothing.
+        let want = 50_000.0 * 2e-6 + 50_000.0 * 0.5e-6 + 2_000.0 * 8e-6;
+        assert!((cost(&m) - want).abs() < 1e-9, "{} != {want}", cost(&m));
     }
 
     #[tokio::test]

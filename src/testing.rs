@@ -93,16 +93,23 @@ impl Summarizer for FakeSummarizer {
                 }
             };
             match reply {
-                Reply::Text(t) => Ok(Summary { text: t }),
+                Reply::Text(t) => Ok(Summary {
+                    text: t,
+                    usage: None,
+                }),
                 Reply::Blank => Ok(Summary {
                     text: " \n\t".into(),
+                    usage: None,
                 }),
                 Reply::Error => Err(SummarizeError::Transport("connection refused".into())),
                 Reply::Hang => std::future::pending().await,
                 Reply::Panic => panic!("fake summarizer panics, as a bug would"),
                 Reply::Slow(after, t) => {
                     tokio::time::sleep(after).await;
-                    Ok(Summary { text: t })
+                    Ok(Summary {
+                        text: t,
+                        usage: None,
+                    })
                 }
             }
         })

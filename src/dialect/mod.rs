@@ -374,6 +374,15 @@ impl DialectKind {
         }
     }
 
+    /// The dialect of a wire API.
+    pub fn of_api(api: compactor_plugin_api::Api) -> DialectKind {
+        match api {
+            compactor_plugin_api::Api::ChatCompletions => DialectKind::ChatCompletions,
+            compactor_plugin_api::Api::Messages => DialectKind::Messages,
+            compactor_plugin_api::Api::Responses => DialectKind::Responses,
+        }
+    }
+
     /// The wire API a summarizer calling the caller's provider should speak.
     pub fn api(self) -> compactor_plugin_api::Api {
         match self {

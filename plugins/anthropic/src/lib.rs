@@ -22,7 +22,7 @@ use serde_json::{json, Value};
 use tokio::time::Instant;
 
 use compactor_plugin_api::{
-    Api, BoxFuture, Caller, SummarizeError, Summarizer, Summary, SummaryRequest,
+    Api, BoxFuture, Caller, SummarizeError, Summarizer, Summary, SummaryRequest, SummaryUsage,
     DEFAULT_MAX_SUMMARY_BYTES,
 };
 use compactor_transport::{
@@ -136,7 +136,10 @@ impl AnthropicSummarizer {
                 request.timeout,
             )
             .await?;
-        Summary::bounded(text_content(&answer)?.trim(), self.config.max_summary_bytes)
+        Ok(
+            Summary::bounded(text_content(&answer)?.trim(), self.config.max_summary_bytes)?
+                .with_usage(usage(&answer, model)),
+        )
     }
 
     /// The credential headers: the configured key or the caller's `x-api-key` as `x-api-key`,
@@ -194,9 +197,46 @@ fn text_content(answer: &Value) -> Result<String, SummarizeError> {
     Ok(texts.join(""))
 }
 
+/// What an answer's `usage` billed, normalised: Anthropic's `input_tokens` leave out the
+/// tokens read from and written to the cache, which `SummaryUsage::input` includes. The model
+/// the answer names, else the one asked for; `None` without a usage object.
+fn usage(answer: &Value, asked: &str) -> Option<SummaryUsage> {
+    let u = answer.get("usage").filter(|u| u.is_object())?;
+    let n = |key: &str| u[key].as_u64().unwrap_or(0);
+    let (read, written) = (
+        n("cache_read_input_tokens"),
+        n("cache_creation_input_tokens"),
+    );
+    Some(SummaryUsage {
+        model: answer["model"].as_str().unwrap_or(asked).to_string(),
+        input: n("input_tokens") + read + written,
+        output: n("output_tokens"),
+        cache_read: read,
+        cache_write: written,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn usage_counts_cached_input_in_the_input() {
+        let answer = serde_json::json!({"model": "claude-haiku-4-5", "usage": {"input_tokens": 10,
+            "output_tokens": 300, "cache_read_input_tokens": 4000, "cache_creation_input_tokens": 500}});
+        let u = usage(&answer, "asked").expect("usage");
+        assert_eq!(
+            (
+                u.model.as_str(),
+                u.input,
+                u.output,
+                u.cache_read,
+                u.cache_write
+            ),
+            ("claude-haiku-4-5", 4_510, 300, 4_000, 500)
+        );
+        assert_eq!(usage(&serde_json::json!({}), "asked"), None);
+    }
 
     #[test]
     fn text_blocks_are_concatenated() {

@@ -194,6 +194,24 @@ impl fmt::Debug for Caller {
 pub struct Summary {
     /// The summary text. compactor treats a blank one as a failure.
     pub text: String,
+    /// What writing it cost in tokens, when a model wrote it and said ([`Summary::with_usage`]);
+    /// compactor prices it (`compactor_cost_usd_total{kind="summarizer"}`).
+    pub usage: Option<SummaryUsage>,
+}
+
+/// The tokens a model billed for a summary, as its provider reported them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SummaryUsage {
+    /// The model that wrote it (priced by the models table).
+    pub model: String,
+    /// Every input token, cached and cache-written ones included.
+    pub input: u64,
+    /// Output tokens (reasoning included).
+    pub output: u64,
+    /// Input tokens read from the provider's prompt cache.
+    pub cache_read: u64,
+    /// Input tokens written to it.
+    pub cache_write: u64,
 }
 
 /// Why a summary could not be written. [`SummarizeError::kind`] is the metric label.
@@ -287,7 +305,12 @@ impl Summary {
         if is_blank(&text) {
             return Err(SummarizeError::Blank);
         }
-        Ok(Summary { text })
+        Ok(Summary { text, usage: None })
+    }
+
+    /// This summary with what the model billed for it.
+    pub fn with_usage(self, usage: Option<SummaryUsage>) -> Summary {
+        Summary { usage, ..self }
     }
 
     /// [`Summary::new`] for a backend bounded to `max_bytes` of summary

@@ -36,7 +36,7 @@ use serde_json::{json, Value};
 use tokio::time::Instant;
 
 use compactor_plugin_api::{
-    Api, BoxFuture, Caller, SummarizeError, Summarizer, Summary, SummaryRequest,
+    Api, BoxFuture, Caller, SummarizeError, Summarizer, Summary, SummaryRequest, SummaryUsage,
     DEFAULT_MAX_SUMMARY_BYTES,
 };
 
@@ -167,7 +167,10 @@ impl OpenAiSummarizer {
             Wire::ChatCompletions => message_content(&answer)?,
             Wire::Responses => output_text(&answer)?,
         };
-        Summary::bounded(text.trim(), self.config.max_summary_bytes)
+        Ok(
+            Summary::bounded(text.trim(), self.config.max_summary_bytes)?
+                .with_usage(usage(&answer, model)),
+        )
     }
 
     /// The JSON body of one summary request to `model` over `wire`.
@@ -343,6 +346,32 @@ fn message_content(answer: &Value) -> Result<String, SummarizeError> {
     }
 }
 
+/// What an answer's `usage` billed: Chat Completions (`prompt_tokens`, `completion_tokens`,
+/// `prompt_tokens_details.cached_tokens`) or Responses (`input_tokens`, `output_tokens`,
+/// `input_tokens_details.cached_tokens`); the model the answer names, else the one asked for.
+/// `None` without a usage object.
+fn usage(answer: &Value, asked: &str) -> Option<SummaryUsage> {
+    let u = answer.get("usage").filter(|u| u.is_object())?;
+    let n = |v: &Value| v.as_u64().unwrap_or(0);
+    let chat = u.get("prompt_tokens").is_some();
+    let (input, output, details) = if chat {
+        (
+            "prompt_tokens",
+            "completion_tokens",
+            "prompt_tokens_details",
+        )
+    } else {
+        ("input_tokens", "output_tokens", "input_tokens_details")
+    };
+    Some(SummaryUsage {
+        model: answer["model"].as_str().unwrap_or(asked).to_string(),
+        input: n(&u[input]),
+        output: n(&u[output]),
+        cache_read: n(&u[details]["cached_tokens"]),
+        cache_write: 0,
+    })
+}
+
 /// The summary of a Responses API answer: the `text` of every `output_text` part of every
 /// `message` item of `output`, concatenated (`reasoning` and other items skipped).
 fn output_text(answer: &Value) -> Result<String, SummarizeError> {
@@ -398,6 +427,29 @@ fn output_text(answer: &Value) -> Result<String, SummarizeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn usage_is_read_from_chat_and_responses_answers() {
+        let chat = json!({"model": "gpt-5-mini", "usage": {"prompt_tokens": 900, "completion_tokens": 80,
+            "prompt_tokens_details": {"cached_tokens": 512}}});
+        let u = usage(&chat, "asked").expect("usage");
+        assert_eq!(
+            (
+                u.model.as_str(),
+                u.input,
+                u.output,
+                u.cache_read,
+                u.cache_write
+            ),
+            ("gpt-5-mini", 900, 80, 512, 0)
+        );
+        let responses = json!({"usage": {"input_tokens": 700, "output_tokens": 60,
+            "input_tokens_details": {"cached_tokens": 0}}});
+        let u = usage(&responses, "asked").expect("usage");
+        assert_eq!((u.model.as_str(), u.input, u.output), ("asked", 700, 60));
+        assert_eq!(usage(&json!({"choices": []}), "asked"), None);
+        assert_eq!(usage(&json!({"usage": null}), "asked"), None);
+    }
 
     #[test]
     fn rejected_parameters_are_adjusted_once() {
