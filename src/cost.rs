@@ -165,6 +165,11 @@ impl Bill {
         }
     }
 
+    /// USD by kind, in the order of [`crate::metrics::COST_KINDS`].
+    pub fn by_kind(&self) -> [f64; 4] {
+        [self.input, self.cache_read, self.cache_write, self.output]
+    }
+
     /// The whole of it.
     pub fn total(&self) -> f64 {
         self.input + self.cache_read + self.cache_write + self.output

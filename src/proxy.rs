@@ -346,8 +346,10 @@ fn bill(app: &App, estimate: &ForwardedEstimate, usage: &Usage) {
     let Some(price) = app.compactor.engine().models().price(&name) else {
         return;
     };
-    app.metrics
-        .cost(estimate.dialect, &crate::cost::Bill::of(usage, &price));
+    app.metrics.cost(
+        estimate.dialect,
+        crate::cost::Bill::of(usage, &price).by_kind(),
+    );
     // Without compactor: the request as received, unless the provider would have refused it.
     if estimate.received > estimate.context_window {
         app.metrics.over_window_without_compactor(estimate.dialect);

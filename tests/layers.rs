@@ -19,6 +19,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("pipeline", 4),
     ("overflow", 4),
     ("usage", 4),
+    ("cost", 4),
     ("summarizer", 4),
     ("proxy", 5),
     ("admin", 5),

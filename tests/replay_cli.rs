@@ -91,6 +91,10 @@ struct Section {
 fn parse(stdout: &str) -> Vec<Section> {
     let mut sections: Vec<Section> = Vec::new();
     for line in stdout.lines() {
+        // The per-file tables come first; the cost table after them has columns of its own.
+        if line.starts_with("== cost") {
+            break;
+        }
         if line.starts_with("== ") {
             sections.push(Section {
                 heading: line.to_string(),
