@@ -363,6 +363,8 @@ pub struct Metrics {
     background_compactions: IntCounterVec,
     /// `compactor_background_compactions_running`
     pub background_running: IntGauge,
+    /// `compactor_compactions_deferred_total`
+    compactions_deferred: IntCounter,
     /// `compactor_tunnels_total{outcome}`
     tunnels: IntCounterVec,
     /// `compactor_tunnels_open`
@@ -477,13 +479,13 @@ impl Hot {
     }
 }
 
-/// A dialect's place in [`DIALECTS`] (and in [`Hot`]'s arrays).
 /// `kind` values of `compactor_cost_usd_total`.
-const COST_KINDS: [&str; 4] = ["input", "cache_read", "cache_write", "output"];
+pub const COST_KINDS: [&str; 4] = ["input", "cache_read", "cache_write", "output"];
 
 /// The `kind` of `compactor_cost_usd_total` for the summarizer's own calls.
 const SUMMARIZER_COST: &str = "summarizer";
 
+/// A dialect's place in [`DIALECTS`] (and in [`Hot`]'s arrays).
 fn dialect_index(dialect: DialectKind) -> usize {
     match dialect {
         DialectKind::ChatCompletions => 0,
@@ -691,6 +693,13 @@ impl Metrics {
                 IntGauge::new(
                     "compactor_background_compactions_running",
                     "Summaries being made off the request path now (at most summarizer.max_concurrent).",
+                )?,
+            )?,
+            compactions_deferred: register(
+                r,
+                IntCounter::new(
+                    "compactor_compactions_deferred_total",
+                    "Requests over the trigger forwarded without waiting for the summary being made for them, because they fit below the wait threshold (halfway from the trigger to the usable window); a later request splices it.",
                 )?,
             )?,
             request_tokens_estimated: histogram(
@@ -1043,6 +1052,16 @@ impl Metrics {
         self.client_send_timeouts.inc();
     }
 
+    /// A request over the trigger went on without waiting for the summary being made for it.
+    pub fn compaction_deferred(&self) {
+        self.compactions_deferred.inc();
+    }
+
+    /// Requests over the trigger that went on without waiting (tests).
+    pub fn compactions_deferred(&self) -> u64 {
+        self.compactions_deferred.get()
+    }
+
     /// A background summary ended (or was not started) this way.
     pub fn background_compaction(&self, outcome: BackgroundOutcome) {
         self.background_compactions
@@ -1162,15 +1181,10 @@ impl Metrics {
             .inc();
     }
 
-    /// A forwarded `dialect` request's response was billed `bill`.
-    pub fn cost(&self, dialect: DialectKind, bill: &crate::cost::Bill) {
-        let [input, cache_read, cache_write, output] = COST_KINDS;
-        for (kind, usd) in [
-            (input, bill.input),
-            (cache_read, bill.cache_read),
-            (cache_write, bill.cache_write),
-            (output, bill.output),
-        ] {
+    /// A forwarded `dialect` request's response was billed `usd`, by kind in [`COST_KINDS`]
+    /// order (input, cache read, cache write, output).
+    pub fn cost(&self, dialect: DialectKind, usd: [f64; 4]) {
+        for (kind, usd) in COST_KINDS.into_iter().zip(usd) {
             self.cost
                 .with_label_values(&[dialect.label(), kind])
                 .inc_by(usd);

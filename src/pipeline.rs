@@ -776,7 +776,7 @@ impl Pipeline {
         let mut mask = self
             .mask_view(request, splice.as_ref(), staged.as_ref())
             .await;
-        let (count, tokens) = self.view_size(request.scan, splice.as_ref(), &mask);
+        let (count, mut tokens) = self.view_size(request.scan, splice.as_ref(), &mask);
         if self.strategy.masks() {
             figures.masked_tokens = Some(tokens);
         }
@@ -795,10 +795,10 @@ impl Pipeline {
             match self.splice(request.scan, staged) {
                 Ok(Some(ready)) => {
                     let ready_mask = self.mask_view(request, Some(&ready), None).await;
-                    let (count, ready_tokens) =
+                    let (ready_count, ready_tokens) =
                         self.view_size(request.scan, Some(&ready), &ready_mask);
                     self.promote(request, &ready).await;
-                    if request.limits.check(count, ready_tokens).is_none() {
+                    if request.limits.check(ready_count, ready_tokens).is_none() {
                         self.metrics.summarizer_wait.observe(0.0);
                         return self.reuse(
                             request.scan,
@@ -811,10 +811,22 @@ impl Pipeline {
                     // Still over: compact further, refining the staged summary.
                     splice = Some(ready);
                     mask = ready_mask;
+                    tokens = ready_tokens;
                 }
                 Ok(None) => {}
                 Err(e) => return self.not_understood(Some(trigger), &e),
             }
+        }
+        // The summary this request needs is being made (ahead, or by another request) and the
+        // request fits with room to spare: it goes on as it is rather than waiting, and a
+        // later request splices the summary once it is ready.
+        if tokens < request.limits.wait_threshold
+            && self
+                .flights
+                .is_running(&self.flight_key(request, splice.as_ref()))
+        {
+            self.metrics.compaction_deferred();
+            return self.reuse(request.scan, splice.as_ref(), &mask, tokens, figures);
         }
         if !self.breaker_allows(request.tenant, request.session).await {
             self.record(trigger, CompactionOutcome::Breaker);
@@ -828,11 +840,7 @@ impl Pipeline {
         };
 
         let covered = splice.as_ref().map_or(0, |s| s.covered);
-        let key = FlightKey {
-            tenant: request.tenant,
-            session: request.session.to_string(),
-            covered,
-        };
+        let key = self.flight_key(request, splice.as_ref());
         let started = Instant::now();
         // The leader keeps its own result; waiters get `()` and read what it stored.
         let mut led: Option<Result<Compacted, Failure>> = None;
@@ -1442,6 +1450,15 @@ impl Pipeline {
         Ok(compaction)
     }
 
+    /// The single flight of a summary of `request`'s conversation after `splice`.
+    fn flight_key(&self, request: &Request<'_, '_>, splice: Option<&Splice>) -> FlightKey {
+        FlightKey {
+            tenant: request.tenant,
+            session: request.session.to_string(),
+            covered: splice.map_or(0, |s| s.covered),
+        }
+    }
+
     /// Starts the summary of a request over the background watermark (below the trigger) off
     /// the request path, unless background summaries are off, one of this prefix is already
     /// being made or was tried before (a failed one is not retried: the request crossing the
@@ -1459,11 +1476,7 @@ impl Pipeline {
         else {
             return;
         };
-        let key = FlightKey {
-            tenant: request.tenant,
-            session: request.session.to_string(),
-            covered: splice.map_or(0, |s| s.covered),
-        };
+        let key = self.flight_key(request, splice);
         if self.flights.is_running(&key) || !self.background.first_attempt(&key) {
             return;
         }

@@ -963,6 +963,7 @@ mod tests {
                 summarizer_window: 128_000,
                 reserved_output: 0,
                 token_threshold: 108_800,
+                wait_threshold: 108_800,
                 max_messages: 10,
                 opening_budget: 36_266,
             },

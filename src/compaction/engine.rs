@@ -821,6 +821,7 @@ mod tests {
             summarizer_window: 128_000,
             reserved_output: 0,
             token_threshold: 0,
+            wait_threshold: 0,
             max_messages: 4,
             opening_budget: 0,
         };
@@ -880,6 +881,7 @@ mod tests {
             summarizer_window: 128_000,
             reserved_output: 0,
             token_threshold: 0,
+            wait_threshold: 0,
             max_messages: 4,
             opening_budget: 0,
         };
@@ -910,6 +912,7 @@ mod tests {
             summarizer_window: 3_000,
             reserved_output: 0,
             token_threshold: 0,
+            wait_threshold: 0,
             max_messages: 4,
             opening_budget: 0,
         };

@@ -106,6 +106,11 @@ pub struct Limits {
     pub reserved_output: usize,
     /// Compact at or above this many estimated input tokens.
     pub token_threshold: usize,
+    /// A request over the trigger whose summary is already being made (in the background, or
+    /// by another request) goes on without waiting for it below this many estimated input
+    /// tokens: halfway from `token_threshold` to the usable window, room the provider accepts
+    /// with the estimate's error to spare. At or above it, the request waits.
+    pub wait_threshold: usize,
     /// Compact above this many messages.
     pub max_messages: usize,
     /// The most estimated tokens a conversation's opening may hold to be kept verbatim in the
@@ -128,11 +133,14 @@ impl Limits {
         // `as` saturates: NaN and negatives become 0.
         let scaled =
             ((config.trigger_ratio * context_window as f64).floor() as usize).min(context_window);
+        let token_threshold = scaled.saturating_sub(reserved_output);
+        let usable = context_window.saturating_sub(reserved_output);
         Limits {
             context_window,
             summarizer_window: context_window,
             reserved_output,
-            token_threshold: scaled.saturating_sub(reserved_output),
+            token_threshold,
+            wait_threshold: token_threshold + usable.saturating_sub(token_threshold) / 2,
             max_messages: config.max_messages,
             opening_budget: scaled / 3,
         }
@@ -154,9 +162,11 @@ impl Limits {
         if !(factor.is_finite() && factor > 0.0) {
             return self;
         }
+        // `as` saturates.
+        let calibrate = |n: usize| (n as f64 / factor).floor() as usize;
         Limits {
-            // `as` saturates.
-            token_threshold: (self.token_threshold as f64 / factor).floor() as usize,
+            token_threshold: calibrate(self.token_threshold),
+            wait_threshold: calibrate(self.wait_threshold),
             ..self
         }
     }
@@ -182,8 +192,12 @@ impl Limits {
             }
             _ => base.token_threshold,
         };
+        let token_threshold = scaled.min(estimated.saturating_mul(3) / 4);
         Limits {
-            token_threshold: scaled.min(estimated.saturating_mul(3) / 4),
+            token_threshold,
+            // The window was just shown to be smaller than believed: no room is trusted
+            // beyond the trigger.
+            wait_threshold: token_threshold,
             summarizer_window: base.summarizer_window.min(self.summarizer_window),
             ..base
         }
@@ -236,6 +250,7 @@ impl Limits {
     pub fn less(&self, messages: usize, tokens: usize) -> Limits {
         Limits {
             token_threshold: self.token_threshold.saturating_sub(tokens),
+            wait_threshold: self.wait_threshold.saturating_sub(tokens),
             max_messages: self.max_messages.saturating_sub(messages),
             ..*self
         }

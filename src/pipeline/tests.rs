@@ -660,15 +660,117 @@ async fn turns_that_waited(pacing: bool, output_lines: usize) -> (Vec<usize>, us
 
 #[tokio::test(start_paused = true)]
 async fn background_summaries_paced_by_growth_and_latency_are_ready_before_the_trigger() {
-    // Tool outputs of 45 and 80 lines: the trigger comes 18 and 11 turns after a summary is
-    // spliced. Only the first summary, not yet timed, may be waited for when paced.
-    for output_lines in [45, 80] {
-        let (unpaced, _) = turns_that_waited(false, output_lines).await;
-        let (paced, _) = turns_that_waited(true, output_lines).await;
-        assert!(
-            unpaced.len() >= 3,
-            "{output_lines} lines: from the plain watermark, the trigger comes first: {unpaced:?}"
-        );
-        assert!(paced.len() <= 1, "{output_lines} lines, paced: {paced:?}");
-    }
+    // Tool outputs of 80 lines: the trigger comes 11 turns after a summary is spliced, and
+    // one turn takes a request from the trigger past the wait threshold. From the plain
+    // watermark the summary is not ready in time; paced, only the first summary (not yet
+    // timed) may be waited for.
+    let (unpaced, _) = turns_that_waited(false, 80).await;
+    let (paced, _) = turns_that_waited(true, 80).await;
+    assert!(
+        unpaced.len() >= 3,
+        "from the plain watermark, the trigger comes first: {unpaced:?}"
+    );
+    assert!(paced.len() <= 1, "paced: {paced:?}");
+    // Outputs of 45 lines: the room between the trigger and the wait threshold holds the
+    // turns a summary started at the plain watermark still needs.
+    let (unpaced, _) = turns_that_waited(false, 45).await;
+    assert_eq!(unpaced, Vec::<usize>::new());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_over_the_trigger_goes_on_while_its_summary_is_made_if_it_fits_below_the_wait_threshold(
+) {
+    // An 8,000-token window: the trigger at 6,800 estimated tokens, the wait threshold halfway
+    // to the window (7,400), the background watermark at 70% of the trigger. Summaries take
+    // four seconds (tokio's clock, paused); the agent's turns half a second.
+    let toml = "[compaction]\nstrategy = \"summarize\"\nmax_messages = 1000\n\
+                min_preserve_tokens = 100\nmax_preserve_tokens = 400\n\
+                [models.paced]\ncontext_window = 8000\n";
+    let fake = FakeSummarizer::new(vec![Reply::Slow(
+        Duration::from_secs(4),
+        "Summary: the files read, the fix made, the tests run.".into(),
+    )]);
+    let (c, metrics) = compactor(&config(toml), fake.clone());
+    let limits = c.engine().limits(Some("paced"), None);
+    assert_eq!(
+        (limits.token_threshold, limits.wait_threshold),
+        (6_800, 7_400)
+    );
+    let caller = caller();
+    let mut messages = vec![
+        json!({"role": "system", "content": "You are a coding agent."}),
+        json!({"role": "user", "content": "Fix the failing test in the parser."}),
+    ];
+    let tokens = |messages: &[Value]| {
+        let request = body("paced", messages.to_vec());
+        DialectKind::ChatCompletions
+            .scan(&request, c.engine().estimator())
+            .expect("scan")
+            .tokens
+    };
+    let mut turn = 0;
+    // One turn at a time until the conversation reaches `at` estimated tokens; then the
+    // request is sent, as the agent would after half a second.
+    let mut grow_to = |at: usize, messages: &mut Vec<Value>| {
+        while tokens(messages) < at {
+            turn += 1;
+            messages.push(json!({"role": "assistant", "content": format!("step {turn}")}));
+            messages.push(json!({"role": "user", "content": format!("output {turn}: {}", "line of tool output ".repeat(10))}));
+        }
+        tokens(messages)
+    };
+    let send = |messages: Vec<Value>| {
+        let c = c.clone();
+        let caller = caller.clone();
+        async move {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let context = RequestContext {
+                caller: &caller,
+                session_header: None,
+                long_context: false,
+                attempts: &Attempts::per_request(),
+            };
+            let request = Bytes::from(body("paced", messages));
+            c.handle(DialectKind::ChatCompletions, &request, &context)
+                .await
+        }
+    };
+
+    // Over the watermark, under the trigger: the summary starts in the background.
+    let at = grow_to(4_800, &mut messages);
+    assert!(at < limits.token_threshold, "{at}");
+    let first = send(messages.clone()).await;
+    assert_eq!(first.summarizer_time, Duration::ZERO);
+    assert_eq!(
+        metrics.background_running.get(),
+        1,
+        "a summary is being made"
+    );
+
+    // Over the trigger, under the wait threshold: forwarded as received, without waiting.
+    let at = grow_to(limits.token_threshold, &mut messages);
+    assert!(at < limits.wait_threshold, "{at}");
+    let over = send(messages.clone()).await;
+    assert_eq!(over.summarizer_time, Duration::ZERO, "it did not wait");
+    assert!(
+        matches!(over.outcome, Outcome::Unchanged),
+        "forwarded as received"
+    );
+    assert_eq!(metrics.compactions_deferred(), 1);
+    assert_eq!(metrics.background_running.get(), 1, "still being made");
+
+    // At the wait threshold: it waits for that summary (no second one) and is compacted.
+    let at = grow_to(limits.wait_threshold, &mut messages);
+    assert!(at < limits.usable_window(), "{at}");
+    let waited = send(messages.clone()).await;
+    assert!(waited.summarizer_time > Duration::ZERO, "it waited");
+    assert!(
+        matches!(
+            waited.outcome,
+            Outcome::Reused { .. } | Outcome::Rewritten { .. }
+        ),
+        "compacted"
+    );
+    assert_eq!(metrics.compactions_deferred(), 1);
+    assert_eq!(fake.requests().len(), 1, "one summary, made once");
 }

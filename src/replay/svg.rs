@@ -446,6 +446,7 @@ mod tests {
                 summarizer_window: 8_000,
                 reserved_output: 0,
                 token_threshold: 6_800,
+                wait_threshold: 6_800,
                 max_messages: 80,
                 opening_budget: 2_266,
             },
