@@ -699,7 +699,7 @@ impl Metrics {
                 r,
                 IntCounter::new(
                     "compactor_compactions_deferred_total",
-                    "Requests over the trigger forwarded without waiting for the summary being made for them, because they fit below the wait threshold (halfway from the trigger to the usable window); a later request splices it.",
+                    "Requests over the trigger forwarded without waiting for the summary being made for them, because they fit below the wait threshold (three quarters of the way from the trigger to the usable window); a later request splices it.",
                 )?,
             )?,
             request_tokens_estimated: histogram(

@@ -146,6 +146,9 @@ struct Request<'r, 'b> {
     /// conversation is predicted to reach the trigger before a summary started there is
     /// written ([`pace`]); `None` without background summaries, and off the request path.
     background_at: Option<Limits>,
+    /// Whether summaries take turns to write in this conversation ([`pace`] predicts a lead):
+    /// then the next one starts as soon as a request shows it due, not a request later.
+    slow_summaries: bool,
     /// The summarizer calls it may still make.
     attempts: &'r Attempts,
 }
@@ -604,6 +607,7 @@ impl Pipeline {
             session: &session,
             limits,
             background_at,
+            slow_summaries: lead.is_some(),
             attempts: context.attempts,
         };
         let mut figures = Figures::default();
@@ -776,7 +780,7 @@ impl Pipeline {
         let mut mask = self
             .mask_view(request, splice.as_ref(), staged.as_ref())
             .await;
-        let (count, mut tokens) = self.view_size(request.scan, splice.as_ref(), &mask);
+        let (mut count, mut tokens) = self.view_size(request.scan, splice.as_ref(), &mask);
         if self.strategy.masks() {
             figures.masked_tokens = Some(tokens);
         }
@@ -791,6 +795,7 @@ impl Pipeline {
             }
             return self.reuse(request.scan, splice.as_ref(), &mask, tokens, figures);
         };
+        let mut refine_ahead = false;
         if let Some(staged) = staged {
             match self.splice(request.scan, staged) {
                 Ok(Some(ready)) => {
@@ -800,6 +805,12 @@ impl Pipeline {
                     self.promote(request, &ready).await;
                     if request.limits.check(ready_count, ready_tokens).is_none() {
                         self.metrics.summarizer_wait.observe(0.0);
+                        // With slow summaries the next one starts now if the spliced request
+                        // is already over the watermark, not a turn later.
+                        if request.slow_summaries {
+                            let most_masked = ready_tokens.saturating_sub(ready_mask.spare);
+                            self.start_background(request, Some(&ready), ready_count, most_masked);
+                        }
                         return self.reuse(
                             request.scan,
                             Some(&ready),
@@ -808,22 +819,26 @@ impl Pipeline {
                             figures,
                         );
                     }
-                    // Still over: compact further, refining the staged summary.
+                    // Still over: compact further, refining the staged summary (with slow
+                    // summaries, in the background below the wait threshold).
+                    refine_ahead = request.slow_summaries;
                     splice = Some(ready);
                     mask = ready_mask;
-                    tokens = ready_tokens;
+                    (count, tokens) = (ready_count, ready_tokens);
                 }
                 Ok(None) => {}
                 Err(e) => return self.not_understood(Some(trigger), &e),
             }
         }
-        // The summary this request needs is being made (ahead, or by another request) and the
-        // request fits with room to spare: it goes on as it is rather than waiting, and a
-        // later request splices the summary once it is ready.
+        // The summary this request needs is being made (ahead, or by another request, or
+        // started now to refine the staged one) and the request fits with room to spare: it
+        // goes on as it is rather than waiting, and a later request splices the summary once
+        // it is ready.
         if tokens < request.limits.wait_threshold
-            && self
+            && (self
                 .flights
                 .is_running(&self.flight_key(request, splice.as_ref()))
+                || refine_ahead && self.start_background(request, splice.as_ref(), count, tokens))
         {
             self.metrics.compaction_deferred();
             return self.reuse(request.scan, splice.as_ref(), &mask, tokens, figures);
@@ -1463,22 +1478,23 @@ impl Pipeline {
     /// the request path, unless background summaries are off, one of this prefix is already
     /// being made or was tried before (a failed one is not retried: the request crossing the
     /// trigger compacts), or all `summarizer.max_concurrent` slots are taken (counted `busy`).
+    /// Whether it started one.
     fn start_background(
         self: &Arc<Self>,
         request: &Request<'_, '_>,
         splice: Option<&Splice>,
         count: usize,
         tokens: usize,
-    ) {
+    ) -> bool {
         let Some(trigger) = request
             .background_at
             .and_then(|soft| soft.check(count, tokens))
         else {
-            return;
+            return false;
         };
         let key = self.flight_key(request, splice);
         if self.flights.is_running(&key) || !self.background.first_attempt(&key) {
-            return;
+            return false;
         }
         let job = BackgroundJob {
             dialect: request.scan.dialect(),
@@ -1500,6 +1516,7 @@ impl Pipeline {
         if !started {
             self.metrics.background_compaction(BackgroundOutcome::Busy);
         }
+        started
     }
 
     /// A background summary: made as the request path would make it, within the single
@@ -1557,6 +1574,7 @@ impl Pipeline {
             session: &job.session,
             limits: job.limits,
             background_at: None,
+            slow_summaries: false,
             attempts: &Attempts::per_request(),
         };
         // The checkpoint in use when the job started; one that covers more (another summary
@@ -1827,6 +1845,7 @@ impl Pipeline {
             session: &session,
             limits,
             background_at: None,
+            slow_summaries: false,
             attempts: context.attempts,
         };
         if context.attempts.left() == 0 {
@@ -1976,6 +1995,7 @@ impl Pipeline {
             session: id,
             limits,
             background_at: None,
+            slow_summaries: false,
             attempts: &Attempts::per_request(),
         };
         if !self.breaker_allows(latest.tenant, id).await {

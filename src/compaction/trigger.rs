@@ -108,8 +108,9 @@ pub struct Limits {
     pub token_threshold: usize,
     /// A request over the trigger whose summary is already being made (in the background, or
     /// by another request) goes on without waiting for it below this many estimated input
-    /// tokens: halfway from `token_threshold` to the usable window, room the provider accepts
-    /// with the estimate's error to spare. At or above it, the request waits.
+    /// tokens: three quarters of the way from `token_threshold` to the usable window: room the
+    /// provider accepts, with the calibrated estimate's error to spare (a refusal is still
+    /// compacted and retried). At or above it, the request waits.
     pub wait_threshold: usize,
     /// Compact above this many messages.
     pub max_messages: usize,
@@ -140,7 +141,7 @@ impl Limits {
             summarizer_window: context_window,
             reserved_output,
             token_threshold,
-            wait_threshold: token_threshold + usable.saturating_sub(token_threshold) / 2,
+            wait_threshold: token_threshold + usable.saturating_sub(token_threshold) * 3 / 4,
             max_messages: config.max_messages,
             opening_budget: scaled / 3,
         }

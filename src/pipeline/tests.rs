@@ -660,12 +660,11 @@ async fn turns_that_waited(pacing: bool, output_lines: usize) -> (Vec<usize>, us
 
 #[tokio::test(start_paused = true)]
 async fn background_summaries_paced_by_growth_and_latency_are_ready_before_the_trigger() {
-    // Tool outputs of 80 lines: the trigger comes 11 turns after a summary is spliced, and
-    // one turn takes a request from the trigger past the wait threshold. From the plain
-    // watermark the summary is not ready in time; paced, only the first summary (not yet
-    // timed) may be waited for.
-    let (unpaced, _) = turns_that_waited(false, 80).await;
-    let (paced, _) = turns_that_waited(true, 80).await;
+    // Tool outputs of 90 lines: about ten turns from a splice to the trigger, one more to the
+    // wait threshold, eight to write a summary. From the plain watermark the summary is not
+    // ready in time; paced, only the first summary (not yet timed) may be waited for.
+    let (unpaced, _) = turns_that_waited(false, 90).await;
+    let (paced, _) = turns_that_waited(true, 90).await;
     assert!(
         unpaced.len() >= 3,
         "from the plain watermark, the trigger comes first: {unpaced:?}"
@@ -680,8 +679,8 @@ async fn background_summaries_paced_by_growth_and_latency_are_ready_before_the_t
 #[tokio::test(start_paused = true)]
 async fn a_request_over_the_trigger_goes_on_while_its_summary_is_made_if_it_fits_below_the_wait_threshold(
 ) {
-    // An 8,000-token window: the trigger at 6,800 estimated tokens, the wait threshold halfway
-    // to the window (7,400), the background watermark at 70% of the trigger. Summaries take
+    // An 8,000-token window: the trigger at 6,800 estimated tokens, the wait threshold three
+    // quarters of the way to the window (7,700), the background watermark at 70% of the trigger. Summaries take
     // four seconds (tokio's clock, paused); the agent's turns half a second.
     let toml = "[compaction]\nstrategy = \"summarize\"\nmax_messages = 1000\n\
                 min_preserve_tokens = 100\nmax_preserve_tokens = 400\n\
@@ -694,7 +693,7 @@ async fn a_request_over_the_trigger_goes_on_while_its_summary_is_made_if_it_fits
     let limits = c.engine().limits(Some("paced"), None);
     assert_eq!(
         (limits.token_threshold, limits.wait_threshold),
-        (6_800, 7_400)
+        (6_800, 7_700)
     );
     let caller = caller();
     let mut messages = vec![
