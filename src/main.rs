@@ -113,6 +113,11 @@ enum Command {
         /// with a table comparing them (summarizer calls, tokens forwarded, prefix stability).
         #[arg(long, value_name = "NAME[,NAME...]", value_delimiter = ',')]
         strategy: Vec<String>,
+        /// Write the totals of every replay as JSON: per file and strategy the summarizer,
+        /// steps, compactions, summarizer calls, tokens forwarded and the probe scores (kept
+        /// and total per category).
+        #[arg(long, value_name = "OUT")]
+        json: Option<PathBuf>,
         /// Recorded conversations: JSON transcripts or JSONL files of requests.
         #[arg(required = true, value_name = "TRANSCRIPT")]
         transcripts: Vec<PathBuf>,
@@ -185,6 +190,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             summarizer,
             svg,
             strategy,
+            json,
             transcripts,
         } => {
             let config = Config::load(config.as_deref())?;
@@ -199,6 +205,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 &strategy,
                 &transcripts,
                 svg.as_deref(),
+                json.as_deref(),
             ))
         }
     }
@@ -238,6 +245,7 @@ async fn replay(
     strategies: &[String],
     files: &[PathBuf],
     svg: Option<&Path>,
+    json: Option<&Path>,
 ) -> anyhow::Result<ExitCode> {
     use compactor::replay;
     let strategies = strategies
@@ -278,6 +286,11 @@ async fn replay(
     }
     if let Some(costs) = replay::costs(&reports) {
         write_stdout(format!("\n{costs}").as_bytes())?;
+    }
+    write_stdout(format!("\n{}", replay::probe_table(&reports)).as_bytes())?;
+    if let Some(path) = json {
+        let text = serde_json::to_string_pretty(&replay::to_json(&reports))?;
+        std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))?;
     }
     if let Some(path) = svg {
         std::fs::write(path, replay::svg::render(&reports))
