@@ -525,3 +525,264 @@ fn push_identifiers(out: &mut Vec<(Category, String)>, code: &str) {
             .map(|name| (Category::Identifiers, name)),
     );
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{json, Value};
+
+    const TASK: &str = "Fix the flaky date parser in the billing module before Friday";
+    const ASK: &str = "Keep the public signature of parse_invoice_date exactly as it is";
+    const PATH: &str = "src/billing/dates.py";
+    const ERROR: &str = "ValueError: month must be in 1..12, got 13";
+    const BURIED: &str = "buried_helper_function";
+
+    fn call(id: &str, name: &str, arguments: Value) -> Value {
+        json!({"id": id, "type": "function",
+            "function": {"name": name, "arguments": arguments.to_string()}})
+    }
+
+    /// A Chat Completions conversation holding one probe of each category in its first
+    /// turns, then `filler` turns of reading other files.
+    fn conversation(filler: usize) -> Vec<Value> {
+        // The edit defines its function after 600 characters of comment: a summary that
+        // quotes the call's start does not reach it.
+        let edit = format!(
+            "# {}\ndef {BURIED}(value):\n    return value\n",
+            "x".repeat(600)
+        );
+        let mut messages = vec![
+            json!({"role": "system", "content": "You are a coding agent."}),
+            json!({"role": "user", "content": TASK}),
+            json!({"role": "assistant", "content": "Reading it.",
+                "tool_calls": [call("c1", "bash", json!({"command": format!("cat {PATH}")}))]}),
+            json!({"role": "tool", "tool_call_id": "c1", "content":
+                format!("Traceback (most recent call last):\n  File \"{PATH}\", line 3\n{ERROR}\n")}),
+            json!({"role": "assistant", "content": "Found it."}),
+            json!({"role": "user", "content": ASK}),
+            json!({"role": "assistant", "content": "Editing.", "tool_calls": [call(
+                "c2", "str_replace_editor",
+                json!({"command": "str_replace", "path": PATH, "old_str": "x", "new_str": edit}))]}),
+            json!({"role": "tool", "tool_call_id": "c2", "content": "File updated."}),
+        ];
+        for i in 0..filler {
+            let id = format!("f{i}");
+            messages.push(json!({"role": "assistant", "content": format!("Looking at file {i}."),
+                "tool_calls": [call(&id, "bash", json!({"command": format!("cat docs/notes_{i}.md")}))]}));
+            messages.push(json!({"role": "tool", "tool_call_id": id,
+                "content": format!("notes {i}: {}", "lorem ipsum ".repeat(150))}));
+        }
+        messages.push(
+            json!({"role": "user", "content": "Now run the whole test suite once more please"}),
+        );
+        messages
+    }
+
+    fn body(messages: &[Value]) -> Vec<u8> {
+        json!({"model": "gpt-4o", "messages": messages})
+            .to_string()
+            .into_bytes()
+    }
+
+    fn tally(score: &ProbeScore, category: Category) -> (usize, usize) {
+        let t = score.get(category);
+        (t.kept, t.total)
+    }
+
+    #[test]
+    fn touched_probes_are_kept_only_when_their_text_is_forwarded() {
+        let received = conversation(0);
+        // The summary names the task and the file; it leaves out the user's request, the
+        // error line and the identifier. The last two messages and the system prompt go as
+        // received, so their probes are not counted.
+        let summary = format!("Summary: the user asked: {TASK}. The agent read {PATH}.");
+        let mut forwarded = vec![
+            received[0].clone(),
+            json!({"role": "user", "content": summary}),
+        ];
+        forwarded.extend(received[received.len() - 2..].iter().cloned());
+        let mut prober = Prober::new(None);
+        let score = prober.score(
+            DialectKind::ChatCompletions,
+            &body(&received),
+            &body(&forwarded),
+        );
+        assert_eq!(tally(&score, Category::Task), (1, 1));
+        assert_eq!(
+            tally(&score, Category::Files),
+            (1, 1),
+            "{PATH} counted once"
+        );
+        assert_eq!(tally(&score, Category::UserWords), (0, 1));
+        // `Traceback (most recent call last):` and the ValueError line, both lost.
+        assert_eq!(tally(&score, Category::Errors), (0, 2));
+        assert_eq!(tally(&score, Category::Identifiers), (0, 1));
+        assert_eq!(score.all(), Tally { kept: 2, total: 6 });
+
+        // Forwarded as received: nothing touched, nothing counted.
+        let same = prober.score(
+            DialectKind::ChatCompletions,
+            &body(&received),
+            &body(&received),
+        );
+        assert_eq!(same.all(), Tally::default());
+    }
+
+    #[tokio::test]
+    async fn an_extractive_compaction_keeps_what_it_quotes_and_loses_the_buried_identifier() {
+        let config = crate::config::Config::from_toml(
+            "[summarizer]\nbackend = \"extractive\"\n[compaction]\nmax_messages = 10\n\
+             min_preserve_tokens = 50\nmax_preserve_tokens = 400\n",
+        )
+        .expect("config");
+        let received = body(&conversation(8));
+        let report = crate::compact::compact(&config, DialectKind::ChatCompletions, &received)
+            .await
+            .expect("compacts");
+        assert_ne!(report.forward, received, "{}", report.notes);
+        let score =
+            Prober::new(None).score(DialectKind::ChatCompletions, &received, &report.forward);
+        let forwarded = String::from_utf8_lossy(&report.forward);
+        // The opening (the task) is kept in the head: never touched, never counted.
+        assert_eq!(tally(&score, Category::Task), (0, 0), "{forwarded}");
+        // The extractive summary quotes every user message and lists the files touched.
+        assert_eq!(tally(&score, Category::UserWords), (1, 1), "{forwarded}");
+        // The path of the bug and the notes of the seven summarised turns (the eighth is kept
+        // verbatim), each counted once.
+        assert_eq!(tally(&score, Category::Files), (8, 8), "{forwarded}");
+        // It quotes a call's arguments only so far: the function defined after 600
+        // characters is not in the forwarded request, and counts as lost.
+        assert!(!forwarded.contains(BURIED));
+        assert_eq!(tally(&score, Category::Identifiers), (0, 1), "{forwarded}");
+        // Both error lines of the summarised output are counted, kept as far as they are
+        // in the forwarded body.
+        let present = ["Traceback (most recent call last):", ERROR]
+            .iter()
+            .filter(|line| forwarded.contains(*line))
+            .count();
+        assert_eq!(tally(&score, Category::Errors), (present, 2), "{forwarded}");
+    }
+
+    #[test]
+    fn observations_are_outputs_and_the_first_user_message_is_the_task() {
+        let pattern = Regex::new(r"bash-\$\s*$").ok();
+        let transcript = Transcript::new(vec![
+            Message::new(Role::System, vec![Part::Text("sys".into())]),
+            Message::new(Role::User, vec![Part::Text(format!("{TASK}\nbash-$"))]),
+            Message::new(Role::Assistant, vec![Part::Text("```\nls\n```".into())]),
+            Message::new(
+                Role::User,
+                vec![Part::Text(format!(
+                    "{ERROR}\n(Current directory: /x)\nbash-$"
+                ))],
+            ),
+            Message::new(Role::Assistant, vec![Part::Text("done".into())]),
+            Message::new(Role::User, vec![Part::Text(ASK.into())]),
+        ]);
+        let kinds = kinds(&transcript, pattern.as_ref());
+        assert_eq!(
+            kinds,
+            [
+                Kind::System,
+                Kind::Task,
+                Kind::Assistant,
+                Kind::Output,
+                Kind::Assistant,
+                Kind::User
+            ]
+        );
+        assert_eq!(
+            probes_of(&transcript.messages[3], kinds[3]),
+            [(Category::Errors, ERROR.to_string())]
+        );
+        // Without a pattern, the observation is the person's words.
+        assert_eq!(super::kinds(&transcript, None)[3], Kind::User);
+    }
+
+    #[test]
+    fn error_lines_identifiers_and_spans_follow_their_rules() {
+        for line in [
+            "Traceback (most recent call last):",
+            "KeyError: 'x'",
+            "- E999 IndentationError: unexpected indent",
+            "error[E0425]: cannot find value `x`",
+            "FAILED tests/test_a.py::test_b - assert 1 == 2",
+            "bash: foo: command not found",
+            "Process exited with code 2",
+            "E       assert 1 == 2",
+        ] {
+            assert!(is_error_line(line), "{line}");
+        }
+        for line in [
+            "    except ValueError:",
+            "1474:        raise ValueError(\"bad\")",
+            "12: except KeyError:",
+            "0 errors, exit code 0",
+            "Everything is fine",
+        ] {
+            assert!(!is_error_line(line), "{line}");
+        }
+        assert_eq!(
+            identifiers("class Parser:\n    def parse_month(self):\n fn go() {}\nundef x\n"),
+            ["parse_month", "Parser"]
+        );
+        let text = "first line of the request, long enough\nshort\nthe middle line, also long enough\nlast line of the request, long enough";
+        assert_eq!(
+            spans(text),
+            [
+                "first line of the request, long enough",
+                "the middle line, also long enough",
+                "last line of the request, long enough"
+            ]
+        );
+        assert_eq!(spans("too short"), Vec::<String>::new());
+        assert_eq!(
+            spans(&"word ".repeat(40))
+                .first()
+                .map(|s| s.chars().count()),
+            Some(79)
+        );
+    }
+
+    /// Every probe of a recorded conversation is found in that conversation: a probe counts
+    /// as lost only when what carried it is gone.
+    #[test]
+    fn every_probe_of_the_repository_transcripts_is_in_its_own_transcript() {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/transcripts");
+        let pattern = crate::config::Config::from_toml(
+            &std::fs::read_to_string(dir.join("strategies.toml")).expect("config"),
+        )
+        .expect("config")
+        .compaction
+        .observation_regex()
+        .expect("pattern");
+        let mut counted = 0;
+        for entry in std::fs::read_dir(&dir).expect("transcripts") {
+            let path = entry.expect("entry").path();
+            if path.extension().is_none_or(|e| e != "json") {
+                continue;
+            }
+            let recording = crate::replay::load(&path).expect("loads");
+            let Some(step) = recording.steps.last() else {
+                continue;
+            };
+            let estimator = LazyEstimator::default();
+            let scan = step.dialect.scan(&step.body, &estimator).expect("scans");
+            let transcript = scan.transcript(0).expect("reads");
+            let haystack = haystack(&transcript);
+            let kinds = kinds(&transcript, pattern.as_ref());
+            for (message, kind) in transcript.messages.iter().zip(kinds) {
+                for (category, text) in probes_of(message, kind) {
+                    assert!(
+                        haystack.contains(&text),
+                        "{}: {category:?} {text:?}",
+                        path.display()
+                    );
+                    counted += 1;
+                }
+            }
+        }
+        assert!(counted >= 20, "{counted}");
+    }
+}
