@@ -4,7 +4,8 @@
 //! `compact` runs the compaction engine once over a request (Chat Completions, Messages or
 //! Responses) read from a file or stdin: the request to forward on stdout, what happened on
 //! stderr. `replay` runs recorded
-//! conversations through the compactor offline and prints a table per file (and a chart).
+//! conversations through the compactor offline and prints a table per file, what the
+//! compactions forgot (probes), and optionally a chart and JSON.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -96,7 +97,9 @@ enum Command {
     /// Messages) or an `input` array (Responses), sent request by request as an agent would
     /// (the request before each assistant turn carries everything before it), or a JSONL file
     /// of complete requests. Prints per request the messages, estimated tokens received and
-    /// forwarded, compactions and summarizer calls so far, then a summary line per file.
+    /// forwarded, compactions and summarizer calls so far, then a summary line per file, and
+    /// ends with a `== probes` table: of what the compactions touched (task, user's words,
+    /// files, error lines, identifiers), the share still in the forwarded requests.
     /// Nothing is sent to a provider unless `--summarizer` names a network backend.
     Replay {
         /// Config file (default: config/compactor.toml when present, else built-in defaults).

@@ -896,9 +896,8 @@ pub fn costs(reports: &[FileReport]) -> Option<String> {
 /// the forwarded request, per category and in all ([`probes`]: `kept/total (share)`, `-`
 /// when none was touched).
 pub fn probe_table(reports: &[FileReport]) -> String {
-    let mut out = String::from(
-        "== probes (kept of what compaction touched, per request: task statement, user's words, files read or modified, error lines, identifiers edited)\n",
-    );
+    let mut out =
+        String::from("== probes (kept of what compaction touched, counted per request)\n");
     let mut header = vec!["file", "strategy", "summarizer"];
     header.extend(Category::ALL.map(Category::label));
     header.push("all");

@@ -91,6 +91,13 @@ struct Section {
 fn parse(stdout: &str) -> Vec<Section> {
     let mut sections: Vec<Section> = Vec::new();
     for line in stdout.lines() {
+        // The tables after the per-file sections (`== strategies`, `== cost`, `== probes`).
+        if ["== strategies", "== cost", "== probes"]
+            .iter()
+            .any(|t| line.starts_with(t))
+        {
+            break;
+        }
         if line.starts_with("== ") {
             sections.push(Section {
                 heading: line.to_string(),
