@@ -101,17 +101,6 @@ fn rows(table: &str) -> Vec<Row> {
         .collect()
 }
 
-/// `compactor replay --config config --strategy strategies` over the four transcripts.
-fn replay(config: &str, strategies: &str) -> String {
-    let mut args = vec!["replay", "--config", config, "--strategy", strategies];
-    let files: Vec<String> = TRANSCRIPTS
-        .iter()
-        .map(|t| format!("tests/fixtures/transcripts/{t}"))
-        .collect();
-    args.extend(files.iter().map(String::as_str));
-    compactor(&args)
-}
-
 /// The cells of the `== probes` table, by (file, strategy): per category and `all`, the cell
 /// as printed.
 fn probe_rows(output: &str) -> Vec<(String, String, Vec<String>)> {
