@@ -4,7 +4,8 @@
 //! `compact` runs the compaction engine once over a request (Chat Completions, Messages or
 //! Responses) read from a file or stdin: the request to forward on stdout, what happened on
 //! stderr. `replay` runs recorded
-//! conversations through the compactor offline and prints a table per file (and a chart).
+//! conversations through the compactor offline and prints a table per file, what the
+//! compactions forgot (probes), and optionally a chart and JSON.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -96,7 +97,9 @@ enum Command {
     /// Messages) or an `input` array (Responses), sent request by request as an agent would
     /// (the request before each assistant turn carries everything before it), or a JSONL file
     /// of complete requests. Prints per request the messages, estimated tokens received and
-    /// forwarded, compactions and summarizer calls so far, then a summary line per file.
+    /// forwarded, compactions and summarizer calls so far, then a summary line per file, and
+    /// ends with a `== probes` table: of what the compactions touched (task, user's words,
+    /// files, error lines, identifiers), the share still in the forwarded requests.
     /// Nothing is sent to a provider unless `--summarizer` names a network backend.
     Replay {
         /// Config file (default: config/compactor.toml when present, else built-in defaults).
@@ -113,6 +116,11 @@ enum Command {
         /// with a table comparing them (summarizer calls, tokens forwarded, prefix stability).
         #[arg(long, value_name = "NAME[,NAME...]", value_delimiter = ',')]
         strategy: Vec<String>,
+        /// Write the totals of every replay as JSON: per file and strategy the summarizer,
+        /// steps, compactions, summarizer calls, tokens forwarded and the probe scores (kept
+        /// and total per category).
+        #[arg(long, value_name = "OUT")]
+        json: Option<PathBuf>,
         /// Recorded conversations: JSON transcripts or JSONL files of requests.
         #[arg(required = true, value_name = "TRANSCRIPT")]
         transcripts: Vec<PathBuf>,
@@ -185,6 +193,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             summarizer,
             svg,
             strategy,
+            json,
             transcripts,
         } => {
             let config = Config::load(config.as_deref())?;
@@ -199,6 +208,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 &strategy,
                 &transcripts,
                 svg.as_deref(),
+                json.as_deref(),
             ))
         }
     }
@@ -238,6 +248,7 @@ async fn replay(
     strategies: &[String],
     files: &[PathBuf],
     svg: Option<&Path>,
+    json: Option<&Path>,
 ) -> anyhow::Result<ExitCode> {
     use compactor::replay;
     let strategies = strategies
@@ -278,6 +289,11 @@ async fn replay(
     }
     if let Some(costs) = replay::costs(&reports) {
         write_stdout(format!("\n{costs}").as_bytes())?;
+    }
+    write_stdout(format!("\n{}", replay::probe_table(&reports)).as_bytes())?;
+    if let Some(path) = json {
+        let text = serde_json::to_string_pretty(&replay::to_json(&reports))?;
+        std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))?;
     }
     if let Some(path) = svg {
         std::fs::write(path, replay::svg::render(&reports))

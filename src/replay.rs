@@ -22,9 +22,11 @@
 //! pass through unchanged, as in the proxy.
 
 mod load;
+pub mod probes;
 pub mod svg;
 
 pub use load::{detect, load, step_ends, Format, Recording, Step};
+pub use probes::{Category, ProbeScore, Tally};
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -301,6 +303,8 @@ pub struct FileReport {
     pub summarizer_price: Option<Option<Price>>,
     /// One row per request.
     pub rows: Vec<StepRow>,
+    /// What the compactions kept of what they touched, per category ([`probes`]).
+    pub probes: ProbeScore,
 }
 
 /// The table's column headers, in order.
@@ -544,6 +548,9 @@ impl Replayer {
         let mut last = (None, None);
         let mut previous: Option<(DialectKind, bytes::Bytes)> = None;
         let mut previous_received: Option<&bytes::Bytes> = None;
+        let mut prober =
+            probes::Prober::new(self.config.compaction.observation_regex().ok().flatten());
+        let mut probe_score = ProbeScore::default();
         for (i, step) in recording.steps.iter().enumerate() {
             let scan = step.dialect.scan(&step.body, estimator).ok();
             let understood = scan.is_some();
@@ -601,6 +608,7 @@ impl Replayer {
             let received_cached =
                 cached_tokens(previous_received.map(|b| b.as_ref()), &step.body, received);
             previous_received = Some(&step.body);
+            probe_score.add(&prober.score(step.dialect, &step.body, &body));
             let event = match &processed.outcome {
                 Outcome::Unchanged if !understood => Event::PassedThrough,
                 Outcome::Unchanged => Event::Unchanged,
@@ -678,6 +686,7 @@ impl Replayer {
             summarizer_tokens: counting.tokens(),
             summarizer_price,
             rows,
+            probes: probe_score,
         })
     }
 }
@@ -883,6 +892,84 @@ pub fn costs(reports: &[FileReport]) -> Option<String> {
     Some(out)
 }
 
+/// `== probes`: for each report, of the probes its compactions touched, the share still in
+/// the forwarded request, per category and in all ([`probes`]: `kept/total (share)`, `-`
+/// when none was touched).
+pub fn probe_table(reports: &[FileReport]) -> String {
+    let mut out =
+        String::from("== probes (kept of what compaction touched, counted per request)\n");
+    let mut header = vec!["file", "strategy", "summarizer"];
+    header.extend(Category::ALL.map(Category::label));
+    header.push("all");
+    let rows: Vec<Vec<String>> = reports
+        .iter()
+        .map(|r| {
+            let mut row = vec![
+                file_name(&r.name),
+                r.strategy.label().to_string(),
+                r.summarizer.clone(),
+            ];
+            row.extend(Category::ALL.map(|c| r.probes.get(c).cell()));
+            row.push(r.probes.all().cell());
+            row
+        })
+        .collect();
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut line = |cells: &[&str]| {
+        let padded: Vec<String> = cells
+            .iter()
+            .zip(&widths)
+            .enumerate()
+            .map(|(i, (c, &w))| {
+                if i < 3 {
+                    format!("{c:<w$}")
+                } else {
+                    format!("{c:>w$}")
+                }
+            })
+            .collect();
+        let _ = writeln!(out, "{}", padded.join("  ").trim_end());
+    };
+    line(&header);
+    for row in &rows {
+        line(&row.iter().map(String::as_str).collect::<Vec<_>>());
+    }
+    out
+}
+
+/// The replay's totals as JSON (`--json OUT`): per report the file, strategy, summarizer,
+/// steps, compactions, summarizer calls, tokens forwarded, and `probes`, per category (and
+/// `all`) the probes `kept` of the `total` its compactions touched.
+pub fn to_json(reports: &[FileReport]) -> serde_json::Value {
+    let tally = |t: Tally| serde_json::json!({"kept": t.kept, "total": t.total});
+    let reports: Vec<serde_json::Value> = reports
+        .iter()
+        .map(|r| {
+            let mut probes = serde_json::Map::new();
+            for c in Category::ALL {
+                probes.insert(c.label().to_string(), tally(r.probes.get(c)));
+            }
+            probes.insert("all".to_string(), tally(r.probes.all()));
+            serde_json::json!({
+                "file": r.name,
+                "strategy": r.strategy.label(),
+                "summarizer": r.summarizer,
+                "steps": r.rows.len(),
+                "compactions": r.compactions(),
+                "summarizer_calls": r.summarizer_calls(),
+                "tokens_forwarded": r.tokens_forwarded(),
+                "probes": probes,
+            })
+        })
+        .collect();
+    serde_json::json!({ "reports": reports })
+}
+
 /// The last component of a path, for a table.
 fn file_name(name: &str) -> String {
     std::path::Path::new(name)
@@ -988,6 +1075,7 @@ mod tests {
                     )
                 },
             ],
+            probes: ProbeScore::default(),
         };
         let table = report.table();
         let lines: Vec<&str> = table.lines().collect();
@@ -1162,6 +1250,7 @@ mod tests {
             summarizer_price: None,
             limits: Limits::new(&crate::config::CompactionConfig::default(), 16_000, None),
             rows: vec![first, second],
+            probes: ProbeScore::default(),
         };
         let (with, without) = report.input_cost(&price);
         assert!((with - 18_000.0 * 2e-6).abs() < 1e-12, "{with}");

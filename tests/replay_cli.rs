@@ -91,8 +91,11 @@ struct Section {
 fn parse(stdout: &str) -> Vec<Section> {
     let mut sections: Vec<Section> = Vec::new();
     for line in stdout.lines() {
-        // The per-file tables come first; the cost table after them has columns of its own.
-        if line.starts_with("== cost") {
+        // The tables after the per-file sections (`== strategies`, `== cost`, `== probes`).
+        if ["== strategies", "== cost", "== probes"]
+            .iter()
+            .any(|t| line.starts_with(t))
+        {
             break;
         }
         if line.starts_with("== ") {

@@ -4,7 +4,8 @@
 //! hybrid never makes more summarizer calls than summarize, masking keeps the prefix between
 //! its steps), and so do the sweeps of windows beside it, over the recorded transcripts and
 //! over the long session (which is checked to be made of a recorded one, and whose findings
-//! are checked in the Messages and Responses shapes too).
+//! are checked in the Messages and Responses shapes too). The `== probes` table after them is
+//! checked against the replay's `--json` output.
 
 use std::path::Path;
 use std::process::Command;
@@ -100,20 +101,61 @@ fn rows(table: &str) -> Vec<Row> {
         .collect()
 }
 
-/// `compactor replay --config config --strategy strategies` over the four transcripts.
-fn replay(config: &str, strategies: &str) -> String {
-    let mut args = vec!["replay", "--config", config, "--strategy", strategies];
+/// The cells of the `== probes` table, by (file, strategy): per category and `all`, the cell
+/// as printed.
+fn probe_rows(output: &str) -> Vec<(String, String, Vec<String>)> {
+    let at = output.find("== probes").expect("a probes table");
+    let mut lines = output[at..].lines().skip(1);
+    let header: Vec<&str> = lines.next().expect("a header").split_whitespace().collect();
+    assert_eq!(
+        header,
+        [
+            "file",
+            "strategy",
+            "summarizer",
+            "task",
+            "user_words",
+            "files",
+            "errors",
+            "identifiers",
+            "all"
+        ]
+    );
+    lines
+        .take_while(|l| !l.trim().is_empty())
+        .map(|line| {
+            // A cell is `-` or `kept/total (share%)`: three words, or one.
+            let words: Vec<&str> = line.split_whitespace().collect();
+            let mut cells = Vec::new();
+            let mut i = 3;
+            while i < words.len() {
+                if words[i] == "-" {
+                    cells.push("-".to_string());
+                    i += 1;
+                } else {
+                    cells.push(format!("{} {}", words[i], words[i + 1]));
+                    i += 2;
+                }
+            }
+            assert_eq!(words[2], "extractive", "{line}");
+            (words[0].to_string(), words[1].to_string(), cells)
+        })
+        .collect()
+}
+
+#[test]
+fn the_readme_table_is_the_replay_of_the_transcripts() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json_path = dir.path().join("replay.json");
+    let json_arg = json_path.to_str().expect("utf-8 path");
+    let mut args = vec!["replay", "--json", json_arg];
+    args.extend(&ARGS[1..]);
     let files: Vec<String> = TRANSCRIPTS
         .iter()
         .map(|t| format!("tests/fixtures/transcripts/{t}"))
         .collect();
     args.extend(files.iter().map(String::as_str));
-    compactor(&args)
-}
-
-#[test]
-fn the_readme_table_is_the_replay_of_the_transcripts() {
-    let output = replay(ARGS[2], ARGS[4]);
+    let output = compactor(&args);
     assert_eq!(
         table(&output),
         readme_table(),
@@ -141,6 +183,55 @@ fn the_readme_table_is_the_replay_of_the_transcripts() {
         }
         assert_eq!(summarize.compared, mask.compared);
     }
+
+    // The probe table is what the replay computed (its JSON), and `mask` touches only tool
+    // outputs: no task, user words, files or identifiers are ever counted under it.
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json_path).expect("--json written"))
+            .expect("JSON");
+    let reports = json["reports"].as_array().expect("reports");
+    let probes = probe_rows(&output);
+    assert_eq!(probes.len(), reports.len());
+    let categories = [
+        "task",
+        "user_words",
+        "files",
+        "errors",
+        "identifiers",
+        "all",
+    ];
+    let mut summarized = 0;
+    for ((file, strategy, cells), report) in probes.iter().zip(reports) {
+        assert!(report["file"]
+            .as_str()
+            .expect("file")
+            .ends_with(file.as_str()));
+        assert_eq!(report["strategy"], strategy.as_str());
+        for (category, cell) in categories.iter().zip(cells) {
+            let tally = &report["probes"][category];
+            let (kept, total) = (
+                tally["kept"].as_u64().expect("kept"),
+                tally["total"].as_u64().expect("total"),
+            );
+            assert!(kept <= total, "{file} {strategy} {category}");
+            let expected = if total == 0 {
+                "-".to_string()
+            } else {
+                format!(
+                    "{kept}/{total} ({:.0}%)",
+                    100.0 * kept as f64 / total as f64
+                )
+            };
+            assert_eq!(cell, &expected, "{file} {strategy} {category}");
+            if strategy == "mask" && *category != "errors" && *category != "all" {
+                assert_eq!(total, 0, "{file}: mask touched {category}");
+            }
+            if strategy == "summarize" && *category == "all" {
+                summarized += total;
+            }
+        }
+    }
+    assert!(summarized > 0, "summaries touch probes:\n{output}");
 }
 
 #[test]

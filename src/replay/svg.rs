@@ -451,6 +451,7 @@ mod tests {
                 opening_budget: 2_266,
             },
             rows,
+            probes: crate::replay::ProbeScore::default(),
         }
     }
 
