@@ -101,6 +101,27 @@ fn rows(table: &str) -> Vec<Row> {
         .collect()
 }
 
+/// From the `== cost` table, by strategy: what the forwarded requests and the summarizer's
+/// calls cost, and what the requests as received would have cost, summed over the files.
+fn costs(output: &str, strategy: &str) -> (f64, f64) {
+    let at = output.find("== cost").expect("a cost table (the model is priced)");
+    let section = output[at..].split("\n\n").next().unwrap_or_default();
+    let mut with = 0.0;
+    let mut without = 0.0;
+    for line in section.lines().skip(2) {
+        let cells: Vec<&str> = line.split_whitespace().collect();
+        if cells[1] != strategy {
+            continue;
+        }
+        let usd = |cell: &str| -> f64 { cell.parse().expect("a price in USD") };
+        // `local`: the summarizer's calls cost nothing at the provider.
+        let summarizer = if cells[4] == "local" { 0.0 } else { usd(cells[4]) };
+        with += usd(cells[3]) + summarizer;
+        without += usd(cells[5]);
+    }
+    (with, without)
+}
+
 /// The cells of the `== probes` table, by (file, strategy): per category and `all`, the cell
 /// as printed.
 fn probe_rows(output: &str) -> Vec<(String, String, Vec<String>)> {
@@ -302,14 +323,22 @@ fn sweep_line(dir: &Path, config: &str, files: &[String], lead: &str) -> (String
         format!("{n}/{compared} ({}%)", n * 100 / compared.max(1))
     };
     let calls = [sum("summarize", |r| r.calls), sum("hybrid", |r| r.calls)];
+    // Spend as a share of the requests sent as received (which past the window the provider
+    // would have refused: see the cost table's `over_window_at`).
+    let cost = |strategy: &str| {
+        let (with, without) = costs(&output, strategy);
+        format!("{:.0}%", 100.0 * with / without)
+    };
     let line = format!(
-        "{lead}  {:>15}  {:>12}  {:>16}  {:>13}  {:>16}  {:>13}",
+        "{lead}  {:>15}  {:>12}  {:>16}  {:>13}  {:>16}  {:>13}  {:>14}  {:>11}",
         calls[0],
         calls[1],
         sum("summarize", |r| r.tokens),
         sum("hybrid", |r| r.tokens),
         stable("summarize"),
         stable("hybrid"),
+        cost("summarize"),
+        cost("hybrid"),
     );
     (line, calls)
 }
@@ -383,7 +412,7 @@ fn the_readme_sweep_is_the_replay_over_windows() {
 }
 
 /// The sweep table's header.
-const HEADER: &str = "window  summarize_calls  hybrid_calls  summarize_tokens  hybrid_tokens  summarize_stable  hybrid_stable";
+const HEADER: &str = "window  summarize_calls  hybrid_calls  summarize_tokens  hybrid_tokens  summarize_stable  hybrid_stable  summarize_cost  hybrid_cost";
 
 /// README's long-session table: the same sweep on the 132-call session, with the message-count
 /// trigger as by default and out of reach.
@@ -420,7 +449,7 @@ fn the_readme_long_session_sweep_is_the_replay_over_windows() {
 }
 
 /// The long-session table's header.
-const LONG_HEADER: &str = "window  max_messages  summarize_calls  hybrid_calls  summarize_tokens  hybrid_tokens  summarize_stable  hybrid_stable";
+const LONG_HEADER: &str = "window  max_messages  summarize_calls  hybrid_calls  summarize_tokens  hybrid_tokens  summarize_stable  hybrid_stable  summarize_cost  hybrid_cost";
 
 /// The long session is the marshmallow session's tool steps, twelve rounds of them with
 /// per-round call ids, after its system prompt and task: nothing added, nothing changed.
