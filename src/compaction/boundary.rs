@@ -31,7 +31,10 @@
 //!    after a user message of `tool_result` blocks) whose turn carries thinking, the tail
 //!    starts only on an assistant message that opens with its own thinking, else at the start
 //!    of the turn: with thinking enabled, Anthropic requires the assistant message that opens
-//!    the final turn to start with a thinking block.
+//!    the final turn to start with a thinking block;
+//! 5. parallel calls stay together: the tail never starts on a tool call right after another
+//!    assistant message that is one (a Responses response's `function_call` items, whose
+//!    results may come later and in any order).
 //!
 //! The rules only ever move the boundary back (a longer tail), so they are applied until none
 //! moves it.
@@ -139,6 +142,8 @@ pub fn find_preserve_boundary_after(
             suffix_min[b]
         } else if let Some(r) = response_start(t, b) {
             r
+        } else if let Some(c) = parallel_calls_start(t, b) {
+            c
         } else {
             thinking_loop_start(t, b).unwrap_or(b)
         };
@@ -167,6 +172,22 @@ fn response_start(t: &Transcript, b: usize) -> Option<usize> {
         .take_while(|m| m.role == Role::Assistant)
         .position(|m| m.is_reasoning_only() || m.starts_with_reasoning())
         .map(|back| b - 1 - back)
+}
+
+/// Where a tail starting at assistant message `b`, a tool call, must start instead because the
+/// assistant messages right before it are tool calls too: one response's parallel calls (a
+/// Responses response's `function_call` items). Their results may come in any order, and not
+/// yet at all when the request ends on the calls: a boundary between them would leave a later
+/// request with a result whose call was summarised.
+fn parallel_calls_start(t: &Transcript, b: usize) -> Option<usize> {
+    let messages = &t.messages;
+    let calls =
+        |i: usize| messages[i].role == Role::Assistant && messages[i].tool_calls().next().is_some();
+    if !calls(b) {
+        return None;
+    }
+    let run = (0..b).rev().take_while(|&i| calls(i)).count();
+    (run > 0).then(|| b - run)
 }
 
 /// Where a tail starting at `b` must start instead because `b` is inside an Anthropic tool loop
@@ -658,6 +679,51 @@ mod tests {
             };
             assert_eq!(find_preserve_boundary(&t, &limits), Some(1), "from {from}");
         }
+    }
+
+    #[test]
+    fn parallel_calls_stay_together_even_before_their_results() {
+        // Responses: a response's three parallel calls end the request (their results come in
+        // the next one, in any order): a budget reaching only the last call keeps them all.
+        let call_of = |id: &str| {
+            let mut m = Message::new(Role::Assistant, vec![call(id, "shell", "{}")]);
+            m.tokens = 10;
+            m
+        };
+        let mut t = Transcript::new(vec![
+            sized(Role::User, 100),
+            sized(Role::Assistant, 100),
+            sized(Role::User, 100),
+            call_of("a"),
+            call_of("b"),
+            call_of("c"),
+        ]);
+        // (No allowance for keeping the latest user message: the calls alone decide.)
+        for budget in [10, 20, 30] {
+            let limits = TailLimits {
+                budget,
+                turn_max_tokens: 0,
+                ..wide()
+            };
+            assert_eq!(
+                find_preserve_boundary(&t, &limits),
+                Some(3),
+                "budget {budget}"
+            );
+        }
+        // Once answered (out of order), the same holds.
+        t.messages
+            .push(Message::tool_result(Some("b".into()), "out b"));
+        t.messages
+            .push(Message::tool_result(Some("a".into()), "out a"));
+        t.messages
+            .push(Message::tool_result(Some("c".into()), "out c"));
+        let limits = TailLimits {
+            budget: t.tokens(5..9),
+            turn_max_tokens: 0,
+            ..wide()
+        };
+        assert_eq!(find_preserve_boundary(&t, &limits), Some(3));
     }
 
     #[test]
