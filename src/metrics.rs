@@ -46,11 +46,13 @@ pub enum StoreOp {
     MaskFloor,
     /// The gauges read at scrape time.
     Stats,
+    /// A session's spend (for the admin API).
+    Cost,
 }
 
 impl StoreOp {
     /// Every op (pre-initialised label values).
-    pub const ALL: [StoreOp; 9] = [
+    pub const ALL: [StoreOp; 10] = [
         StoreOp::Lookup,
         StoreOp::Put,
         StoreOp::Touch,
@@ -60,6 +62,7 @@ impl StoreOp {
         StoreOp::Windows,
         StoreOp::MaskFloor,
         StoreOp::Stats,
+        StoreOp::Cost,
     ];
 
     /// The `op` label value.
@@ -74,6 +77,7 @@ impl StoreOp {
             StoreOp::Windows => "windows",
             StoreOp::MaskFloor => "mask_floor",
             StoreOp::Stats => "stats",
+            StoreOp::Cost => "cost",
         }
     }
 }

@@ -38,7 +38,7 @@ use crate::error::Error;
 use crate::metrics::{method_label, route_label, Metrics, RefusalVia, UpstreamErrorKind};
 use crate::overflow::Overflow;
 use crate::pipeline::{ForwardedEstimate, Outcome, Processed, RequestContext};
-use crate::session::{ProviderAnswer, TenantId};
+use crate::session::{ProviderAnswer, SessionCost, TenantId};
 use crate::timing::Overhead;
 use crate::upstream::{
     prepare_headers, strip_hop_by_hop, BoxError, ProxyBody, Resolved, SendError,
@@ -297,8 +297,8 @@ async fn forward(
         None => response.map(|b| b.map_err(BoxError::from).boxed_unsync()),
     };
 
-    if let Some((tenant, id)) = recorded {
-        settle_session(app, tenant, &id, response.status()).await;
+    if let Some((tenant, id)) = &recorded {
+        settle_session(app, *tenant, id, response.status()).await;
     }
 
     let (mut parts, body) = response.into_parts();
@@ -317,7 +317,7 @@ async fn forward(
             let record: usage::OnUsage = Box::new(move |usage| {
                 if let Some(usage) = &usage {
                     learn_from_usage(&app, &estimate, usage);
-                    bill(&app, &estimate, usage);
+                    bill(&app, &estimate, usage, recorded.as_ref());
                     usage::record(
                         &app.metrics,
                         app.compactor.calibration(),
@@ -337,8 +337,15 @@ async fn forward(
 }
 
 /// Counts what the provider billed for a response, when its model has a price (under the
-/// name its window is looked up by: a long-context request is priced as such, or not at all).
-fn bill(app: &App, estimate: &ForwardedEstimate, usage: &Usage) {
+/// name its window is looked up by: a long-context request is priced as such, or not at all),
+/// and what the request as received would have cost; adds both to the session's totals, off
+/// the response path.
+fn bill(
+    app: &Arc<App>,
+    estimate: &ForwardedEstimate,
+    usage: &Usage,
+    session: Option<&(TenantId, String)>,
+) {
     let Some(model) = estimate.model.as_deref() else {
         return;
     };
@@ -346,25 +353,39 @@ fn bill(app: &App, estimate: &ForwardedEstimate, usage: &Usage) {
     let Some(price) = app.compactor.engine().models().price(&name) else {
         return;
     };
-    app.metrics.cost(
-        estimate.dialect,
-        crate::cost::Bill::of(usage, &price).by_kind(),
-    );
+    let billed = crate::cost::Bill::of(usage, &price);
+    app.metrics.cost(estimate.dialect, billed.by_kind());
+    let mut cost = SessionCost {
+        usd: billed.total(),
+        ..SessionCost::default()
+    };
     // Without compactor: the request as received, unless the provider would have refused it.
     if estimate.received > estimate.context_window {
         app.metrics.over_window_without_compactor(estimate.dialect);
-        return;
+        cost.over_window_without_compactor = 1;
+    } else {
+        let without = crate::cost::without_compactor(
+            &price,
+            estimate.dialect == DialectKind::Messages,
+            estimate.received,
+            estimate.received_cached,
+            estimate.tokens,
+            usage,
+        );
+        app.metrics
+            .cost_without_compactor(estimate.dialect, without.total());
+        cost.without_compactor_usd = without.total();
     }
-    let without = crate::cost::without_compactor(
-        &price,
-        estimate.dialect == DialectKind::Messages,
-        estimate.received,
-        estimate.received_cached,
-        estimate.tokens,
-        usage,
-    );
-    app.metrics
-        .cost_without_compactor(estimate.dialect, without.total());
+    let (Some((tenant, id)), Ok(runtime)) = (session, tokio::runtime::Handle::try_current()) else {
+        return;
+    };
+    let (app, tenant, id) = (app.clone(), *tenant, id.clone());
+    runtime.spawn(async move {
+        let store = app.compactor.store();
+        if let Err(e) = store.record_cost(tenant, &id, cost).await {
+            tracing::debug!(error = %e, "session cost not recorded");
+        }
+    });
 }
 
 /// A successful request whose `usage` (input plus output) is more than the window it was

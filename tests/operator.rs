@@ -509,4 +509,44 @@ async fn what_the_agents_requests_would_have_cost_without_compactor_is_priced_be
         1.0
     );
     assert_eq!(usd(WITHOUT, DIALECT).await, before);
+
+    // The admin API shows the same per conversation: the three sessions' totals add up to
+    // the counters (recorded off the response path: read until they arrive).
+    let (with, without) = (billed().await, usd(WITHOUT, DIALECT).await);
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let (status, text) = client.get_text(&proxy.admin_url("/sessions")).await;
+        assert_eq!(status, 200);
+        let listed: Value = serde_json::from_str(&text).expect("json");
+        let sessions = listed["sessions"].as_array().cloned().unwrap_or_default();
+        let total = |field: &str| -> f64 {
+            sessions
+                .iter()
+                .map(|s| s["cost"][field].as_f64().unwrap_or(0.0))
+                .sum()
+        };
+        let settled = (total("usd") - with).abs() < 1e-9
+            && (total("without_compactor_usd") - without).abs() < 1e-9
+            && total("over_window_without_compactor") == 1.0;
+        if settled {
+            assert_eq!(sessions.len(), 3, "{listed}");
+            let over: Vec<&Value> = sessions
+                .iter()
+                .filter(|s| s["cost"]["over_window_without_compactor"] == 1)
+                .collect();
+            assert_eq!(
+                over.len(),
+                1,
+                "the over-window conversation alone: {listed}"
+            );
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "sessions' costs {} / {} never reached {with} / {without}: {listed}",
+            total("usd"),
+            total("without_compactor_usd")
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 }

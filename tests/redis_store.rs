@@ -694,6 +694,68 @@ async fn a_claim_left_by_a_dead_replica_expires() {
 }
 
 #[tokio::test]
+async fn a_sessions_spend_adds_up_across_replicas() {
+    use compactor::session::SessionCost;
+    let redis = RedisServer::start().await;
+    let tenant = TenantId::from_credential("sk-spend");
+    let one = redis_store(&redis, Duration::from_secs(10));
+    let two = redis_store(&redis, Duration::from_secs(10));
+    // A session the store does not hold gets no entry from its spend.
+    one.record_cost(tenant, "unknown", SessionCost::default())
+        .await
+        .expect("record");
+    assert!(two.session("unknown").await.expect("session").is_none());
+
+    let latest = compactor::session::LatestRequest {
+        tenant,
+        dialect: compactor::dialect::DialectKind::ChatCompletions,
+        body: Bytes::from_static(b"{\"messages\":[]}"),
+        caller: Default::default(),
+    };
+    one.touch_session(tenant, "s", latest, 1)
+        .await
+        .expect("touch");
+    eventually("the session to be shared", || async {
+        two.session("s").await.ok().flatten()
+    })
+    .await;
+    let info = two.session("s").await.expect("session").expect("known");
+    assert_eq!(info.cost, None, "nothing billed yet");
+    one.record_cost(
+        tenant,
+        "s",
+        SessionCost {
+            usd: 0.25,
+            without_compactor_usd: 0.5,
+            over_window_without_compactor: 0,
+        },
+    )
+    .await
+    .expect("record");
+    two.record_cost(
+        tenant,
+        "s",
+        SessionCost {
+            usd: 0.125,
+            without_compactor_usd: 0.0,
+            over_window_without_compactor: 1,
+        },
+    )
+    .await
+    .expect("record");
+    let cost = one
+        .session("s")
+        .await
+        .expect("session")
+        .expect("known")
+        .cost
+        .expect("billed");
+    assert!((cost.usd - 0.375).abs() < 1e-12, "{cost:?}");
+    assert!((cost.without_compactor_usd - 0.5).abs() < 1e-12, "{cost:?}");
+    assert_eq!(cost.over_window_without_compactor, 1);
+}
+
+#[tokio::test]
 async fn the_session_breaker_is_shared() {
     let redis = RedisServer::start().await;
     let tenant = TenantId::from_credential("sk-breaker");

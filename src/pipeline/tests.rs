@@ -371,6 +371,15 @@ async fn summaries_made_ahead_and_manual_compactions_answer_to_the_conversations
 struct NoCheckpoints(MemoryStore);
 
 impl SessionStore for NoCheckpoints {
+    fn record_cost<'a>(
+        &'a self,
+        tenant: TenantId,
+        id: &'a str,
+        cost: crate::session::SessionCost,
+    ) -> compactor_plugin_api::BoxFuture<'a, Result<(), StoreError>> {
+        self.0.record_cost(tenant, id, cost)
+    }
+
     fn longest_checkpoint<'a>(
         &'a self,
         tenant: TenantId,

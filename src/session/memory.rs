@@ -38,8 +38,8 @@ use super::breaker::Breaker;
 use super::hash::{ChainHash, TenantId};
 use super::openings::Openings;
 use super::store::{
-    unix_now, Checkpoint, LatestRequest, MaskFloor, MaskNeed, ProviderAnswer, SessionInfo,
-    SessionStore, StoreError, StoreLimits, StoreStats, SESSION_OVERHEAD_BYTES,
+    unix_now, Checkpoint, LatestRequest, MaskFloor, MaskNeed, ProviderAnswer, SessionCost,
+    SessionInfo, SessionStore, StoreError, StoreLimits, StoreStats, SESSION_OVERHEAD_BYTES,
 };
 use super::windows::LearnedWindows;
 use crate::compaction::models::{LearnedWindow, WindowKey};
@@ -279,6 +279,13 @@ impl MemoryStore {
         inner.assert_consistent();
     }
 
+    fn add_cost(&self, tenant: TenantId, id: &str, cost: SessionCost) {
+        let mut inner = self.fresh();
+        if let Some(entry) = inner.sessions.get_mut(&SessionKey::new(tenant, id)) {
+            entry.cost = Some(entry.cost.unwrap_or_default().plus(cost));
+        }
+    }
+
     fn record(&self, tenant: TenantId, id: &str, succeeded: bool) -> bool {
         let now = (self.clock)();
         let mut inner = self.fresh();
@@ -348,6 +355,16 @@ impl SessionStore for MemoryStore {
         id: &'a str,
     ) -> BoxFuture<'a, Result<Option<SessionInfo>, StoreError>> {
         Box::pin(std::future::ready(Ok(self.info(id))))
+    }
+
+    fn record_cost<'a>(
+        &'a self,
+        tenant: TenantId,
+        id: &'a str,
+        cost: SessionCost,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        self.add_cost(tenant, id, cost);
+        Box::pin(std::future::ready(Ok(())))
     }
 
     fn latest_request<'a>(
@@ -468,6 +485,8 @@ struct SessionEntry {
     breaker: Breaker,
     /// How far `hybrid` has masked the conversation.
     mask_floor: Option<MaskFloor>,
+    /// What its requests cost ([`SessionStore::record_cost`]).
+    cost: Option<SessionCost>,
 }
 
 struct StoredCheckpoint {
@@ -606,6 +625,7 @@ impl Inner {
                     checkpoints: VecDeque::new(),
                     breaker: Breaker::new(cooldown),
                     mask_floor: None,
+                    cost: None,
                 })
             }
         }
@@ -716,6 +736,7 @@ impl Inner {
             breaker: entry.breaker.state(now),
             consecutive_failures: entry.breaker.consecutive_failures(),
             has_latest_request: entry.latest_request.is_some(),
+            cost: entry.cost,
         })
     }
 

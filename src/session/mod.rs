@@ -32,6 +32,6 @@ pub use memo::{ChainMemo, SessionIdMemo};
 pub use memory::{Clock, MemoryStore};
 pub use redis::{RedisSettings, RedisStore};
 pub use store::{
-    Checkpoint, Claim, LatestRequest, Lease, MaskFloor, MaskNeed, ProviderAnswer, SessionInfo,
-    SessionStore, Staged, StoreError, StoreHealth, StoreLimits, StoreStats,
+    Checkpoint, Claim, LatestRequest, Lease, MaskFloor, MaskNeed, ProviderAnswer, SessionCost,
+    SessionInfo, SessionStore, Staged, StoreError, StoreHealth, StoreLimits, StoreStats,
 };

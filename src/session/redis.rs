@@ -51,8 +51,8 @@ use super::breaker::{BreakerState, SESSION_BREAKER_THRESHOLD};
 use super::hash::{ChainHash, TenantId};
 use super::memory::{MemoryStore, MAX_CHECKPOINTS_PER_SESSION};
 use super::store::{
-    unix_now, Checkpoint, Claim, LatestRequest, Lease, MaskNeed, ProviderAnswer, SessionInfo,
-    SessionStore, Staged, StoreError, StoreHealth, StoreStats,
+    unix_now, Checkpoint, Claim, LatestRequest, Lease, MaskNeed, ProviderAnswer, SessionCost,
+    SessionInfo, SessionStore, Staged, StoreError, StoreHealth, StoreStats,
 };
 use super::windows::MAX_LEARNED_WINDOWS;
 use crate::compaction::models::{LearnedWindow, WindowKey};
@@ -269,6 +269,7 @@ struct Scripts {
     release: Script,
     floor: Script,
     open: Script,
+    cost: Script,
 }
 
 impl Scripts {
@@ -427,6 +428,16 @@ impl Scripts {
                 redis.call('HSET', KEYS[1], 'covered', covered, 'masked', m)
                 redis.call('PEXPIRE', KEYS[1], ARGV[4])
                 return m",
+            ),
+            // A session's spend, added to its hash if it is held. KEYS: session. ARGV: USD
+            // billed, USD without compactor, requests over the window without it.
+            cost: Script::new(
+                r"
+                if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+                redis.call('HINCRBYFLOAT', KEYS[1], 'cost', ARGV[1])
+                redis.call('HINCRBYFLOAT', KEYS[1], 'cost_without', ARGV[2])
+                redis.call('HINCRBY', KEYS[1], 'over_window', ARGV[3])
+                return 1",
             ),
             // KEYS: lock. ARGV: token.
             release: Script::new(
@@ -803,6 +814,14 @@ impl Shared {
                         breaker,
                         consecutive_failures: u32::try_from(number("failures")).unwrap_or(u32::MAX),
                         has_latest_request: has_request,
+                        cost: fields.get("cost").map(|usd| SessionCost {
+                            usd: usd.parse().unwrap_or(0.0),
+                            without_compactor_usd: fields
+                                .get("cost_without")
+                                .and_then(|v| v.parse().ok())
+                                .unwrap_or(0.0),
+                            over_window_without_compactor: number("over_window"),
+                        }),
                     })
                 },
             )
@@ -943,6 +962,22 @@ impl Shared {
             .call(StoreOp::Breaker, invocation.invoke_async(&mut conn))
             .await?;
         Some(opened == 1)
+    }
+
+    async fn add_cost(&self, tenant: TenantId, id: &str, cost: SessionCost) -> Option<()> {
+        let mut invocation = self
+            .scripts
+            .cost
+            .key(self.tenant_key(tenant, &format!("s:{}", sid(id))));
+        invocation
+            .arg(cost.usd)
+            .arg(cost.without_compactor_usd)
+            .arg(cost.over_window_without_compactor);
+        let mut conn = self.conn()?;
+        let _: i64 = self
+            .call(StoreOp::Cost, invocation.invoke_async(&mut conn))
+            .await?;
+        Some(())
     }
 
     async fn counts(&self) -> Option<(usize, usize)> {
@@ -1394,6 +1429,21 @@ impl SessionStore for RedisStore {
                 Some(opened) => Ok(opened),
                 None => Ok(local),
             }
+        })
+    }
+
+    /// Added in Redis, where the admin API reads it, and in this replica's memory, which
+    /// answers while Redis does not.
+    fn record_cost<'a>(
+        &'a self,
+        tenant: TenantId,
+        id: &'a str,
+        cost: SessionCost,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            self.shared.local.record_cost(tenant, id, cost).await?;
+            self.shared.add_cost(tenant, id, cost).await;
+            Ok(())
         })
     }
 

@@ -162,6 +162,38 @@ pub struct SessionInfo {
     pub consecutive_failures: u32,
     /// Whether a latest request is held (a manual compaction is possible).
     pub has_latest_request: bool,
+    /// What its requests cost at the provider, with and without compactor; `None` until a
+    /// response of a priced model was billed.
+    pub cost: Option<SessionCost>,
+}
+
+/// What a conversation's requests cost at the provider ([`SessionStore::record_cost`]): the
+/// per-session view of `compactor_cost_usd_total` and `compactor_cost_without_compactor_usd_total`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct SessionCost {
+    /// What the provider billed for the requests forwarded, in USD (input, cache reads and
+    /// writes, output).
+    pub usd: f64,
+    /// What the requests as the agent sent them would have cost, in USD; requests whose
+    /// original was over the model's window are counted in `over_window_without_compactor`
+    /// instead.
+    pub without_compactor_usd: f64,
+    /// Requests whose original was over the model's window: without compactor the provider
+    /// would have refused them.
+    pub over_window_without_compactor: u64,
+}
+
+impl SessionCost {
+    /// These totals with `more` added.
+    pub fn plus(self, more: SessionCost) -> SessionCost {
+        SessionCost {
+            usd: self.usd + more.usd,
+            without_compactor_usd: self.without_compactor_usd + more.without_compactor_usd,
+            over_window_without_compactor: self
+                .over_window_without_compactor
+                .saturating_add(more.over_window_without_compactor),
+        }
+    }
 }
 
 fn serialize_latest<S: Serializer>(
@@ -447,6 +479,15 @@ pub trait SessionStore: Send + Sync {
         succeeded: bool,
     ) -> BoxFuture<'a, Result<bool, StoreError>>;
 
+    /// Adds what one response of session `(tenant, id)` cost to the session's totals
+    /// ([`SessionInfo::cost`]); a session the store does not hold is left alone.
+    fn record_cost<'a>(
+        &'a self,
+        tenant: TenantId,
+        id: &'a str,
+        cost: SessionCost,
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
+
     /// The context window learned for `model` on `upstream` (any tenant's requests teach it:
     /// a window is the provider's, not the caller's), if any. Read on every chat request.
     fn learned_window<'a>(
@@ -559,6 +600,7 @@ mod tests {
             breaker: BreakerState::Closed,
             consecutive_failures: 0,
             has_latest_request: true,
+            cost: None,
         };
         let json = serde_json::to_value(&info).unwrap();
         assert_eq!(json["latest"]["covered"], 4);
