@@ -830,13 +830,13 @@ impl Pipeline {
                 Err(e) => return self.not_understood(Some(trigger), &e),
             }
         }
-        // The summary this request needs is being made (ahead, or by another request, or
-        // started now to refine the staged one) and the request fits with room to spare: it
-        // goes on as it is rather than waiting, and a later request splices the summary once
-        // it is ready.
+        // The summary this request needs is being made ahead (or started now to refine the
+        // staged one) and the request fits with room to spare: it goes on as it is rather
+        // than waiting, and a later request splices the summary once it is ready. (A request
+        // that finds another request making it waits for that one: it is due now.)
         if tokens < request.limits.wait_threshold
             && (self
-                .flights
+                .background
                 .is_running(&self.flight_key(request, splice.as_ref()))
                 || refine_ahead && self.start_background(request, splice.as_ref(), count, tokens))
         {
@@ -1509,7 +1509,8 @@ impl Pipeline {
         // Running from now, not from when the task is first polled: a request answered before
         // then is never told no summary runs (the gauge is what tests and dashboards wait on).
         let running = Running::start(&self.metrics);
-        let started = self.background.spawn(async move {
+        let key = job.key.clone();
+        let started = self.background.spawn(&key, async move {
             let _running = running;
             this.compact_in_background(job).await
         });

@@ -104,7 +104,9 @@ fn rows(table: &str) -> Vec<Row> {
 /// From the `== cost` table, by strategy: what the forwarded requests and the summarizer's
 /// calls cost, and what the requests as received would have cost, summed over the files.
 fn costs(output: &str, strategy: &str) -> (f64, f64) {
-    let at = output.find("== cost").expect("a cost table (the model is priced)");
+    let at = output
+        .find("== cost")
+        .expect("a cost table (the model is priced)");
     let section = output[at..].split("\n\n").next().unwrap_or_default();
     let mut with = 0.0;
     let mut without = 0.0;
@@ -115,7 +117,11 @@ fn costs(output: &str, strategy: &str) -> (f64, f64) {
         }
         let usd = |cell: &str| -> f64 { cell.parse().expect("a price in USD") };
         // `local`: the summarizer's calls cost nothing at the provider.
-        let summarizer = if cells[4] == "local" { 0.0 } else { usd(cells[4]) };
+        let summarizer = if cells[4] == "local" {
+            0.0
+        } else {
+            usd(cells[4])
+        };
         with += usd(cells[3]) + summarizer;
         without += usd(cells[5]);
     }

@@ -28,6 +28,31 @@ pub struct Background {
     /// and the trigger starts one summary, not one per request (bounded: forgotten all at once
     /// when full, at worst one more try each).
     attempted: Mutex<HashSet<u64>>,
+    /// Hashes of the prefixes whose summary runs now ([`Background::is_running`]).
+    running: Arc<Mutex<HashSet<u64>>>,
+}
+
+/// Marks a prefix's summary as running for as long as its task lives (aborted included).
+struct Making {
+    running: Arc<Mutex<HashSet<u64>>>,
+    key: u64,
+}
+
+impl Drop for Making {
+    fn drop(&mut self) {
+        lock(&self.running).remove(&self.key);
+    }
+}
+
+fn lock(set: &Mutex<HashSet<u64>>) -> MutexGuard<'_, HashSet<u64>> {
+    // A set of hashes, valid after any panic.
+    set.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn hash_of(key: &impl Hash) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    key.hash(&mut hasher);
+    hasher.finish()
 }
 
 /// Prefixes remembered as tried at most.
@@ -41,21 +66,22 @@ impl Background {
             tasks: Mutex::new(JoinSet::new()),
             closed: AtomicBool::new(false),
             attempted: Mutex::default(),
+            running: Arc::default(),
         }
     }
 
     /// True the first time it is asked about `key` (then remembered as tried).
     pub fn first_attempt(&self, key: &impl Hash) -> bool {
-        let mut hasher = DefaultHasher::new();
-        key.hash(&mut hasher);
-        let mut attempted = self
-            .attempted
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut attempted = lock(&self.attempted);
         if attempted.len() >= MAX_ATTEMPTED {
             attempted.clear();
         }
-        attempted.insert(hasher.finish())
+        attempted.insert(hash_of(key))
+    }
+
+    /// Whether the summary of `key` started by [`Background::spawn`] is still being made.
+    pub fn is_running(&self, key: &impl Hash) -> bool {
+        lock(&self.running).contains(&hash_of(key))
     }
 
     fn tasks(&self) -> MutexGuard<'_, JoinSet<()>> {
@@ -63,9 +89,10 @@ impl Background {
         self.tasks.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Starts `work` unless `max_concurrent` summaries are running, shutdown has begun, or
-    /// there is no runtime to run it on. False when it was not started.
-    pub fn spawn(&self, work: impl Future<Output = ()> + Send + 'static) -> bool {
+    /// Starts `work`, the summary of `key`, unless `max_concurrent` summaries are running,
+    /// shutdown has begun, or there is no runtime to run it on. False when it was not
+    /// started.
+    pub fn spawn(&self, key: &impl Hash, work: impl Future<Output = ()> + Send + 'static) -> bool {
         if self.closed.load(Ordering::Acquire) || tokio::runtime::Handle::try_current().is_err() {
             return false;
         }
@@ -75,8 +102,15 @@ impl Background {
         let mut tasks = self.tasks();
         // Finished tasks leave their results in the set until reaped.
         while tasks.try_join_next().is_some() {}
+        let key = hash_of(key);
+        lock(&self.running).insert(key);
+        let making = Making {
+            running: self.running.clone(),
+            key,
+        };
         tasks.spawn(async move {
             let _permit = permit;
+            let _making = making;
             work.await;
         });
         true
@@ -124,19 +158,19 @@ mod tests {
         let background = Background::new(2);
         let (release_a, a) = oneshot::channel::<()>();
         let (release_b, b) = oneshot::channel::<()>();
-        assert!(background.spawn(async move {
+        assert!(background.spawn(&1, async move {
             let _ = a.await;
         }));
-        assert!(background.spawn(async move {
+        assert!(background.spawn(&2, async move {
             let _ = b.await;
         }));
-        assert!(!background.spawn(async {}), "both slots taken");
+        assert!(!background.spawn(&3, async {}), "both slots taken");
         assert_eq!(background.running(), 2);
         release_a.send(()).expect("task waiting");
         release_b.send(()).expect("task waiting");
         background.idle().await;
         assert_eq!(background.running(), 0);
-        assert!(background.spawn(async {}), "slots freed");
+        assert!(background.spawn(&4, async {}), "slots freed");
         background.idle().await;
     }
 
@@ -145,7 +179,7 @@ mod tests {
         let background = Background::new(4);
         let (dropped_tx, dropped) = oneshot::channel::<()>();
         // The task holds the sender until it is aborted: dropping it resolves `dropped`.
-        assert!(background.spawn(async move {
+        assert!(background.spawn(&5, async move {
             let _held = dropped_tx;
             std::future::pending::<()>().await;
         }));
@@ -154,7 +188,7 @@ mod tests {
             dropped.await.is_err(),
             "the task was dropped, not completed"
         );
-        assert!(!background.spawn(async {}), "closed");
+        assert!(!background.spawn(&6, async {}), "closed");
         background.idle().await;
     }
 
@@ -169,6 +203,6 @@ mod tests {
     #[test]
     fn without_a_runtime_nothing_is_started() {
         let background = Background::new(1);
-        assert!(!background.spawn(async {}));
+        assert!(!background.spawn(&7, async {}));
     }
 }

@@ -665,7 +665,13 @@ mod tests {
 
     #[test]
     fn observations_are_outputs_and_the_first_user_message_is_the_task() {
-        let pattern = Regex::new(r"bash-\$\s*$").ok();
+        let pattern = crate::config::Config::from_toml(
+            "[compaction]\nobservation_pattern = 'bash-\\$\\s*$'\n",
+        )
+        .expect("config")
+        .compaction
+        .observation_regex()
+        .expect("pattern");
         let transcript = Transcript::new(vec![
             Message::new(Role::System, vec![Part::Text("sys".into())]),
             Message::new(Role::User, vec![Part::Text(format!("{TASK}\nbash-$"))]),
