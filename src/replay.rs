@@ -22,6 +22,7 @@
 //! pass through unchanged, as in the proxy.
 
 mod load;
+pub mod own;
 pub mod probes;
 pub mod svg;
 
@@ -384,6 +385,30 @@ impl FileReport {
             Some(None) => None,
             Some(Some(p)) => Some((prompt as f64 * p.input + summary as f64 * p.output) / 1e6),
         }
+    }
+
+    /// What the summarizer's calls would cost made by the conversation's model at `price`
+    /// (prompt as new input, summary as output): for comparing a local backend with an
+    /// agent that summarises with its own model. A priced LLM backend's own cost otherwise.
+    pub fn summarizer_cost_as_llm(&self, price: &Price) -> f64 {
+        match self.summarizer_cost() {
+            Some(usd) if self.summarizer_price.is_some() => usd,
+            _ => {
+                let (prompt, summary) = self.summarizer_tokens;
+                (prompt as f64 * price.input + summary as f64 * price.output) / 1e6
+            }
+        }
+    }
+
+    /// The same session compacted by the agent itself ([`own`]).
+    pub fn own_compaction(&self, price: &Price) -> own::OwnCompaction {
+        let received: Vec<usize> = self.rows.iter().map(|r| r.received).collect();
+        own::own_compaction(
+            &received,
+            self.limits.usable_window(),
+            price,
+            self.dialect == DialectKind::Messages.label(),
+        )
     }
 
     /// Of the forwarded tokens, the share the prompt cache would serve.
@@ -837,12 +862,17 @@ pub fn costs(reports: &[FileReport]) -> Option<String> {
         "no_compaction",
         "ratio",
         "over_window_at",
+        "summarizer_llm",
+        "agent_own",
+        "vs_own",
     ];
-    let rows: Vec<[String; 8]> = priced
+    let rows: Vec<[String; 11]> = priced
         .iter()
         .map(|(r, price)| {
             let (requests, without) = r.input_cost(price);
             let summarizer = r.summarizer_cost();
+            let own = r.own_compaction(price);
+            let llm = r.summarizer_cost_as_llm(price);
             let ratio = match summarizer {
                 Some(s) if without > 0.0 => format!("{:.0}%", 100.0 * (requests + s) / without),
                 _ => "-".into(),
@@ -861,6 +891,17 @@ pub fn costs(reports: &[FileReport]) -> Option<String> {
                 ratio,
                 r.over_window_at()
                     .map_or("-".to_string(), |s| format!("step {s}")),
+                format!("{llm:.4}"),
+                if own.over_window {
+                    "over_window".into()
+                } else {
+                    format!("{:.4}", own.usd)
+                },
+                if own.usd > 0.0 && !own.over_window {
+                    format!("{:.0}%", 100.0 * (requests + llm) / own.usd)
+                } else {
+                    "-".into()
+                },
             ]
         })
         .collect();
@@ -870,7 +911,7 @@ pub fn costs(reports: &[FileReport]) -> Option<String> {
             *w = (*w).max(cell.chars().count());
         }
     }
-    let mut line = |cells: [&str; 8]| {
+    let mut line = |cells: [&str; 11]| {
         let padded: Vec<String> = cells
             .iter()
             .zip(widths)

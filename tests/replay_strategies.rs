@@ -101,15 +101,16 @@ fn rows(table: &str) -> Vec<Row> {
         .collect()
 }
 
-/// From the `== cost` table, by strategy: what the forwarded requests and the summarizer's
-/// calls cost, and what the requests as received would have cost, summed over the files.
-fn costs(output: &str, strategy: &str) -> (f64, f64) {
+/// From the `== cost` table, by strategy and summed over the files: what the forwarded
+/// requests and the summarizer's calls cost, what the requests as received would have cost,
+/// and, with the summarizer's calls made by the conversation's model, what compactor and the
+/// agent's own compaction cost.
+fn costs(output: &str, strategy: &str) -> (f64, f64, f64, f64) {
     let at = output
         .find("== cost")
         .expect("a cost table (the model is priced)");
     let section = output[at..].split("\n\n").next().unwrap_or_default();
-    let mut with = 0.0;
-    let mut without = 0.0;
+    let (mut with, mut without, mut with_llm, mut own) = (0.0, 0.0, 0.0, 0.0);
     for line in section.lines().skip(2) {
         let cells: Vec<&str> = line.split_whitespace().collect();
         if cells[1] != strategy {
@@ -124,8 +125,14 @@ fn costs(output: &str, strategy: &str) -> (f64, f64) {
         };
         with += usd(cells[3]) + summarizer;
         without += usd(cells[5]);
+        with_llm += usd(cells[3]) + usd(cells[cells.len() - 3]);
+        // An agent whose own compaction cannot keep it under the window has no figure.
+        own += match cells[cells.len() - 2] {
+            "over_window" => f64::NAN,
+            cell => usd(cell),
+        };
     }
-    (with, without)
+    (with, without, with_llm, own)
 }
 
 /// The cells of the `== probes` table, by (file, strategy): per category and `all`, the cell
@@ -332,11 +339,20 @@ fn sweep_line(dir: &Path, config: &str, files: &[String], lead: &str) -> (String
     // Spend as a share of the requests sent as received (which past the window the provider
     // would have refused: see the cost table's `over_window_at`).
     let cost = |strategy: &str| {
-        let (with, without) = costs(&output, strategy);
+        let (with, without, _, _) = costs(&output, strategy);
         format!("{:.0}%", 100.0 * with / without)
     };
+    // Against the agent's own compaction, the summaries made by the conversation's model too.
+    let vs_own = |strategy: &str| {
+        let (_, _, with_llm, own) = costs(&output, strategy);
+        if own.is_nan() {
+            "-".to_string()
+        } else {
+            format!("{:.0}%", 100.0 * with_llm / own)
+        }
+    };
     let line = format!(
-        "{lead}  {:>15}  {:>12}  {:>16}  {:>13}  {:>16}  {:>13}  {:>14}  {:>11}",
+        "{lead}  {:>15}  {:>12}  {:>16}  {:>13}  {:>16}  {:>13}  {:>14}  {:>11}  {:>16}  {:>13}",
         calls[0],
         calls[1],
         sum("summarize", |r| r.tokens),
@@ -345,6 +361,8 @@ fn sweep_line(dir: &Path, config: &str, files: &[String], lead: &str) -> (String
         stable("hybrid"),
         cost("summarize"),
         cost("hybrid"),
+        vs_own("summarize"),
+        vs_own("hybrid"),
     );
     (line, calls)
 }
@@ -418,7 +436,7 @@ fn the_readme_sweep_is_the_replay_over_windows() {
 }
 
 /// The sweep table's header.
-const HEADER: &str = "window  summarize_calls  hybrid_calls  summarize_tokens  hybrid_tokens  summarize_stable  hybrid_stable  summarize_cost  hybrid_cost";
+const HEADER: &str = "window  summarize_calls  hybrid_calls  summarize_tokens  hybrid_tokens  summarize_stable  hybrid_stable  summarize_cost  hybrid_cost  summarize_vs_own  hybrid_vs_own";
 
 /// README's long-session table: the same sweep on the 132-call session, with the message-count
 /// trigger as by default and out of reach.
@@ -455,7 +473,7 @@ fn the_readme_long_session_sweep_is_the_replay_over_windows() {
 }
 
 /// The long-session table's header.
-const LONG_HEADER: &str = "window  max_messages  summarize_calls  hybrid_calls  summarize_tokens  hybrid_tokens  summarize_stable  hybrid_stable  summarize_cost  hybrid_cost";
+const LONG_HEADER: &str = "window  max_messages  summarize_calls  hybrid_calls  summarize_tokens  hybrid_tokens  summarize_stable  hybrid_stable  summarize_cost  hybrid_cost  summarize_vs_own  hybrid_vs_own";
 
 /// The long session is the marshmallow session's tool steps, twelve rounds of them with
 /// per-round call ids, after its system prompt and task: nothing added, nothing changed.
