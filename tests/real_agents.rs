@@ -545,13 +545,11 @@ async fn codex() {
     check(&run, &session, true).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn opencode() {
+/// opencode on a provider of our own through its bundled OpenAI-compatible SDK (Chat
+/// Completions) at the proxy: its model's limits say what it may ask for (`max_tokens` is the
+/// output limit), and its own compaction is off (compactor compacts).
+fn opencode_command(ws: &Workspace, proxy: &TestProxy) -> tokio::process::Command {
     let opencode = npm_agent("opencode", "opencode-ai", "OPENCODE_VERSION");
-    let ws = workspace(&["AGENTS.md"]);
-    let session = session(Setup::by_messages(Finish::Text, "scripted-opencode")).await;
-    // A provider of our own through the bundled OpenAI-compatible SDK (Chat Completions); its
-    // model's limits say what it may ask for (`max_tokens` is the output limit).
     std::fs::write(
         ws.project.join("opencode.json"),
         serde_json::json!({
@@ -563,7 +561,7 @@ async fn opencode() {
             "provider": {"scripted": {
                 "npm": "@ai-sdk/openai-compatible",
                 "name": "Scripted",
-                "options": {"baseURL": session.proxy.url("/v1"), "apiKey": "sk-scripted-test"},
+                "options": {"baseURL": proxy.url("/v1"), "apiKey": "sk-scripted-test"},
                 "models": {"scripted-opencode": {
                     "name": "Scripted",
                     "tool_call": true,
@@ -574,7 +572,7 @@ async fn opencode() {
         .to_string(),
     )
     .expect("opencode.json");
-    let mut c = command(&opencode, &ws);
+    let mut c = command(&opencode, ws);
     c.args(["run", "--auto", PROMPT])
         .env("OPENCODE_DISABLE_AUTOUPDATE", "1")
         .env("OPENCODE_DISABLE_MODELS_FETCH", "1")
@@ -590,7 +588,14 @@ async fn opencode() {
             "npm_config_registry",
             format!("http://127.0.0.1:{}/", support::closed_port()),
         );
-    let run = run("opencode", c).await;
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opencode() {
+    let ws = workspace(&["AGENTS.md"]);
+    let session = session(Setup::by_messages(Finish::Text, "scripted-opencode")).await;
+    let run = run("opencode", opencode_command(&ws, &session.proxy)).await;
     check(&run, &session, true).await;
 }
 
@@ -660,22 +665,25 @@ async fn mini_swe_agent() {
     check(&run, &session, false).await;
 }
 
-/// Issue 28's paced session: Codex with a model's latency (half a second an answer) and a
-/// summarizer that takes four seconds (an `exec` program), compactor as shipped (`hybrid`,
-/// background summaries at the watermark, paced by the conversation's growth) and told the
-/// model's window, compacting by it (the message count out of the way). The session outgrows
-/// the window; masking and a summary made ahead keep
-/// every request under it with no request waiting for a summary (before pacing and the kept
-/// opening, 4 of 7 Codex requests that needed a summary waited under `hybrid`).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn codex_with_a_real_models_latency_waits_for_no_summary() {
+/// A session paced like a real model's (half a second an answer) with a summarizer that
+/// takes four seconds (an `exec` program), compactor as shipped (`hybrid`, background
+/// summaries at the watermark, paced by the conversation's growth, requests over the trigger
+/// going on below the wait threshold) and told the model's 30,000-token window, compacting by
+/// it (the message count out of the way). The session outgrows the window; masking and
+/// summaries made ahead keep every request under it with no request waiting for a summary.
+async fn with_a_real_models_latency(
+    agent: &'static str,
+    model: &str,
+    dialect: &'static str,
+    command: impl FnOnce(&Workspace, &TestProxy) -> tokio::process::Command,
+) {
     let ws = workspace(&["AGENTS.md"]);
     let provider = ScriptedProvider::start(Script {
         turns: 40,
         window: 1_000_000,
         filler_lines: 400,
         finish: Finish::Text,
-        model: "gpt-5-codex".into(),
+        model: model.into(),
         latency: Duration::from_millis(500),
     })
     .await;
@@ -685,22 +693,23 @@ async fn codex_with_a_real_models_latency_waits_for_no_summary() {
     let toml = format!(
         "{}[compaction]\nmax_messages = 1000\nmin_preserve_tokens = 500\n\
          max_preserve_tokens = 2000\n\
-         [models.\"gpt-5-codex\"]\ncontext_window = 30000\n\
+         [models.\"{model}\"]\ncontext_window = 30000\n\
          [summarizer]\nbackend = \"exec\"\n[summarizer.exec]\ncommand = \"sh\"\n\
          args = [\"-c\", {script:?}]\n",
         upstream_toml(&provider.url()),
     );
     let proxy = TestProxy::start(&toml).await;
     let session = Session { provider, proxy };
-    let run = run("codex", codex_command(&ws, &session.proxy)).await;
+    let run = run(agent, command(&ws, &session.proxy)).await;
     run.ensure(
         run.status.is_some_and(|s| s.success()) && run.stdout.contains(&final_text(40)),
         "the session finishes",
         &session,
     );
-    let metric = |name: &'static str, labels: &'static [(&'static str, &'static str)]| {
+    let metric = |name: &'static str, labels: &[(&'static str, &'static str)]| {
         let proxy = &session.proxy;
-        async move { proxy.metric(name, labels).await.unwrap_or(0.0) }
+        let labels = labels.to_vec();
+        async move { proxy.metric(name, &labels).await.unwrap_or(0.0) }
     };
     let stored = metric(
         "compactor_background_compactions_total",
@@ -709,7 +718,7 @@ async fn codex_with_a_real_models_latency_waits_for_no_summary() {
     .await;
     let masked = metric(
         "compactor_masked_outputs_total",
-        &[("dialect", "responses"), ("strategy", "hybrid")],
+        &[("dialect", dialect), ("strategy", "hybrid")],
     )
     .await;
     let waits = metric("compactor_summarizer_wait_seconds_count", &[]).await
@@ -728,4 +737,24 @@ async fn codex_with_a_real_models_latency_waits_for_no_summary() {
         &format!("{waits} request(s) waited for a summary"),
         &session,
     );
+}
+
+/// Issue 28's paced Codex session (before pacing, the kept opening and the wait threshold, 4
+/// of 7 Codex requests that needed a summary waited under `hybrid`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_with_a_real_models_latency_waits_for_no_summary() {
+    with_a_real_models_latency("codex", "gpt-5-codex", "responses", codex_command).await;
+}
+
+/// The same with opencode (Chat Completions, asking for 4,000 output tokens of the window;
+/// 8 of 12 waited before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opencode_with_a_real_models_latency_waits_for_no_summary() {
+    with_a_real_models_latency(
+        "opencode",
+        "scripted-opencode",
+        "chat_completions",
+        opencode_command,
+    )
+    .await;
 }
