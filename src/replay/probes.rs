@@ -628,6 +628,65 @@ mod tests {
         assert_eq!(same.all(), Tally::default());
     }
 
+    #[test]
+    fn probes_read_anthropic_messages_and_responses_bodies_alike() {
+        // The same hand compaction in Claude Code's and Codex's shapes: the task, a file read
+        // and its error summarised; the summary names the file only.
+        let summary = format!("Summary: the agent read {PATH}.");
+        let output = format!("Traceback (most recent call last):\n{ERROR}\n");
+        let read = json!({"command": format!("cat {PATH}")});
+        let messages = |summarised: bool| -> Vec<u8> {
+            let mut m = if summarised {
+                vec![json!({"role": "user", "content": [{"type": "text", "text": summary}]})]
+            } else {
+                vec![
+                    json!({"role": "user", "content": [{"type": "text", "text": TASK}]}),
+                    json!({"role": "assistant", "content": [
+                        {"type": "tool_use", "id": "t1", "name": "bash", "input": read}]}),
+                    json!({"role": "user", "content": [
+                        {"type": "tool_result", "tool_use_id": "t1", "content": output}]}),
+                ]
+            };
+            m.push(json!({"role": "assistant", "content": [{"type": "text", "text": "Done."}]}));
+            m.push(json!({"role": "user", "content": [{"type": "text", "text": "Thanks, and the tests?"}]}));
+            json!({"model": "claude-test", "max_tokens": 100, "system": "You are a coding agent.",
+                "messages": m})
+            .to_string()
+            .into_bytes()
+        };
+        let responses = |summarised: bool| -> Vec<u8> {
+            let mut input = if summarised {
+                vec![json!({"type": "message", "role": "user",
+                    "content": [{"type": "input_text", "text": summary}]})]
+            } else {
+                vec![
+                    json!({"type": "message", "role": "user",
+                        "content": [{"type": "input_text", "text": TASK}]}),
+                    json!({"type": "function_call", "call_id": "c1", "name": "shell",
+                        "arguments": read.to_string()}),
+                    json!({"type": "function_call_output", "call_id": "c1", "output": output}),
+                ]
+            };
+            input.push(json!({"type": "message", "role": "assistant",
+                "content": [{"type": "output_text", "text": "Done."}]}));
+            input.push(json!({"type": "message", "role": "user",
+                "content": [{"type": "input_text", "text": "Thanks, and the tests?"}]}));
+            json!({"model": "gpt-test", "instructions": "You are a coding agent.", "input": input})
+                .to_string()
+                .into_bytes()
+        };
+        for (dialect, shape) in [
+            (DialectKind::Messages, &messages as &dyn Fn(bool) -> Vec<u8>),
+            (DialectKind::Responses, &responses),
+        ] {
+            let score = Prober::new(None).score(dialect, &shape(false), &shape(true));
+            let label = dialect.label();
+            assert_eq!(tally(&score, Category::Task), (0, 1), "{label}");
+            assert_eq!(tally(&score, Category::Files), (1, 1), "{label}");
+            assert_eq!(tally(&score, Category::Errors), (0, 2), "{label}");
+        }
+    }
+
     #[tokio::test]
     async fn an_extractive_compaction_keeps_what_it_quotes_and_loses_the_buried_identifier() {
         let config = crate::config::Config::from_toml(
