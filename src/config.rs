@@ -781,6 +781,16 @@ impl Config {
         Ok(config)
     }
 
+    /// The shipped models table alone (`config/models.toml`), as compactor is built with it.
+    pub fn shipped_models() -> BTreeMap<String, ModelConfig> {
+        #[derive(Deserialize)]
+        struct Shipped {
+            models: BTreeMap<String, ModelConfig>,
+        }
+        // Checked by the tests: the shipped table always parses.
+        toml::from_str::<Shipped>(SHIPPED_MODELS).map_or_else(|_| BTreeMap::new(), |s| s.models)
+    }
+
     /// The built-in defaults with the shipped models table over them.
     fn base() -> Figment {
         Figment::from(Serialized::defaults(Config::default())).merge(Toml::string(SHIPPED_MODELS))

@@ -86,10 +86,7 @@ pub fn build(config: &Config, metrics: Arc<Metrics>) -> Result<Arc<dyn Summarize
             s.max_summary_bytes,
             metrics,
         )
-        .priced_by(ModelTable::new(
-            &config.models,
-            config.compaction.default_context_window,
-        )),
+        .priced_by(ModelTable::of(config)),
     ))
 }
 

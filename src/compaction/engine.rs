@@ -196,7 +196,7 @@ impl Engine {
             u32::try_from(config.summarizer.fallback.len().saturating_add(1)).unwrap_or(u32::MAX);
         Engine {
             config: config.compaction.clone(),
-            models: ModelTable::new(&config.models, config.compaction.default_context_window),
+            models: ModelTable::of(config),
             estimator: LazyEstimator::default(),
             summarizer,
             attempt_timeout,

@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{ModelConfig, Price};
+use crate::config::{Config, ModelConfig, Price};
 
 /// What the table says of a model.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -38,6 +38,23 @@ pub struct ModelTable {
 
 impl ModelTable {
     /// Builds the table from the config's `[models]` entries.
+    /// The table of `config`. An entry the operator added for one model without naming a
+    /// price (to set its window, say) keeps the price the shipped table gives that model:
+    /// saying nothing about the price is not saying it has none.
+    pub fn of(config: &Config) -> ModelTable {
+        let default_window = config.compaction.default_context_window;
+        let shipped_models = Config::shipped_models();
+        let shipped = ModelTable::new(&shipped_models, default_window);
+        let mut models = config.models.clone();
+        for (name, model) in &mut models {
+            if model.price.is_none() && !name.contains('*') && !shipped_models.contains_key(name) {
+                model.price = shipped.price(name);
+            }
+        }
+        ModelTable::new(&models, default_window)
+    }
+
+    /// The table of `models`, as written.
     pub fn new(models: &BTreeMap<String, ModelConfig>, default_window: usize) -> ModelTable {
         let mut exact = HashMap::new();
         let mut globs = Vec::new();
@@ -433,6 +450,34 @@ mod tests {
             "the window stays"
         );
         assert_eq!(table.price("my-model").map(|p| p.output), Some(2.0));
+    }
+
+    #[test]
+    fn an_entry_setting_a_shipped_models_window_keeps_its_price() {
+        let c = crate::config::Config::from_toml(
+            "[models.\"gpt-5-codex\"]\ncontext_window = 30000\n\
+             [models.\"o3-pro\"]\ncontext_window = 200000\n\
+             [models.\"my-model\"]\ncontext_window = 8000\n\
+             [models.\"gpt-4o-mini\"]\ncontext_window = 64000\nprice = { input = 9.0, output = 9.0 }\n",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let table = ModelTable::of(&c);
+        assert_eq!(table.context_window(Some("gpt-5-codex")), 30_000);
+        let shipped =
+            ModelTable::of(&crate::config::Config::from_toml("").unwrap_or_else(|e| panic!("{e}")));
+        assert_eq!(
+            table.price("gpt-5-codex"),
+            shipped.price("gpt-5-codex"),
+            "the shipped gpt-5-codex* price stays"
+        );
+        assert!(table.price("gpt-5-codex").is_some());
+        // A model the shipped table does not price, or does not know, stays unpriced.
+        assert_eq!(table.price("o3-pro"), None);
+        assert_eq!(table.price("my-model"), None);
+        // A price named is the price.
+        assert_eq!(table.price("gpt-4o-mini").map(|p| p.input), Some(9.0));
+        // `new` takes the entries as written.
+        assert_eq!(ModelTable::new(&c.models, 1000).price("gpt-5-codex"), None);
     }
 
     #[test]
