@@ -357,6 +357,8 @@ fn bill(
     app.metrics.cost(estimate.dialect, billed.by_kind());
     let mut cost = SessionCost {
         usd: billed.total(),
+        input_tokens: usage.input,
+        cache_read_tokens: usage.cache_read,
         ..SessionCost::default()
     };
     // Without compactor: the request as received, unless the provider would have refused it.

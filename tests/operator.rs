@@ -513,6 +513,12 @@ async fn what_the_agents_requests_would_have_cost_without_compactor_is_priced_be
     // The admin API shows the same per conversation: the three sessions' totals add up to
     // the counters (recorded off the response path: read until they arrive).
     let (with, without) = (billed().await, usd(WITHOUT, DIALECT).await);
+    let input_tokens = usd(
+        "compactor_upstream_usage_tokens_total",
+        &[("kind", "input")],
+    )
+    .await;
+    assert!(input_tokens > 0.0);
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
         let (status, text) = client.get_text(&proxy.admin_url("/sessions")).await;
@@ -527,7 +533,8 @@ async fn what_the_agents_requests_would_have_cost_without_compactor_is_priced_be
         };
         let settled = (total("usd") - with).abs() < 1e-9
             && (total("without_compactor_usd") - without).abs() < 1e-9
-            && total("over_window_without_compactor") == 1.0;
+            && total("over_window_without_compactor") == 1.0
+            && total("input_tokens") == input_tokens;
         if settled {
             assert_eq!(sessions.len(), 3, "{listed}");
             let over: Vec<&Value> = sessions

@@ -728,6 +728,8 @@ async fn a_sessions_spend_adds_up_across_replicas() {
             usd: 0.25,
             without_compactor_usd: 0.5,
             over_window_without_compactor: 0,
+            input_tokens: 1_000,
+            cache_read_tokens: 600,
         },
     )
     .await
@@ -739,6 +741,8 @@ async fn a_sessions_spend_adds_up_across_replicas() {
             usd: 0.125,
             without_compactor_usd: 0.0,
             over_window_without_compactor: 1,
+            input_tokens: 500,
+            cache_read_tokens: 0,
         },
     )
     .await
@@ -753,6 +757,7 @@ async fn a_sessions_spend_adds_up_across_replicas() {
     assert!((cost.usd - 0.375).abs() < 1e-12, "{cost:?}");
     assert!((cost.without_compactor_usd - 0.5).abs() < 1e-12, "{cost:?}");
     assert_eq!(cost.over_window_without_compactor, 1);
+    assert_eq!((cost.input_tokens, cost.cache_read_tokens), (1_500, 600));
 }
 
 #[tokio::test]

@@ -430,13 +430,16 @@ impl Scripts {
                 return m",
             ),
             // A session's spend, added to its hash if it is held. KEYS: session. ARGV: USD
-            // billed, USD without compactor, requests over the window without it.
+            // billed, USD without compactor, requests over the window without it, input
+            // tokens billed, of them read from the cache.
             cost: Script::new(
                 r"
                 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
                 redis.call('HINCRBYFLOAT', KEYS[1], 'cost', ARGV[1])
                 redis.call('HINCRBYFLOAT', KEYS[1], 'cost_without', ARGV[2])
                 redis.call('HINCRBY', KEYS[1], 'over_window', ARGV[3])
+                redis.call('HINCRBY', KEYS[1], 'input_tokens', ARGV[4])
+                redis.call('HINCRBY', KEYS[1], 'cache_read_tokens', ARGV[5])
                 return 1",
             ),
             // KEYS: lock. ARGV: token.
@@ -821,6 +824,8 @@ impl Shared {
                                 .and_then(|v| v.parse().ok())
                                 .unwrap_or(0.0),
                             over_window_without_compactor: number("over_window"),
+                            input_tokens: number("input_tokens"),
+                            cache_read_tokens: number("cache_read_tokens"),
                         }),
                     })
                 },
@@ -972,7 +977,9 @@ impl Shared {
         invocation
             .arg(cost.usd)
             .arg(cost.without_compactor_usd)
-            .arg(cost.over_window_without_compactor);
+            .arg(cost.over_window_without_compactor)
+            .arg(cost.input_tokens)
+            .arg(cost.cache_read_tokens);
         let mut conn = self.conn()?;
         let _: i64 = self
             .call(StoreOp::Cost, invocation.invoke_async(&mut conn))

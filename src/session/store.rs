@@ -181,6 +181,11 @@ pub struct SessionCost {
     /// Requests whose original was over the model's window: without compactor the provider
     /// would have refused them.
     pub over_window_without_compactor: u64,
+    /// Input tokens the provider billed for its requests, and of them the ones read from its
+    /// prompt cache: their ratio is the conversation's cache-hit share.
+    pub input_tokens: u64,
+    /// See `input_tokens`.
+    pub cache_read_tokens: u64,
 }
 
 impl SessionCost {
@@ -192,6 +197,10 @@ impl SessionCost {
             over_window_without_compactor: self
                 .over_window_without_compactor
                 .saturating_add(more.over_window_without_compactor),
+            input_tokens: self.input_tokens.saturating_add(more.input_tokens),
+            cache_read_tokens: self
+                .cache_read_tokens
+                .saturating_add(more.cache_read_tokens),
         }
     }
 }
