@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use serde_json::{json, Value};
-use support::{closed_port, upstream_toml, MockUpstream, Recorded, Reply, TestProxy};
+use support::{refused_port, upstream_toml, MockUpstream, Recorded, Reply, TestProxy};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
@@ -291,7 +291,8 @@ async fn run(summarizer_fault: Summarizer, dialect: Dialect) {
         fault.map_or(Reply::status(400), Upstream::reply)
     });
     let garbage = garbage_server().await;
-    let refused = format!("http://127.0.0.1:{}", closed_port());
+    let refused_port = refused_port();
+    let refused = format!("http://127.0.0.1:{}", refused_port.port());
 
     for (upstream, faults) in [
         (provider.url(), &UPSTREAM[1..7]),

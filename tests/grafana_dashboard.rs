@@ -11,7 +11,9 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use http::StatusCode;
 use regex::Regex;
 use serde_json::{json, Value};
-use support::{body_bytes, closed_port, upstream_toml, MockUpstream, Reply, TestClient, TestProxy};
+use support::{
+    body_bytes, refused_port, upstream_toml, MockUpstream, Reply, TestClient, TestProxy,
+};
 
 const DASHBOARD: &str = include_str!("../config/grafana/compactor.json");
 const DATASOURCE: &str = "${DS_PROMETHEUS}";
@@ -222,7 +224,8 @@ fn types(scrape: &str) -> BTreeMap<String, String> {
 #[tokio::test]
 async fn every_dashboard_metric_is_in_a_real_scrape() {
     let mock = MockUpstream::start().await;
-    let dead = closed_port();
+    let refused = refused_port();
+    let dead = refused.port();
     let toml = format!(
         "{}[[routes]]\nprefix = \"/dead\"\nbase_url = \"http://127.0.0.1:{dead}\"\n\
          [summarizer]\nbackend = \"extractive\"\n\

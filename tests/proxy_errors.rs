@@ -11,7 +11,7 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use serde_json::json;
 use support::{
-    body_bytes, channel_body, closed_port, full_body, raw_http1, upstream_toml, within,
+    body_bytes, channel_body, full_body, raw_http1, refused_port, upstream_toml, within,
     MockUpstream, Reply, SseReader, TestClient, TestProxy,
 };
 
@@ -40,7 +40,8 @@ async fn assert_json_error(response: http::Response<Incoming>, status: StatusCod
 
 #[tokio::test]
 async fn unreachable_upstream_is_502_with_json_body() {
-    let port = closed_port();
+    let refused = refused_port();
+    let port = refused.port();
     let proxy = TestProxy::start(&upstream_toml(&format!("http://127.0.0.1:{port}"))).await;
     let client = TestClient::http1();
 

@@ -65,7 +65,35 @@ where
     }
 }
 
-/// A port on 127.0.0.1 with nothing listening: bound, then released.
+/// A port on 127.0.0.1 that refuses every connection for as long as this lives: bound and
+/// never listened on, so no other test's listener can take it meanwhile (a port merely
+/// released can be, and then a test of an unreachable upstream talks to that listener).
+pub struct RefusedPort {
+    _socket: tokio::net::TcpSocket,
+    port: u16,
+}
+
+impl RefusedPort {
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+}
+
+/// See [`RefusedPort`].
+pub fn refused_port() -> RefusedPort {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind("127.0.0.1:0".parse().expect("address"))
+        .expect("bind ephemeral port");
+    let port = socket.local_addr().expect("local addr").port();
+    RefusedPort {
+        _socket: socket,
+        port,
+    }
+}
+
+/// A port on 127.0.0.1 with nothing listening: bound, then released (for a server of the
+/// test's own to listen on; for an unreachable upstream see [`refused_port`]).
 pub fn closed_port() -> u16 {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind ephemeral port");
     let port = listener.local_addr().expect("local addr").port();
