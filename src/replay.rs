@@ -809,19 +809,25 @@ pub fn comparison(reports: &[FileReport]) -> String {
             ]
         })
         .collect();
-    let mut widths = header.map(str::len);
-    for row in &rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
+    write_table(&mut out, &header, &rows, 2);
+    out
+}
+
+/// Writes `header` and `rows` to `out` in columns two spaces apart, each as wide as its widest
+/// cell: the first `left` columns (names) aligned left, the rest (figures) right.
+fn write_table<R: AsRef<[String]>>(out: &mut String, header: &[&str], rows: &[R], left: usize) {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row.as_ref()) {
             *w = (*w).max(cell.chars().count());
         }
     }
-    let mut line = |cells: [&str; 6]| {
+    let mut line = |cells: &mut dyn Iterator<Item = &str>| {
         let padded: Vec<String> = cells
-            .iter()
-            .zip(widths)
+            .zip(&widths)
             .enumerate()
-            .map(|(i, (c, w))| {
-                if i < 2 {
+            .map(|(i, (c, &w))| {
+                if i < left {
                     format!("{c:<w$}")
                 } else {
                     format!("{c:>w$}")
@@ -830,11 +836,10 @@ pub fn comparison(reports: &[FileReport]) -> String {
             .collect();
         let _ = writeln!(out, "{}", padded.join("  ").trim_end());
     };
-    line(header);
-    for row in &rows {
-        line(row.each_ref().map(String::as_str));
+    line(&mut header.iter().copied());
+    for row in rows {
+        line(&mut row.as_ref().iter().map(String::as_str));
     }
-    out
 }
 
 /// Messages in a forwarded body (0 when its dialect cannot read it).
@@ -905,31 +910,7 @@ pub fn costs(reports: &[FileReport]) -> Option<String> {
             ]
         })
         .collect();
-    let mut widths = header.map(str::len);
-    for row in &rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
-        }
-    }
-    let mut line = |cells: [&str; 11]| {
-        let padded: Vec<String> = cells
-            .iter()
-            .zip(widths)
-            .enumerate()
-            .map(|(i, (c, w))| {
-                if i < 2 {
-                    format!("{c:<w$}")
-                } else {
-                    format!("{c:>w$}")
-                }
-            })
-            .collect();
-        let _ = writeln!(out, "{}", padded.join("  ").trim_end());
-    };
-    line(header);
-    for row in &rows {
-        line(row.each_ref().map(String::as_str));
-    }
+    write_table(&mut out, &header, &rows, 2);
     Some(out)
 }
 
@@ -955,31 +936,7 @@ pub fn probe_table(reports: &[FileReport]) -> String {
             row
         })
         .collect();
-    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
-    for row in &rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
-        }
-    }
-    let mut line = |cells: &[&str]| {
-        let padded: Vec<String> = cells
-            .iter()
-            .zip(&widths)
-            .enumerate()
-            .map(|(i, (c, &w))| {
-                if i < 3 {
-                    format!("{c:<w$}")
-                } else {
-                    format!("{c:>w$}")
-                }
-            })
-            .collect();
-        let _ = writeln!(out, "{}", padded.join("  ").trim_end());
-    };
-    line(&header);
-    for row in &rows {
-        line(&row.iter().map(String::as_str).collect::<Vec<_>>());
-    }
+    write_table(&mut out, &header, &rows, 3);
     out
 }
 
