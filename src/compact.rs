@@ -128,6 +128,7 @@ pub async fn compact(
             instructions: None,
             caller: &caller,
             attempts: &Attempts::per_request(),
+            smallest_tail: false,
         })
         .await;
     let compaction = match compacted {

@@ -435,6 +435,10 @@ pub struct CompactionConfig {
     /// trigger (tokens and messages alike), so the request that crosses the trigger finds it
     /// made; 0 turns background summaries off.
     pub background_ratio: f64,
+    /// Also compact below the trigger when it pays (`pipeline::payback`): once the prompt-cache
+    /// reads of what a summary would remove have cost a compaction, priced at the model's
+    /// prices; made in the background. Models without a price never compact early.
+    pub cost_trigger: bool,
     /// Preserve budget as a share of the usable window (then clamped to min/max preserve).
     pub preserve_ratio: f64,
     /// Context window assumed for models missing from the models table.
@@ -671,6 +675,7 @@ impl Default for CompactionConfig {
             observation_pattern: String::new(),
             trigger_ratio: 0.85,
             background_ratio: 0.7,
+            cost_trigger: true,
             preserve_ratio: 0.25,
             default_context_window: 128_000,
             breaker_cooldown_secs: Seconds::from_secs(300),

@@ -151,6 +151,9 @@ struct Request<'r, 'b> {
     slow_summaries: bool,
     /// The summarizer calls it may still make.
     attempts: &'r Attempts,
+    /// Compacting the conversation pays now ([`payback`]): a summary is made ahead, or
+    /// spliced in when ready, below the trigger.
+    pays: bool,
 }
 
 /// Why a compaction of a request did not happen: the engine's reasons, or the dialect could
@@ -238,6 +241,9 @@ pub struct Pipeline {
     /// How fast conversations grow and summaries are written (shared on reload, as
     /// `background`).
     pace: Arc<Pace>,
+    /// What each conversation's cached history has cost since its last compaction (shared on
+    /// reload, as `pace`); `None` with `compaction.cost_trigger` off.
+    payback: Option<Arc<Payback>>,
     /// `compaction.background_ratio`.
     background_ratio: f64,
     /// Chain hashes of histories already seen, so a long conversation's next request hashes
@@ -330,6 +336,7 @@ impl Pipeline {
             flight_wait,
             background: Arc::new(Background::new(config.summarizer.max_concurrent)),
             pace: Arc::default(),
+            payback: config.compaction.cost_trigger.then(Arc::default),
             background_ratio: config.compaction.background_ratio,
             // Sized to the store they serve (README, *Memory*).
             memo: ChainMemo::for_sessions(config.store.max_sessions),
@@ -365,6 +372,9 @@ impl Pipeline {
         self.flights = old.flights.clone();
         self.background = old.background.clone();
         self.pace = old.pace.clone();
+        if let (Some(_), Some(old)) = (&self.payback, &old.payback) {
+            self.payback = Some(old.clone());
+        }
         self.repeats = old.repeats.clone();
         self
     }
@@ -609,9 +619,17 @@ impl Pipeline {
             background_at,
             slow_summaries: lead.is_some(),
             attempts: context.attempts,
+            pays: self.strategy.summarizes()
+                && self
+                    .payback
+                    .as_ref()
+                    .is_some_and(|p| p.due(&(tenant, &session))),
         };
         let mut figures = Figures::default();
-        let outcome = if checkpoint.is_some() || self.strategy.masks() || self.may_compact(&request)
+        let outcome = if checkpoint.is_some()
+            || self.strategy.masks()
+            || request.pays
+            || self.may_compact(&request)
         {
             self.rewrite_path(&request, checkpoint, &mut figures).await
         } else {
@@ -636,6 +654,16 @@ impl Pipeline {
             self.metrics
                 .masked_outputs(scan.dialect(), self.strategy, masked_outputs);
         }
+        let shape = Shape {
+            summary: match &processed.outcome {
+                Outcome::Rewritten { result, .. } | Outcome::Reused { result, .. } => {
+                    result.compaction_num
+                }
+                Outcome::Masked { .. } | Outcome::Unchanged | Outcome::Failed => 0,
+            },
+            masked: masked_outputs,
+        };
+        self.pay_rent(&request, shape, processed.estimate.as_ref());
         processed.session_id = Some(session);
         processed
     }
@@ -698,6 +726,47 @@ impl Pipeline {
             caller: request.caller.clone(),
             long_context,
         });
+    }
+
+    /// Adds what the request's cached history cost to its conversation's rent ([`payback`]),
+    /// for a priced model when the cost trigger is on, forwarded in `shape`.
+    fn pay_rent(
+        &self,
+        request: &Request<'_, '_>,
+        shape: Shape,
+        estimate: Option<&ForwardedEstimate>,
+    ) {
+        let (Some(payback), Some(estimate)) = (&self.payback, estimate) else {
+            return;
+        };
+        if !self.strategy.summarizes() {
+            return;
+        }
+        let Some(model) = estimate.model.as_deref() else {
+            return;
+        };
+        let models = self.engine.models();
+        let Some(price) = models.price(&window_model(model, estimate.long_context)) else {
+            return;
+        };
+        let Some(economics) = Economics::of(&price, estimate.dialect == DialectKind::Messages)
+        else {
+            return;
+        };
+        // Without a summary yet, a first compaction adds one and a tail (the smallest: it is
+        // one that pays) to what the conversation started with.
+        let extra = if shape.summary > 0 {
+            0
+        } else {
+            self.engine.settings().min_preserve_tokens + payback::SUMMARY_TOKENS
+        };
+        payback.observe(
+            &(request.tenant, request.session),
+            shape,
+            (estimate.received, estimate.tokens),
+            extra,
+            &economics,
+        );
     }
 
     /// The longest checkpoint the request's history matches, counted as a hit or a miss.
@@ -788,6 +857,11 @@ impl Pipeline {
             return self.reuse(request.scan, splice.as_ref(), &mask, tokens, figures);
         }
         let Some(trigger) = request.limits.check(count, tokens) else {
+            if request.pays {
+                return self
+                    .pay_back(request, splice.as_ref(), staged, &mask, tokens, figures)
+                    .await;
+            }
             if staged.is_none() {
                 // `hybrid`: a summary is made ahead only for what masking cannot absorb.
                 let most_masked = tokens.saturating_sub(mask.spare);
@@ -1459,6 +1533,7 @@ impl Pipeline {
                 instructions,
                 caller: request.caller,
                 attempts: request.attempts,
+                smallest_tail: request.pays,
             })
             .await?;
         compaction.boundary += offset;
@@ -1474,11 +1549,42 @@ impl Pipeline {
         }
     }
 
+    /// Below the trigger, where compacting pays ([`payback`]): a summary made ahead is spliced
+    /// in if one is ready and makes the request smaller, else one is started in the
+    /// background. Either way the request goes on at once: it fits its window.
+    async fn pay_back(
+        self: &Arc<Self>,
+        request: &Request<'_, '_>,
+        splice: Option<&Splice>,
+        staged: Option<Arc<Checkpoint>>,
+        mask: &Masking<'_>,
+        tokens: usize,
+        figures: &mut Figures,
+    ) -> Outcome {
+        let Some(staged) = staged else {
+            self.spawn_background(request, splice, Trigger::Cost);
+            return self.reuse(request.scan, splice, mask, tokens, figures);
+        };
+        if let Ok(Some(ready)) = self.splice(request.scan, staged) {
+            let ready_mask = self.mask_view(request, Some(&ready), None).await;
+            let (_, ready_tokens) = self.view_size(request.scan, Some(&ready), &ready_mask);
+            if ready_tokens < tokens {
+                self.promote(request, &ready).await;
+                return self.reuse(
+                    request.scan,
+                    Some(&ready),
+                    &ready_mask,
+                    ready_tokens,
+                    figures,
+                );
+            }
+        }
+        self.reuse(request.scan, splice, mask, tokens, figures)
+    }
+
     /// Starts the summary of a request over the background watermark (below the trigger) off
-    /// the request path, unless background summaries are off, one of this prefix is already
-    /// being made or was tried before (a failed one is not retried: the request crossing the
-    /// trigger compacts), or all `summarizer.max_concurrent` slots are taken (counted `busy`).
-    /// Whether it started one.
+    /// the request path, unless background summaries are off; see
+    /// [`Pipeline::spawn_background`]. Whether it started one.
     fn start_background(
         self: &Arc<Self>,
         request: &Request<'_, '_>,
@@ -1492,6 +1598,19 @@ impl Pipeline {
         else {
             return false;
         };
+        self.spawn_background(request, splice, trigger)
+    }
+
+    /// Starts the summary of a request off the request path, unless one of this prefix is
+    /// already being made or was tried before (a failed one is not retried: the request
+    /// crossing the trigger compacts), or all `summarizer.max_concurrent` slots are taken
+    /// (counted `busy`). Whether it started one.
+    fn spawn_background(
+        self: &Arc<Self>,
+        request: &Request<'_, '_>,
+        splice: Option<&Splice>,
+        trigger: Trigger,
+    ) -> bool {
         let key = self.flight_key(request, splice);
         if self.flights.is_running(&key) || !self.background.first_attempt(&key) {
             return false;
@@ -1577,6 +1696,7 @@ impl Pipeline {
             background_at: None,
             slow_summaries: false,
             attempts: &Attempts::per_request(),
+            pays: job.trigger == Trigger::Cost,
         };
         // The checkpoint in use when the job started; one that covers more (another summary
         // finished first) leaves nothing to do.
@@ -1848,6 +1968,7 @@ impl Pipeline {
             background_at: None,
             slow_summaries: false,
             attempts: context.attempts,
+            pays: false,
         };
         if context.attempts.left() == 0 {
             // The compaction before the request was sent made every call the request may.
@@ -1998,6 +2119,7 @@ impl Pipeline {
             background_at: None,
             slow_summaries: false,
             attempts: &Attempts::per_request(),
+            pays: false,
         };
         if !self.breaker_allows(latest.tenant, id).await {
             self.record(Trigger::Manual, CompactionOutcome::Breaker);
@@ -2196,10 +2318,12 @@ pub enum Outcome {
 mod background;
 mod masking;
 pub mod pace;
+mod payback;
 
 use background::Background;
 use masking::{Found, Masker, Masking};
 use pace::Pace;
+use payback::{Economics, Payback, Shape};
 
 #[cfg(test)]
 mod dialect_props;

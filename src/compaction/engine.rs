@@ -110,6 +110,10 @@ pub struct CompactionInput<'a> {
     pub caller: &'a Caller,
     /// The summarizer calls the request may still make; each attempt takes one.
     pub attempts: &'a Attempts,
+    /// Keep the smallest tail (`min_preserve_tokens`) rather than the preserve budget: for a
+    /// compaction made because it pays (`compaction.cost_trigger`), whose kept part is read
+    /// again on every later request.
+    pub smallest_tail: bool,
 }
 
 /// A compaction plan: replace `transcript[head..boundary]` by one user message.
@@ -305,7 +309,11 @@ impl Engine {
         let t = input.transcript;
         let n = t.len();
         let limits = input.limits;
-        let base_budget = preserve_budget(&self.config, limits.usable_window());
+        let base_budget = if input.smallest_tail {
+            self.config.min_preserve_tokens
+        } else {
+            preserve_budget(&self.config, limits.usable_window())
+        };
         // Room the summary message may take: the summary's output budget plus its framing.
         let (_, max_output) =
             self.summarizer_budget(input.limits.summarizer_window, input.caller.api);
@@ -684,6 +692,7 @@ mod tests {
                 instructions: None,
                 caller: &caller(),
                 attempts: &Attempts::per_request(),
+                smallest_tail: false,
             })
             .await
             .expect_err("the summary never makes the request smaller");
@@ -749,6 +758,7 @@ mod tests {
                 instructions: None,
                 caller: &caller(),
                 attempts: &Attempts::per_request(),
+                smallest_tail: false,
             })
             .await
             .expect("compacts");
@@ -797,6 +807,7 @@ mod tests {
                 instructions: None,
                 caller: &caller(),
                 attempts: &Attempts::per_request(),
+                smallest_tail: false,
             })
             .await
             .expect("the first attempt is kept");
@@ -835,6 +846,7 @@ mod tests {
                 instructions: Some("focus on the parser"),
                 caller: &caller(),
                 attempts: &Attempts::per_request(),
+                smallest_tail: false,
             })
             .await
             .expect("compacts");
@@ -894,6 +906,7 @@ mod tests {
             instructions: None,
             caller: &caller(),
             attempts: &Attempts::per_request(),
+            smallest_tail: false,
         })
         .await
         .expect("compacts");
@@ -925,6 +938,7 @@ mod tests {
             instructions: None,
             caller: &caller(),
             attempts: &Attempts::per_request(),
+            smallest_tail: false,
         })
         .await
         .expect("compacts");

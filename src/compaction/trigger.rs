@@ -28,15 +28,19 @@ pub enum Trigger {
     Manual,
     /// The provider refused the request for its length; compacted to retry it.
     Overflow,
+    /// Below the other triggers, compacting pays: the prompt-cache reads of what a summary
+    /// removes have cost more than making it (`compaction.cost_trigger`).
+    Cost,
 }
 
 impl Trigger {
     /// Every trigger (the metrics pre-initialise their label values).
-    pub const ALL: [Trigger; 4] = [
+    pub const ALL: [Trigger; 5] = [
         Trigger::Messages,
         Trigger::Tokens,
         Trigger::Manual,
         Trigger::Overflow,
+        Trigger::Cost,
     ];
 
     /// The label value.
@@ -46,6 +50,7 @@ impl Trigger {
             Trigger::Tokens => "tokens",
             Trigger::Manual => "manual",
             Trigger::Overflow => "overflow",
+            Trigger::Cost => "cost",
         }
     }
 }

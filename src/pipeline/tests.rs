@@ -782,3 +782,91 @@ async fn a_request_over_the_trigger_goes_on_while_its_summary_is_made_if_it_fits
     assert_eq!(metrics.compactions_deferred(), 1);
     assert_eq!(fake.requests().len(), 1, "one summary, made once");
 }
+
+/// Grows one conversation of `model` (a 100,000-token window: the token trigger at 85,000,
+/// never reached) by about 750 estimated tokens a turn for 60 turns (to about 44,000), waiting for the
+/// background summaries each request starts. Returns the turns whose request carried a
+/// summary made because compacting paid (`trigger="cost"`), the first of them, and the
+/// largest request forwarded.
+async fn cost_compactions(toml: &str, model: &str) -> (Vec<usize>, Option<usize>, usize) {
+    let fake = FakeSummarizer::text("Summary: the parser was read and its failing test fixed.");
+    let (c, metrics) = compactor(&config(toml), fake.clone());
+    let caller = caller();
+    let mut messages = vec![
+        json!({"role": "system", "content": "You are a coding agent."}),
+        json!({"role": "user", "content": "Fix the failing test in the parser."}),
+    ];
+    let (mut spliced, mut largest) = (Vec::new(), 0);
+    for turn in 0..60 {
+        let context = RequestContext {
+            caller: &caller,
+            session_header: None,
+            long_context: false,
+            attempts: &Attempts::per_request(),
+        };
+        let request = Bytes::from(body(model, messages.clone()));
+        let processed = c
+            .handle(DialectKind::ChatCompletions, &request, &context)
+            .await;
+        c.background_idle().await;
+        assert_eq!(
+            processed.summarizer_time,
+            Duration::ZERO,
+            "turn {turn} waited"
+        );
+        let estimate = processed.estimate.expect("a chat request is estimated");
+        assert!(
+            estimate.received < 85_000 * 9 / 10,
+            "the token trigger is never near"
+        );
+        largest = largest.max(estimate.tokens);
+        if matches!(processed.outcome, Outcome::Reused { .. }) {
+            assert!(estimate.tokens < estimate.received, "turn {turn}");
+            spliced.push(turn);
+        }
+        messages.push(json!({"role": "assistant", "content": format!("step {turn}: {}", "reading the code ".repeat(20))}));
+        messages.push(json!({"role": "user", "content": format!("output {turn}: {}", "line of tool output ".repeat(180))}));
+    }
+    let made = compactions(&metrics, "cost", "compacted");
+    assert_eq!(
+        made as usize,
+        fake.requests().len(),
+        "every summary was a paying one"
+    );
+    let first = spliced.first().copied();
+    (spliced, first, largest)
+}
+
+const PRICED: &str = "[compaction]\nstrategy = \"summarize\"\nmax_messages = 1000\n\
+                      background_ratio = 0.0\n[models.priced]\ncontext_window = 100000\n\
+                      price = { input = 1.0, output = 8.0, cache_read = 0.1 }\n\
+                      [models.cache-less]\ncontext_window = 100000\n\
+                      price = { input = 1.0, output = 8.0 }\n\
+                      [models.unpriced]\ncontext_window = 100000\n";
+
+#[tokio::test]
+async fn a_conversation_far_below_its_window_is_compacted_once_its_cached_history_costs_more_than_a_summary(
+) {
+    let (spliced, first, largest) = cost_compactions(PRICED, "priced").await;
+    let first = first.expect("compacting paid within 60 turns");
+    // Not at once: the reads of the first turns cost less than a summary.
+    assert!(first >= 8, "first compaction at turn {first}");
+    // Every later request carries the summary, and none comes near the 44,000 tokens the
+    // conversation reaches.
+    assert_eq!(spliced.len(), 60 - first, "{spliced:?}");
+    assert!(largest < 30_000, "largest request forwarded: {largest}");
+
+    // Reads as dear as new input (no cache discount): it pays sooner.
+    let (_, dearer, _) = cost_compactions(PRICED, "cache-less").await;
+    assert!(dearer.expect("paid") < first, "{dearer:?} vs {first}");
+
+    // No price, or the trigger off: nothing is compacted below the window's trigger.
+    let (spliced, _, largest) = cost_compactions(PRICED, "unpriced").await;
+    assert!(
+        spliced.is_empty() && largest > 40_000,
+        "{spliced:?}, {largest}"
+    );
+    let off = PRICED.replace("background_ratio", "cost_trigger = false\nbackground_ratio");
+    let (spliced, _, _) = cost_compactions(&off, "priced").await;
+    assert!(spliced.is_empty(), "{spliced:?}");
+}

@@ -230,6 +230,24 @@ fn requests(path: &Path, bytes: &[u8]) -> Result<Vec<Step>, ReplayError> {
     Ok(steps)
 }
 
+/// The request of `top`'s fields with the conversation under `key` written last, as agents
+/// send it: the system prompt or instructions come before the conversation, as the provider
+/// renders (and caches) the prompt. (A `Map` writes its keys sorted, which would put
+/// `instructions` and `system` after `input` and `messages`, and the replay's modelled prompt
+/// cache would then miss them on every request.)
+fn conversation_last(top: &Map<String, Value>, key: &str, conversation: &Value) -> String {
+    let mut body = Value::Object(top.clone()).to_string();
+    body.pop(); // the closing brace
+    if !top.is_empty() {
+        body.push(',');
+    }
+    body.push_str(&Value::String(key.to_string()).to_string());
+    body.push(':');
+    body.push_str(&conversation.to_string());
+    body.push('}');
+    body
+}
+
 /// A conversation cut into the requests an agent sends while producing it.
 fn transcript(path: &Path, value: Value) -> Result<Vec<Step>, ReplayError> {
     let mut top = match value {
@@ -283,10 +301,11 @@ fn transcript(path: &Path, value: Value) -> Result<Vec<Step>, ReplayError> {
     Ok(ends
         .into_iter()
         .map(|end| {
+            let conversation = Value::Array(history[..end].to_vec());
+            let body = Bytes::from(conversation_last(&top, key, &conversation));
             let mut request = top.clone();
-            request.insert(key.into(), Value::Array(history[..end].to_vec()));
+            request.insert(key.into(), conversation);
             let (model, requested_output) = model_and_output(&request);
-            let body = Bytes::from(Value::Object(request).to_string());
             Step {
                 dialect,
                 messages: end,
@@ -415,6 +434,18 @@ mod tests {
         assert_eq!(rec.steps[1].model.as_deref(), Some("claude-opus-4-1"));
         assert_eq!(rec.steps[1].requested_output, Some(900));
         assert_eq!(body(&rec.steps[0])["system"], "s");
+        // The conversation comes last, after the system prompt, so each request starts with
+        // the bytes the one before started with, as a provider's prompt cache reads them.
+        for step in &rec.steps {
+            let text = std::str::from_utf8(&step.body).expect("utf-8");
+            assert!(
+                text.find("\"system\"") < text.find("\"messages\""),
+                "{text}"
+            );
+            assert!(text.ends_with("]}"), "{text}");
+        }
+        let (first, second) = (&rec.steps[0].body, &rec.steps[1].body);
+        assert!(second.starts_with(&first[..first.len() - 2]), "{second:?}");
     }
 
     #[test]
