@@ -116,8 +116,10 @@ impl Summarizer for FakeSummarizer {
     }
 }
 
-/// Small limits so compaction fires on small requests (`tiny` has a 1,000-token window).
-pub(crate) const SMALL: &str = "[compaction]\nmax_messages = 10\nmin_preserve_tokens = 20\n\
+/// Small limits so compaction fires on small requests (`tiny` has a 1,000-token window), and
+/// summaries start ahead at 7 of the 10 messages.
+pub(crate) const SMALL: &str = "[compaction]\nmax_messages = 10\nbackground_ratio = 0.7\n\
+                                min_preserve_tokens = 20\n\
                                 max_preserve_tokens = 60\n[models.tiny]\ncontext_window = 1000\n";
 
 /// A system message, then `n` alternating user and assistant messages of about 12 tokens.

@@ -17,7 +17,8 @@ use support::{upstream_toml, Exchange, MockUpstream, Recorded, Reply, TestClient
 /// Compact above 10 messages, so the watermark (0.7) is above 7; summaries from the mock.
 fn config(mock: &MockUpstream) -> String {
     format!(
-        "{}[compaction]\nmax_messages = 10\nmin_preserve_tokens = 20\nmax_preserve_tokens = 200\n\
+        "{}[compaction]\nmax_messages = 10\nbackground_ratio = 0.7\nmin_preserve_tokens = 20\n\
+         max_preserve_tokens = 200\n\
          [summarizer]\nbackend = \"openai\"\nmax_concurrent = 1\n",
         upstream_toml(&mock.url())
     )

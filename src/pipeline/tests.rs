@@ -626,7 +626,8 @@ async fn a_summary_ahead_that_would_not_help_is_not_needed_not_a_failure() {
 /// Codex sessions of issue 28: a turn every half second adding a reply and a tool output,
 /// summaries that take four seconds (tokio's clock, paused: the test takes no real time).
 async fn turns_that_waited(pacing: bool, output_lines: usize) -> (Vec<usize>, usize) {
-    let toml = "[compaction]\nmax_messages = 1000\nmin_preserve_tokens = 100\n\
+    let toml =
+        "[compaction]\nmax_messages = 1000\nbackground_ratio = 0.7\nmin_preserve_tokens = 100\n\
                 max_preserve_tokens = 400\n[models.paced]\ncontext_window = 8000\n";
     let fake = FakeSummarizer::new(vec![Reply::Slow(
         Duration::from_secs(4),
@@ -691,7 +692,8 @@ async fn a_request_over_the_trigger_goes_on_while_its_summary_is_made_if_it_fits
     // An 8,000-token window: the trigger at 6,800 estimated tokens, the wait threshold three
     // quarters of the way to the window (7,700), the background watermark at 70% of the trigger. Summaries take
     // four seconds (tokio's clock, paused); the agent's turns half a second.
-    let toml = "[compaction]\nstrategy = \"summarize\"\nmax_messages = 1000\n\
+    let toml =
+        "[compaction]\nstrategy = \"summarize\"\nmax_messages = 1000\nbackground_ratio = 0.7\n\
                 min_preserve_tokens = 100\nmax_preserve_tokens = 400\n\
                 [models.paced]\ncontext_window = 8000\n";
     let fake = FakeSummarizer::new(vec![Reply::Slow(
