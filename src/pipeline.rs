@@ -811,8 +811,9 @@ impl Pipeline {
     /// (the cheap test that keeps most requests off the rewrite path).
     fn may_compact(&self, request: &Request<'_, '_>) -> bool {
         let limits = request.background_at.unwrap_or(request.limits);
+        let scan = request.scan;
         limits
-            .check(request.scan.len(), request.scan.tokens)
+            .check(scan.counted(0..scan.len()), scan.tokens)
             .is_some()
     }
 
@@ -838,9 +839,10 @@ impl Pipeline {
             None => None,
             Some(Ok(splice)) => splice,
             Some(Err(e)) => {
+                let scan = request.scan;
                 let due = request
                     .limits
-                    .check(request.scan.len(), request.scan.tokens);
+                    .check(scan.counted(0..scan.len()), scan.tokens);
                 return self.not_understood(due, &e);
             }
         };
@@ -1106,17 +1108,19 @@ impl Pipeline {
         (count, tokens.saturating_sub(mask.saved))
     }
 
-    /// Messages and estimated tokens the upstream receives after the splice.
+    /// Messages (as the message-count trigger counts them, [`Scan::counted`]) and estimated
+    /// tokens the upstream receives after the splice.
     fn spliced_size(&self, scan: &Scan<'_>, splice: Option<&Splice>) -> (usize, usize) {
         match splice {
-            None => (scan.len(), scan.tokens),
+            None => (scan.counted(0..scan.len()), scan.tokens),
             Some(s) => {
                 let tokens = scan
                     .fixed_tokens
                     .saturating_add(scan.tokens_of(0..s.head))
                     .saturating_add(self.engine.estimator().text(&s.message))
                     .saturating_add(scan.tokens_of(s.covered..scan.len()));
-                (s.head + 1 + (scan.len() - s.covered), tokens)
+                let count = scan.counted(0..s.head) + 1 + scan.counted(s.covered..scan.len());
+                (count, tokens)
             }
         }
     }

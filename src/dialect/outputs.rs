@@ -253,6 +253,28 @@ impl<'s, 'a> CallNames<'s, 'a> {
 const IMAGE_TYPES: &[&str] = &["image", "image_url", "input_image", "computer_screenshot"];
 
 impl<'a> Scan<'a> {
+    /// The messages of `range` (clamped to the conversation) as the message-count trigger
+    /// counts them: one each, except that in Responses a run of the model's own items
+    /// (reasoning, function calls, its message) is one message, as Chat Completions carries a
+    /// reply and its calls in one assistant message. So a tool step counts two in every
+    /// dialect (the reply with its call, and the output) rather than three or four items in
+    /// Responses. Read off the marks: an item that may be neither a user turn nor an output
+    /// continues the run of the item before it when that one may be neither either.
+    pub fn counted(&self, range: Range<usize>) -> usize {
+        let end = range.end.min(self.marks.len());
+        let start = range.start.min(end);
+        if self.dialect != DialectKind::Responses {
+            return end - start;
+        }
+        let model = |mark: u32| mark & (OUTPUTS | USER) == 0;
+        let marks = &self.marks[start..end];
+        marks.len()
+            - marks
+                .windows(2)
+                .filter(|pair| model(pair[0]) && model(pair[1]))
+                .count()
+    }
+
     /// At most how many outputs message `index` holds, [`Scan::outputs`] and, with
     /// `observations`, [`Scan::observation`] counted together: read off the marks the scan
     /// found (a substring search per message, once per conversation with the scan memo), so
@@ -574,6 +596,50 @@ mod tests {
         dialect
             .scan(body, &LazyEstimator::default())
             .unwrap_or_else(|e| panic!("scan: {e}"))
+    }
+
+    /// A tool step counts two messages in every dialect: in Responses the model's run of
+    /// items (reasoning, call, its message) is one, the output another.
+    #[test]
+    fn the_message_count_folds_the_models_runs_of_responses_items() {
+        let step = |i: usize| {
+            vec![
+                json!({"type": "reasoning", "summary": [], "encrypted_content": "e"}),
+                json!({"type": "message", "role": "assistant", "content": [
+                    {"type": "output_text", "text": "a \"user\" asked"}]}),
+                json!({"type": "function_call", "call_id": format!("c{i}"), "name": "ls",
+                       "arguments": "{\"who\":\"user\"}"}),
+                json!({"type": "function_call_output", "call_id": format!("c{i}"), "output": "x"}),
+            ]
+        };
+        let mut input = vec![
+            json!({"type": "message", "role": "developer", "content": "rules"}),
+            json!({"role": "user", "content": "fix it"}),
+        ];
+        for i in 0..5 {
+            input.extend(step(i));
+        }
+        input.push(json!({"role": "user", "content": "and the docs"}));
+        input.extend(step(5));
+        let body = json!({"model": "gpt-5", "input": input}).to_string();
+        let s = scan(DialectKind::Responses, body.as_bytes());
+        assert_eq!(s.len(), 2 + 6 * 4 + 1);
+        // The developer message, the task, 6 steps of two, the second user turn.
+        assert_eq!(s.counted(0..s.len()), 2 + 6 * 2 + 1);
+        // A range counts its own runs: from the middle of a run, the rest of it is one.
+        assert_eq!(s.counted(3..6), 2);
+        assert_eq!(s.counted(0..0), 0);
+        assert_eq!(s.counted(20..1_000), s.counted(20..s.len()));
+        // Chat Completions counts every message, as it carries a reply and its calls in one.
+        let chat = json!({"model": "gpt-4o", "messages": [
+            {"role": "user", "content": "fix it"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "c", "type": "function",
+                "function": {"name": "ls", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c", "content": "x"},
+            {"role": "assistant", "content": "done"}]})
+        .to_string();
+        let s = scan(DialectKind::ChatCompletions, chat.as_bytes());
+        assert_eq!(s.counted(0..s.len()), 4);
     }
 
     fn all_outputs<'a>(s: &Scan<'a>) -> Vec<WireOutput<'a>> {

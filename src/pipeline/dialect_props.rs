@@ -859,7 +859,7 @@ fn responses_rewrites_stay_valid_verbatim_and_smaller() {
         let due = c
             .engine()
             .limits(before.model.as_deref(), before.requested_output)
-            .check(before.len(), before.tokens)
+            .check(before.counted(0..before.len()), before.tokens)
             .is_some();
         match rt.block_on(c.process(DialectKind::Responses, &body, &caller())) {
             Outcome::Reused { .. } => ensure(false, "a fresh compactor reused a summary")?,
