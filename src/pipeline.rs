@@ -38,7 +38,7 @@ use crate::compaction::prompt::summary_message;
 use crate::compaction::trigger::{BackgroundOutcome, CompactionOutcome, Limits, Trigger};
 use crate::compaction::{Attempts, CompactionResult, MAX_ATTEMPTS_PER_REQUEST};
 use crate::config::{Config, StoreBackend, Strategy};
-use crate::cost::{cached_prefix, Repeats};
+use crate::cost::{cached_prefix, Bill, Repeats};
 use crate::dialect::reply::first_reply;
 use crate::dialect::scan_memo::{Remembering, ScanMemo};
 use crate::dialect::{DialectError, DialectKind, Scan};
@@ -48,8 +48,8 @@ use crate::session::hash::SESSION_ID_MESSAGES;
 use crate::session::redis::CLAIM_TTL;
 use crate::session::{
     derived_session_ids, session_id, ChainMemo, Checkpoint, Claim, LatestRequest, Lease, MaskFloor,
-    MaskNeed, MemoryStore, RedisSettings, RedisStore, SessionIdMemo, SessionStore, SingleFlight,
-    Staged, StoreError, StoreLimits, TenantId,
+    MaskNeed, MemoryStore, RedisSettings, RedisStore, SessionCost, SessionIdMemo, SessionStore,
+    SingleFlight, Staged, StoreError, StoreLimits, TenantId,
 };
 use crate::transcript::Transcript;
 
@@ -190,7 +190,7 @@ impl Compacted {
     /// Whether the rewrite would still trip the trigger.
     fn still_over(&self, limits: &Limits) -> bool {
         let c = &self.compaction;
-        limits.check(c.messages, c.result.post_tokens).is_some()
+        limits.check(c.counted, c.result.post_tokens).is_some()
     }
 }
 
@@ -1475,7 +1475,7 @@ impl Pipeline {
             compaction.summary_message.as_str(),
         );
         // The tail after the new summary is masked by the same rule as any later request's.
-        let view = (compaction.messages, compaction.result.post_tokens);
+        let view = (compaction.counted, compaction.result.post_tokens);
         let mut mask = self
             .plan_mask(request, Some(compaction.boundary), view, None)
             .await;
@@ -1541,7 +1541,43 @@ impl Pipeline {
             })
             .await?;
         compaction.boundary += offset;
+        self.record_summarizer_cost(request, &compaction).await;
         Ok(compaction)
+    }
+
+    /// Adds what a compaction's summaries cost (as the backend reported, at the models
+    /// table's prices) to the conversation's cost in the store (the admin API's session
+    /// detail). Nothing for a backend that reports nothing or a model without a price.
+    async fn record_summarizer_cost(&self, request: &Request<'_, '_>, compaction: &Compaction) {
+        let models = self.engine.models();
+        let usd: f64 = compaction
+            .usage
+            .iter()
+            .filter_map(|u| {
+                let price = models.price(&u.model)?;
+                let billed = crate::usage::Usage {
+                    input: u.input,
+                    output: u.output,
+                    cache_read: u.cache_read,
+                    cache_write: u.cache_write,
+                };
+                Some(Bill::of(&billed, &price).total())
+            })
+            .sum();
+        if usd <= 0.0 {
+            return;
+        }
+        let cost = SessionCost {
+            summarizer_usd: usd,
+            ..SessionCost::default()
+        };
+        if let Err(e) = self
+            .store
+            .record_cost(request.tenant, request.session, cost)
+            .await
+        {
+            tracing::debug!(error = %e, "summarizer cost not recorded");
+        }
     }
 
     /// The single flight of a summary of `request`'s conversation after `splice`.
@@ -1740,7 +1776,7 @@ impl Pipeline {
             Ok(c) => {
                 let fits = request
                     .limits
-                    .check(c.messages, c.result.post_tokens)
+                    .check(c.counted, c.result.post_tokens)
                     .is_none();
                 self.feed_breaker(request.tenant, request.session, fits)
                     .await;

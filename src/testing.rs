@@ -32,6 +32,9 @@ pub(crate) enum Reply {
     Panic,
     /// This summary, after this long (tokio's clock: paused in tests that pace a session).
     Slow(std::time::Duration, String),
+    /// This summary, with what its model billed for it (as the `openai` and `anthropic`
+    /// backends report it).
+    Billed(String, compactor_plugin_api::SummaryUsage),
 }
 
 /// A summarizer that answers from a script (the last reply repeats) and records requests.
@@ -104,6 +107,10 @@ impl Summarizer for FakeSummarizer {
                 Reply::Error => Err(SummarizeError::Transport("connection refused".into())),
                 Reply::Hang => std::future::pending().await,
                 Reply::Panic => panic!("fake summarizer panics, as a bug would"),
+                Reply::Billed(t, usage) => Ok(Summary {
+                    text: t,
+                    usage: Some(usage),
+                }),
                 Reply::Slow(after, t) => {
                     tokio::time::sleep(after).await;
                     Ok(Summary {

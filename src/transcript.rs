@@ -339,6 +339,22 @@ impl Transcript {
         (0..i).rev().find(|&j| opens_turn(j)).map_or(0, |u| u + 1)
     }
 
+    /// The messages of `range` (clamped) as the message-count trigger counts them: a run of
+    /// the model's own messages is one (in Responses its reasoning, calls and message are
+    /// separate items; Chat Completions carries them in one assistant message), as
+    /// [`crate::dialect::Scan::counted`] counts the raw request.
+    pub fn counted(&self, range: std::ops::Range<usize>) -> usize {
+        let end = range.end.min(self.messages.len());
+        let start = range.start.min(end);
+        let slice = &self.messages[start..end];
+        let model = |m: &Message| m.role == Role::Assistant;
+        slice.len()
+            - slice
+                .windows(2)
+                .filter(|pair| model(&pair[0]) && model(&pair[1]))
+                .count()
+    }
+
     /// Sum of the estimates of `messages[range]`.
     pub fn tokens(&self, range: std::ops::Range<usize>) -> usize {
         self.messages

@@ -1807,7 +1807,9 @@ const DEVELOPER_MID: Instruction = Instruction {
 async fn a_mid_conversation_developer_message_survives_every_compaction() {
     let mock = MockUpstream::start().await;
     let provider = Provider::install(&mock);
-    let proxy = TestProxy::start(&proxy_toml(&mock, "max_messages = 10\n", "extractive")).await;
+    // 12, as for the system message: a Codex step (reasoning, call, output) counts two
+    // messages, and at 10 no compaction's boundary lands on the instruction itself.
+    let proxy = TestProxy::start(&proxy_toml(&mock, "max_messages = 12\n", "extractive")).await;
     // The Codex session's first two turns; the agent sends a request before each reasoning item.
     let base: Vec<Value> = codex_session().items[..52].to_vec();
     let mut placements = Vec::new();

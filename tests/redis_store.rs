@@ -730,6 +730,7 @@ async fn a_sessions_spend_adds_up_across_replicas() {
             over_window_without_compactor: 0,
             input_tokens: 1_000,
             cache_read_tokens: 600,
+            summarizer_usd: 0.0,
         },
     )
     .await
@@ -743,6 +744,7 @@ async fn a_sessions_spend_adds_up_across_replicas() {
             over_window_without_compactor: 1,
             input_tokens: 500,
             cache_read_tokens: 0,
+            summarizer_usd: 0.0625,
         },
     )
     .await
@@ -758,6 +760,7 @@ async fn a_sessions_spend_adds_up_across_replicas() {
     assert!((cost.without_compactor_usd - 0.5).abs() < 1e-12, "{cost:?}");
     assert_eq!(cost.over_window_without_compactor, 1);
     assert_eq!((cost.input_tokens, cost.cache_read_tokens), (1_500, 600));
+    assert!((cost.summarizer_usd - 0.0625).abs() < 1e-12, "{cost:?}");
 }
 
 #[tokio::test]

@@ -31,6 +31,7 @@ use std::time::Duration;
 
 use compactor_plugin_api::{
     is_blank, split_user_text, Api, Caller, SummarizeError, Summarizer, SummaryRequest,
+    SummaryUsage,
 };
 
 use super::boundary::{find_preserve_boundary_after, preserve_budget, TailLimits};
@@ -126,12 +127,17 @@ pub struct Compaction {
     pub boundary: usize,
     /// Messages of the rewritten request: head, summary message, tail.
     pub messages: usize,
+    /// The same as the message-count trigger counts them ([`Transcript::counted`]).
+    pub counted: usize,
     /// The text of the user message that replaces the compacted turns.
     pub summary_message: String,
     /// What the compaction produced.
     pub result: CompactionResult,
     /// Summarizer calls made (1 to [`MAX_ATTEMPTS_PER_REQUEST`]).
     pub attempts: u32,
+    /// What the summarizer's answers cost, as its backends reported it (one entry per answer
+    /// that said, attempts whose summary was not used included).
+    pub usage: Vec<SummaryUsage>,
 }
 
 /// Why a compaction did not happen.
@@ -360,6 +366,7 @@ impl Engine {
         let mut tried: Option<(usize, usize)> = None;
         let mut best: Option<Compaction> = None;
         let mut failure: Option<CompactError> = None;
+        let mut usage = Vec::new();
 
         for attempt in 1..=MAX_ATTEMPTS_PER_REQUEST {
             let tail = TailLimits {
@@ -394,13 +401,17 @@ impl Engine {
                 )
                 .await
             {
-                Ok(s) => s,
+                Ok((s, spent)) => {
+                    usage.extend(spent);
+                    s
+                }
                 Err(e) => {
                     failure = Some(e);
                     break;
                 }
             };
             let kept = head + 1 + n.saturating_sub(boundary);
+            let counted = t.counted(0..head) + 1 + t.counted(boundary..n);
             let price = |summary: String| {
                 let message =
                     summary_message(&summary, tracker.read_files(), tracker.modified_files());
@@ -432,7 +443,7 @@ impl Engine {
                 boundary,
                 input.prior,
             ));
-            let (summary, message, post) = if limits.check(kept, pinned.2).is_some() {
+            let (summary, message, post) = if limits.check(counted, pinned.2).is_some() {
                 let unpinned = price(plain);
                 if unpinned.2 < pinned.2 {
                     tracing::warn!(
@@ -456,11 +467,12 @@ impl Engine {
                 continue;
             }
             failure = None;
-            let still_over = limits.check(kept, post).is_some();
+            let still_over = limits.check(counted, post).is_some();
             best = Some(Compaction {
                 head,
                 boundary,
                 messages: kept,
+                counted,
                 summary_message: message,
                 result: CompactionResult {
                     summary: summary.clone(),
@@ -471,6 +483,7 @@ impl Engine {
                     compaction_num,
                 },
                 attempts: attempt,
+                usage: Vec::new(),
             });
             if !still_over {
                 break;
@@ -488,7 +501,7 @@ impl Engine {
                 if let Some(e) = failure {
                     tracing::warn!(error = %e, "a later compaction attempt failed; using the earlier one");
                 }
-                Ok(c)
+                Ok(Compaction { usage, ..c })
             }
             None => Err(failure.unwrap_or(CompactError::NothingToCompact)),
         }
@@ -501,7 +514,7 @@ impl Engine {
         tracker: &FileTracker,
         input: &CompactionInput<'_>,
         compaction_num: u32,
-    ) -> Result<String, CompactError> {
+    ) -> Result<(String, Option<SummaryUsage>), CompactError> {
         // Old outputs are masked as they are converted, never copied only to be dropped.
         let masked = if self.config.mask_observations {
             count_outputs(slice).saturating_sub(PRESERVE_RECENT_OUTPUTS)
@@ -547,7 +560,7 @@ impl Engine {
                     // A backend that bypassed `Summary::new`: blank all the same.
                     Err(CompactError::Summarizer(SummarizeError::Blank))
                 } else {
-                    Ok(text.to_string())
+                    Ok((text.to_string(), summary.usage))
                 }
             }
         }

@@ -872,3 +872,52 @@ async fn a_conversation_far_below_its_window_is_compacted_once_its_cached_histor
     let (spliced, _, _) = cost_compactions(&off, "priced").await;
     assert!(spliced.is_empty(), "{spliced:?}");
 }
+
+#[tokio::test]
+async fn what_the_summaries_cost_is_added_to_the_conversations_cost() {
+    // `tiny` priced at $1 input and $10 output per million tokens; each summary billed 10,000
+    // input and 1,000 output tokens: $0.02.
+    let usage = compactor_plugin_api::SummaryUsage {
+        model: "tiny".into(),
+        input: 10_000,
+        output: 1_000,
+        cache_read: 0,
+        cache_write: 0,
+    };
+    let toml = SMALL.replace(
+        "context_window = 1000\n",
+        "context_window = 1000\nprice = { input = 1.0, output = 10.0 }\n",
+    );
+    let fake = FakeSummarizer::new(vec![Reply::Billed("S.".into(), usage.clone())]);
+    let (c, _) = compactor(&config(&toml), fake.clone());
+    let caller = caller();
+    let session = session_of_request(&c, &caller, chat(12)).await;
+    assert_eq!(fake.requests().len(), 1);
+    let cost = |session: String| {
+        let c = c.clone();
+        async move {
+            let info = c.store().session(&session).await.expect("store");
+            info.expect("session").cost
+        }
+    };
+    let spent = cost(session.clone()).await.expect("a summary was billed");
+    assert!((spent.summarizer_usd - 0.02).abs() < 1e-12, "{spent:?}");
+    assert_eq!(
+        spent.usd, 0.0,
+        "the summary is not a request of the conversation"
+    );
+
+    // A model without a price, or a backend that reports nothing: no cost at all.
+    let unpriced = FakeSummarizer::new(vec![Reply::Billed(
+        "S.".into(),
+        compactor_plugin_api::SummaryUsage {
+            model: "a-model-nobody-prices".into(),
+            ..usage
+        },
+    )]);
+    let (c, _) = compactor(&config(SMALL), unpriced.clone());
+    let session = session_of_request(&c, &caller, chat(12)).await;
+    assert_eq!(unpriced.requests().len(), 1);
+    let info = c.store().session(&session).await.expect("store");
+    assert_eq!(info.expect("session").cost, None);
+}

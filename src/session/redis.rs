@@ -431,7 +431,7 @@ impl Scripts {
             ),
             // A session's spend, added to its hash if it is held. KEYS: session. ARGV: USD
             // billed, USD without compactor, requests over the window without it, input
-            // tokens billed, of them read from the cache.
+            // tokens billed, of them read from the cache, USD its summaries cost.
             cost: Script::new(
                 r"
                 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
@@ -440,6 +440,7 @@ impl Scripts {
                 redis.call('HINCRBY', KEYS[1], 'over_window', ARGV[3])
                 redis.call('HINCRBY', KEYS[1], 'input_tokens', ARGV[4])
                 redis.call('HINCRBY', KEYS[1], 'cache_read_tokens', ARGV[5])
+                redis.call('HINCRBYFLOAT', KEYS[1], 'cost_summarizer', ARGV[6])
                 return 1",
             ),
             // KEYS: lock. ARGV: token.
@@ -826,6 +827,10 @@ impl Shared {
                             over_window_without_compactor: number("over_window"),
                             input_tokens: number("input_tokens"),
                             cache_read_tokens: number("cache_read_tokens"),
+                            summarizer_usd: fields
+                                .get("cost_summarizer")
+                                .and_then(|v| v.parse().ok())
+                                .unwrap_or(0.0),
                         }),
                     })
                 },
@@ -979,7 +984,8 @@ impl Shared {
             .arg(cost.without_compactor_usd)
             .arg(cost.over_window_without_compactor)
             .arg(cost.input_tokens)
-            .arg(cost.cache_read_tokens);
+            .arg(cost.cache_read_tokens)
+            .arg(cost.summarizer_usd);
         let mut conn = self.conn()?;
         let _: i64 = self
             .call(StoreOp::Cost, invocation.invoke_async(&mut conn))

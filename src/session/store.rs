@@ -186,6 +186,10 @@ pub struct SessionCost {
     pub input_tokens: u64,
     /// See `input_tokens`.
     pub cache_read_tokens: u64,
+    /// What its summaries cost, in USD, when the summarizer's backend reported what its
+    /// model billed and the model has a price (`openai` and `anthropic` do; `extractive` and
+    /// `exec` cost nothing here). Not part of `usd`.
+    pub summarizer_usd: f64,
 }
 
 impl SessionCost {
@@ -201,6 +205,7 @@ impl SessionCost {
             cache_read_tokens: self
                 .cache_read_tokens
                 .saturating_add(more.cache_read_tokens),
+            summarizer_usd: self.summarizer_usd + more.summarizer_usd,
         }
     }
 }
