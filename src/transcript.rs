@@ -341,8 +341,8 @@ impl Transcript {
 
     /// The messages of `range` (clamped) as the message-count trigger counts them: a run of
     /// the model's own messages is one (in Responses its reasoning, calls and message are
-    /// separate items; Chat Completions carries them in one assistant message), as
-    /// [`crate::dialect::Scan::counted`] counts the raw request.
+    /// separate items; Chat Completions carries them in one assistant message), as the scan of
+    /// the raw request counts them.
     pub fn counted(&self, range: std::ops::Range<usize>) -> usize {
         let end = range.end.min(self.messages.len());
         let start = range.start.min(end);
