@@ -37,7 +37,7 @@ use crate::compaction::models::{window_model, LearnedWindow, WindowKey, WindowSo
 use crate::compaction::prompt::summary_message;
 use crate::compaction::trigger::{BackgroundOutcome, CompactionOutcome, Limits, Trigger};
 use crate::compaction::{Attempts, CompactionResult, MAX_ATTEMPTS_PER_REQUEST};
-use crate::config::{Config, StoreBackend, Strategy};
+use crate::config::{Config, Price, StoreBackend, Strategy};
 use crate::cost::{cached_prefix, Bill, Repeats};
 use crate::dialect::reply::first_reply;
 use crate::dialect::scan_memo::{Remembering, ScanMemo};
@@ -94,6 +94,8 @@ pub struct ForwardedEstimate {
     pub dialect: DialectKind,
     /// The request's model.
     pub model: Option<String>,
+    /// Its prices, when the models table names them (looked up once per request).
+    pub price: Option<Price>,
     /// Estimated input tokens of the body forwarded (raw, never calibrated).
     pub tokens: usize,
     /// Estimated input tokens of the body received (raw).
@@ -697,13 +699,11 @@ impl Pipeline {
             .tokens_saved
             .inc_by(u64::try_from(saved).unwrap_or(u64::MAX));
         // What the request as received would cost is worked out only for a priced model.
-        let priced = scan.model.as_deref().is_some_and(|m| {
-            self.engine
-                .models()
-                .price(&window_model(m, long_context))
-                .is_some()
-        });
-        let received_cached = if priced {
+        let price = scan
+            .model
+            .as_deref()
+            .and_then(|m| self.engine.models().price(&window_model(m, long_context)));
+        let received_cached = if price.is_some() {
             let repeated = self
                 .repeats
                 .repeated(&request.tenant, request.session, &scan.messages);
@@ -719,6 +719,7 @@ impl Pipeline {
         processed.estimate = Some(ForwardedEstimate {
             dialect: scan.dialect(),
             model: scan.model.clone(),
+            price,
             tokens: forwarded,
             received,
             received_cached,
@@ -742,11 +743,7 @@ impl Pipeline {
         if !self.strategy.summarizes() {
             return;
         }
-        let Some(model) = estimate.model.as_deref() else {
-            return;
-        };
-        let models = self.engine.models();
-        let Some(price) = models.price(&window_model(model, estimate.long_context)) else {
+        let Some(price) = estimate.price else {
             return;
         };
         let Some(economics) = Economics::of(&price, estimate.dialect == DialectKind::Messages)

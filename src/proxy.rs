@@ -346,11 +346,7 @@ fn bill(
     usage: &Usage,
     session: Option<&(TenantId, String)>,
 ) {
-    let Some(model) = estimate.model.as_deref() else {
-        return;
-    };
-    let name = window_model(model, estimate.long_context);
-    let Some(price) = app.compactor.engine().models().price(&name) else {
+    let Some(price) = estimate.price else {
         return;
     };
     let billed = crate::cost::Bill::of(usage, &price);
