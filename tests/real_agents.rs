@@ -760,3 +760,114 @@ async fn opencode_with_a_real_models_latency_waits_for_no_summary() {
     )
     .await;
 }
+
+/// The sum of every sample of `name` in a `/metrics` text.
+fn metric_sum(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// What one 60-turn Codex session far below its window (200k tokens; the session reaches
+/// ~100k) costs at the provider through compactor configured with `compaction` over its
+/// defaults: summaries by the session's own provider (`auto`), a provider whose usage reports
+/// its prompt cache (prefixes of its latest requests, as OpenAI caches them). Returns the
+/// bill (summaries included), the summaries' share, what compactor estimated the requests as
+/// sent would have cost, and the compactions made because they paid and at the window.
+async fn codex_bill(compaction: &str) -> (f64, f64, f64, f64, f64) {
+    let ws = workspace(&["AGENTS.md"]);
+    let provider = ScriptedProvider::start(Script {
+        turns: 60,
+        window: 1_000_000,
+        filler_lines: 400,
+        finish: Finish::Text,
+        model: "gpt-5-codex".into(),
+        latency: Duration::ZERO,
+    })
+    .await;
+    let toml = format!(
+        "{}[compaction]\n{compaction}\n[models.\"gpt-5-codex\"]\ncontext_window = 200000\n",
+        upstream_toml(&provider.url()),
+    );
+    let proxy = TestProxy::start(&toml).await;
+    let session = Session { provider, proxy };
+    let run = run("codex", codex_command(&ws, &session.proxy)).await;
+    run.ensure(
+        run.status.is_some_and(|s| s.success()) && run.stdout.contains(&final_text(60)),
+        "the session finishes",
+        &session,
+    );
+    let refused: Vec<Exchange> = session
+        .provider
+        .exchanges()
+        .into_iter()
+        .filter(|e| matches!(e.answer, Answer::Refused(_)))
+        .collect();
+    run.ensure(
+        refused.is_empty(),
+        &format!("the provider refused nothing: {refused:#?}"),
+        &session,
+    );
+    let proxy = &session.proxy;
+    let metrics = proxy.metrics().await;
+    let compactions = |trigger: &'static str| async move {
+        proxy
+            .metric(
+                "compactor_compactions_total",
+                &[("trigger", trigger), ("outcome", "compacted")],
+            )
+            .await
+            .unwrap_or(0.0)
+    };
+    let summaries = proxy
+        .metric(
+            "compactor_cost_usd_total",
+            &[("dialect", "responses"), ("kind", "summarizer")],
+        )
+        .await
+        .unwrap_or(0.0);
+    (
+        metric_sum(&metrics, "compactor_cost_usd_total"),
+        summaries,
+        metric_sum(&metrics, "compactor_cost_without_compactor_usd_total"),
+        compactions("cost").await,
+        compactions("tokens").await,
+    )
+}
+
+/// Codex far below its window: without the cost trigger (and the message count) nothing is
+/// compacted (the agent never nears its window); with the defaults the session is compacted
+/// because carrying its
+/// history costs more than summarising it, and the provider's bill, the summaries included,
+/// is under 90% of the bill without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_far_below_its_window_is_compacted_because_it_pays() {
+    let (plain, _, _, paid, window) =
+        codex_bill("cost_trigger = false\nmax_messages = 1000000").await;
+    assert_eq!(
+        (paid, window),
+        (0.0, 0.0),
+        "nothing to compact without the trigger"
+    );
+    let (billed, summaries, without, paid, window) = codex_bill("").await;
+    eprintln!(
+        "codex at 200k: {paid} paying compactions, {window} at the window; billed ${billed:.4} \
+         (summaries ${summaries:.4}) against ${plain:.4} without the cost trigger (estimated \
+         ${without:.4})"
+    );
+    assert!(
+        paid >= 1.0 && window == 0.0,
+        "{paid} paying, {window} at the window"
+    );
+    assert!(summaries > 0.0, "the summaries are billed too");
+    assert!(
+        billed < 0.9 * plain,
+        "billed ${billed:.4} against ${plain:.4}"
+    );
+    // What compactor estimates the requests as sent would have cost is an estimate (this
+    // provider counts four bytes a token, digits and all, where compactor's estimate weighs
+    // character classes as real tokenizers do): it is only checked to be there.
+    assert!(without > 0.0, "estimated ${without:.4}");
+}

@@ -154,6 +154,8 @@ impl Exchange {
 struct State {
     script: Script,
     log: Mutex<Vec<Exchange>>,
+    /// The latest bodies answered, for the prompt cache ([`cached_tokens`]).
+    recent: Mutex<Vec<Vec<u8>>>,
     /// Numbers the responses (ids `msg_N`, `resp_N`, `rs_N`, `toolu_N`, `call_N`).
     next: AtomicUsize,
 }
@@ -172,6 +174,7 @@ impl ScriptedProvider {
         let state = Arc::new(State {
             script,
             log: Mutex::new(Vec::new()),
+            recent: Mutex::new(Vec::new()),
             next: AtomicUsize::new(1),
         });
         let handler_state = state.clone();
@@ -444,6 +447,55 @@ fn shell_call(tools: &[(String, Value)], command: &str, k: usize) -> Option<(Str
     Some((name.clone(), Value::Object(args)))
 }
 
+/// Requests the prompt cache remembers.
+const CACHED_REQUESTS: usize = 8;
+
+/// A request as the provider renders its prompt, and caches it: tool definitions, then the
+/// system prompt or instructions, then the conversation, whatever the order of the JSON keys.
+fn rendered(body: &Value) -> Vec<u8> {
+    let mut out = Vec::new();
+    for key in ["tools", "system", "instructions"] {
+        if let Some(v) = body.get(key) {
+            out.extend(v.to_string().into_bytes());
+        }
+    }
+    for key in ["messages", "input"] {
+        match body.get(key) {
+            Some(Value::Array(items)) => {
+                for item in items {
+                    out.extend(item.to_string().into_bytes());
+                }
+            }
+            Some(other) => out.extend(other.to_string().into_bytes()),
+            None => {}
+        }
+    }
+    out
+}
+
+/// The provider's prompt cache, as OpenAI's automatic prefix caching works (and Anthropic's
+/// with a breakpoint on the latest message, as Claude Code sets it): of a request
+/// ([`rendered`]), the tokens (four bytes each, as the request is counted) it shares from its
+/// start with one of the latest requests, in 128-token steps from 1,024 on. Remembers it.
+fn cached_tokens(state: &State, body: &[u8]) -> usize {
+    let mut recent = state.recent.lock().unwrap_or_else(|e| e.into_inner());
+    let shared = recent
+        .iter()
+        .map(|b| b.iter().zip(body).take_while(|(x, y)| x == y).count())
+        .max()
+        .unwrap_or(0);
+    if recent.len() == CACHED_REQUESTS {
+        recent.remove(0);
+    }
+    recent.push(body.to_vec());
+    let tokens = shared / 4;
+    if tokens < 1_024 {
+        0
+    } else {
+        tokens / 128 * 128
+    }
+}
+
 /// What the session's next answer is.
 enum Turn {
     /// Run this command with the shell tool (step `k`).
@@ -471,12 +523,14 @@ fn chat(state: &State, req: &Recorded, api: Api, exchange: &mut Exchange) -> Rep
     let stream = body["stream"] == true;
     let tools = tools(api, &body);
     let input_tokens = req.body.len().div_ceil(4);
+    let cached_tokens = cached_tokens(state, &rendered(&body)).min(input_tokens);
     let r = Responder {
         api,
         n,
         model: &model,
         stream,
         input_tokens,
+        cached_tokens,
         thinking: matches!(
             body["thinking"]["type"].as_str(),
             Some("enabled" | "adaptive")
@@ -537,6 +591,8 @@ struct Responder<'a> {
     model: &'a str,
     stream: bool,
     input_tokens: usize,
+    /// Of `input_tokens`, those read from the prompt cache.
+    cached_tokens: usize,
     /// Messages: the request enables thinking, so the answer opens with a thinking block.
     thinking: bool,
     /// Chat Completions: `stream_options.include_usage`.
@@ -573,9 +629,10 @@ impl Responder<'_> {
         } else {
             "end_turn"
         };
-        let usage = json!({"input_tokens": self.input_tokens, "cache_creation_input_tokens": 0,
-                           "cache_read_input_tokens": 0, "output_tokens": OUTPUT_TOKENS,
-                           "service_tier": "standard"});
+        let usage = json!({"input_tokens": 0,
+                           "cache_creation_input_tokens": self.input_tokens - self.cached_tokens,
+                           "cache_read_input_tokens": self.cached_tokens,
+                           "output_tokens": OUTPUT_TOKENS, "service_tier": "standard"});
         if !self.stream {
             let mut content = Vec::new();
             if self.thinking {
@@ -670,8 +727,10 @@ impl Responder<'_> {
         events.push((
             "message_delta",
             json!({"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": null},
-                   "usage": {"input_tokens": self.input_tokens, "cache_creation_input_tokens": 0,
-                             "cache_read_input_tokens": 0, "output_tokens": OUTPUT_TOKENS}}),
+                   "usage": {"input_tokens": 0,
+                             "cache_creation_input_tokens": self.input_tokens - self.cached_tokens,
+                             "cache_read_input_tokens": self.cached_tokens,
+                             "output_tokens": OUTPUT_TOKENS}}),
         ));
         events.push(("message_stop", json!({"type": "message_stop"})));
         named_sse(&events).with_header("request-id", &format!("req_{id}"))
@@ -679,7 +738,8 @@ impl Responder<'_> {
 
     fn response_object(&self, status: &str, output: Value) -> Value {
         let usage = if status == "completed" {
-            json!({"input_tokens": self.input_tokens, "input_tokens_details": {"cached_tokens": 0},
+            json!({"input_tokens": self.input_tokens,
+                   "input_tokens_details": {"cached_tokens": self.cached_tokens},
                    "output_tokens": OUTPUT_TOKENS, "output_tokens_details": {"reasoning_tokens": 8},
                    "total_tokens": self.input_tokens + OUTPUT_TOKENS})
         } else {
@@ -824,7 +884,8 @@ impl Responder<'_> {
         let call_id = format!("call_{:04}", self.n);
         let finish = if call.is_some() { "tool_calls" } else { "stop" };
         let usage = json!({"prompt_tokens": self.input_tokens, "completion_tokens": OUTPUT_TOKENS,
-                           "total_tokens": self.input_tokens + OUTPUT_TOKENS});
+                           "total_tokens": self.input_tokens + OUTPUT_TOKENS,
+                           "prompt_tokens_details": {"cached_tokens": self.cached_tokens}});
         if !self.stream {
             let mut message = json!({"role": "assistant", "content": text, "refusal": null});
             if let Some((name, args)) = call {
