@@ -104,24 +104,40 @@ impl Repeats {
 }
 
 /// What a request of `tokens` estimated tokens would have cost without compactor, given that
-/// `cached` of them repeat what the provider saw before: priced as the response `usage` of the
-/// request actually sent scales (its actual ÷ `forwarded` estimated input), with its output.
+/// `cached` of them repeat what the provider saw before, when the request actually sent was
+/// `forwarded` estimated tokens and billed `usage` (whose output it keeps). The part compactor
+/// left out (`tokens` less `forwarded`) is counted at `calibration`, the model's ratio of
+/// billed to estimated input over its requests (mostly whole conversations), when one was
+/// learned, else at this request's own ratio: a compacted request's mix of text (a summary,
+/// few old tool outputs) is not the mix of what it left out.
 pub fn without_compactor(
     price: &Price,
     anthropic: bool,
-    tokens: usize,
-    cached: usize,
+    (tokens, cached): (usize, usize),
     forwarded: usize,
     usage: &Usage,
+    calibration: Option<f64>,
 ) -> Bill {
-    let scale = if forwarded == 0 {
+    let own = if forwarded == 0 {
         1.0
     } else {
         usage.input as f64 / forwarded as f64
     };
+    let input = if tokens >= forwarded {
+        let left_out = calibration
+            .filter(|f| f.is_finite() && *f > 0.0)
+            .unwrap_or(own);
+        usage.input as f64 + (tokens - forwarded) as f64 * left_out
+    } else {
+        tokens as f64 * own
+    };
     // `as` saturates.
-    let input = (tokens as f64 * scale) as u64;
-    let cache_read = ((cached as f64 * scale) as u64).min(input);
+    let cache_read = if tokens == 0 {
+        0
+    } else {
+        ((input * cached as f64 / tokens as f64) as u64).min(input as u64)
+    };
+    let input = input as u64;
     let new = input - cache_read;
     Bill::of(
         &Usage {
@@ -301,13 +317,21 @@ mod tests {
             cache_read: 0,
             cache_write: 0,
         };
-        let bill = without_compactor(&GPT_5, false, 40_000, 30_000, 10_000, &usage);
+        let bill = without_compactor(&GPT_5, false, (40_000, 30_000), 10_000, &usage, None);
         assert!(close(bill.input, 12_000.0 * 1.25e-6), "{bill:?}");
         assert!(close(bill.cache_read, 36_000.0 * 0.125e-6), "{bill:?}");
         assert!(close(bill.output, 1_000.0 * 10e-6));
         // Anthropic: the new part is written to the cache.
-        let bill = without_compactor(&SONNET, true, 40_000, 30_000, 10_000, &usage);
+        let bill = without_compactor(&SONNET, true, (40_000, 30_000), 10_000, &usage, None);
         assert!(close(bill.input, 0.0) && close(bill.cache_write, 12_000.0 * 3.75e-6));
+        // With the model's ratio learned (1.0 over its requests), the 30k left out count at
+        // it: 42k billed, three quarters of it (31.5k) repeating the previous request.
+        let bill = without_compactor(&GPT_5, false, (40_000, 30_000), 10_000, &usage, Some(1.0));
+        assert!(close(bill.input, 10_500.0 * 1.25e-6), "{bill:?}");
+        assert!(close(bill.cache_read, 31_500.0 * 0.125e-6), "{bill:?}");
+        // Nothing left out: exactly what was billed, whatever the ratio.
+        let bill = without_compactor(&GPT_5, false, (10_000, 0), 10_000, &usage, Some(3.0));
+        assert!(close(bill.input, 12_000.0 * 1.25e-6), "{bill:?}");
     }
 
     #[test]

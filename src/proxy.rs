@@ -362,13 +362,18 @@ fn bill(
         app.metrics.over_window_without_compactor(estimate.dialect);
         cost.over_window_without_compactor = 1;
     } else {
+        // The model's billed ÷ estimated ratio, once one was learned.
+        let calibration = estimate.model.as_deref().and_then(|m| {
+            let c = app.compactor.calibration();
+            (c.samples(m) > 0).then(|| c.factor(m))
+        });
         let without = crate::cost::without_compactor(
             &price,
             estimate.dialect == DialectKind::Messages,
-            estimate.received,
-            estimate.received_cached,
+            (estimate.received, estimate.received_cached),
             estimate.tokens,
             usage,
+            calibration,
         );
         app.metrics
             .cost_without_compactor(estimate.dialect, without.total());
