@@ -175,7 +175,9 @@ fn average(old: Option<f64>, new: f64) -> f64 {
     }
 }
 
-fn hash(key: &impl Hash) -> u64 {
+/// A conversation key's fingerprint, for the bounded maps that follow conversations (this
+/// one's, and [`super::payback`]'s).
+pub(super) fn hash(key: &impl Hash) -> u64 {
     let mut hasher = DefaultHasher::new();
     key.hash(&mut hasher);
     hasher.finish()

@@ -23,11 +23,11 @@
 //! this process's view of each conversation, in memory and bounded like [`super::pace`]: a
 //! replica sees only the requests routed to it, which makes it compact later, never sooner.
 
-use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
+use std::hash::Hash;
 use std::sync::{Mutex, PoisonError};
 
+use super::pace::hash;
 use crate::config::Price;
 
 /// Conversations followed at most (forgotten all at once when full).
@@ -179,12 +179,6 @@ impl Payback {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
     }
-}
-
-fn hash(key: &impl Hash) -> u64 {
-    let mut hasher = DefaultHasher::new();
-    key.hash(&mut hasher);
-    hasher.finish()
 }
 
 #[cfg(test)]
