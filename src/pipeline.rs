@@ -244,7 +244,8 @@ pub struct Pipeline {
     /// `background`).
     pace: Arc<Pace>,
     /// What each conversation's cached history has cost since its last compaction (shared on
-    /// reload, as `pace`); `None` with `compaction.cost_trigger` off.
+    /// reload, as `pace`); `None` with `compaction.cost_trigger` off, or a strategy that never
+    /// summarises (`mask`).
     payback: Option<Arc<Payback>>,
     /// `compaction.background_ratio`.
     background_ratio: f64,
@@ -338,7 +339,8 @@ impl Pipeline {
             flight_wait,
             background: Arc::new(Background::new(config.summarizer.max_concurrent)),
             pace: Arc::default(),
-            payback: config.compaction.cost_trigger.then(Arc::default),
+            payback: (config.compaction.cost_trigger && config.compaction.strategy.summarizes())
+                .then(Arc::default),
             background_ratio: config.compaction.background_ratio,
             // Sized to the store they serve (README, *Memory*).
             memo: ChainMemo::for_sessions(config.store.max_sessions),
@@ -621,11 +623,10 @@ impl Pipeline {
             background_at,
             slow_summaries: lead.is_some(),
             attempts: context.attempts,
-            pays: self.strategy.summarizes()
-                && self
-                    .payback
-                    .as_ref()
-                    .is_some_and(|p| p.due(&(tenant, &session))),
+            pays: self
+                .payback
+                .as_ref()
+                .is_some_and(|p| p.due(&(tenant, &session))),
         };
         let mut figures = Figures::default();
         let outcome = if checkpoint.is_some()
@@ -740,9 +741,6 @@ impl Pipeline {
         let (Some(payback), Some(estimate)) = (&self.payback, estimate) else {
             return;
         };
-        if !self.strategy.summarizes() {
-            return;
-        }
         let Some(price) = estimate.price else {
             return;
         };
@@ -870,11 +868,8 @@ impl Pipeline {
         };
         let mut refine_ahead = false;
         if let Some(staged) = staged {
-            match self.splice(request.scan, staged) {
-                Ok(Some(ready)) => {
-                    let ready_mask = self.mask_view(request, Some(&ready), None).await;
-                    let (ready_count, ready_tokens) =
-                        self.view_size(request.scan, Some(&ready), &ready_mask);
+            match self.staged_view(request, staged).await {
+                Ok(Some((ready, ready_mask, ready_count, ready_tokens))) => {
                     self.promote(request, &ready).await;
                     if request.limits.check(ready_count, ready_tokens).is_none() {
                         self.metrics.summarizer_wait.observe(0.0);
@@ -1550,16 +1545,7 @@ impl Pipeline {
         let usd: f64 = compaction
             .usage
             .iter()
-            .filter_map(|u| {
-                let price = models.price(&u.model)?;
-                let billed = crate::usage::Usage {
-                    input: u.input,
-                    output: u.output,
-                    cache_read: u.cache_read,
-                    cache_write: u.cache_write,
-                };
-                Some(Bill::of(&billed, &price).total())
-            })
+            .filter_map(|u| Some(Bill::of(&u.into(), &models.price(&u.model)?).total()))
             .sum();
         if usd <= 0.0 {
             return;
@@ -1586,6 +1572,22 @@ impl Pipeline {
         }
     }
 
+    /// A staged summary spliced into the request, with the outputs masked after it, and the
+    /// messages and estimated tokens the upstream would receive; `None` when it cannot stand in
+    /// for a prefix of this request.
+    async fn staged_view<'b>(
+        &self,
+        request: &Request<'_, 'b>,
+        staged: Arc<Checkpoint>,
+    ) -> Result<Option<(Splice, Masking<'b>, usize, usize)>, DialectError> {
+        let Some(ready) = self.splice(request.scan, staged)? else {
+            return Ok(None);
+        };
+        let mask = self.mask_view(request, Some(&ready), None).await;
+        let (count, tokens) = self.view_size(request.scan, Some(&ready), &mask);
+        Ok(Some((ready, mask, count, tokens)))
+    }
+
     /// Below the trigger, where compacting pays ([`payback`]): a summary made ahead is spliced
     /// in if one is ready and makes the request smaller, else one is started in the
     /// background. Either way the request goes on at once: it fits its window.
@@ -1602,9 +1604,9 @@ impl Pipeline {
             self.spawn_background(request, splice, Trigger::Cost);
             return self.reuse(request.scan, splice, mask, tokens, figures);
         };
-        if let Ok(Some(ready)) = self.splice(request.scan, staged) {
-            let ready_mask = self.mask_view(request, Some(&ready), None).await;
-            let (_, ready_tokens) = self.view_size(request.scan, Some(&ready), &ready_mask);
+        if let Ok(Some((ready, ready_mask, _, ready_tokens))) =
+            self.staged_view(request, staged).await
+        {
             if ready_tokens < tokens {
                 self.promote(request, &ready).await;
                 return self.reuse(

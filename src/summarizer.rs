@@ -326,15 +326,9 @@ impl Chain {
         let Some(price) = models.price(&usage.model) else {
             return;
         };
-        let billed = crate::usage::Usage {
-            input: usage.input,
-            output: usage.output,
-            cache_read: usage.cache_read,
-            cache_write: usage.cache_write,
-        };
         self.metrics.summarizer_cost(
             DialectKind::of_api(request.caller.api),
-            crate::cost::Bill::of(&billed, &price).total(),
+            crate::cost::Bill::of(&usage.into(), &price).total(),
         );
     }
 

@@ -80,6 +80,18 @@ pub struct Usage {
     pub cache_write: u64,
 }
 
+impl From<&compactor_plugin_api::SummaryUsage> for Usage {
+    /// What a summarizer's backend reported its model billed for a summary.
+    fn from(u: &compactor_plugin_api::SummaryUsage) -> Usage {
+        Usage {
+            input: u.input,
+            output: u.output,
+            cache_read: u.cache_read,
+            cache_write: u.cache_write,
+        }
+    }
+}
+
 /// How a response body is scanned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
