@@ -666,15 +666,18 @@ async fn mini_swe_agent() {
 }
 
 /// A session paced like a real model's (half a second an answer) with a summarizer that
-/// takes four seconds (an `exec` program), compactor as shipped (`hybrid`, background
-/// summaries at the watermark, paced by the conversation's growth, requests over the trigger
-/// going on below the wait threshold) and told the model's 30,000-token window, compacting by
-/// it (the message count out of the way). The session outgrows the window; masking and
-/// summaries made ahead keep every request under it with no request waiting for a summary.
+/// takes four seconds (an `exec` program), compactor as shipped (background summaries at the
+/// watermark, paced by the conversation's growth, requests over the trigger going on below
+/// the wait threshold) with `strategy`, told the model's 30,000-token window and compacting by
+/// it (the message count out of the way). The session outgrows the window; summaries made
+/// ahead (and under `hybrid` masking) keep every request under it with at most `max_waits`
+/// requests waiting for a summary.
 async fn with_a_real_models_latency(
     agent: &'static str,
     model: &str,
     dialect: &'static str,
+    strategy: &'static str,
+    max_waits: f64,
     command: impl FnOnce(&Workspace, &TestProxy) -> tokio::process::Command,
 ) {
     let ws = workspace(&["AGENTS.md"]);
@@ -693,7 +696,7 @@ async fn with_a_real_models_latency(
     let script = "cat > /dev/null; sleep 4; \
                   echo '{\"summary\": \"Steps ran with the shell; each printed its marker.\"}'";
     let toml = format!(
-        "{}[compaction]\nmax_messages = 1000\nbackground_ratio = 0.7\n\
+        "{}[compaction]\nstrategy = \"{strategy}\"\nmax_messages = 1000\nbackground_ratio = 0.7\n\
          min_preserve_tokens = 500\nmax_preserve_tokens = 2000\n\
          [models.\"{model}\"]\ncontext_window = 30000\n\
          [summarizer]\nbackend = \"exec\"\n[summarizer.exec]\ncommand = \"sh\"\n\
@@ -720,7 +723,7 @@ async fn with_a_real_models_latency(
     .await;
     let masked = metric(
         "compactor_masked_outputs_total",
-        &[("dialect", dialect), ("strategy", "hybrid")],
+        &[("dialect", dialect), ("strategy", strategy)],
     )
     .await;
     let waits = metric("compactor_summarizer_wait_seconds_count", &[]).await
@@ -729,14 +732,15 @@ async fn with_a_real_models_latency(
             &[("le", "0.001")],
         )
         .await;
+    let masks = strategy == "hybrid";
     run.ensure(
-        stored >= 1.0 && masked >= 1.0,
-        &format!("the session needed both: {stored} summaries made ahead, {masked} outputs masked"),
+        stored >= 1.0 && (masked >= 1.0) == masks,
+        &format!("{stored} summaries made ahead, {masked} outputs masked under {strategy}"),
         &session,
     );
     run.ensure(
-        waits == 0.0,
-        &format!("{waits} request(s) waited for a summary"),
+        waits <= max_waits,
+        &format!("{waits} request(s) waited for a summary (at most {max_waits})"),
         &session,
     );
 }
@@ -745,7 +749,36 @@ async fn with_a_real_models_latency(
 /// of 7 Codex requests that needed a summary waited under `hybrid`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn codex_with_a_real_models_latency_waits_for_no_summary() {
-    with_a_real_models_latency("codex", "gpt-5-codex", "responses", codex_command).await;
+    with_a_real_models_latency(
+        "codex",
+        "gpt-5-codex",
+        "responses",
+        "hybrid",
+        0.0,
+        codex_command,
+    )
+    .await;
+}
+
+/// The same Codex session under `summarize` (before pacing, all 17 requests that needed a
+/// summary waited, 52 s in all). Summaries alone cannot carry it with none: each one leaves
+/// the spliced request at the fixed part (instructions, tools, the kept opening, the summary,
+/// ~12k estimated tokens) plus what the session added while it was written (~22k), and the
+/// next one, started there, is ready ~22k later, at ~56k against a usable window of ~55k
+/// (calibrated estimates). Only summaries made in overlap (twice the summarizer's calls)
+/// would avoid the one wait this leaves now and then, a few tens to hundreds of
+/// milliseconds before the summary in flight is ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_summarizing_with_a_real_models_latency_waits_at_most_once() {
+    with_a_real_models_latency(
+        "codex",
+        "gpt-5-codex",
+        "responses",
+        "summarize",
+        1.0,
+        codex_command,
+    )
+    .await;
 }
 
 /// The same with opencode (Chat Completions, asking for 4,000 output tokens of the window;
@@ -756,6 +789,8 @@ async fn opencode_with_a_real_models_latency_waits_for_no_summary() {
         "opencode",
         "scripted-opencode",
         "chat_completions",
+        "hybrid",
+        0.0,
         opencode_command,
     )
     .await;
