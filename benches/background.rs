@@ -85,6 +85,7 @@ async fn run(background_ratio: f64) -> (Vec<Duration>, Vec<Duration>) {
             session_header: None,
             long_context: false,
             attempts: &Attempts::per_request(),
+            mode: None,
         };
         let started = Instant::now();
         let processed = pipeline

@@ -126,6 +126,7 @@ fn compaction(c: &mut Criterion) {
             session_header: None,
             long_context: false,
             attempts: &Attempts::per_request(),
+            mode: None,
         };
         rt.block_on(compactor.handle(DialectKind::ChatCompletions, &body, &context));
         let again = rt.block_on(compactor.handle(DialectKind::ChatCompletions, &body, &context));
@@ -185,6 +186,7 @@ fn hot_path(c: &mut Criterion) {
         session_header: None,
         long_context: false,
         attempts: &Attempts::per_request(),
+        mode: None,
     };
     group.bench_function("compactor_handle", |b| {
         b.iter(|| {
@@ -228,6 +230,7 @@ fn small_request(c: &mut Criterion) {
         session_header: None,
         long_context: false,
         attempts: &Attempts::per_request(),
+        mode: None,
     };
     let mut group = c.benchmark_group("small_chat");
     group.throughput(Throughput::Bytes(body.len() as u64));
@@ -265,6 +268,7 @@ fn agent_request(c: &mut Criterion) {
         session_header: None,
         long_context: false,
         attempts: &Attempts::per_request(),
+        mode: None,
     };
     let mut group = c.benchmark_group("agent_request");
     group.throughput(Throughput::Bytes(body.len() as u64));

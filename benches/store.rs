@@ -161,6 +161,7 @@ async fn main() {
         session_header: None,
         long_context: false,
         attempts: &Attempts::per_request(),
+        mode: None,
     };
     for filler in [40, 800] {
         let body = conversation(filler);

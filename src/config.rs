@@ -302,6 +302,37 @@ pub enum LogFormat {
     Json,
 }
 
+/// `compaction.mode`, or a request's `x-compactor-mode` header: what compactor does with a
+/// conversation it would compact.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Forward the compacted request.
+    Enforce,
+    /// Decide as `enforce` would, forward the request as received.
+    Shadow,
+    /// Leave the request alone (the header only: `compaction.enabled = false` in the file).
+    Off,
+}
+
+impl Mode {
+    /// The value as written in the config file and the header.
+    pub fn label(self) -> &'static str {
+        match self {
+            Mode::Enforce => "enforce",
+            Mode::Shadow => "shadow",
+            Mode::Off => "off",
+        }
+    }
+
+    /// The mode a header value names (`off`, `shadow`, `enforce`, any case).
+    pub fn from_header(value: &str) -> Option<Mode> {
+        [Mode::Enforce, Mode::Shadow, Mode::Off]
+            .into_iter()
+            .find(|m| value.trim().eq_ignore_ascii_case(m.label()))
+    }
+}
+
 /// `compaction.strategy`: how a long conversation is made smaller (docs/architecture.md,
 /// *Masking of old observations*).
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -399,6 +430,13 @@ pub const DEFAULT_MAX_TRACKED_FILES: usize = 50;
 pub struct CompactionConfig {
     /// Master switch; when false every request passes through unchanged.
     pub enabled: bool,
+    /// `enforce` forwards the compacted request; `shadow` decides everything as `enforce`
+    /// would (summaries by the local `extractive` backend, kept apart) and forwards the
+    /// request as received, counting what enforce would have sent.
+    pub mode: Mode,
+    /// The share of conversations compacted (0.0 to 1.0), chosen by a stable hash of the
+    /// session id; the others are the control cohort, forwarded unchanged.
+    pub sample_ratio: f64,
     /// Compact when a request holds more messages than this.
     pub max_messages: usize,
     /// Floor of the tail budget (the verbatim tail a compaction keeps), in estimated tokens,
@@ -665,6 +703,8 @@ impl Default for CompactionConfig {
     fn default() -> Self {
         CompactionConfig {
             enabled: true,
+            mode: Mode::Enforce,
+            sample_ratio: 1.0,
             max_messages: 80,
             min_preserve_tokens: 2_000,
             max_preserve_tokens: 15_000,
@@ -857,6 +897,18 @@ impl Config {
             return Err(invalid(
                 "compaction.background_ratio",
                 "must be in [0, 1) (0 turns background summaries off)",
+            ));
+        }
+        if c.sample_ratio.is_nan() || !(0.0..=1.0).contains(&c.sample_ratio) {
+            return Err(invalid(
+                "compaction.sample_ratio",
+                "must be in [0, 1] (the share of conversations compacted)",
+            ));
+        }
+        if c.mode == Mode::Off {
+            return Err(invalid(
+                "compaction.mode",
+                "must be `enforce` or `shadow` (`enabled = false` turns compaction off)",
             ));
         }
         if c.mask_block == 0 {

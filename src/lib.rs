@@ -13,7 +13,7 @@
 //! - [`config`]: the only reader of files and environment; [`timing`]: the stopwatch of the
 //!   time compactor itself adds to a request.
 //! - [`transcript`] and [`estimate`]: the base layer: the neutral conversation model and the
-//!   token estimate.
+//!   token estimate; [`cohort`]: which conversations are compacted, watched or left alone.
 //! - [`dialect`]: one module per wire format, read in one scan and written back by splicing
 //!   bytes; beside it, importing neither way, [`compaction`]: the engine (trigger, boundary,
 //!   mask, prompt, files, engine).
@@ -34,6 +34,7 @@
 pub mod admin;
 pub mod app;
 pub mod calibration;
+pub mod cohort;
 pub mod compact;
 pub mod compaction;
 pub mod config;

@@ -20,6 +20,7 @@ use prometheus::{
     IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+use crate::cohort::Cohort;
 use crate::compaction::models::WindowSource;
 use crate::compaction::trigger::{BackgroundOutcome, CompactionOutcome, Trigger};
 use crate::config::Strategy;
@@ -430,6 +431,83 @@ pub struct Metrics {
     /// context window), `compactor_upstream_usage_tokens_total{kind}` and the received and
     /// forwarded `compactor_request_tokens`: every child, looked up once.
     hot: Hot,
+    /// The `compactor_cohort_*` series, per cohort.
+    cohorts: Cohorts,
+}
+
+/// The `compactor_cohort_*` series, each in [`Cohort::ALL`] order: what a rollout compares
+/// between the conversations compacted, watched (shadow), left alone for comparison (control)
+/// and opted out.
+struct Cohorts {
+    /// `compactor_cohort_requests_total{cohort}`
+    requests: [IntCounter; 4],
+    /// `compactor_cohort_conversations_total{cohort}`
+    conversations: [IntCounter; 4],
+    /// `compactor_cohort_tokens_total{cohort,stage}`, received then forwarded.
+    received: [IntCounter; 4],
+    forwarded: [IntCounter; 4],
+    /// `compactor_cohort_compacted_requests_total{cohort}`
+    compacted: [IntCounter; 4],
+    /// `compactor_cohort_cost_usd_total{cohort}`
+    cost: [prometheus::Counter; 4],
+    /// `compactor_cohort_context_errors_total{cohort}`
+    context_errors: [IntCounter; 4],
+    /// `compactor_cohort_conversation_tokens{cohort}`
+    length: [Histogram; 4],
+}
+
+impl Cohorts {
+    fn new(r: &Registry) -> Result<Cohorts, prometheus::Error> {
+        let per = |name: &str, help: &str| -> Result<[IntCounter; 4], prometheus::Error> {
+            let vec = counter_vec(r, name, help, &["cohort"])?;
+            Ok(Cohort::ALL.map(|c| vec.with_label_values(&[c.label()])))
+        };
+        let tokens = counter_vec(
+            r,
+            "compactor_cohort_tokens_total",
+            "Estimated input tokens of chat requests by cohort, as received and as forwarded (shadow: what enforce would have forwarded; the request itself went as received).",
+            &["cohort", "stage"],
+        )?;
+        let cost = register(
+            r,
+            CounterVec::new(
+                Opts::new(
+                    "compactor_cohort_cost_usd_total",
+                    "What the provider billed for chat requests by cohort, in USD (priced models only; summaries not included).",
+                ),
+                &["cohort"],
+            )?,
+        )?;
+        let length = histogram_vec(
+            r,
+            "compactor_cohort_conversation_tokens",
+            "Estimated input tokens of each chat request as received (how long its conversation has grown), by cohort.",
+            &["cohort"],
+            TOKEN_BUCKETS,
+        )?;
+        Ok(Cohorts {
+            requests: per(
+                "compactor_cohort_requests_total",
+                "Chat requests by cohort: enforce (compacted), shadow (decided, forwarded as received), control (outside compaction.sample_ratio) and off (x-compactor-mode: off).",
+            )?,
+            conversations: per(
+                "compactor_cohort_conversations_total",
+                "Conversations by cohort, counted at their first request this process sees.",
+            )?,
+            received: Cohort::ALL.map(|c| tokens.with_label_values(&[c.label(), "received"])),
+            forwarded: Cohort::ALL.map(|c| tokens.with_label_values(&[c.label(), "forwarded"])),
+            compacted: per(
+                "compactor_cohort_compacted_requests_total",
+                "Chat requests forwarded smaller than received (a summary or masked outputs), by cohort; shadow: would have been.",
+            )?,
+            cost: Cohort::ALL.map(|c| cost.with_label_values(&[c.label()])),
+            context_errors: per(
+                "compactor_cohort_context_errors_total",
+                "Provider refusals of chat requests for their length (before any compact-and-retry), by cohort.",
+            )?,
+            length: Cohort::ALL.map(|c| length.with_label_values(&[c.label()])),
+        })
+    }
 }
 
 /// The series every chat request updates, resolved from their vectors once. A label lookup
@@ -828,6 +906,7 @@ impl Metrics {
             )?,
             store_evictions_counted: AtomicU64::new(0),
             hot,
+            cohorts: Cohorts::new(r)?,
             registry,
         };
         m.build_info
@@ -835,6 +914,36 @@ impl Metrics {
             .set(1);
         m.initialise_labels();
         Ok(m)
+    }
+
+    /// A chat request of `cohort`: `received` and `forwarded` estimated input tokens (shadow:
+    /// what enforce would have forwarded), the first of its conversation this process sees or
+    /// not.
+    pub fn cohort_request(&self, cohort: Cohort, received: usize, forwarded: usize, first: bool) {
+        let c = &self.cohorts;
+        let i = cohort.index();
+        c.requests[i].inc();
+        if first {
+            c.conversations[i].inc();
+        }
+        c.received[i].inc_by(received as u64);
+        c.forwarded[i].inc_by(forwarded as u64);
+        if forwarded < received {
+            c.compacted[i].inc();
+        }
+        c.length[i].observe(received as f64);
+    }
+
+    /// What the provider billed for a chat request of `cohort`, in USD.
+    pub fn cohort_cost(&self, cohort: Cohort, usd: f64) {
+        if usd.is_finite() && usd > 0.0 {
+            self.cohorts.cost[cohort.index()].inc_by(usd);
+        }
+    }
+
+    /// The provider refused a chat request of `cohort` for its length.
+    pub fn cohort_context_error(&self, cohort: Cohort) {
+        self.cohorts.context_errors[cohort.index()].inc();
     }
 
     /// Brings `compactor_store_evictions_total` up to the store's own running `total` (the

@@ -31,13 +31,14 @@ use compactor_plugin_api::{Caller, SummarizeError, Summarizer};
 use futures_util::FutureExt as _;
 
 use crate::calibration::Calibration;
+use crate::cohort::{Cohort, Conversations};
 use crate::compaction::engine::{CompactError, Compaction, CompactionInput, Engine, Prior};
 use crate::compaction::mask::MaskRule;
 use crate::compaction::models::{window_model, LearnedWindow, WindowKey, WindowSource};
 use crate::compaction::prompt::summary_message;
 use crate::compaction::trigger::{BackgroundOutcome, CompactionOutcome, Limits, Trigger};
 use crate::compaction::{Attempts, CompactionResult, MAX_ATTEMPTS_PER_REQUEST};
-use crate::config::{Config, Price, StoreBackend, Strategy};
+use crate::config::{Config, Mode, Price, StoreBackend, Strategy};
 use crate::cost::{cached_prefix, Bill, Repeats};
 use crate::dialect::reply::first_reply;
 use crate::dialect::scan_memo::{Remembering, ScanMemo};
@@ -71,6 +72,8 @@ pub struct RequestContext<'a> {
     /// The summarizer calls the client request may still make: shared by the compaction
     /// before it is sent and the one after a refusal for length.
     pub attempts: &'a Attempts,
+    /// The request's own `x-compactor-mode` header, when it sent a valid one.
+    pub mode: Option<Mode>,
 }
 
 /// The outcome of one request plus the session it belongs to.
@@ -85,6 +88,9 @@ pub struct Processed {
     /// The request's model and the raw estimate of the forwarded input, for comparing with
     /// the provider's reported usage.
     pub estimate: Option<ForwardedEstimate>,
+    /// The request's cohort: only [`Cohort::Enforce`] requests are compacted, and compacted
+    /// again after a refusal for length.
+    pub cohort: Cohort,
 }
 
 /// What the response's `usage` is compared with.
@@ -110,6 +116,8 @@ pub struct ForwardedEstimate {
     pub caller: Arc<Caller>,
     /// The request enabled its model's long context ([`RequestContext::long_context`]).
     pub long_context: bool,
+    /// The request's cohort (its spend is counted there).
+    pub cohort: Cohort,
 }
 
 /// The answer to a manual compaction (`POST /session/{id}/summarize`).
@@ -268,6 +276,16 @@ pub struct Pipeline {
     /// The upstreams requests are routed to: a manual compaction calls the summarizer only
     /// for a session whose latest request went to one of them.
     upstreams: Vec<String>,
+    /// `compaction.mode`.
+    mode: Mode,
+    /// `compaction.sample_ratio`.
+    sample_ratio: f64,
+    /// Conversations seen, for counting each once per cohort.
+    conversations: Arc<Conversations>,
+    /// What decides for shadow requests: this pipeline's settings with the local `extractive`
+    /// summarizer and a memory store of its own (a shadow summary is never spliced into a
+    /// request forwarded for real); `None` in the shadow pipeline itself.
+    shadow: Option<Arc<Pipeline>>,
 }
 
 impl Pipeline {
@@ -323,6 +341,18 @@ impl Pipeline {
         metrics: Arc<Metrics>,
         store: Arc<dyn SessionStore>,
     ) -> Self {
+        let mut pipeline = Pipeline::build(config, summarizer, metrics, store);
+        pipeline.shadow = shadow::pipeline(config, &pipeline.calibration).map(Arc::new);
+        pipeline
+    }
+
+    /// A pipeline over a given store, without a shadow.
+    fn build(
+        config: &Config,
+        summarizer: Arc<dyn Summarizer>,
+        metrics: Arc<Metrics>,
+        store: Arc<dyn SessionStore>,
+    ) -> Self {
         let engine = Engine::new(config, summarizer);
         metrics.strategy_in_use(config.compaction.strategy);
         // A waiter waits as long as the leader may take: every attempt it may make.
@@ -364,6 +394,10 @@ impl Pipeline {
                 observations: config.compaction.observation_regex().ok().flatten(),
             },
             upstreams: config.upstream_base_urls(),
+            mode: config.compaction.mode,
+            sample_ratio: config.compaction.sample_ratio,
+            conversations: Arc::default(),
+            shadow: None,
         }
     }
 
@@ -380,6 +414,13 @@ impl Pipeline {
             self.payback = Some(old.clone());
         }
         self.repeats = old.repeats.clone();
+        self.conversations = old.conversations.clone();
+        self.shadow = match (self.shadow.take(), &old.shadow) {
+            (Some(new), Some(old_shadow)) => {
+                Some(shadow::succeeding(new, old_shadow, &self.calibration))
+            }
+            (new, _) => new,
+        };
         self
     }
 
@@ -522,6 +563,7 @@ impl Pipeline {
             session_header: None,
             long_context: false,
             attempts: &Attempts::per_request(),
+            mode: None,
         };
         self.handle(dialect, &Bytes::copy_from_slice(body), &context)
             .await
@@ -597,7 +639,12 @@ impl Pipeline {
             tracing::warn!(error = %e, "session store unavailable; continuing without it");
         }
 
-        let checkpoint = self.lookup(tenant, &scan.messages).await;
+        let cohort = Cohort::of(context.mode, self.mode, self.sample_ratio, &session);
+        let checkpoint = if cohort.compacts() {
+            self.lookup(tenant, &scan.messages).await
+        } else {
+            None
+        };
         let limits = self
             .limits(
                 &context.caller.upstream_base_url,
@@ -623,13 +670,16 @@ impl Pipeline {
             background_at,
             slow_summaries: lead.is_some(),
             attempts: context.attempts,
-            pays: self
-                .payback
-                .as_ref()
-                .is_some_and(|p| p.due(&(tenant, &session))),
+            pays: cohort.compacts()
+                && self
+                    .payback
+                    .as_ref()
+                    .is_some_and(|p| p.due(&(tenant, &session))),
         };
         let mut figures = Figures::default();
-        let outcome = if checkpoint.is_some()
+        let outcome = if !cohort.compacts() {
+            Outcome::Unchanged
+        } else if checkpoint.is_some()
             || self.strategy.masks()
             || request.pays
             || self.may_compact(&request)
@@ -643,8 +693,23 @@ impl Pipeline {
             session_id: None,
             summarizer_time: figures.summarizer_time,
             estimate: None,
+            cohort,
         };
         self.record_tokens(&request, context.long_context, &mut processed);
+        let would_forward = match cohort {
+            Cohort::Shadow => self.shadow_forwarded(dialect, body, context).await,
+            _ => None,
+        };
+        let forwarded = processed
+            .estimate
+            .as_ref()
+            .map_or(scan.tokens, |e| e.tokens);
+        self.metrics.cohort_request(
+            cohort,
+            scan.tokens,
+            would_forward.unwrap_or(forwarded),
+            self.conversations.first(&(tenant, &session)),
+        );
         if let Some(masked) = figures.masked_tokens {
             self.metrics.masked_request_tokens(scan.dialect(), masked);
         }
@@ -666,7 +731,9 @@ impl Pipeline {
             },
             masked: masked_outputs,
         };
-        self.pay_rent(&request, shape, processed.estimate.as_ref());
+        if cohort.compacts() {
+            self.pay_rent(&request, shape, processed.estimate.as_ref());
+        }
         processed.session_id = Some(session);
         processed
     }
@@ -727,7 +794,29 @@ impl Pipeline {
             context_window: request.limits.context_window,
             caller: request.caller.clone(),
             long_context,
+            cohort: processed.cohort,
         });
+    }
+
+    /// What the shadow pipeline would forward for this request, in estimated input tokens:
+    /// it decides as enforce would, with its own summaries and store ([`shadow`]); `None`
+    /// without a shadow or for a body it does not read.
+    async fn shadow_forwarded(
+        &self,
+        dialect: DialectKind,
+        body: &Bytes,
+        context: &RequestContext<'_>,
+    ) -> Option<usize> {
+        let shadow = self.shadow.as_ref()?;
+        let attempts = Attempts::per_request();
+        let context = RequestContext {
+            mode: Some(Mode::Enforce),
+            attempts: &attempts,
+            ..*context
+        };
+        // Boxed: the shadow runs this same function.
+        let decided = Box::pin(shadow.handle(dialect, body, &context)).await;
+        decided.estimate.map(|e| e.tokens)
     }
 
     /// Adds what the request's cached history cost to its conversation's rent ([`payback`]),
@@ -2358,6 +2447,7 @@ mod background;
 mod masking;
 pub mod pace;
 mod payback;
+mod shadow;
 
 use background::Background;
 use masking::{Found, Masker, Masking};

@@ -31,8 +31,10 @@ use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::{Body, Frame, Incoming};
 
 use crate::app::App;
+use crate::cohort::Cohort;
 use crate::compaction::models::{enables_long_context, window_model, WindowSource};
 use crate::compaction::Attempts;
+use crate::config::Mode;
 use crate::dialect::DialectKind;
 use crate::error::Error;
 use crate::metrics::{method_label, route_label, Metrics, RefusalVia, UpstreamErrorKind};
@@ -57,6 +59,10 @@ pub const HEADER_COMPACTED: HeaderName = HeaderName::from_static("x-compactor-co
 pub const HEADER_RETRIED: HeaderName = HeaderName::from_static("x-compactor-retried");
 /// Response header: the conversation's session id.
 pub const HEADER_SESSION: HeaderName = HeaderName::from_static("x-compactor-session");
+/// Request header: `off`, `shadow` or `enforce` for this request, whatever the configuration
+/// and the sample say (a client or a gateway opting a request out, or into shadow). Never
+/// forwarded.
+pub const HEADER_MODE: HeaderName = HeaderName::from_static("x-compactor-mode");
 /// Response header: estimated input tokens as received.
 pub const HEADER_TOKENS_BEFORE: HeaderName = HeaderName::from_static("x-compactor-tokens-before");
 /// Response header: estimated input tokens as forwarded.
@@ -188,10 +194,16 @@ async fn forward(
         };
         *upstream.uri_mut() = resolved.uri.clone();
         *upstream.headers_mut() = request.headers().clone();
+        upstream.headers_mut().remove(HEADER_MODE);
         prepare_headers(upstream.headers_mut(), &resolved.host, peer.ip());
         return tunnel::forward(app, request, upstream, overhead).await;
     }
     let (mut parts, body) = request.into_parts();
+    // A value that names no mode is ignored (the request goes by the configuration).
+    let mode = parts
+        .headers
+        .remove(HEADER_MODE)
+        .and_then(|v| v.to_str().ok().and_then(Mode::from_header));
     prepare_headers(&mut parts.headers, &resolved.host, peer.ip());
     parts.uri = resolved.uri.clone();
 
@@ -233,8 +245,10 @@ async fn forward(
                 session_header: session_header.as_deref(),
                 long_context: long_context(&parts.headers),
                 attempts: &attempts,
+                mode,
             };
             let mut processed = app.compactor.handle(dialect, &original, &context).await;
+            let cohort = processed.cohort;
             overhead.exclude(processed.summarizer_time);
             estimate = processed.estimate.take();
             recorded = processed
@@ -258,6 +272,7 @@ async fn forward(
                 caller,
                 session_header,
                 attempts,
+                cohort,
                 forwarded_tokens,
                 method: parts.method.clone(),
                 uri: parts.uri.clone(),
@@ -351,6 +366,7 @@ fn bill(
     };
     let billed = crate::cost::Bill::of(usage, &price);
     app.metrics.cost(estimate.dialect, billed.by_kind());
+    app.metrics.cohort_cost(estimate.cohort, billed.total());
     let mut cost = SessionCost {
         usd: billed.total(),
         input_tokens: usage.input,
@@ -474,6 +490,8 @@ struct Retry {
     session_header: Option<String>,
     /// The summarizer calls the request may still make.
     attempts: Attempts,
+    /// The request's cohort: only a compacted one is compacted again after a refusal.
+    cohort: Cohort,
     /// Estimated tokens of the body that was sent.
     forwarded_tokens: usize,
     method: http::Method,
@@ -639,6 +657,15 @@ async fn retry_after_refusal(
             streamed_refusal: false,
         });
     };
+    app.metrics.cohort_context_error(retry.cohort);
+    if !retry.cohort.compacts() {
+        // Shadow, control and opted-out requests reach the agent as without compactor.
+        return Ok(Retried {
+            response: passed,
+            again: false,
+            streamed_refusal: via == RefusalVia::Stream,
+        });
+    }
     if via == RefusalVia::Stream {
         tracing::info!(
             route = retry.dialect.label(),
@@ -653,6 +680,7 @@ async fn retry_after_refusal(
         session_header: retry.session_header.as_deref(),
         long_context: long_context(&retry.headers),
         attempts: &retry.attempts,
+        mode: Some(Mode::Enforce),
     };
     let started = Instant::now();
     let compacted = app

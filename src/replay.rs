@@ -600,6 +600,7 @@ impl Replayer {
                 session_header: None,
                 long_context: false,
                 attempts: &Attempts::per_request(),
+                mode: None,
             };
             let before = automatic_counts(&metrics);
             let masked_before = masked_counted(&metrics);

@@ -11,6 +11,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("timing", 0),
     ("transcript", 1),
     ("estimate", 1),
+    ("cohort", 1),
     ("dialect", 2),
     ("compaction", 2),
     ("session", 3),

@@ -588,6 +588,7 @@ async fn a_long_context_request_is_summarised_within_the_usual_window() {
         session_header: None,
         long_context: true,
         attempts: &Attempts::per_request(),
+        mode: None,
     };
     let processed = c
         .handle(DialectKind::Messages, &Bytes::from(body), &context)

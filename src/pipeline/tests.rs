@@ -31,6 +31,7 @@ async fn session_of_request(
         session_header: None,
         long_context: false,
         attempts: &Attempts::per_request(),
+        mode: None,
     };
     let body = Bytes::from(body("tiny", messages));
     let processed = c
@@ -523,6 +524,7 @@ async fn a_manual_compaction_not_stored_answers_and_counts_the_same() {
         session_header: Some("manual-not-stored"),
         long_context: false,
         attempts: &Attempts::per_request(),
+        mode: None,
     };
     let body = Bytes::from(body("tiny", chat(6)));
     c.handle(DialectKind::ChatCompletions, &body, &context)
@@ -652,6 +654,7 @@ async fn turns_that_waited(pacing: bool, output_lines: usize) -> (Vec<usize>, us
             session_header: None,
             long_context: false,
             attempts: &Attempts::per_request(),
+            mode: None,
         };
         let request = Bytes::from(body("paced", messages.clone()));
         let processed = c
@@ -739,6 +742,7 @@ async fn a_request_over_the_trigger_goes_on_while_its_summary_is_made_if_it_fits
                 session_header: None,
                 long_context: false,
                 attempts: &Attempts::per_request(),
+                mode: None,
             };
             let request = Bytes::from(body("paced", messages));
             c.handle(DialectKind::ChatCompletions, &request, &context)
@@ -805,6 +809,7 @@ async fn cost_compactions(toml: &str, model: &str) -> (Vec<usize>, Option<usize>
             session_header: None,
             long_context: false,
             attempts: &Attempts::per_request(),
+            mode: None,
         };
         let request = Bytes::from(body(model, messages.clone()));
         let processed = c
