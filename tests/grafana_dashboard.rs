@@ -174,6 +174,12 @@ fn dashboard_covers_the_issue_panels() {
         "compactor_masked_outputs_total",
         "compactor_mask_failures_total",
         "compactor_compaction_strategy",
+        "compactor_cohort_requests_total",
+        "compactor_cohort_conversations_total",
+        "compactor_cohort_tokens_total",
+        "compactor_cohort_cost_usd_total",
+        "compactor_cohort_context_errors_total",
+        "compactor_cohort_conversation_tokens",
     ] {
         assert!(families.contains(wanted), "no panel queries {wanted}");
     }
@@ -188,6 +194,14 @@ fn dashboard_covers_the_issue_panels() {
     assert!(text.contains(
         "histogram_quantile(0.5, sum by (le, route) (rate(compactor_overhead_seconds_bucket"
     ));
+    assert!(text.contains(
+        "histogram_quantile(0.9, sum by (le, cohort) (rate(compactor_cohort_conversation_tokens_bucket"
+    ));
+    assert!(
+        text.contains("cohort=\"shadow\",stage=\"forwarded\"")
+            && text.contains("cohort=\"shadow\",stage=\"received\""),
+        "no panel compares the shadow cohort's forwarded and received tokens"
+    );
 }
 
 /// A chat conversation long enough for `max_messages = 6`, whose long assistant turns leave
