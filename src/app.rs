@@ -24,6 +24,10 @@ pub struct App {
     pub upstream: Upstream,
     /// The compaction engine.
     pub compactor: Arc<Pipeline>,
+    /// The pipelines of the `[[routes]]` entries with compaction settings of their own (by
+    /// route index; `None` for a route compacted as `compactor`). They share its store,
+    /// calibration, single flights and background summaries.
+    pub route_compactors: Vec<Option<Arc<Pipeline>>>,
     /// `server.max_buffered_bytes`: chat bodies held at once (kept across reloads).
     pub buffers: Arc<BufferBudget>,
     /// Upgraded connections joined to the upstream (kept across reloads, closed at shutdown).
@@ -52,11 +56,13 @@ impl App {
         } else {
             Upstream::new(&config)?
         };
+        let route_compactors = route_compactors(&config, &compactor, &self.metrics)?;
         Ok(App {
             config,
             metrics: self.metrics.clone(),
             upstream,
             compactor,
+            route_compactors,
             buffers: self.buffers.clone(),
             tunnels: self.tunnels.clone(),
         })
@@ -71,15 +77,51 @@ impl App {
         let upstream = Upstream::new(&config)?;
         let buffers = BufferBudget::new(config.server.max_buffered_bytes);
         let tunnels = Tunnels::new(config.server.max_connections);
+        let route_compactors = route_compactors(&config, &compactor, &metrics)?;
         Ok(App {
             config,
             metrics,
             upstream,
             compactor,
+            route_compactors,
             buffers,
             tunnels,
         })
     }
+}
+
+impl App {
+    /// The pipeline of a request on `route` ([`crate::upstream::Resolved::route`]).
+    pub fn compactor_for(&self, route: Option<usize>) -> &Arc<Pipeline> {
+        route
+            .and_then(|i| self.route_compactors.get(i)?.as_ref())
+            .unwrap_or(&self.compactor)
+    }
+}
+
+/// A pipeline for each route with compaction settings of its own, succeeding `default` (so it
+/// shares its store, calibration, single flights, background summaries and pace).
+fn route_compactors(
+    config: &Config,
+    default: &Arc<Pipeline>,
+    metrics: &Arc<Metrics>,
+) -> Result<Vec<Option<Arc<Pipeline>>>, Error> {
+    let mut pipelines = Vec::with_capacity(config.routes.len());
+    for (i, route) in config.routes.iter().enumerate() {
+        if route.compaction.is_empty() {
+            pipelines.push(None);
+            continue;
+        }
+        let own = config.for_route(i);
+        let summarizer = summarizer::build(&own, metrics.clone())?;
+        let pipeline =
+            Pipeline::with_store(&own, summarizer, metrics.clone(), default.store().clone())
+                .succeeding(default);
+        pipelines.push(Some(Arc::new(pipeline)));
+    }
+    // The strategy gauge shows the `[compaction]` section's, whatever the routes use.
+    metrics.strategy_in_use(config.compaction.strategy);
+    Ok(pipelines)
 }
 
 /// The current app, swapped atomically by a reload: each request takes the app that is current

@@ -415,6 +415,80 @@ pub struct RouteConfig {
     /// Remove `prefix` from the path before forwarding (default true).
     #[serde(default = "yes")]
     pub strip_prefix: bool,
+    /// `[compaction]` settings that differ for this route's requests (the rest are the
+    /// `[compaction]` section's).
+    #[serde(default, skip_serializing_if = "RouteCompaction::is_empty")]
+    pub compaction: RouteCompaction,
+}
+
+/// `[routes.compaction]`: the `[compaction]` settings a route may set for its own requests,
+/// so one proxy serves an agent with `hybrid` and a batch job with compaction off. Unset keys
+/// are the `[compaction]` section's.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RouteCompaction {
+    /// `compaction.enabled` for this route.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    /// `compaction.mode` for this route.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<Mode>,
+    /// `compaction.sample_ratio` for this route.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sample_ratio: Option<f64>,
+    /// `compaction.strategy` for this route.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strategy: Option<Strategy>,
+    /// `compaction.max_messages` for this route.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_messages: Option<usize>,
+    /// `compaction.trigger_ratio` for this route.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trigger_ratio: Option<f64>,
+    /// `compaction.background_ratio` for this route.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub background_ratio: Option<f64>,
+    /// `compaction.cost_trigger` for this route.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_trigger: Option<bool>,
+    /// `compaction.min_preserve_tokens` for this route.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_preserve_tokens: Option<usize>,
+    /// `compaction.max_preserve_tokens` for this route.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_preserve_tokens: Option<usize>,
+    /// `compaction.keep_recent_outputs` for this route.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep_recent_outputs: Option<usize>,
+}
+
+impl RouteCompaction {
+    /// Whether the route sets nothing of its own.
+    pub fn is_empty(&self) -> bool {
+        *self == RouteCompaction::default()
+    }
+
+    /// `base` with this route's settings over it.
+    pub fn over(&self, base: &CompactionConfig) -> CompactionConfig {
+        fn set<T: Copy>(to: &mut T, from: &Option<T>) {
+            if let Some(v) = from {
+                *to = *v;
+            }
+        }
+        let mut c = base.clone();
+        set(&mut c.enabled, &self.enabled);
+        set(&mut c.mode, &self.mode);
+        set(&mut c.sample_ratio, &self.sample_ratio);
+        set(&mut c.strategy, &self.strategy);
+        set(&mut c.max_messages, &self.max_messages);
+        set(&mut c.trigger_ratio, &self.trigger_ratio);
+        set(&mut c.background_ratio, &self.background_ratio);
+        set(&mut c.cost_trigger, &self.cost_trigger);
+        set(&mut c.min_preserve_tokens, &self.min_preserve_tokens);
+        set(&mut c.max_preserve_tokens, &self.max_preserve_tokens);
+        set(&mut c.keep_recent_outputs, &self.keep_recent_outputs);
+        c
+    }
 }
 
 fn yes() -> bool {
@@ -852,6 +926,19 @@ impl Config {
                     "must start with `/` and name a path segment",
                 ));
             }
+            if !route.compaction.is_empty() {
+                // The route's settings are checked as the `[compaction]` section they make.
+                self.for_route(i).validate().map_err(|e| match e {
+                    ConfigError::Invalid { key, reason } => invalid(
+                        match key.strip_prefix("compaction.") {
+                            Some(k) => format!("routes[{i}].compaction.{k}"),
+                            None => key,
+                        },
+                        reason,
+                    ),
+                    other => other,
+                })?;
+            }
         }
         if self.server.tls_cert.is_some() != self.server.tls_key.is_some() {
             return Err(invalid(
@@ -997,6 +1084,17 @@ impl Config {
         Ok(())
     }
 
+    /// The configuration route `i`'s requests are compacted by: `[compaction]` with the
+    /// route's own settings over it, and no routes (so it validates on its own).
+    pub fn for_route(&self, i: usize) -> Config {
+        let mut config = self.clone();
+        if let Some(route) = self.routes.get(i) {
+            config.compaction = route.compaction.over(&self.compaction);
+        }
+        config.routes = Vec::new();
+        config
+    }
+
     /// A copy safe to print: every secret replaced by `[redacted]`.
     pub fn redacted(&self) -> Config {
         let mut c = self.clone();
@@ -1013,6 +1111,30 @@ impl Config {
     /// The configuration as TOML (call on [`Config::redacted`] before printing).
     pub fn to_toml(&self) -> String {
         toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot render: {e}\n"))
+    }
+
+    /// For `check-config`: each route with compaction settings of its own and the whole
+    /// `[compaction]` its requests get, as TOML comments (the output still loads as it is).
+    pub fn route_settings(&self) -> String {
+        let mut out = String::new();
+        for (i, route) in self.routes.iter().enumerate() {
+            if route.compaction.is_empty() {
+                continue;
+            }
+            let effective = route.compaction.over(&self.compaction);
+            let table =
+                toml::to_string(&effective).unwrap_or_else(|e| format!("cannot render: {e}\n"));
+            out.push_str(&format!(
+                "\n# routes[{i}] ({}): its requests are compacted with\n# [compaction]\n",
+                route.prefix
+            ));
+            for line in table.lines() {
+                out.push_str("# ");
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+        out
     }
 
     /// The upstream response-head timeout.
@@ -1316,6 +1438,42 @@ mod tests {
         assert!(printed.contains("connect_timeout_secs = 3.5"), "{printed}");
         assert!(printed.contains("ttl_secs = 86400.0"), "{printed}");
         assert_eq!(Config::from_toml(&printed).expect("reloads"), c);
+    }
+
+    #[test]
+    fn a_routes_compaction_settings_override_the_sections_and_nothing_else() {
+        let c = Config::from_toml(
+            "[compaction]\nmax_messages = 40\nstrategy = \"hybrid\"\n\
+             [[routes]]\nprefix = \"/a\"\nbase_url = \"http://a:1\"\n\
+             compaction = { strategy = \"mask\", sample_ratio = 0.5, enabled = false }\n\
+             [[routes]]\nprefix = \"/b\"\nbase_url = \"http://b:1\"\n",
+        )
+        .expect("config");
+        let a = c.for_route(0).compaction;
+        assert_eq!(a.strategy, Strategy::Mask);
+        assert_eq!(a.sample_ratio, 0.5);
+        assert!(!a.enabled);
+        assert_eq!(a.max_messages, 40, "inherited");
+        assert!(c.routes[1].compaction.is_empty());
+        assert_eq!(c.for_route(1).compaction, c.compaction);
+        assert!(c.for_route(0).routes.is_empty());
+        // Only the settings that make sense per route exist there.
+        let err = Config::from_toml(
+            "[[routes]]\nprefix = \"/a\"\nbase_url = \"http://a:1\"\n\
+             compaction = { calibration = false }\n",
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("calibration"), "{err}");
+        let err = Config::from_toml(
+            "[[routes]]\nprefix = \"/a\"\nbase_url = \"http://a:1\"\n\
+             compaction = { min_preserve_tokens = 9000, max_preserve_tokens = 10 }\n",
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("routes[0].compaction.min_preserve_tokens"),
+            "{err}"
+        );
     }
 
     #[test]

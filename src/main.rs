@@ -156,7 +156,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let config = Config::load(config.as_deref())?;
             warn_ignored_env(false);
             compactor::App::new(config.clone()).context("building components")?;
-            print!("{}", config.redacted().to_toml());
+            let shown = config.redacted();
+            print!("{}{}", shown.to_toml(), shown.route_settings());
             Ok(ExitCode::SUCCESS)
         }
         Command::Serve { config: path } => {

@@ -439,6 +439,12 @@ impl Pipeline {
         self.background.idle().await;
     }
 
+    /// Whether it compacts at all (`compaction.enabled`): when not, chat bodies are not even
+    /// read.
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
     /// The per-model calibration table.
     pub fn calibration(&self) -> &Arc<Calibration> {
         &self.calibration

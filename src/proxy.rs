@@ -214,7 +214,7 @@ async fn forward(
     // The session the store recorded for this request, told how the provider answers it.
     let mut recorded = None;
     let body = match dialect {
-        Some(dialect) if app.config.compaction.enabled => 'chat: {
+        Some(dialect) if app.compactor_for(resolved.route).enabled() => 'chat: {
             let read = client_body::read(
                 body,
                 &parts.headers,
@@ -247,7 +247,10 @@ async fn forward(
                 attempts: &attempts,
                 mode,
             };
-            let mut processed = app.compactor.handle(dialect, &original, &context).await;
+            let mut processed = app
+                .compactor_for(resolved.route)
+                .handle(dialect, &original, &context)
+                .await;
             let cohort = processed.cohort;
             overhead.exclude(processed.summarizer_time);
             estimate = processed.estimate.take();
@@ -273,6 +276,7 @@ async fn forward(
                 session_header,
                 attempts,
                 cohort,
+                route: resolved.route,
                 forwarded_tokens,
                 method: parts.method.clone(),
                 uri: parts.uri.clone(),
@@ -492,6 +496,8 @@ struct Retry {
     attempts: Attempts,
     /// The request's cohort: only a compacted one is compacted again after a refusal.
     cohort: Cohort,
+    /// Its `[[routes]]` entry ([`Resolved::route`]): compacted again by that route's pipeline.
+    route: Option<usize>,
     /// Estimated tokens of the body that was sent.
     forwarded_tokens: usize,
     method: http::Method,
@@ -684,7 +690,7 @@ async fn retry_after_refusal(
     };
     let started = Instant::now();
     let compacted = app
-        .compactor
+        .compactor_for(retry.route)
         .compact_after_refusal(
             retry.dialect,
             &retry.original,

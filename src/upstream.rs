@@ -141,6 +141,8 @@ pub struct Resolved {
     pub api_path: String,
     /// The target's base URL plus the request path before the API part is added by callers.
     pub base_url: String,
+    /// The `[[routes]]` entry that matched (its index), `None` for the default upstream.
+    pub route: Option<usize>,
 }
 
 /// A pooled client to the upstreams.
@@ -217,18 +219,19 @@ impl Upstream {
     /// matches a whole path segment wins, else the default upstream.
     pub fn resolve(&self, uri: &Uri) -> Result<Resolved, Error> {
         let path = uri.path();
-        let (target, api_path) = self
+        let (target, api_path, route) = self
             .routes
             .iter()
-            .find_map(|r| {
+            .enumerate()
+            .find_map(|(i, r)| {
                 let rest = path.strip_prefix(r.prefix.as_str())?;
                 if !(rest.is_empty() || rest.starts_with('/')) {
                     return None;
                 }
                 let api = if r.strip_prefix { rest } else { path };
-                Some((&r.target, api))
+                Some((&r.target, api, Some(i)))
             })
-            .unwrap_or((&self.default, path));
+            .unwrap_or((&self.default, path, None));
         let api_path = if api_path.is_empty() { "/" } else { api_path };
         let mut full = String::with_capacity(target.base_path.len() + api_path.len() + 32);
         full.push_str(&target.base_path);
@@ -250,6 +253,7 @@ impl Upstream {
             host: target.host.clone(),
             api_path: api_path.to_string(),
             base_url: target.base_url.clone(),
+            route,
         })
     }
 

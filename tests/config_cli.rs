@@ -273,3 +273,64 @@ fn every_compaction_key_is_documented() {
         );
     }
 }
+
+#[test]
+fn check_config_prints_each_routes_own_compaction_settings() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = write_config(
+        dir.path(),
+        "[compaction]\nstrategy = \"hybrid\"\nmax_messages = 60\n\
+         [[routes]]\nprefix = \"/batch\"\nbase_url = \"http://batch.example:1\"\n\
+         [routes.compaction]\nenabled = false\n\
+         [[routes]]\nprefix = \"/anthropic\"\nbase_url = \"http://a.example:2\"\n\
+         [[routes]]\nprefix = \"/watch\"\nbase_url = \"http://w.example:3\"\n\
+         compaction = { mode = \"shadow\", strategy = \"summarize\", sample_ratio = 0.25 }\n",
+    );
+    let out = compactor(dir.path(), &["check-config", "--config", &path], &[]);
+    // Still TOML as a whole, the routes' own settings as they were written.
+    let config = effective(&out);
+    assert_eq!(
+        config["routes"][0]["compaction"]["enabled"].as_bool(),
+        Some(false)
+    );
+    let text = stdout(&out);
+    let block = |prefix: &str| -> String {
+        let start = text
+            .find(&format!("({prefix}): its requests are compacted with"))
+            .unwrap_or_else(|| panic!("no effective settings for {prefix}:\n{text}"));
+        let rest = &text[start..];
+        let end = rest[1..].find("\n# routes[").map_or(rest.len(), |e| e + 1);
+        rest[..end]
+            .lines()
+            .skip(1)
+            .map(|l| l.trim_start_matches("# "))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let watch: toml::Value = toml::from_str(&block("/watch")).expect("effective TOML");
+    let watch = &watch["compaction"];
+    assert_eq!(watch["mode"].as_str(), Some("shadow"));
+    assert_eq!(watch["strategy"].as_str(), Some("summarize"));
+    assert_eq!(watch["sample_ratio"].as_float(), Some(0.25));
+    assert_eq!(watch["max_messages"].as_integer(), Some(60), "inherited");
+    let batch: toml::Value = toml::from_str(&block("/batch")).expect("effective TOML");
+    assert_eq!(batch["compaction"]["enabled"].as_bool(), Some(false));
+    assert!(
+        !text.contains("(/anthropic): its requests"),
+        "no settings of its own"
+    );
+
+    // A route's value is checked as the section it makes, and named by its route.
+    let bad = write_config(
+        dir.path(),
+        "[[routes]]\nprefix = \"/x\"\nbase_url = \"http://x.example:1\"\n\
+         compaction = { trigger_ratio = 1.5 }\n",
+    );
+    let out = compactor(dir.path(), &["check-config", "--config", &bad], &[]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("routes[0].compaction.trigger_ratio"),
+        "{}",
+        stderr(&out)
+    );
+}

@@ -400,9 +400,122 @@ async fn a_reload_moves_the_proxy_from_shadow_to_enforce() {
     let enforcing = shadow.reconfigure(config("enforce")).expect("reload");
     let compacted = handle(&enforcing).await;
     assert_eq!(compacted.cohort, Cohort::Enforce);
+    // A new summary: the shadow's own never reaches a request forwarded for real.
     assert!(
         matches!(compacted.outcome, Outcome::Rewritten { .. }),
         "{:?}",
         compacted.outcome
+    );
+
+    // A route's own settings are applied by a reload too.
+    let routed = |mode: &str| {
+        compactor::Config::from_toml(&format!(
+            "{}[[routes]]\nprefix = \"/r\"\nbase_url = \"http://127.0.0.1:9\"\n\
+             compaction = {{ mode = \"{mode}\" }}\n",
+            toml("enforce")
+        ))
+        .expect("config")
+    };
+    let app = enforcing.reconfigure(routed("shadow")).expect("reload");
+    assert!(Arc::ptr_eq(app.compactor_for(None), &app.compactor));
+    assert!(!Arc::ptr_eq(app.compactor_for(Some(0)), &app.compactor));
+    let on_route = |app: &compactor::app::App| {
+        let pipeline = app.compactor_for(Some(0)).clone();
+        let (caller, body) = (caller.clone(), body.clone());
+        async move {
+            let attempts = Attempts::per_request();
+            let context = RequestContext {
+                caller: &caller,
+                session_header: None,
+                long_context: false,
+                attempts: &attempts,
+                mode: None,
+            };
+            pipeline
+                .handle(
+                    compactor::dialect::DialectKind::ChatCompletions,
+                    &body,
+                    &context,
+                )
+                .await
+                .cohort
+        }
+    };
+    assert_eq!(on_route(&app).await, Cohort::Shadow);
+    let app = app.reconfigure(routed("enforce")).expect("reload");
+    assert_eq!(on_route(&app).await, Cohort::Enforce);
+}
+
+async fn send_to(proxy: &TestProxy, path: &str, body: &Value) -> Exchange {
+    TestClient::http1()
+        .exchange(
+            "POST",
+            &proxy.url(path),
+            &[
+                ("content-type", "application/json"),
+                ("authorization", "Bearer sk-rollout"),
+            ],
+            Bytes::from(body.to_string()),
+        )
+        .await
+}
+
+#[tokio::test]
+async fn routes_carry_their_own_compaction_settings() {
+    let mock = provider().await;
+    let url = mock.url();
+    let proxy = TestProxy::start(&format!(
+        "{}{COMPACTS}[summarizer]\nbackend = \"extractive\"\n\
+         [[routes]]\nprefix = \"/batch\"\nbase_url = \"{url}\"\n\
+         [routes.compaction]\nenabled = false\n\
+         [[routes]]\nprefix = \"/watch\"\nbase_url = \"{url}\"\n\
+         compaction = {{ mode = \"shadow\" }}\n\
+         [[routes]]\nprefix = \"/long\"\nbase_url = \"{url}\"\n\
+         compaction = {{ max_messages = 100 }}\n\
+         [[routes]]\nprefix = \"/plain\"\nbase_url = \"{url}\"\n",
+        upstream_toml(&url)
+    ))
+    .await;
+    for (path, compacted) in [
+        ("/v1/chat/completions", true),
+        ("/plain/v1/chat/completions", true),
+        ("/batch/v1/chat/completions", false),
+        ("/watch/v1/chat/completions", false),
+        ("/long/v1/chat/completions", false),
+    ] {
+        // A conversation of its own per route (the routes share the stored summaries).
+        let body = conversation(21, path);
+        let sent = Bytes::from(body.to_string());
+        let got = send_to(&proxy, path, &body).await;
+        assert_eq!(got.status, 200, "{path}");
+        let forwarded = mock.last_request();
+        assert_eq!(
+            forwarded.path(),
+            "/v1/chat/completions",
+            "{path}: prefix stripped"
+        );
+        assert_eq!(forwarded.body == sent, !compacted, "{path}");
+        let header = if compacted { "true" } else { "false" };
+        assert_eq!(got.header("x-compactor-compacted"), Some(header), "{path}");
+    }
+    // The shadow route decided (and would have compacted); the disabled one was not read.
+    assert_eq!(
+        metric(
+            &proxy,
+            "compactor_cohort_compacted_requests_total",
+            &[("cohort", "shadow")]
+        )
+        .await,
+        1.0
+    );
+    assert_eq!(
+        metric(
+            &proxy,
+            "compactor_cohort_requests_total",
+            &[("cohort", "enforce")]
+        )
+        .await,
+        3.0,
+        "the default, /plain and /long (below its own message limit)"
     );
 }
