@@ -11,7 +11,8 @@
 //! Layers, bottom-up; no module imports one above it (docs/architecture.md, *Layers*;
 //! `tests/layers.rs` checks it).
 //! - [`config`]: the only reader of files and environment; [`timing`]: the stopwatch of the
-//!   time compactor itself adds to a request.
+//!   time compactor itself adds to a request; [`process`]: this process's resource use, read
+//!   from `/proc` for `/metrics`.
 //! - [`transcript`] and [`estimate`]: the base layer: the neutral conversation model and the
 //!   token estimate; [`cohort`]: which conversations are compacted, watched or left alone.
 //! - [`dialect`]: one module per wire format, read in one scan and written back by splicing
@@ -45,6 +46,7 @@ pub mod estimate;
 pub mod metrics;
 pub mod overflow;
 pub mod pipeline;
+pub mod process;
 pub mod proxy;
 pub mod reload;
 pub mod replay;

@@ -25,6 +25,7 @@ use crate::compaction::models::WindowSource;
 use crate::compaction::trigger::{BackgroundOutcome, CompactionOutcome, Trigger};
 use crate::config::Strategy;
 use crate::dialect::DialectKind;
+use crate::process::ProcessStats;
 
 /// The session store calls `compactor_store_errors_total` counts, by `op`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -433,6 +434,75 @@ pub struct Metrics {
     hot: Hot,
     /// The `compactor_cohort_*` series, per cohort.
     cohorts: Cohorts,
+    /// The `process_*` series, read from `/proc` at each scrape.
+    process: Process,
+}
+
+/// `process_resident_memory_bytes`, `process_open_fds`, `process_max_fds`,
+/// `process_cpu_seconds_total`, `process_start_time_seconds`.
+struct Process {
+    resident: IntGauge,
+    open_fds: IntGauge,
+    max_fds: IntGauge,
+    cpu: prometheus::Counter,
+    start_time: prometheus::Gauge,
+    /// Held while updating, so concurrent scrapes add the CPU time once.
+    updating: std::sync::Mutex<()>,
+}
+
+impl Process {
+    fn new(r: &Registry) -> Result<Process, prometheus::Error> {
+        let gauge = |name: &str, help: &str| register(r, IntGauge::new(name, help)?);
+        Ok(Process {
+            resident: gauge(
+                "process_resident_memory_bytes",
+                "Resident memory of the compactor process, in bytes (Linux).",
+            )?,
+            open_fds: gauge(
+                "process_open_fds",
+                "Open file descriptors of the compactor process (Linux).",
+            )?,
+            max_fds: gauge(
+                "process_max_fds",
+                "The compactor process's limit on open file descriptors (Linux).",
+            )?,
+            cpu: register(
+                r,
+                prometheus::Counter::new(
+                    "process_cpu_seconds_total",
+                    "User and system CPU time of the compactor process, in seconds (Linux).",
+                )?,
+            )?,
+            start_time: register(
+                r,
+                prometheus::Gauge::new(
+                    "process_start_time_seconds",
+                    "When the compactor process started, in seconds since the Unix epoch (Linux).",
+                )?,
+            )?,
+            updating: std::sync::Mutex::new(()),
+        })
+    }
+
+    /// Brings the series to a fresh reading (the CPU counter only ever rises).
+    fn update(&self) {
+        let _one = self
+            .updating
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(now) = ProcessStats::read() else {
+            return;
+        };
+        let clamp = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        self.resident.set(clamp(now.resident_bytes));
+        self.open_fds.set(clamp(now.open_fds));
+        self.max_fds.set(clamp(now.max_fds));
+        self.start_time.set(now.start_time_secs);
+        let rise = now.cpu.as_secs_f64() - self.cpu.get();
+        if rise > 0.0 {
+            self.cpu.inc_by(rise);
+        }
+    }
 }
 
 /// The `compactor_cohort_*` series, each in [`Cohort::ALL`] order: what a rollout compares
@@ -907,6 +977,7 @@ impl Metrics {
             store_evictions_counted: AtomicU64::new(0),
             hot,
             cohorts: Cohorts::new(r)?,
+            process: Process::new(r)?,
             registry,
         };
         m.build_info
@@ -1353,6 +1424,7 @@ impl Metrics {
 
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
+        self.process.update();
         let mut buf = Vec::new();
         let encoder = TextEncoder::new();
         if let Err(e) = encoder.encode(&self.registry.gather(), &mut buf) {

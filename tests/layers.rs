@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 const LAYERS: &[(&str, u8)] = &[
     ("config", 0),
     ("timing", 0),
+    ("process", 0),
     ("transcript", 1),
     ("estimate", 1),
     ("cohort", 1),
