@@ -286,6 +286,10 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// `text` or `json`.
     pub log_format: LogFormat,
+    /// Log one line per proxied request (target `compactor::access`, level info): method,
+    /// path (never the query), status, upstream, session, estimated tokens in and out,
+    /// whether it was compacted, and the time to the response head.
+    pub access_log: bool,
     /// PEM certificate chain for inbound TLS; set together with `tls_key`.
     pub tls_cert: Option<PathBuf>,
     /// PEM private key for inbound TLS.
@@ -755,6 +759,7 @@ impl Default for ServerConfig {
             client_timeout_secs: Seconds::from_secs(30),
             max_connections: 4_096,
             log_format: LogFormat::Text,
+            access_log: false,
             tls_cert: None,
             tls_key: None,
         }

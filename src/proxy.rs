@@ -91,6 +91,15 @@ pub async fn handle(
         _ => None,
     };
     let route = route_label(dialect);
+    // Taken before the request moves on, and only when they are logged.
+    let access = app.config.server.access_log.then(|| {
+        (
+            request.uri().path().to_string(),
+            resolved
+                .as_ref()
+                .map_or_else(|_| "-".to_string(), |r| r.base_url.clone()),
+        )
+    });
 
     let result = match resolved {
         Ok(resolved) => forward(&app, request, resolved, dialect, peer, &mut overhead).await,
@@ -122,6 +131,9 @@ pub async fn handle(
         elapsed_ms = started.elapsed().as_millis() as u64,
         "proxied"
     );
+    if let Some((path, upstream)) = access {
+        log_access(&method, &path, &upstream, &response, started.elapsed());
+    }
 
     // Counted in flight until the answer has been sent, and watched for a cut mid-body.
     let session = response.headers().get(HEADER_SESSION).cloned();
@@ -759,6 +771,37 @@ async fn read_refusal(
         .map_err(|never| match never {})
         .boxed_unsync();
     Ok((Response::from_parts(parts, body), refusal))
+}
+
+/// The access log line of one request (`server.access_log`), from what its response head
+/// says (the `x-compactor-*` headers a chat request gets; `-` where there are none).
+fn log_access(
+    method: &Method,
+    path: &str,
+    upstream: &str,
+    response: &Response<ProxyBody>,
+    elapsed: Duration,
+) {
+    let header = |name: &HeaderName| {
+        response
+            .headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("-")
+    };
+    tracing::info!(
+        target: "compactor::access",
+        method = method.as_str(),
+        path,
+        status = response.status().as_u16(),
+        upstream,
+        session = header(&HEADER_SESSION),
+        tokens_in = header(&HEADER_TOKENS_BEFORE),
+        tokens_out = header(&HEADER_TOKENS_AFTER),
+        compacted = header(&HEADER_COMPACTED),
+        duration_ms = elapsed.as_secs_f64() * 1e3,
+        "request"
+    );
 }
 
 /// Fills the `x-compactor-*` response headers from the compaction outcome and the estimate

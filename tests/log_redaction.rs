@@ -1,7 +1,8 @@
-//! Credentials never reach the log, at any level: the binary runs with `RUST_LOG=trace`, serves
-//! requests carrying every credential header over HTTP/1.1 and HTTP/2 (plain, a chat request
-//! that compacts through the caller-credential summarizer, and one that fails upstream), and
-//! its whole log is searched for the secrets.
+//! Credentials never reach the log, at any level: the binary runs with `RUST_LOG=trace` and
+//! the access log on, serves requests carrying every credential header (and one in a query
+//! string) over HTTP/1.1 and HTTP/2 (plain, a chat request that compacts through the
+//! caller-credential summarizer, and one that fails upstream), and its whole log is searched
+//! for the secrets. The access log has its line per request.
 
 mod support;
 
@@ -34,7 +35,7 @@ async fn no_credential_appears_in_trace_logs() {
         &config,
         format!(
             "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n\
-             [compaction]\nmax_messages = 4\nmin_preserve_tokens = 10\n\n{}",
+             access_log = true\n[compaction]\nmax_messages = 4\nmin_preserve_tokens = 10\n\n{}",
             upstream_toml(&mock.url())
         ),
     )
@@ -49,7 +50,7 @@ async fn no_credential_appears_in_trace_logs() {
     let chat = json!({"model": "gpt-4o", "messages": messages}).to_string();
     for client in [TestClient::http1(), TestClient::h2c()] {
         for (path, body) in [
-            ("/v1/models", String::new()),
+            ("/v1/models?api_key=SECRET-in-query", String::new()),
             ("/v1/chat/completions", chat.clone()),
         ] {
             let method = if body.is_empty() { "GET" } else { "POST" };
@@ -109,6 +110,32 @@ async fn no_credential_appears_in_trace_logs() {
         !log.contains(&"z".repeat(50)),
         "message contents reached the log"
     );
+    // One access line per request: the two paths on both protocols, with their figures.
+    let access: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("compactor::access"))
+        .collect();
+    assert_eq!(access.len(), 4, "{log}");
+    let upstream = format!("upstream=\"{}\"", mock.url().trim_end_matches('/'));
+    for line in &access {
+        for field in ["method=", "path=\"/v1/", "status=200", "duration_ms="] {
+            assert!(line.contains(field), "{field} missing from {line}");
+        }
+        assert!(line.contains(&upstream), "{upstream} missing from {line}");
+    }
+    let chat = access
+        .iter()
+        .find(|l| l.contains("path=\"/v1/chat/completions\""))
+        .expect("a chat request's line");
+    for field in [
+        "compacted=\"true\"",
+        "session=",
+        "tokens_in=",
+        "tokens_out=",
+    ] {
+        assert!(chat.contains(field), "{field} missing from {chat}");
+    }
+    assert!(!chat.contains("session=\"-\""), "{chat}");
     // Every secret value contains this marker; no fragment of one may be logged.
     for line in log.lines() {
         assert!(
