@@ -10,9 +10,24 @@ use http::{header, Response, StatusCode};
 /// Everything that can go wrong serving a request or starting the server.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The upstream could not be reached or the exchange broke off before a response head.
-    #[error("upstream unreachable: {0}")]
-    UpstreamUnavailable(String),
+    /// The upstream could not be reached or the exchange broke off before a response head
+    /// (or, for a refusal being read, within its body).
+    #[error("upstream {} unreachable: {cause}", upstream.as_deref().unwrap_or("API"))]
+    UpstreamUnavailable {
+        /// The upstream's origin (`scheme://host:port`), when known: it is named to the client
+        /// too (the operator's own configuration, never a credential).
+        upstream: Option<String>,
+        /// What failed (addresses, OS errors): logged, never sent.
+        cause: String,
+    },
+    /// A listener could not be bound (at start-up).
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        /// The configured address.
+        addr: std::net::SocketAddr,
+        /// Why (in use, not permitted, ...).
+        source: std::io::Error,
+    },
     /// The upstream sent no response head within `upstream.response_timeout_secs`.
     #[error("upstream response timed out")]
     UpstreamTimeout,
@@ -53,7 +68,7 @@ impl Error {
     /// The status a client sees for this error.
     pub fn status(&self) -> StatusCode {
         match self {
-            Error::UpstreamUnavailable(_) => StatusCode::BAD_GATEWAY,
+            Error::UpstreamUnavailable { .. } => StatusCode::BAD_GATEWAY,
             Error::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
             Error::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Error::ClientTimeout(_) => StatusCode::REQUEST_TIMEOUT,
@@ -65,8 +80,11 @@ impl Error {
     /// `(message, type, code)` for the JSON body: fixed strings, no internal causes.
     fn public_parts(&self) -> (String, &'static str, &'static str) {
         match self {
-            Error::UpstreamUnavailable(_) => (
-                "compactor could not reach the upstream API".into(),
+            Error::UpstreamUnavailable { upstream, .. } => (
+                match upstream {
+                    Some(u) => format!("compactor could not reach the upstream API at {u}"),
+                    None => "compactor could not reach the upstream API".into(),
+                },
                 "upstream_error",
                 "upstream_unavailable",
             ),
@@ -137,11 +155,20 @@ mod tests {
 
     #[test]
     fn errors_render_openai_shaped_bodies_without_causes() {
-        let e = Error::UpstreamUnavailable("connect refused to 10.0.0.7:443".into());
+        let e = Error::UpstreamUnavailable {
+            upstream: Some("https://api.example.com:443".into()),
+            cause: "connect refused to 10.0.0.7:443".into(),
+        };
+        assert!(e.to_string().contains("https://api.example.com:443"), "{e}");
+        assert!(
+            e.to_string().contains("10.0.0.7"),
+            "the log has the cause: {e}"
+        );
         let r: Response<Full<Bytes>> = e.to_response();
         assert_eq!(r.status(), StatusCode::BAD_GATEWAY);
         let text = format!("{:?}", r.body());
         assert!(!text.contains("10.0.0.7"), "internal cause leaked: {text}");
+        assert!(text.contains("https://api.example.com:443"), "{text}");
         assert_eq!(Error::UpstreamTimeout.status(), StatusCode::GATEWAY_TIMEOUT);
         assert_eq!(
             Error::BodyTooLarge { limit: 1 }.status(),

@@ -43,7 +43,7 @@ use crate::pipeline::{ForwardedEstimate, Outcome, Processed, RequestContext};
 use crate::session::{ProviderAnswer, SessionCost, TenantId};
 use crate::timing::Overhead;
 use crate::upstream::{
-    prepare_headers, strip_hop_by_hop, BoxError, ProxyBody, Resolved, SendError,
+    origin, prepare_headers, strip_hop_by_hop, BoxError, ProxyBody, Resolved, SendError,
 };
 use crate::usage::{self, Encoding, Format, Observed, Usage};
 
@@ -480,19 +480,30 @@ async fn send(
     request: Request<ProxyBody>,
     overhead: &mut Overhead,
 ) -> Result<Response<Incoming>, Error> {
-    counted(app, overhead.wait(app.upstream.send(request)).await)
+    let upstream = origin(request.uri());
+    counted(
+        app,
+        overhead.wait(app.upstream.send(request)).await,
+        upstream,
+    )
 }
 
-/// An upstream's answer, its failure counted by kind.
+/// An upstream's answer, its failure counted by kind and naming `upstream`.
 fn counted(
     app: &App,
     answer: Result<Response<Incoming>, SendError>,
+    upstream: Option<String>,
 ) -> Result<Response<Incoming>, Error> {
     answer.map_err(|e| {
         if let Some(kind) = e.kind() {
             app.metrics.upstream_error(kind);
         }
-        Error::from(e)
+        match Error::from(e) {
+            Error::UpstreamUnavailable { cause, .. } => {
+                Error::UpstreamUnavailable { upstream, cause }
+            }
+            other => other,
+        }
     })
 }
 
@@ -764,7 +775,12 @@ async fn read_refusal(
             let body = body.map_err(BoxError::from).boxed_unsync();
             return Ok((Response::from_parts(parts, body), None));
         }
-        Err(e) => return Err(Error::UpstreamUnavailable(e.to_string())),
+        Err(e) => {
+            return Err(Error::UpstreamUnavailable {
+                upstream: None,
+                cause: e.to_string(),
+            })
+        }
     };
     let refusal = crate::overflow::recognise(parts.status.as_u16(), &bytes);
     let body = Full::new(bytes)

@@ -80,8 +80,13 @@ impl Server {
             (Some(cert), Some(key)) => Some(tls_acceptor(cert, key)?),
             _ => None,
         };
-        let proxy = TcpListener::bind(config.server.listen).await?;
-        let admin = TcpListener::bind(config.server.admin_listen).await?;
+        let listen = |addr| async move {
+            TcpListener::bind(addr)
+                .await
+                .map_err(|source| Error::Listen { addr, source })
+        };
+        let proxy = listen(config.server.listen).await?;
+        let admin = listen(config.server.admin_listen).await?;
         let app = Arc::new(AppHandle::new(App::new(config)?));
         Ok(Server {
             app,

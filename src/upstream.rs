@@ -334,11 +334,23 @@ impl From<SendError> for Error {
         match e {
             SendError::Timeout => Error::UpstreamTimeout,
             SendError::BodyTooLarge(limit) => Error::BodyTooLarge { limit },
-            SendError::Connect(cause) | SendError::Protocol(cause) => {
-                Error::UpstreamUnavailable(cause)
-            }
+            SendError::Connect(cause) | SendError::Protocol(cause) => Error::UpstreamUnavailable {
+                upstream: None,
+                cause,
+            },
         }
     }
+}
+
+/// The origin of `uri` as a person would name the upstream: `scheme://host:port` (no user
+/// information, path or query).
+pub fn origin(uri: &http::Uri) -> Option<String> {
+    let scheme = uri.scheme_str()?;
+    let host = uri.host()?;
+    Some(match uri.port_u16() {
+        Some(port) => format!("{scheme}://{host}:{port}"),
+        None => format!("{scheme}://{host}"),
+    })
 }
 
 /// Cleans request or response headers for the other side of the proxy: removes the fixed

@@ -334,3 +334,21 @@ fn check_config_prints_each_routes_own_compaction_settings() {
         stderr(&out)
     );
 }
+
+#[test]
+fn a_listen_address_in_use_is_named() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = taken.local_addr().expect("addr");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = write_config(
+        dir.path(),
+        &format!("[server]\nlisten = \"{addr}\"\nadmin_listen = \"127.0.0.1:0\"\n"),
+    );
+    let out = compactor(dir.path(), &["serve", "--config", &path], &[]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains(&format!("cannot listen on {addr}")),
+        "{}",
+        stderr(&out)
+    );
+}

@@ -54,12 +54,19 @@ async fn unreachable_upstream_is_502_with_json_body() {
         )
         .await;
     assert_json_error(response, StatusCode::BAD_GATEWAY, "upstream_unavailable").await;
+    // The message names the upstream that could not be reached, as configured.
+    let text = body_bytes(client.get(&proxy.url("/v1/models")).await).await;
+    let text = String::from_utf8_lossy(&text);
+    assert!(
+        text.contains(&format!("upstream API at http://127.0.0.1:{port}")),
+        "the 502 names the upstream: {text}"
+    );
 
     proxy
         .wait_metric(
             "compactor_upstream_errors_total",
             &[("kind", "connect")],
-            2.0,
+            3.0,
         )
         .await;
     proxy
@@ -70,7 +77,7 @@ async fn unreachable_upstream_is_502_with_json_body() {
                 ("method", "GET"),
                 ("status_class", "5xx"),
             ],
-            1.0,
+            2.0,
         )
         .await;
     proxy.shutdown().await;
