@@ -17,6 +17,7 @@ use crate::dialect::DialectKind;
 use crate::error::Error;
 use crate::metrics::Metrics;
 use crate::pipeline::Pipeline;
+use crate::replay::DEFAULT_SUMMARIZER;
 
 /// What one pass decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,7 +41,9 @@ pub struct CompactReport {
     pub status: CompactStatus,
 }
 
-/// Runs the engine once over `body` read as `dialect`.
+/// Runs the engine once over `body` read as `dialect`, summarising with the `summarizer`
+/// backend (default [`DEFAULT_SUMMARIZER`], local: a first try needs no network), without the
+/// configured fallbacks.
 ///
 /// The whole body must be one compactor understands, even when nothing triggers (an error
 /// names the dialect). Summarizers that call a provider get no caller credentials here: they
@@ -48,8 +51,13 @@ pub struct CompactReport {
 pub async fn compact(
     config: &Config,
     dialect: DialectKind,
+    summarizer: Option<&str>,
     body: &[u8],
 ) -> Result<CompactReport, Error> {
+    let mut config = config.clone();
+    config.summarizer.backend = summarizer.unwrap_or(DEFAULT_SUMMARIZER).to_string();
+    config.summarizer.fallback.clear();
+    let config = &config;
     let metrics = Arc::new(Metrics::new()?);
     let summarizer = crate::summarizer::build(config, metrics.clone())?;
     let pipeline = Pipeline::new(config, summarizer, metrics);

@@ -88,6 +88,10 @@ enum Command {
         /// The wire format of the request.
         #[arg(long, value_enum, default_value_t = Dialect::ChatCompletions)]
         dialect: Dialect,
+        /// Summarizer backend (default `extractive`, no network); configured fallbacks are
+        /// not used.
+        #[arg(long, value_name = "NAME")]
+        summarizer: Option<String>,
         /// The request body (JSON); stdin when absent or `-`.
         file: Option<PathBuf>,
     },
@@ -178,6 +182,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Compact {
             config,
             dialect,
+            summarizer,
             file,
         } => {
             let config = Config::load(config.as_deref())?;
@@ -187,7 +192,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 .enable_all()
                 .build()
                 .context("starting the runtime")?;
-            runtime.block_on(compact(&config, dialect.into(), &body))
+            runtime.block_on(compact(
+                &config,
+                dialect.into(),
+                summarizer.as_deref(),
+                &body,
+            ))
         }
         Command::Replay {
             config,
@@ -232,8 +242,13 @@ fn read_input(file: Option<&Path>) -> anyhow::Result<Vec<u8>> {
 }
 
 /// `compactor compact`: the library does the work; this prints its report.
-async fn compact(config: &Config, dialect: DialectKind, body: &[u8]) -> anyhow::Result<ExitCode> {
-    let report = compactor::compact::compact(config, dialect, body).await?;
+async fn compact(
+    config: &Config,
+    dialect: DialectKind,
+    summarizer: Option<&str>,
+    body: &[u8],
+) -> anyhow::Result<ExitCode> {
+    let report = compactor::compact::compact(config, dialect, summarizer, body).await?;
     std::io::stderr().write_all(report.notes.as_bytes())?;
     write_stdout(&report.forward)?;
     Ok(match report.status {

@@ -14,7 +14,8 @@ use serde_json::{json, Value};
 
 use support::provider_rules::check_chat;
 
-/// Small limits so the fixtures trigger, and a summarizer that needs no network.
+/// Small limits so the fixtures trigger, and a summarizer that needs no network (the default
+/// of `compact` too: the configured backend is used only when `--summarizer` names it).
 const CONFIG: &str = "[compaction]\nmax_messages = 10\nmin_preserve_tokens = 50\n\
                       max_preserve_tokens = 400\n[summarizer]\nbackend = \"extractive\"\n";
 
@@ -196,6 +197,26 @@ fn the_token_trigger_uses_the_configured_window() {
     assert_eq!(tail, &first[first.len() - tail.len()..], "tail verbatim");
 }
 
+/// A first try as a new user makes it: the shipped summarizer default (`auto`, the caller's
+/// provider) left alone, no network, no credentials. `compact` summarises locally unless told
+/// otherwise, and says so.
+#[test]
+fn a_first_try_needs_no_network() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = write(
+        dir.path(),
+        "compactor.toml",
+        b"[upstream]\nbase_url = \"http://127.0.0.1:9\"\n\
+          [compaction]\nmax_messages = 10\nmin_preserve_tokens = 50\n",
+    );
+    let bytes = serde_json::to_vec(&fixture_request("swe-agent-ctf-katy.json")).expect("json");
+    let out = compactor(dir.path(), &["compact", "--config", &config], &bytes);
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert!(out.stdout.len() < bytes.len(), "compacted: {err}");
+    assert!(err.contains("summary:"), "{err}");
+}
+
 #[test]
 fn a_small_request_comes_back_byte_identical_from_stdin() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -243,12 +264,11 @@ fn invalid_input_exits_non_zero_with_a_clear_message() {
     let out = compactor(dir.path(), &["compact", "--config", &config, &missing], b"");
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("missing.json"), "{}", stderr(&out));
-    let bad = write(
+    let out = compactor(
         dir.path(),
-        "bad.toml",
-        b"[summarizer]\nbackend = \"nope\"\n",
+        &["compact", "--config", &config, "--summarizer", "nope"],
+        b"{}",
     );
-    let out = compactor(dir.path(), &["compact", "--config", &bad], b"{}");
     assert_eq!(out.status.code(), Some(1));
     assert!(
         stderr(&out).contains("summarizer.backend"),
@@ -269,7 +289,11 @@ fn a_failed_compaction_prints_the_original_and_exits_2() {
             .as_bytes(),
     );
     let bytes = serde_json::to_vec(&fixture_request("swe-agent-ctf-katy.json")).expect("json");
-    let out = compactor(dir.path(), &["compact", "--config", &config], &bytes);
+    let out = compactor(
+        dir.path(),
+        &["compact", "--config", &config, "--summarizer", "exec"],
+        &bytes,
+    );
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert_eq!(out.stdout, bytes, "the original, byte for byte");

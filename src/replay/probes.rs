@@ -695,9 +695,10 @@ mod tests {
         )
         .expect("config");
         let received = body(&conversation(8));
-        let report = crate::compact::compact(&config, DialectKind::ChatCompletions, &received)
-            .await
-            .expect("compacts");
+        let report =
+            crate::compact::compact(&config, DialectKind::ChatCompletions, None, &received)
+                .await
+                .expect("compacts");
         assert_ne!(report.forward, received, "{}", report.notes);
         let score =
             Prober::new(None).score(DialectKind::ChatCompletions, &received, &report.forward);
