@@ -7,6 +7,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 
 use crate::config::Config;
 use crate::error::Error;
+use crate::event_log::EventLog;
 use crate::metrics::Metrics;
 use crate::pipeline::Pipeline;
 use crate::proxy::budget::BufferBudget;
@@ -32,6 +33,8 @@ pub struct App {
     pub buffers: Arc<BufferBudget>,
     /// Upgraded connections joined to the upstream (kept across reloads, closed at shutdown).
     pub tunnels: Arc<Tunnels>,
+    /// `server.event_log`, open (kept across reloads that leave it as it is).
+    pub events: Option<Arc<EventLog>>,
 }
 
 impl App {
@@ -41,6 +44,15 @@ impl App {
     /// (Store limits and listener addresses are fixed at start-up.)
     pub fn reconfigure(&self, config: Config) -> Result<App, Error> {
         config.validate()?;
+        let events = if (&config.server.event_log, config.server.event_log_max_bytes)
+            == (
+                &self.config.server.event_log,
+                self.config.server.event_log_max_bytes,
+            ) {
+            self.events.clone()
+        } else {
+            open_events(&config)?
+        };
         let summarizer = summarizer::build(&config, self.metrics.clone())?;
         let compactor = Arc::new(
             Pipeline::with_store(
@@ -49,14 +61,15 @@ impl App {
                 self.metrics.clone(),
                 self.compactor.store().clone(),
             )
-            .succeeding(&self.compactor),
+            .succeeding(&self.compactor)
+            .with_events(events.clone()),
         );
         let upstream = if config.upstream == self.config.upstream {
             self.upstream.with_routes(&config)?
         } else {
             Upstream::new(&config)?
         };
-        let route_compactors = route_compactors(&config, &compactor, &self.metrics)?;
+        let route_compactors = route_compactors(&config, &compactor, &self.metrics, &events)?;
         Ok(App {
             config,
             metrics: self.metrics.clone(),
@@ -65,19 +78,23 @@ impl App {
             route_compactors,
             buffers: self.buffers.clone(),
             tunnels: self.tunnels.clone(),
+            events,
         })
     }
 
     /// Builds every component; fails on anything a request would otherwise discover later.
     pub fn new(config: Config) -> Result<App, Error> {
         config.validate()?;
+        let events = open_events(&config)?;
         let metrics = Arc::new(Metrics::new()?);
         let summarizer = summarizer::build(&config, metrics.clone())?;
-        let compactor = Arc::new(Pipeline::new(&config, summarizer, metrics.clone()));
+        let compactor = Arc::new(
+            Pipeline::new(&config, summarizer, metrics.clone()).with_events(events.clone()),
+        );
         let upstream = Upstream::new(&config)?;
         let buffers = BufferBudget::new(config.server.max_buffered_bytes);
         let tunnels = Tunnels::new(config.server.max_connections);
-        let route_compactors = route_compactors(&config, &compactor, &metrics)?;
+        let route_compactors = route_compactors(&config, &compactor, &metrics, &events)?;
         Ok(App {
             config,
             metrics,
@@ -86,6 +103,7 @@ impl App {
             route_compactors,
             buffers,
             tunnels,
+            events,
         })
     }
 }
@@ -105,6 +123,7 @@ fn route_compactors(
     config: &Config,
     default: &Arc<Pipeline>,
     metrics: &Arc<Metrics>,
+    events: &Option<Arc<EventLog>>,
 ) -> Result<Vec<Option<Arc<Pipeline>>>, Error> {
     let mut pipelines = Vec::with_capacity(config.routes.len());
     for (i, route) in config.routes.iter().enumerate() {
@@ -116,12 +135,26 @@ fn route_compactors(
         let summarizer = summarizer::build(&own, metrics.clone())?;
         let pipeline =
             Pipeline::with_store(&own, summarizer, metrics.clone(), default.store().clone())
-                .succeeding(default);
+                .succeeding(default)
+                .with_events(events.clone());
         pipelines.push(Some(Arc::new(pipeline)));
     }
     // The strategy gauge shows the `[compaction]` section's, whatever the routes use.
     metrics.strategy_in_use(config.compaction.strategy);
     Ok(pipelines)
+}
+
+/// `server.event_log`, opened for appending; an unset one is `None`.
+fn open_events(config: &Config) -> Result<Option<Arc<EventLog>>, Error> {
+    let Some(path) = &config.server.event_log else {
+        return Ok(None);
+    };
+    EventLog::open(path, config.server.event_log_max_bytes)
+        .map(|log| Some(Arc::new(log)))
+        .map_err(|e| Error::EventLog {
+            path: path.display().to_string(),
+            source: e,
+        })
 }
 
 /// The current app, swapped atomically by a reload: each request takes the app that is current

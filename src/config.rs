@@ -290,6 +290,11 @@ pub struct ServerConfig {
     /// path (never the query), status, upstream, session, estimated tokens in and out,
     /// whether it was compacted, and the time to the response head.
     pub access_log: bool,
+    /// A file to append one JSON line to per compaction, mask step, refusal retry and failed
+    /// compaction (unset: none).
+    pub event_log: Option<PathBuf>,
+    /// The event log's bound: past it the file is renamed to `<path>.1` and a new one begun.
+    pub event_log_max_bytes: u64,
     /// PEM certificate chain for inbound TLS; set together with `tls_key`.
     pub tls_cert: Option<PathBuf>,
     /// PEM private key for inbound TLS.
@@ -760,6 +765,8 @@ impl Default for ServerConfig {
             max_connections: 4_096,
             log_format: LogFormat::Text,
             access_log: false,
+            event_log: None,
+            event_log_max_bytes: 64 * 1024 * 1024,
             tls_cert: None,
             tls_key: None,
         }
@@ -975,6 +982,9 @@ impl Config {
         }
         if self.server.max_body_bytes == 0 {
             return Err(invalid("server.max_body_bytes", "must be positive"));
+        }
+        if self.server.event_log_max_bytes == 0 {
+            return Err(invalid("server.event_log_max_bytes", "must be positive"));
         }
         let c = &self.compaction;
         for (key, ratio) in [

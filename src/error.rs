@@ -20,6 +20,14 @@ pub enum Error {
         /// What failed (addresses, OS errors): logged, never sent.
         cause: String,
     },
+    /// `server.event_log` could not be opened.
+    #[error("cannot open the event log {path}: {source}")]
+    EventLog {
+        /// The configured path.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
     /// A listener could not be bound (at start-up).
     #[error("cannot listen on {addr}: {source}")]
     Listen {

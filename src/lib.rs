@@ -20,7 +20,8 @@
 //!   mask, prompt, files, engine).
 //! - [`session`]: canonical JSON, chain hashing, checkpoints, session stores, single flight,
 //!   per-session breaker; [`metrics`]: the only place that names metrics; [`calibration`]:
-//!   per-model moving ratio of actual to estimated input tokens.
+//!   per-model moving ratio of actual to estimated input tokens; [`event_log`]: one JSON line
+//!   per compaction, mask step, retry and failure (`server.event_log`).
 //! - [`pipeline`]: the request-level flow: scan, checkpoint lookup, single flight, splice,
 //!   store; [`usage`]: response bodies passed through unbuffered while their `usage` is read;
 //!   [`summarizer`]: the one place that maps backend names to summarizer plugins;
@@ -43,6 +44,7 @@ pub mod cost;
 pub mod dialect;
 pub mod error;
 pub mod estimate;
+pub mod event_log;
 pub mod metrics;
 pub mod overflow;
 pub mod pipeline;

@@ -43,6 +43,7 @@ use crate::cost::{cached_prefix, Bill, Repeats};
 use crate::dialect::reply::first_reply;
 use crate::dialect::scan_memo::{Remembering, ScanMemo};
 use crate::dialect::{DialectError, DialectKind, Scan};
+use crate::event_log::{self, Event, EventLog};
 use crate::metrics::Metrics;
 use crate::overflow::Overflow;
 use crate::session::hash::SESSION_ID_MESSAGES;
@@ -282,6 +283,9 @@ pub struct Pipeline {
     sample_ratio: f64,
     /// Conversations seen, for counting each once per cohort.
     conversations: Arc<Conversations>,
+    /// `server.event_log`, when set (never in the shadow pipeline: it forwards nothing it
+    /// decides).
+    events: Option<Arc<EventLog>>,
     /// What decides for shadow requests: this pipeline's settings with the local `extractive`
     /// summarizer and a memory store of its own (a shadow summary is never spliced into a
     /// request forwarded for real); `None` in the shadow pipeline itself.
@@ -397,8 +401,15 @@ impl Pipeline {
             mode: config.compaction.mode,
             sample_ratio: config.compaction.sample_ratio,
             conversations: Arc::default(),
+            events: None,
             shadow: None,
         }
+    }
+
+    /// This pipeline writing its events to `events` ([`crate::event_log`]).
+    pub fn with_events(mut self, events: Option<Arc<EventLog>>) -> Self {
+        self.events = events;
+        self
     }
 
     /// Shares what outlives a reload with the pipeline this one replaces: the calibration
@@ -727,6 +738,9 @@ impl Pipeline {
         if masked_outputs > 0 {
             self.metrics
                 .masked_outputs(scan.dialect(), self.strategy, masked_outputs);
+        }
+        if let (Some(events), true) = (&self.events, cohort.compacts() && self.strategy.masks()) {
+            events.masked(&session, masked_outputs, scan.tokens, forwarded);
         }
         let shape = Shape {
             summary: match &processed.outcome {
@@ -1099,6 +1113,7 @@ impl Pipeline {
             Err(e) => {
                 let outcome = e.outcome();
                 self.record(trigger, outcome);
+                self.log_failure(session, trigger, outcome);
                 tracing::warn!(
                     session,
                     trigger = trigger.label(),
@@ -1636,12 +1651,7 @@ impl Pipeline {
     /// table's prices) to the conversation's cost in the store (the admin API's session
     /// detail). Nothing for a backend that reports nothing or a model without a price.
     async fn record_summarizer_cost(&self, request: &Request<'_, '_>, compaction: &Compaction) {
-        let models = self.engine.models();
-        let usd: f64 = compaction
-            .usage
-            .iter()
-            .filter_map(|u| Some(Bill::of(&u.into(), &models.price(&u.model)?).total()))
-            .sum();
+        let usd = self.summary_usd(compaction);
         if usd <= 0.0 {
             return;
         }
@@ -1656,6 +1666,16 @@ impl Pipeline {
         {
             tracing::debug!(error = %e, "summarizer cost not recorded");
         }
+    }
+
+    /// What a compaction's summarizer calls cost, in USD (priced models that report usage).
+    fn summary_usd(&self, compaction: &Compaction) -> f64 {
+        let models = self.engine.models();
+        compaction
+            .usage
+            .iter()
+            .filter_map(|u| Some(Bill::of(&u.into(), &models.price(&u.model)?).total()))
+            .sum()
     }
 
     /// The single flight of a summary of `request`'s conversation after `splice`.
@@ -1864,6 +1884,7 @@ impl Pipeline {
             Err(e) => {
                 self.feed_breaker(request.tenant, request.session, false)
                     .await;
+                self.log_failure(&job.session, job.trigger, e.outcome());
                 tracing::warn!(session = job.session, error = %e, "background compaction failed");
                 return BackgroundOutcome::Failed;
             }
@@ -2159,6 +2180,7 @@ impl Pipeline {
             }
             Err(e) => {
                 self.record(Trigger::Overflow, e.outcome());
+                self.log_failure(&session, Trigger::Overflow, e.outcome());
                 tracing::warn!(session, error = %e, "compaction after a refusal for length failed");
                 None
             }
@@ -2335,6 +2357,34 @@ impl Pipeline {
             duration_ms = started.elapsed().as_millis() as u64,
             "compaction"
         );
+        if let Some(events) = &self.events {
+            let kind = match trigger {
+                Trigger::Overflow => event_log::Kind::Retry,
+                _ => event_log::Kind::Compaction,
+            };
+            let usd = self.summary_usd(compaction);
+            events.record(
+                Event {
+                    trigger: Some(trigger.label()),
+                    summarizer: Some(self.engine.summarizer_name()),
+                    cost_usd: (usd > 0.0).then_some(usd),
+                    ..Event::new(kind, session).tokens(r.pre_tokens, r.post_tokens)
+                }
+                .took(started.elapsed()),
+            );
+        }
+    }
+
+    /// A compaction that was due and did not happen, in the event log.
+    fn log_failure(&self, session: &str, trigger: Trigger, outcome: CompactionOutcome) {
+        if let Some(events) = &self.events {
+            events.record(Event {
+                trigger: Some(trigger.label()),
+                outcome: Some(outcome.label()),
+                summarizer: Some(self.engine.summarizer_name()),
+                ..Event::new(event_log::Kind::CompactionFailed, session)
+            });
+        }
     }
 
     fn record(&self, trigger: Trigger, outcome: CompactionOutcome) {

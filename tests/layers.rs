@@ -18,6 +18,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("session", 3),
     ("metrics", 3),
     ("calibration", 3),
+    ("event_log", 3),
     ("pipeline", 4),
     ("overflow", 4),
     ("usage", 4),
