@@ -20,6 +20,9 @@ pub enum Error {
         /// What failed (addresses, OS errors): logged, never sent.
         cause: String,
     },
+    /// `compactor run` could not start the agent's command.
+    #[error("cannot run {0}")]
+    Agent(String),
     /// `server.event_log` could not be opened.
     #[error("cannot open the event log {path}: {source}")]
     EventLog {

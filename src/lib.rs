@@ -31,7 +31,7 @@
 //!   shutdown; [`app`]: the application value a request needs, swapped whole on reload;
 //!   [`reload`]: hot reload; [`upstream`]: pooled HTTP client, URI/Host rewrite, hop-by-hop
 //!   headers; [`error`]: the error enum whose variants know their HTTP status; [`replay`] and
-//!   [`compact`]: the offline tools.
+//!   [`compact`]: the offline tools; [`run`]: an agent started through compactor.
 
 pub mod admin;
 pub mod app;
@@ -52,6 +52,7 @@ pub mod process;
 pub mod proxy;
 pub mod reload;
 pub mod replay;
+pub mod run;
 pub mod server;
 pub mod session;
 pub mod summarizer;

@@ -64,6 +64,27 @@ enum Command {
         #[arg(long)]
         config: Option<PathBuf>,
     },
+    /// Run an agent through compactor: `compactor run claude -- -p "fix the tests"`.
+    ///
+    /// Uses the compactor answering at the configured admin address, or starts one in this
+    /// process on free local ports (adding `/anthropic` and `/gemini` routes when missing),
+    /// points the agent at it the way it needs (Claude Code, Codex, opencode, Gemini CLI by
+    /// name; aider and any other command by `OPENAI_BASE_URL`, `OPENAI_API_BASE` and
+    /// `ANTHROPIC_BASE_URL`), runs it in the foreground and returns its exit code. On exit it
+    /// prints one line of what compactor did (when it started it).
+    Run {
+        /// Config file (default: config/compactor.toml when present, else built-in defaults).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Print the settings for the agent (shell `export` lines) instead of running it.
+        #[arg(long)]
+        print_env: bool,
+        /// The agent's command.
+        agent: std::ffi::OsString,
+        /// Its arguments (after `--`).
+        #[arg(last = true)]
+        args: Vec<std::ffi::OsString>,
+    },
     /// Validate the configuration and print it, secrets redacted.
     CheckConfig {
         /// Config file (default: config/compactor.toml when present, else built-in defaults).
@@ -156,6 +177,17 @@ fn warn_ignored_env(logging: bool) {
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
+        Command::Run {
+            config,
+            print_env,
+            agent,
+            args,
+        } => {
+            let config = Config::load(config.as_deref())?;
+            init_tracing(config.server.log_format, "warn");
+            let runtime = tokio::runtime::Runtime::new().context("starting the runtime")?;
+            runtime.block_on(run_agent(config, print_env, agent, args))
+        }
         Command::CheckConfig { config } => {
             let config = Config::load(config.as_deref())?;
             warn_ignored_env(false);
@@ -242,6 +274,33 @@ fn read_input(file: Option<&Path>) -> anyhow::Result<Vec<u8>> {
 }
 
 /// `compactor compact`: the library does the work; this prints its report.
+async fn run_agent(
+    config: Config,
+    print_env: bool,
+    agent: std::ffi::OsString,
+    args: Vec<std::ffi::OsString>,
+) -> anyhow::Result<ExitCode> {
+    use compactor::run::{self, Agent, Proxy};
+    if print_env {
+        // Where `serve` with this configuration listens.
+        let base = format!("http://{}", config.server.listen);
+        print!(
+            "{}",
+            run::print_env(&Agent::of(Path::new(&agent)).settings(&base))
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    let proxy = Proxy::find_or_start(config)
+        .await
+        .context("starting compactor")?;
+    let code = run::agent(&agent, &args, &proxy.base()).await;
+    if let Some(summary) = proxy.finish().await {
+        eprintln!("{summary}");
+    }
+    let code = code?;
+    Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))
+}
+
 async fn compact(
     config: &Config,
     dialect: DialectKind,

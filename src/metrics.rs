@@ -987,6 +987,51 @@ impl Metrics {
         Ok(m)
     }
 
+    /// One line of what this process did, for `compactor run` on exit: requests,
+    /// compactions, estimated input tokens received and forwarded, and the provider's bill
+    /// for chat requests of priced models.
+    pub fn run_summary(&self) -> String {
+        let families = self.registry.gather();
+        let sum = |name: &str, keep: &dyn Fn(&prometheus::proto::Metric) -> bool| -> f64 {
+            families
+                .iter()
+                .filter(|f| f.name() == name)
+                .flat_map(|f| f.get_metric())
+                .filter(|m| keep(m))
+                .map(|m| m.get_counter().get_value())
+                .sum()
+        };
+        let label = |m: &prometheus::proto::Metric, name: &str, value: &str| {
+            m.get_label()
+                .iter()
+                .any(|l| l.name() == name && l.value() == value)
+        };
+        let requests = sum("compactor_requests_total", &|_| true);
+        let compactions = sum("compactor_compactions_total", &|m| {
+            label(m, "outcome", "compacted")
+        });
+        let received = sum("compactor_cohort_tokens_total", &|m| {
+            label(m, "stage", "received")
+        });
+        let forwarded = sum("compactor_cohort_tokens_total", &|m| {
+            label(m, "stage", "forwarded") && !label(m, "cohort", "shadow")
+        }) + sum("compactor_cohort_tokens_total", &|m| {
+            label(m, "stage", "received") && label(m, "cohort", "shadow")
+        });
+        let cost = sum("compactor_cohort_cost_usd_total", &|_| true);
+        let mut line = format!(
+            "compactor: {requests} requests, {compactions} compactions, {forwarded} of {received} \
+             estimated input tokens forwarded"
+        );
+        if received > 0.0 {
+            line.push_str(&format!(" ({:.0}%)", 100.0 * forwarded / received));
+        }
+        if cost > 0.0 {
+            line.push_str(&format!(", ${cost:.4} billed"));
+        }
+        line
+    }
+
     /// A chat request of `cohort`: `received` and `forwarded` estimated input tokens (shadow:
     /// what enforce would have forwarded), the first of its conversation this process sees or
     /// not.

@@ -33,6 +33,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("error", 5),
     ("replay", 5),
     ("compact", 5),
+    ("run", 5),
 ];
 
 fn layer(module: &str) -> Option<u8> {

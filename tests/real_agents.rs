@@ -503,6 +503,70 @@ async fn claude_code() {
     check(&run, &session, true).await;
 }
 
+/// Claude Code as a user would start it through compactor: `compactor run claude -- -p ...`,
+/// with a configuration naming the provider (here the scripted one, as the upstream and as the
+/// `/anthropic` route) and nothing else: `run` starts compactor on free ports and sets
+/// `ANTHROPIC_BASE_URL` itself. The session finishes, every request reached the provider
+/// through compactor (summaries in them), the project rule stays, and `run` prints its
+/// one-line summary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_through_compactor_run() {
+    let claude = npm_agent("claude", "@anthropic-ai/claude-code", "CLAUDE_CODE_VERSION");
+    let ws = workspace(&["CLAUDE.md"]);
+    let session = session(Setup::by_messages(Finish::Text, "claude-sonnet-4-5")).await;
+    let config = ws.home.join("compactor.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "{}[[routes]]\nprefix = \"/anthropic\"\nbase_url = \"{}\"\n{}",
+            upstream_toml(&session.provider.url()),
+            session.provider.url(),
+            compactor_toml(8)
+        ),
+    )
+    .expect("write config");
+    let mut c = command(Path::new(env!("CARGO_BIN_EXE_compactor")), &ws);
+    c.arg("run")
+        .arg("--config")
+        .arg(&config)
+        .arg(&claude)
+        .args(["--", "-p", PROMPT, "--permission-mode", "bypassPermissions"])
+        .env("ANTHROPIC_API_KEY", "sk-ant-scripted-test")
+        .env("IS_SANDBOX", "1")
+        .env("DISABLE_AUTOUPDATER", "1")
+        .env("DISABLE_TELEMETRY", "1")
+        .env("DISABLE_ERROR_REPORTING", "1")
+        .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1");
+    let run = run("compactor run claude", c).await;
+    run.ensure(
+        run.status.is_some_and(|s| s.success()) && run.stdout.contains(&final_text(TURNS)),
+        "the session finishes",
+        &session,
+    );
+    let turns = session.provider.session_turns();
+    let last = turns.last().cloned().expect("the provider was reached");
+    run.ensure(
+        turns.iter().any(|e| text(e).contains(&SUMMARY_INTRO[..40])),
+        "no forwarded request carries a summary: compactor was not in the way",
+        &session,
+    );
+    run.ensure(
+        text(&last).contains(RULE_MARK),
+        "the project rule is not in the last forwarded request",
+        &session,
+    );
+    let summary = run
+        .stderr
+        .lines()
+        .find(|l| l.starts_with("compactor: "))
+        .unwrap_or_default();
+    run.ensure(
+        summary.contains(" compactions, ") && !summary.contains(" 0 compactions"),
+        &format!("run's summary line: {summary:?}"),
+        &session,
+    );
+}
+
 /// `codex exec` of the user's prompt in `ws`, its provider compactor at `proxy`.
 fn codex_command(ws: &Workspace, proxy: &TestProxy) -> tokio::process::Command {
     let codex = npm_agent("codex", "@openai/codex", "CODEX_VERSION");
