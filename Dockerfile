@@ -5,10 +5,14 @@
 #
 #   docker build -t compactor:local .
 #   docker run --rm -p 8787:8787 -p 127.0.0.1:9787:9787 compactor:local
+#   docker run --rm -p 8787:8787 -p 127.0.0.1:9787:9787 -v "$PWD/deploy/compactor:/etc/compactor:ro" compactor:local
 #
-# The image carries deploy/compactor.toml as /etc/compactor/compactor.toml (listeners on
-# 0.0.0.0, everything else at its default); mount your own file over it. Environment
-# variables COMPACTOR_<SECTION>__<KEY> override it (e.g. COMPACTOR_ADMIN__TOKEN).
+# The image carries deploy/compactor/compactor.toml as /etc/compactor/compactor.toml
+# (listeners on 0.0.0.0, an /anthropic route, everything else at its default). To use your own,
+# mount a directory holding a compactor.toml over /etc/compactor (as docker-compose.yml does)
+# rather than the single file: an editor that replaces the file gives it a new inode, which a
+# single-file bind mount does not follow, so hot reload would keep reading the old one.
+# Environment variables COMPACTOR_<SECTION>__<KEY> override it (e.g. COMPACTOR_ADMIN__TOKEN).
 #
 # Note: this file was written without a Docker engine at hand and has not been built in CI.
 
@@ -40,7 +44,7 @@ RUN groupadd --system --gid 10001 compactor \
        --home-dir /nonexistent --shell /usr/sbin/nologin compactor
 COPY --from=build /out/compactor /usr/local/bin/compactor
 # Read-only for the service user: the configuration is never written by compactor.
-COPY --chmod=0644 deploy/compactor.toml /etc/compactor/compactor.toml
+COPY --chmod=0644 deploy/compactor/compactor.toml /etc/compactor/compactor.toml
 USER 10001:10001
 ENV RUST_LOG=info
 # 8787: proxy (point agents here). 9787: admin (/livez, /readyz, /metrics, sessions); keep it

@@ -2,9 +2,11 @@
 //! Grafana provisioning and `deploy/kubernetes/*.yaml`. No container engine or cluster runs
 //! here, so this checks what can be checked without one: every YAML document parses, the
 //! Kubernetes objects and compose services have the shape the README promises (probes, config
-//! from a ConfigMap, admin token from a Secret, Services selecting real pods), and every
-//! compactor configuration the files carry — ConfigMap `compactor.toml` entries and `.toml`
-//! files under `deploy/` — passes the real `compactor check-config`.
+//! from a ConfigMap, admin token from a Secret created out of band, compactor as a native
+//! sidecar, Services selecting real pods, the commented Prometheus Operator monitors), no
+//! placeholder Secret is shipped, and every compactor configuration the files carry — ConfigMap
+//! `compactor.toml` entries and `.toml` files under `deploy/` — passes the real
+//! `compactor check-config`.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -13,6 +15,10 @@ use std::process::Command;
 use yaml_rust2::{Yaml, YamlLoader};
 
 const CONFIG_PATH: &str = "/etc/compactor/compactor.toml";
+const CONFIG_DIR: &str = "/etc/compactor";
+/// The compose configuration (and the image's default), relative to `deploy/`: a file in the
+/// directory compose mounts at [`CONFIG_DIR`].
+const COMPOSE_CONFIG: &str = "compactor/compactor.toml";
 const ADMIN_PORT: i64 = 9787;
 
 fn root() -> PathBuf {
@@ -203,26 +209,64 @@ fn kubernetes_objects_are_well_formed() {
     }
 }
 
-/// The compactor containers of a file's Deployments, with the pod spec holding them.
+fn is_compactor(c: &Yaml) -> bool {
+    c["image"]
+        .as_str()
+        .is_some_and(|i| i.starts_with("compactor:"))
+}
+
+/// The compactor containers of a file's Deployments, in `initContainers` (a native sidecar) or
+/// `containers`, with the pod spec holding them.
 fn compactor_pods<'a>(docs: &'a [(String, Yaml)], file: &'a str) -> Vec<(&'a Yaml, &'a Yaml)> {
     kind_is(docs, file, "Deployment")
         .into_iter()
         .flat_map(|dep| {
             let pod = &dep["spec"]["template"]["spec"];
-            list(&pod["containers"])
+            list(&pod["initContainers"])
                 .iter()
-                .filter(|c| {
-                    c["image"]
-                        .as_str()
-                        .is_some_and(|i| i.starts_with("compactor:"))
-                })
+                .chain(list(&pod["containers"]))
+                .filter(|c| is_compactor(c))
                 .map(move |c| (pod, c))
         })
         .collect()
 }
 
+/// The `secretKeyRef` (name, key) compactor reads `COMPACTOR_ADMIN__TOKEN` from.
+fn admin_token_ref<'a>(file: &str, c: &'a Yaml) -> (&'a str, &'a str) {
+    let token = list(&c["env"])
+        .iter()
+        .find(|e| e["name"].as_str() == Some("COMPACTOR_ADMIN__TOKEN"))
+        .unwrap_or_else(|| panic!("{file}: no COMPACTOR_ADMIN__TOKEN"));
+    let secret_ref = &token["valueFrom"]["secretKeyRef"];
+    let name = str_of(&secret_ref["name"], "secretKeyRef.name");
+    let key = str_of(&secret_ref["key"], "secretKeyRef.key");
+    assert!(
+        !name.is_empty() && !key.is_empty(),
+        "{file}: {secret_ref:?}"
+    );
+    (name, key)
+}
+
+fn k8s_text(file: &str) -> String {
+    let path = deploy_dir().join("kubernetes").join(file);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// An HTTP GET probe on `path` at the admin port (by name or number).
+fn assert_admin_probe(file: &str, probe: &str, c: &Yaml, path: &str) {
+    let get = &c[probe]["httpGet"];
+    assert_eq!(get["path"].as_str(), Some(path), "{file}: {probe} path");
+    assert!(
+        get["port"].as_str() == Some("admin") || get["port"].as_i64() == Some(ADMIN_PORT),
+        "{file}: {probe} not on the admin port: {:?}",
+        get["port"]
+    );
+}
+
 /// Probes on /livez and /readyz at the admin port, config from a ConfigMap holding
-/// `compactor.toml` mounted at /etc/compactor, the admin token from an existing Secret.
+/// `compactor.toml` mounted at /etc/compactor, the admin token from a Secret: one the file
+/// tells the operator to create (`kubectl create secret generic <name> --from-literal=<key>=`),
+/// or, if the file carries the Secret, one with that key.
 fn assert_compactor_container(docs: &[(String, Yaml)], file: &str, pod: &Yaml, c: &Yaml) {
     let ports = list(&c["ports"]);
     let admin = ports
@@ -235,13 +279,7 @@ fn assert_compactor_container(docs: &[(String, Yaml)], file: &str, pod: &Yaml, c
         "{file}: admin port"
     );
     for (probe, path) in [("livenessProbe", "/livez"), ("readinessProbe", "/readyz")] {
-        let get = &c[probe]["httpGet"];
-        assert_eq!(get["path"].as_str(), Some(path), "{file}: {probe} path");
-        assert!(
-            get["port"].as_str() == Some("admin") || get["port"].as_i64() == Some(ADMIN_PORT),
-            "{file}: {probe} not on the admin port: {:?}",
-            get["port"]
-        );
+        assert_admin_probe(file, probe, c, path);
     }
     let args: Vec<&str> = list(&c["args"]).iter().filter_map(Yaml::as_str).collect();
     assert_eq!(
@@ -250,26 +288,30 @@ fn assert_compactor_container(docs: &[(String, Yaml)], file: &str, pod: &Yaml, c
         "{file}: compactor args"
     );
 
-    let token = list(&c["env"])
-        .iter()
-        .find(|e| e["name"].as_str() == Some("COMPACTOR_ADMIN__TOKEN"))
-        .unwrap_or_else(|| panic!("{file}: no COMPACTOR_ADMIN__TOKEN"));
-    let secret_ref = &token["valueFrom"]["secretKeyRef"];
-    let secret = find(
-        docs,
-        file,
-        "Secret",
-        str_of(&secret_ref["name"], "secretKeyRef.name"),
-    );
-    let key = str_of(&secret_ref["key"], "secretKeyRef.key");
-    assert!(
-        !secret["stringData"][key].is_badvalue() || !secret["data"][key].is_badvalue(),
-        "{file}: Secret has no key {key}"
-    );
+    let (secret_name, key) = admin_token_ref(file, c);
+    let shipped = docs.iter().find(|(f, d)| {
+        f == file
+            && d["kind"].as_str() == Some("Secret")
+            && d["metadata"]["name"].as_str() == Some(secret_name)
+    });
+    match shipped {
+        Some((_, secret)) => assert!(
+            !secret["stringData"][key].is_badvalue() || !secret["data"][key].is_badvalue(),
+            "{file}: Secret {secret_name} has no key {key}"
+        ),
+        None => {
+            let create =
+                format!("kubectl create secret generic {secret_name} --from-literal={key}=");
+            assert!(
+                k8s_text(file).contains(&create),
+                "{file}: Secret {secret_name} is not in the file, and no comment says `{create}...`"
+            );
+        }
+    }
 
     let mount = list(&c["volumeMounts"])
         .iter()
-        .find(|m| m["mountPath"].as_str() == Some("/etc/compactor"))
+        .find(|m| m["mountPath"].as_str() == Some(CONFIG_DIR))
         .unwrap_or_else(|| panic!("{file}: nothing mounted at /etc/compactor"));
     let volume = list(&pod["volumes"])
         .iter()
@@ -296,22 +338,219 @@ fn sidecar_runs_compactor_beside_an_agent() {
     assert_eq!(pods.len(), 1, "{file}: one compactor container");
     let (pod, c) = pods[0];
     assert_compactor_container(&docs, file, pod, c);
-    let others: Vec<&Yaml> = list(&pod["containers"])
-        .iter()
-        .filter(|o| *o != c)
-        .collect();
+
+    // A native sidecar: an init container that keeps running (restartPolicy: Always), whose
+    // startup probe on /readyz holds the agent back until compactor is ready.
     assert!(
-        !others.is_empty(),
-        "{file}: no agent container beside compactor"
+        list(&pod["initContainers"]).iter().any(|i| i == c),
+        "{file}: compactor is not an initContainer"
     );
+    assert_eq!(
+        c["restartPolicy"].as_str(),
+        Some("Always"),
+        "{file}: compactor is an init container without restartPolicy: Always (it would have to exit before the agent starts)"
+    );
+    assert_admin_probe(file, "startupProbe", c, "/readyz");
+    assert!(
+        !list(&pod["containers"]).iter().any(is_compactor),
+        "{file}: compactor also in containers"
+    );
+
+    let agents = list(&pod["containers"]);
+    assert_eq!(
+        agents.len(),
+        1,
+        "{file}: one agent container beside compactor"
+    );
+    let agent = &agents[0];
     // The agent talks to compactor over the pod's loopback.
-    let env = list(&others[0]["env"]);
+    let env = list(&agent["env"]);
     assert!(
         env.iter().any(|e| e["value"]
             .as_str()
             .is_some_and(|v| v.starts_with("http://127.0.0.1:8787"))),
         "{file}: the agent is not pointed at compactor on localhost"
     );
+    // The agent runs the model's tool calls: unprivileged too.
+    let security = &agent["securityContext"];
+    assert!(
+        security["runAsNonRoot"].as_bool() == Some(true)
+            || pod["securityContext"]["runAsNonRoot"].as_bool() == Some(true),
+        "{file}: the agent is not runAsNonRoot"
+    );
+    assert_eq!(
+        security["allowPrivilegeEscalation"].as_bool(),
+        Some(false),
+        "{file}: the agent may escalate privileges"
+    );
+    let dropped: Vec<&str> = list(&security["capabilities"]["drop"])
+        .iter()
+        .filter_map(Yaml::as_str)
+        .collect();
+    assert_eq!(dropped, ["ALL"], "{file}: the agent's capabilities");
+    // A read-only root filesystem leaves the agent a writable emptyDir for its workspace.
+    if security["readOnlyRootFilesystem"].as_bool() == Some(true) {
+        let writable: Vec<&str> = list(&agent["volumeMounts"])
+            .iter()
+            .filter(|m| m["readOnly"].as_bool() != Some(true))
+            .filter(|m| {
+                list(&pod["volumes"])
+                    .iter()
+                    .any(|v| v["name"] == m["name"] && !v["emptyDir"].is_badvalue())
+            })
+            .filter_map(|m| m["mountPath"].as_str())
+            .collect();
+        assert!(
+            writable.iter().any(|p| p.contains("workspace")),
+            "{file}: read-only agent without a writable workspace emptyDir: {writable:?}"
+        );
+    }
+}
+
+/// The commented-out YAML documents of a Kubernetes file: comment blocks from a line
+/// `# apiVersion: ...` on, with the leading `# ` taken off, parsed.
+fn commented_docs(file: &str) -> Vec<Yaml> {
+    let text = k8s_text(file);
+    let mut docs = Vec::new();
+    let mut block: Option<String> = None;
+    for line in text.lines().chain([""]) {
+        let uncommented = line
+            .strip_prefix("# ")
+            .or_else(|| (line == "#").then_some(""));
+        match (&mut block, uncommented) {
+            (None, Some(rest)) if rest.starts_with("apiVersion:") => {
+                block = Some(format!("{rest}\n"));
+            }
+            (Some(b), Some(rest)) if rest.trim() != "---" => {
+                b.push_str(rest);
+                b.push('\n');
+            }
+            (Some(_), _) => {
+                let b = block.take().expect("block");
+                let parsed = YamlLoader::load_from_str(&b)
+                    .unwrap_or_else(|e| panic!("{file}: commented YAML: {e}\n{b}"));
+                docs.extend(parsed);
+            }
+            (None, _) => {}
+        }
+    }
+    docs
+}
+
+/// The commented Prometheus Operator example of each file scrapes compactor's admin port and
+/// sends the admin token from the Secret compactor reads it from.
+#[test]
+fn prometheus_operator_examples_send_the_admin_token() {
+    let docs = k8s_docs();
+    for (file, kind, endpoints) in [
+        ("sidecar.yaml", "PodMonitor", "podMetricsEndpoints"),
+        ("gateway.yaml", "ServiceMonitor", "endpoints"),
+    ] {
+        let monitors: Vec<Yaml> = commented_docs(file)
+            .into_iter()
+            .filter(|d| d["kind"].as_str() == Some(kind))
+            .collect();
+        assert_eq!(monitors.len(), 1, "{file}: one commented {kind}");
+        let monitor = &monitors[0];
+        assert_eq!(
+            monitor["apiVersion"].as_str(),
+            Some("monitoring.coreos.com/v1"),
+            "{file}: {kind}"
+        );
+        let (pod, c) = compactor_pods(&docs, file)[0];
+        let (secret, key) = admin_token_ref(file, c);
+        let endpoint = list(&monitor["spec"][endpoints])
+            .iter()
+            .find(|e| e["port"].as_str() == Some("admin"))
+            .unwrap_or_else(|| panic!("{file}: {kind} has no endpoint on port admin"));
+        assert_eq!(
+            endpoint["path"].as_str(),
+            Some("/metrics"),
+            "{file}: {kind}"
+        );
+        let auth = &endpoint["authorization"];
+        assert_eq!(auth["type"].as_str(), Some("Bearer"), "{file}: {kind}");
+        assert_eq!(
+            auth["credentials"]["name"].as_str(),
+            Some(secret),
+            "{file}: {kind} credentials"
+        );
+        assert_eq!(
+            auth["credentials"]["key"].as_str(),
+            Some(key),
+            "{file}: {kind} credentials"
+        );
+
+        // It selects compactor's pods (PodMonitor) or a Service with the admin port that
+        // selects them (ServiceMonitor).
+        let wanted = monitor["spec"]["selector"]["matchLabels"]
+            .as_hash()
+            .unwrap_or_else(|| panic!("{file}: {kind} selector.matchLabels"));
+        let selects = |labels: &Yaml| {
+            wanted
+                .iter()
+                .all(|(k, v)| &labels[str_of(k, "matchLabels key")] == v)
+        };
+        let pod_labels = kind_is(&docs, file, "Deployment")
+            .into_iter()
+            .find(|d| &d["spec"]["template"]["spec"] == pod)
+            .map(|d| &d["spec"]["template"]["metadata"]["labels"])
+            .expect("compactor's Deployment");
+        if kind == "PodMonitor" {
+            assert!(
+                selects(pod_labels),
+                "{file}: {kind} misses compactor's pods"
+            );
+        } else {
+            let admin_service = kind_is(&docs, file, "Service").into_iter().any(|svc| {
+                selects(&svc["metadata"]["labels"])
+                    && list(&svc["spec"]["ports"])
+                        .iter()
+                        .any(|p| p["name"].as_str() == Some("admin"))
+                    && svc["spec"]["selector"]
+                        .as_hash()
+                        .expect("Service selector")
+                        .iter()
+                        .all(|(k, v)| &pod_labels[str_of(k, "selector key")] == v)
+            });
+            assert!(
+                admin_service,
+                "{file}: {kind} selects no Service with compactor's admin port"
+            );
+        }
+    }
+}
+
+/// A Secret committed under deploy/ is a placeholder everyone knows (`token: change-me` gets
+/// deployed as is): the files name their Secrets and say how to create them instead.
+#[test]
+fn no_placeholder_secret_is_shipped() {
+    for path in yaml_files() {
+        let what = path.strip_prefix(root()).unwrap().display().to_string();
+        for doc in load(&path) {
+            if doc["kind"].as_str() != Some("Secret") {
+                continue;
+            }
+            let values: Vec<String> = ["stringData", "data"]
+                .iter()
+                .flat_map(|field| doc[*field].as_hash().into_iter().flatten())
+                .map(|(k, v)| format!("{k:?}: {v:?}"))
+                .collect();
+            assert!(
+                values.is_empty(),
+                "{what}: Secret {:?} ships values {values:?}; create it out of band",
+                doc["metadata"]["name"]
+            );
+        }
+    }
+    for path in files_under(&deploy_dir(), &["yml", "yaml", "toml"]) {
+        let text = std::fs::read_to_string(&path).expect("deploy file");
+        assert!(
+            !text.contains("change-me"),
+            "{}: a change-me placeholder",
+            path.display()
+        );
+    }
 }
 
 #[test]
@@ -391,11 +630,38 @@ fn compose_has_the_four_services_and_mounts_existing_files() {
             }
         }
     }
+    // A directory, not the single file: a single-file bind mount keeps the inode it was given,
+    // so an editor replacing the file would never reach the container (nor hot reload).
+    let config_dir = mounts
+        .iter()
+        .find(|(s, _, dst)| s == "compactor" && dst == CONFIG_DIR)
+        .map(|(_, src, _)| deploy_dir().join(src))
+        .unwrap_or_else(|| {
+            panic!("compactor does not mount a directory at {CONFIG_DIR}: {mounts:?}")
+        });
     assert!(
-        mounts
+        config_dir.is_dir() && config_dir.join("compactor.toml").is_file(),
+        "{} is not a directory holding compactor.toml",
+        config_dir.display()
+    );
+    assert_eq!(
+        config_dir.join("compactor.toml").canonicalize().unwrap(),
+        deploy_dir().join(COMPOSE_CONFIG).canonicalize().unwrap()
+    );
+    assert!(
+        !mounts
             .iter()
-            .any(|(s, src, dst)| s == "compactor" && src.ends_with(".toml") && dst == CONFIG_PATH),
-        "compactor does not mount a .toml at {CONFIG_PATH}: {mounts:?}"
+            .any(|(s, _, dst)| s == "compactor" && dst.starts_with(&format!("{CONFIG_DIR}/"))),
+        "compactor bind-mounts a single file under {CONFIG_DIR}: {mounts:?}"
+    );
+    let args: Vec<&str> = list(&services[&Yaml::String("compactor".into())]["command"])
+        .iter()
+        .filter_map(Yaml::as_str)
+        .collect();
+    assert_eq!(
+        args,
+        ["serve", "--config", CONFIG_PATH],
+        "compactor command"
     );
     assert!(
         mounts
@@ -422,8 +688,8 @@ fn compose_has_the_four_services_and_mounts_existing_files() {
         "{url}: the compose redis service"
     );
     let config = check_config_with(
-        &deploy_dir().join("compactor.toml"),
-        "deploy/compactor.toml with the compose environment",
+        &deploy_dir().join(COMPOSE_CONFIG),
+        "deploy/compactor/compactor.toml with the compose environment",
         &env,
     );
     assert_eq!(config["store"]["backend"].as_str(), Some("redis"));
@@ -431,6 +697,26 @@ fn compose_has_the_four_services_and_mounts_existing_files() {
     assert!(
         ports.iter().any(|p| p.ends_with(":8787")) && ports.iter().any(|p| p.ends_with(":9787")),
         "{ports:?}"
+    );
+
+    // Anthropic clients (Claude Code) go through the /anthropic route, and the file says how
+    // to point them at it on the published proxy port.
+    let routes = config["routes"].as_array().expect("routes");
+    assert!(
+        routes.iter().any(|r| {
+            r["prefix"].as_str() == Some("/anthropic")
+                && r["base_url"].as_str() == Some("https://api.anthropic.com")
+        }),
+        "no /anthropic route: {routes:?}"
+    );
+    assert!(
+        ports.contains(&"127.0.0.1:8787:8787"),
+        "proxy not published on 127.0.0.1:8787: {ports:?}"
+    );
+    let text = std::fs::read_to_string(deploy_dir().join(COMPOSE_CONFIG)).expect("config");
+    assert!(
+        text.contains("ANTHROPIC_BASE_URL=http://127.0.0.1:8787/anthropic"),
+        "deploy/{COMPOSE_CONFIG} does not say how to point Claude Code at the route"
     );
 }
 
@@ -450,8 +736,8 @@ fn prometheus_scrapes_the_admin_metrics() {
     assert_eq!(targets, [format!("compactor:{ADMIN_PORT}")]);
     // And that is where the compose configuration puts the admin listener.
     let config = check_config(
-        &deploy_dir().join("compactor.toml"),
-        "deploy/compactor.toml",
+        &deploy_dir().join(COMPOSE_CONFIG),
+        "deploy/compactor/compactor.toml",
     );
     let admin = config["server"]["admin_listen"]
         .as_str()
@@ -565,7 +851,7 @@ fn shipped_configs_pass_check_config() {
     assert_eq!(
         checked.len(),
         3,
-        "expected deploy/compactor.toml and two ConfigMaps: {names:?}"
+        "expected deploy/compactor/compactor.toml and two ConfigMaps: {names:?}"
     );
     for (what, config) in &checked {
         let admin = config["server"]["admin_listen"]
@@ -645,7 +931,9 @@ fn dockerfile_is_multi_stage_non_root_with_a_livez_healthcheck() {
         .into_iter()
         .find(|c| c.contains(CONFIG_PATH))
         .expect("a default config copied to /etc/compactor");
-    assert!(copy.contains("deploy/compactor.toml"), "{copy}");
+    let source = format!("deploy/{COMPOSE_CONFIG}");
+    assert!(copy.contains(&source), "{copy}");
+    assert!(root().join(&source).is_file(), "{source} missing");
     let expose = starting("EXPOSE").join(" ");
     assert!(
         expose.contains("8787") && expose.contains(&ADMIN_PORT.to_string()),
