@@ -202,6 +202,121 @@ impl EventLog {
     }
 }
 
+/// A recorded event log read back (`compactor replay --events`): per conversation, in the
+/// order each first appears, what compactor did to it (compactions, refusal retries, mask
+/// steps, failures), the estimated tokens its compactions and retries removed, and what its
+/// summaries cost; then the totals. Lines that are not events (a line cut off by a crash)
+/// are counted and skipped; `Err` names the first when none is an event.
+pub fn report(text: &str) -> Result<String, String> {
+    #[derive(Default)]
+    struct Row {
+        compactions: u64,
+        retries: u64,
+        mask_steps: u64,
+        failures: u64,
+        removed: u64,
+        usd: f64,
+    }
+    let mut rows: Vec<(String, Row)> = Vec::new();
+    let (mut skipped, mut first_bad) = (0usize, None);
+    let (mut first, mut last) = (f64::INFINITY, f64::NEG_INFINITY);
+    for (i, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let event: serde_json::Value = match serde_json::from_str(line) {
+            Ok(v @ serde_json::Value::Object(_)) if v["event"].is_string() => v,
+            _ => {
+                skipped += 1;
+                first_bad.get_or_insert(i + 1);
+                continue;
+            }
+        };
+        let session = event["session"].as_str().unwrap_or("-").to_string();
+        let at = match rows.iter().position(|(s, _)| *s == session) {
+            Some(at) => at,
+            None => {
+                rows.push((session, Row::default()));
+                rows.len() - 1
+            }
+        };
+        let row = &mut rows[at].1;
+        if let Some(ts) = event["ts"].as_f64() {
+            first = first.min(ts);
+            last = last.max(ts);
+        }
+        let removed = match (
+            event["tokens_before"].as_u64(),
+            event["tokens_after"].as_u64(),
+        ) {
+            (Some(b), Some(a)) => b.saturating_sub(a),
+            _ => 0,
+        };
+        match event["event"].as_str() {
+            Some("compaction") => {
+                row.compactions += 1;
+                row.removed += removed;
+            }
+            Some("retry") => {
+                row.retries += 1;
+                row.removed += removed;
+            }
+            Some("mask_step") => row.mask_steps += 1,
+            Some("compaction_failed") => row.failures += 1,
+            _ => {}
+        }
+        row.usd += event["cost_usd"].as_f64().unwrap_or(0.0);
+    }
+    if rows.is_empty() {
+        return Err(match first_bad {
+            Some(line) => format!("line {line} is not an event"),
+            None => "no events".to_string(),
+        });
+    }
+    let mut out = format!(
+        "{:<20}  {:>11}  {:>7}  {:>10}  {:>8}  {:>14}  {:>14}\n",
+        "session",
+        "compactions",
+        "retries",
+        "mask_steps",
+        "failures",
+        "tokens_removed",
+        "summaries_usd"
+    );
+    let mut total = Row::default();
+    for (session, r) in &rows {
+        out.push_str(&format!(
+            "{session:<20}  {:>11}  {:>7}  {:>10}  {:>8}  {:>14}  {:>14.4}\n",
+            r.compactions, r.retries, r.mask_steps, r.failures, r.removed, r.usd
+        ));
+        total.compactions += r.compactions;
+        total.retries += r.retries;
+        total.mask_steps += r.mask_steps;
+        total.failures += r.failures;
+        total.removed += r.removed;
+        total.usd += r.usd;
+    }
+    let span = if last > first { last - first } else { 0.0 };
+    out.push_str(&format!(
+        "total: {} conversations over {:.1} h: {} compactions, {} refusal retries, {} mask steps, \
+         {} failed compactions, {} estimated tokens removed, ${:.4} of summaries",
+        rows.len(),
+        span / 3600.0,
+        total.compactions,
+        total.retries,
+        total.mask_steps,
+        total.failures,
+        total.removed,
+        total.usd
+    ));
+    if skipped > 0 {
+        out.push_str(&format!("; {skipped} line(s) not events skipped"));
+    }
+    out.push('\n');
+    Ok(out)
+}
+
 fn append(path: &Path) -> std::io::Result<File> {
     OpenOptions::new().create(true).append(true).open(path)
 }
@@ -262,6 +377,35 @@ mod tests {
         let log = EventLog::open(&path, 1 << 20).expect("reopen");
         log.record(Event::new(Kind::Retry, "s2"));
         assert_eq!(lines(&path).last().expect("event")["event"], "retry");
+    }
+
+    #[test]
+    fn a_recorded_log_reads_back_per_conversation() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("events.jsonl");
+        let log = EventLog::open(&path, 1 << 20).expect("open");
+        log.record(Event {
+            cost_usd: Some(0.25),
+            ..Event::new(Kind::Compaction, "a").tokens(9000, 2000)
+        });
+        log.record(Event::new(Kind::Retry, "b").tokens(5000, 3000));
+        log.masked("a", 10, 4000, 3000);
+        log.record(Event::new(Kind::CompactionFailed, "b"));
+        log.record(Event::new(Kind::Compaction, "a").tokens(8000, 2500));
+        let mut text = std::fs::read_to_string(&path).expect("log");
+        text.push_str("{\"event\": \"compac"); // cut off by a crash
+        let shown = report(&text).expect("a report");
+        let lines: Vec<Vec<&str>> = shown
+            .lines()
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        assert_eq!(lines[1], ["a", "2", "0", "1", "0", "12500", "0.2500"]);
+        assert_eq!(lines[2], ["b", "0", "1", "0", "1", "2000", "0.0000"]);
+        assert!(
+            shown.contains("total: 2 conversations over 0.0 h: 2 compactions, 1 refusal retries, 1 mask steps, 1 failed compactions, 14500 estimated tokens removed, $0.2500 of summaries; 1 line(s) not events skipped"),
+            "{shown}"
+        );
+        assert_eq!(report("not json\n"), Err("line 1 is not an event".into()));
     }
 
     #[test]

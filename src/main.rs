@@ -146,8 +146,13 @@ enum Command {
         /// and total per category).
         #[arg(long, value_name = "OUT")]
         json: Option<PathBuf>,
+        /// Show a recorded event log (`server.event_log`) instead: per conversation, the
+        /// compactions, refusal retries, mask steps and failures it recorded, the tokens they
+        /// removed and what the summaries cost.
+        #[arg(long, value_name = "EVENT_LOG", conflicts_with_all = ["transcripts", "strategy", "svg", "json", "summarizer"])]
+        events: Option<PathBuf>,
         /// Recorded conversations: JSON transcripts or JSONL files of requests.
-        #[arg(required = true, value_name = "TRANSCRIPT")]
+        #[arg(required_unless_present = "events", value_name = "TRANSCRIPT")]
         transcripts: Vec<PathBuf>,
     },
 }
@@ -232,12 +237,24 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             ))
         }
         Command::Replay {
+            events: Some(events),
+            ..
+        } => {
+            let text = std::fs::read_to_string(&events)
+                .with_context(|| format!("reading {}", events.display()))?;
+            let report = compactor::event_log::report(&text)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", events.display()))?;
+            write_stdout(report.as_bytes())?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Replay {
             config,
             summarizer,
             svg,
             strategy,
             json,
             transcripts,
+            events: None,
         } => {
             let config = Config::load(config.as_deref())?;
             init_tracing(config.server.log_format, "warn");

@@ -98,6 +98,30 @@ async fn compactions_retries_and_failures_are_logged_one_json_line_each() {
     }
     assert_ne!(compaction["session"], retry["session"], "two conversations");
 
+    // `compactor replay --events` shows the recorded day.
+    let shown = std::process::Command::new(env!("CARGO_BIN_EXE_compactor"))
+        .args(["replay", "--events"])
+        .arg(&path)
+        .output()
+        .expect("run compactor replay");
+    let text = String::from_utf8_lossy(&shown.stdout);
+    assert!(
+        shown.status.success(),
+        "{}",
+        String::from_utf8_lossy(&shown.stderr)
+    );
+    let session = compaction["session"].as_str().expect("session");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with(session) && l.split_whitespace().nth(1) == Some("1")),
+        "{text}"
+    );
+    assert!(
+        text.contains("total: 2 conversations")
+            && text.contains("1 compactions, 1 refusal retries"),
+        "{text}"
+    );
+
     // A summarizer that answers nothing: the failed compaction is logged with its outcome.
     let failing = dir.path().join("failing.jsonl");
     let proxy = TestProxy::start(&format!(
