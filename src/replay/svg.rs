@@ -17,6 +17,10 @@ use super::{Event, FileReport, Missed};
 
 /// Width of the document.
 const WIDTH: f64 = 760.0;
+/// Widths a character of the panel title (14 px bold) and of its figures (12 px) take at
+/// most, for keeping the two apart.
+const TITLE_CHAR: f64 = 9.0;
+const FIGURES_CHAR: f64 = 6.6;
 /// Height of one panel.
 const PANEL: f64 = 340.0;
 const LEFT: f64 = 72.0;
@@ -97,23 +101,29 @@ fn panel(out: &mut String, report: &FileReport, offset: f64) -> fmt::Result {
         out,
         r#"<g class="panel" transform="translate(0 {offset})">"#
     )?;
+    let figures = format!(
+        "{}, {}, {}: {} compactions, {} summarizer calls, {} failed",
+        report.strategy.label(),
+        report.model.as_deref().unwrap_or("no model"),
+        report.summarizer,
+        report.compactions(),
+        report.summarizer_calls(),
+        report.failed_compactions()
+    );
+    // The file name gets the width the figures leave (with a gap), never more: a long name is
+    // clipped, its full path in the tooltip.
+    let room = (x1 - x0 - FIGURES_CHAR * figures.chars().count() as f64 - 16.0).max(0.0);
+    let name_chars = ((room / TITLE_CHAR) as usize).max(8);
     writeln!(
         out,
-        r#"<text x="{LEFT}" y="20" font-size="14" font-weight="bold">{}<title>{}</title></text>"#,
-        escape(&clip(file_name(&report.name), 36)),
+        r#"<text class="title" x="{LEFT}" y="20" font-size="14" font-weight="bold">{}<title>{}</title></text>"#,
+        escape(&clip(file_name(&report.name), name_chars)),
         escape(&report.name)
     )?;
     writeln!(
         out,
-        r##"<text x="{x1}" y="20" text-anchor="end" fill="#333333">{}</text>"##,
-        escape(&format!(
-            "{}, {}: {} compactions, {} summarizer calls, {} failed",
-            report.model.as_deref().unwrap_or("no model"),
-            report.summarizer,
-            report.compactions(),
-            report.summarizer_calls(),
-            report.failed_compactions()
-        ))
+        r##"<text class="figures" x="{x1}" y="20" text-anchor="end" fill="#333333">{}</text>"##,
+        escape(&figures)
     )?;
     legend(out)?;
 
@@ -224,19 +234,27 @@ fn panel(out: &mut String, report: &FileReport, offset: f64) -> fmt::Result {
             escape(&format!("step {}: compaction due but failed", r.step))
         )?;
     }
+    // A compaction is marked where it first shapes the forwarded request: the step that made
+    // it, or, for a summary made in the background, the first step that splices it.
+    let mut marked = 0;
     for r in &report.rows {
-        if let Event::Compacted { num, trigger, .. } = &r.event {
+        let how = match &r.event {
+            Event::Compacted { num, trigger, .. } => Some((*num, trigger.label().to_string())),
+            Event::Reused { num, .. } if *num > marked => {
+                Some((*num, "made in the background".to_string()))
+            }
+            _ => None,
+        };
+        if let Some((num, how)) = how {
+            marked = marked.max(num);
             writeln!(
                 out,
                 r#"<circle class="compaction" cx="{:.1}" cy="{:.1}" r="5" fill="{MARKER}" stroke="white"><title>{}</title></circle>"#,
                 scale.x(r.step),
                 scale.y(r.forwarded),
                 escape(&format!(
-                    "step {}: compaction #{num} ({}), {} → {} tokens",
-                    r.step,
-                    trigger.label(),
-                    r.received,
-                    r.forwarded
+                    "step {}: compaction #{num} ({how}), {} → {} tokens",
+                    r.step, r.received, r.forwarded
                 ))
             )?;
         }
@@ -453,6 +471,61 @@ mod tests {
             rows,
             probes: crate::replay::ProbeScore::default(),
         }
+    }
+
+    /// Summaries made in the background are spliced (`Reused`) at the step after they were
+    /// started: each new one gets its marker there, as the count in the panel says.
+    #[test]
+    fn summaries_made_in_the_background_are_marked_where_first_spliced() {
+        let mut r = report("background.json", &[3], 12);
+        let mut compactions = 1;
+        for row in r.rows.iter_mut().skip(5) {
+            let num = if row.step >= 9 { 3 } else { 2 };
+            if num > compactions {
+                compactions = num;
+            }
+            row.event = Event::Reused {
+                num,
+                forwarded_messages: 4,
+            };
+            row.compactions = compactions as usize;
+            row.summarizer_calls = compactions as usize;
+            row.forwarded = row.received / 3;
+        }
+        assert_eq!(r.compactions(), 3);
+        let chart = render(&[r]);
+        check_well_formed(&chart).expect("well formed");
+        assert_eq!(chart.matches(r#"class="compaction""#).count(), 3, "{chart}");
+        assert!(chart.contains("step 6: compaction #2 (made in the background)"));
+        assert!(chart.contains("step 9: compaction #3 (made in the background)"));
+        assert!(chart.contains(">summarize, gpt-4o, extractive: 3 compactions"));
+    }
+
+    /// However long the file name, the title ends before the figures begin.
+    #[test]
+    fn a_long_file_name_never_runs_into_the_figures() {
+        let long = format!("{}.json", "a-very-long-recorded-transcript-name".repeat(4));
+        let chart = render(&[report(&long, &[3, 7], 10)]);
+        let text_of = |class: &str| -> String {
+            let doc = roxmltree::Document::parse(&chart).expect("well formed");
+            let node = doc
+                .descendants()
+                .find(|n| n.attribute("class") == Some(class))
+                .unwrap_or_else(|| panic!("no {class}"));
+            node.children()
+                .filter(|c| c.is_text())
+                .filter_map(|c| c.text())
+                .collect()
+        };
+        let (title, figures) = (text_of("title"), text_of("figures"));
+        assert!(title.ends_with('…'), "clipped: {title}");
+        let used = TITLE_CHAR * title.chars().count() as f64
+            + FIGURES_CHAR * figures.chars().count() as f64;
+        assert!(used <= WIDTH - LEFT - RIGHT, "{title} | {figures}");
+        assert!(
+            chart.contains(&format!("<title>{long}</title>")),
+            "full name in the tooltip"
+        );
     }
 
     #[test]
