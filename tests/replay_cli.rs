@@ -499,3 +499,38 @@ fn background_summaries_replay_with_one_call_per_compaction() {
         }
     }
 }
+
+/// README's `compactor replay` example is what the binary prints today: with the settings the
+/// README names, every line of its example (`...` standing for rows left out) is in the output.
+#[test]
+fn the_readme_replay_example_is_what_the_binary_prints() {
+    let readme = include_str!("../README.md");
+    let start = readme
+        .find("```\n== tests/fixtures/transcripts/swe-agent-ctf-web.json")
+        .expect("README's replay example");
+    let block = &readme[start + 4..];
+    let block = &block[..block.find("```").expect("end of the example")];
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("my.toml");
+    std::fs::write(
+        &config,
+        "[compaction]\nmax_messages = 20\nmin_preserve_tokens = 50\nmax_preserve_tokens = 400\n",
+    )
+    .expect("write config");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new(env!("CARGO_BIN_EXE_compactor"))
+        .args(["replay", "--config"])
+        .arg(&config)
+        .arg("tests/fixtures/transcripts/swe-agent-ctf-web.json")
+        .current_dir(root)
+        .output()
+        .expect("run compactor replay");
+    let printed = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = printed.lines().collect();
+    for line in block.lines().filter(|l| *l != "...") {
+        assert!(
+            lines.contains(&line),
+            "README's example line is not printed today:\n{line}\n\nthe binary prints:\n{printed}"
+        );
+    }
+}
