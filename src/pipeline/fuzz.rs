@@ -24,7 +24,7 @@
 //!   (`compactor_compactions_total{trigger="none",outcome="panic"}` stays 0, as a caught panic
 //!   would otherwise pass silently).
 //!
-//! `COMPACTOR_FUZZ_CASES` sets the number of cases of each property (README, *Fuzzing*).
+//! `COMPACTOR_FUZZ_CASES` sets the number of cases of each property (docs/fuzzing.md).
 
 use std::cell::Cell;
 use std::ops::Range;

@@ -9,7 +9,7 @@
 //! way to the client ([`Observed`], plain or compressed, readable or not) passes through
 //! byte-identical with the completion callback run once.
 //!
-//! `COMPACTOR_FUZZ_CASES` sets the number of cases of each property (README, *Fuzzing*).
+//! `COMPACTOR_FUZZ_CASES` sets the number of cases of each property (docs/fuzzing.md).
 
 use std::collections::VecDeque;
 
