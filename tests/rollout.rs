@@ -372,9 +372,9 @@ async fn a_reload_moves_the_proxy_from_shadow_to_enforce() {
         api: compactor_plugin_api::Api::ChatCompletions,
     });
     let body = Bytes::from(conversation(21, "reload").to_string());
-    let handle = |app: &compactor::app::App| {
-        let pipeline = app.compactor.clone();
-        let (caller, body) = (caller.clone(), body.clone());
+    // What `pipeline` decides for the conversation.
+    let handle = |pipeline: &Arc<compactor::pipeline::Pipeline>| {
+        let (pipeline, caller, body) = (pipeline.clone(), caller.clone(), body.clone());
         async move {
             let attempts = Attempts::per_request();
             let context = RequestContext {
@@ -394,11 +394,11 @@ async fn a_reload_moves_the_proxy_from_shadow_to_enforce() {
         }
     };
     let shadow = compactor::app::App::new(config("shadow")).expect("app");
-    let watched = handle(&shadow).await;
+    let watched = handle(&shadow.compactor).await;
     assert_eq!(watched.cohort, Cohort::Shadow);
     assert!(matches!(watched.outcome, Outcome::Unchanged));
     let enforcing = shadow.reconfigure(config("enforce")).expect("reload");
-    let compacted = handle(&enforcing).await;
+    let compacted = handle(&enforcing.compactor).await;
     assert_eq!(compacted.cohort, Cohort::Enforce);
     // A new summary: the shadow's own never reaches a request forwarded for real.
     assert!(
@@ -419,31 +419,15 @@ async fn a_reload_moves_the_proxy_from_shadow_to_enforce() {
     let app = enforcing.reconfigure(routed("shadow")).expect("reload");
     assert!(Arc::ptr_eq(app.compactor_for(None), &app.compactor));
     assert!(!Arc::ptr_eq(app.compactor_for(Some(0)), &app.compactor));
-    let on_route = |app: &compactor::app::App| {
-        let pipeline = app.compactor_for(Some(0)).clone();
-        let (caller, body) = (caller.clone(), body.clone());
-        async move {
-            let attempts = Attempts::per_request();
-            let context = RequestContext {
-                caller: &caller,
-                session_header: None,
-                long_context: false,
-                attempts: &attempts,
-                mode: None,
-            };
-            pipeline
-                .handle(
-                    compactor::dialect::DialectKind::ChatCompletions,
-                    &body,
-                    &context,
-                )
-                .await
-                .cohort
-        }
-    };
-    assert_eq!(on_route(&app).await, Cohort::Shadow);
+    assert_eq!(
+        handle(app.compactor_for(Some(0))).await.cohort,
+        Cohort::Shadow
+    );
     let app = app.reconfigure(routed("enforce")).expect("reload");
-    assert_eq!(on_route(&app).await, Cohort::Enforce);
+    assert_eq!(
+        handle(app.compactor_for(Some(0))).await.cohort,
+        Cohort::Enforce
+    );
 }
 
 async fn send_to(proxy: &TestProxy, path: &str, body: &Value) -> Exchange {
