@@ -7,11 +7,17 @@
 //! - `GET /sessions`: the sessions held, newest first;
 //! - `GET /session/{id}`: one session's compaction count, covered messages, token figures,
 //!   files and current summary;
+//! - `GET /session/{id}/requests`: that session's recent requests as this process saw them
+//!   (estimated tokens received and forwarded, the trigger, what was done to each);
 //! - `POST /session/{id}/summarize` with an optional `{"instructions": "..."}`: compacts the
-//!   latest request of that session now (manual compaction).
+//!   latest request of that session now (manual compaction);
+//! - `GET /ui`: the session inspector, a page built into the binary that reads the endpoints
+//!   above (its own assets only: no CDN, no build step).
 //!
 //! Served on `server.admin_listen`, never on the proxy port, so operators can firewall it.
-//! When `admin.token` is set, everything but the probes needs `Authorization: Bearer <token>`.
+//! When `admin.token` is set, everything but the probes needs `Authorization: Bearer <token>`;
+//! a browser opening the page, which cannot send that header, may give the token as
+//! `/ui?token=...` (only there: the page then sends it as the header).
 
 use std::sync::Arc;
 
@@ -34,7 +40,10 @@ const MAX_LISTED_SESSIONS: usize = 1_000;
 pub async fn handle(app: Arc<App>, request: Request<Incoming>) -> Response<Full<Bytes>> {
     let path = request.uri().path().to_string();
     let probe = matches!(path.as_str(), "/livez" | "/readyz");
-    if !probe && !authorized(&app, &request) {
+    let page_token = (path == "/ui")
+        .then(|| query_token(request.uri()))
+        .flatten();
+    if !probe && !authorized(&app, &request, page_token.as_deref()) {
         return error(
             StatusCode::UNAUTHORIZED,
             "admin token required",
@@ -65,6 +74,12 @@ pub async fn handle(app: Arc<App>, request: Request<Incoming>) -> Response<Full<
             Ok(list) => ok_json(json!({ "sessions": list })),
             Err(e) => store_error(e),
         },
+        (&Method::GET, "/ui", _) => {
+            text(StatusCode::OK, UI_PAGE.into(), "text/html; charset=utf-8")
+        }
+        (&Method::GET, _, Some((id, "requests"))) => {
+            ok_json(json!({ "points": app.compactor.history().points(id) }))
+        }
         (&Method::GET, _, Some((id, ""))) => match app.compactor.store().session(id).await {
             Ok(Some(info)) => ok_json(json!(info)),
             Ok(None) => error(StatusCode::NOT_FOUND, "unknown session", "not_found"),
@@ -176,7 +191,9 @@ async fn read_instructions(body: Incoming) -> Result<Option<String>, String> {
     Ok(body.instructions.filter(|i| !i.trim().is_empty()))
 }
 
-fn authorized<B>(app: &App, request: &Request<B>) -> bool {
+/// Whether the request carries the admin token (when one is set): as a bearer header, or as
+/// `page_token` (the page's own `?token=`).
+fn authorized<B>(app: &App, request: &Request<B>, page_token: Option<&str>) -> bool {
     let Some(token) = &app.config.admin.token else {
         return true;
     };
@@ -184,9 +201,42 @@ fn authorized<B>(app: &App, request: &Request<B>) -> bool {
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .or(page_token);
     presented.is_some_and(|p| constant_time_eq(p.as_bytes(), token.as_bytes()))
 }
+
+/// The `token` query parameter, percent-decoded.
+fn query_token(uri: &http::Uri) -> Option<String> {
+    let query = uri.query()?;
+    let raw = query
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("token="))?;
+    let bytes = raw.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok()?;
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// The session inspector page (`/ui`), built into the binary.
+const UI_PAGE: &str = include_str!("admin/ui.html");
 
 /// Compares without an early exit, so response timing does not reveal the token's prefix.
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -222,7 +272,22 @@ fn error(status: StatusCode, message: &str, code: &str) -> Response<Full<Bytes>>
 
 #[cfg(test)]
 mod tests {
-    use super::constant_time_eq;
+    use super::{constant_time_eq, query_token};
+
+    #[test]
+    fn the_page_token_is_read_from_its_query() {
+        let token = |uri: &str| query_token(&uri.parse().expect("uri"));
+        assert_eq!(token("/ui?token=abc"), Some("abc".into()));
+        assert_eq!(token("/ui?x=1&token=a%2Fb%3D+c"), Some("a/b= c".into()));
+        assert_eq!(token("/ui?tokens=abc"), None);
+        assert_eq!(token("/ui"), None);
+        assert_eq!(token("/ui?token=%zz"), None, "not percent-encoding");
+        assert_eq!(
+            token("/ui?token=%4"),
+            Some("%4".into()),
+            "a lone % at the end stays"
+        );
+    }
 
     #[test]
     fn token_comparison_is_exact() {

@@ -283,6 +283,8 @@ pub struct Pipeline {
     sample_ratio: f64,
     /// Conversations seen, for counting each once per cohort.
     conversations: Arc<Conversations>,
+    /// Each conversation's recent requests, for the session inspector (shared on reload).
+    history: Arc<History>,
     /// `server.event_log`, when set (never in the shadow pipeline: it forwards nothing it
     /// decides).
     events: Option<Arc<EventLog>>,
@@ -401,6 +403,7 @@ impl Pipeline {
             mode: config.compaction.mode,
             sample_ratio: config.compaction.sample_ratio,
             conversations: Arc::default(),
+            history: Arc::default(),
             events: None,
             shadow: None,
         }
@@ -426,6 +429,7 @@ impl Pipeline {
         }
         self.repeats = old.repeats.clone();
         self.conversations = old.conversations.clone();
+        self.history = old.history.clone();
         self.shadow = match (self.shadow.take(), &old.shadow) {
             (Some(new), Some(old_shadow)) => {
                 Some(shadow::succeeding(new, old_shadow, &self.calibration))
@@ -448,6 +452,11 @@ impl Pipeline {
     /// summary).
     pub async fn background_idle(&self) {
         self.background.idle().await;
+    }
+
+    /// Each conversation's recent requests ([`history`]).
+    pub fn history(&self) -> &Arc<History> {
+        &self.history
     }
 
     /// Whether it compacts at all (`compaction.enabled`): when not, chat bodies are not even
@@ -754,6 +763,23 @@ impl Pipeline {
         if cohort.compacts() {
             self.pay_rent(&request, shape, processed.estimate.as_ref());
         }
+        let done = match &processed.outcome {
+            Outcome::Rewritten { .. } => Done::Compacted,
+            Outcome::Reused { .. } => Done::Reused,
+            Outcome::Masked { .. } => Done::Masked,
+            Outcome::Unchanged => Done::Unchanged,
+            Outcome::Failed => Done::Failed,
+        };
+        self.history.record(
+            &session,
+            Point::now(
+                scan.tokens,
+                forwarded,
+                request.limits.token_threshold,
+                done,
+                shape.summary,
+            ),
+        );
         processed.session_id = Some(session);
         processed
     }
@@ -2157,6 +2183,16 @@ impl Pipeline {
                 body, compaction, ..
             }) if compaction.result.post_tokens < forwarded => {
                 self.record(Trigger::Overflow, CompactionOutcome::Compacted);
+                self.history.record(
+                    &session,
+                    Point::now(
+                        scan.tokens,
+                        compaction.result.post_tokens,
+                        request.limits.token_threshold,
+                        Done::Retried,
+                        compaction.result.compaction_num,
+                    ),
+                );
                 self.log_compaction(
                     &session,
                     Trigger::Overflow,
@@ -2500,12 +2536,14 @@ pub enum Outcome {
 }
 
 mod background;
+pub mod history;
 mod masking;
 pub mod pace;
 mod payback;
 mod shadow;
 
 use background::Background;
+use history::{Done, History, Point};
 use masking::{Found, Masker, Masking};
 use pace::Pace;
 use payback::{Economics, Payback, Shape};
