@@ -310,6 +310,12 @@ async fn run_agent(
     let proxy = Proxy::find_or_start(config)
         .await
         .context("starting compactor")?;
+    if let Some(page) = proxy.page() {
+        eprintln!(
+            "compactor: serving on {}; what it does: {page}",
+            proxy.base()
+        );
+    }
     let code = run::agent(&agent, &args, &proxy.base()).await;
     if let Some(summary) = proxy.finish().await {
         eprintln!("{summary}");

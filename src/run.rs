@@ -33,6 +33,10 @@ const ANTHROPIC_API: &str = "https://api.anthropic.com";
 /// Google's Gemini API, for the route `run` adds when the configuration has no `/gemini`.
 const GEMINI_API: &str = "https://generativelanguage.googleapis.com";
 
+/// The output cap `run` gives opencode (its own default is 32,000): room for a long answer
+/// that leaves most of a 32k-token window to the conversation.
+pub const OPENCODE_OUTPUT_TOKENS: usize = 8_192;
+
 /// What `run` knows about an agent's command.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Agent {
@@ -53,6 +57,8 @@ pub enum Agent {
 pub struct Settings {
     /// Environment variables.
     pub env: Vec<(String, String)>,
+    /// Environment variables set only where the user's environment has none.
+    pub defaults: Vec<(String, String)>,
     /// Arguments before the user's own.
     pub args: Vec<String>,
 }
@@ -82,12 +88,14 @@ impl Agent {
         match self {
             Agent::Claude => Settings {
                 env: env(&[("ANTHROPIC_BASE_URL", anthropic)]),
+                defaults: Vec::new(),
                 args: Vec::new(),
             },
             // A provider of its own over HTTP: Codex's built-in one opens a WebSocket first.
             // The key is the one Codex users already have (OPENAI_API_KEY).
             Agent::Codex => Settings {
                 env: Vec::new(),
+                defaults: Vec::new(),
                 args: [
                     "model_provider=\"compactor\"".to_string(),
                     "model_providers.compactor.name=\"compactor\"".to_string(),
@@ -99,6 +107,10 @@ impl Agent {
                 .flat_map(|kv| ["-c".to_string(), kv])
                 .collect(),
             },
+            // opencode asks for 32,000 output tokens unless told otherwise, and the provider
+            // counts them against the window: in a small window that leaves little room for the
+            // conversation, and compaction would run on every request. A cap the user set is
+            // kept ([`agent`] never overrides a variable already set).
             Agent::Opencode => Settings {
                 env: env(&[(
                     "OPENCODE_CONFIG_CONTENT",
@@ -108,10 +120,15 @@ impl Agent {
                     }})
                     .to_string(),
                 )]),
+                defaults: env(&[(
+                    "OPENCODE_EXPERIMENTAL_OUTPUT_TOKEN_MAX",
+                    OPENCODE_OUTPUT_TOKENS.to_string(),
+                )]),
                 args: Vec::new(),
             },
             Agent::Gemini => Settings {
                 env: env(&[("GOOGLE_GEMINI_BASE_URL", format!("{base}/gemini"))]),
+                defaults: Vec::new(),
                 args: Vec::new(),
             },
             Agent::Other => Settings {
@@ -120,6 +137,7 @@ impl Agent {
                     ("OPENAI_API_BASE", openai),
                     ("ANTHROPIC_BASE_URL", anthropic),
                 ]),
+                defaults: Vec::new(),
                 args: Vec::new(),
             },
         }
@@ -131,6 +149,12 @@ pub fn print_env(settings: &Settings) -> String {
     let mut out = String::new();
     for (k, v) in &settings.env {
         out.push_str(&format!("export {k}={}\n", shell_quote(v)));
+    }
+    for (k, v) in &settings.defaults {
+        out.push_str(&format!(
+            "export {k}=\"${{{k}:-{}}}\"\n",
+            v.replace('"', "")
+        ));
     }
     if !settings.args.is_empty() {
         let args: Vec<String> = settings.args.iter().map(|a| shell_quote(a)).collect();
@@ -169,6 +193,8 @@ pub enum Proxy {
     Started {
         /// Where it listens.
         addr: SocketAddr,
+        /// Its admin listener (the session inspector page).
+        admin: SocketAddr,
         /// Its state (for the summary on exit).
         app: Arc<App>,
         /// Tells it to shut down.
@@ -186,6 +212,14 @@ impl Proxy {
         }
     }
 
+    /// The session inspector page of a compactor started here.
+    pub fn page(&self) -> Option<String> {
+        match self {
+            Proxy::Running(_) => None,
+            Proxy::Started { admin, .. } => Some(format!("http://{admin}/ui")),
+        }
+    }
+
     /// The compactor at `config`'s addresses if its admin listener answers `/livez`, else one
     /// started here on free ports.
     pub async fn find_or_start(config: Config) -> Result<Proxy, Error> {
@@ -194,6 +228,7 @@ impl Proxy {
         }
         let server = Server::bind(local(config)).await?;
         let addr = server.proxy_addr();
+        let admin = server.admin_addr();
         let app = server.app();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let serving = tokio::spawn(server.run(async move {
@@ -201,6 +236,7 @@ impl Proxy {
         }));
         Ok(Proxy::Started {
             addr,
+            admin,
             app,
             stop,
             serving,
@@ -246,10 +282,14 @@ async fn answers_livez(addr: SocketAddr) -> bool {
 pub async fn agent(command: &OsString, args: &[OsString], base: &str) -> Result<i32, Error> {
     use tokio::signal::unix::{signal, SignalKind};
     let settings = Agent::of(Path::new(command)).settings(base);
+    let unset = settings
+        .defaults
+        .iter()
+        .filter(|(k, _)| std::env::var_os(k).is_none());
     let mut child = tokio::process::Command::new(command)
         .args(&settings.args)
         .args(args)
-        .envs(settings.env.iter().map(|(k, v)| (k, v)))
+        .envs(settings.env.iter().chain(unset).map(|(k, v)| (k, v)))
         .spawn()
         .map_err(|e| Error::Agent(format!("{}: {e}", command.to_string_lossy())))?;
     let pid = child
@@ -304,6 +344,13 @@ mod tests {
         let opencode = Agent::of(Path::new("opencode")).settings(base);
         let content: serde_json::Value =
             serde_json::from_str(&opencode.env[0].1).expect("JSON config");
+        assert_eq!(
+            opencode.defaults,
+            [(
+                "OPENCODE_EXPERIMENTAL_OUTPUT_TOKEN_MAX".to_string(),
+                "8192".to_string()
+            )]
+        );
         assert_eq!(
             content["provider"]["openai"]["options"]["baseURL"],
             "http://127.0.0.1:4321/v1"

@@ -558,11 +558,80 @@ async fn claude_code_through_compactor_run() {
     let summary = run
         .stderr
         .lines()
-        .find(|l| l.starts_with("compactor: "))
+        .find(|l| l.starts_with("compactor: ") && l.contains(" requests, "))
         .unwrap_or_default();
     run.ensure(
         summary.contains(" compactions, ") && !summary.contains(" 0 compactions"),
         &format!("run's summary line: {summary:?}"),
+        &session,
+    );
+}
+
+/// Codex as a user would start it through compactor: `compactor run codex -- exec ...`, Codex
+/// configured only with its model (no provider of ours: `run` gives it one over HTTP with `-c`
+/// overrides, its key from `OPENAI_API_KEY`), compactor's upstream the scripted provider.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_through_compactor_run() {
+    let codex = npm_agent("codex", "@openai/codex", "CODEX_VERSION");
+    let ws = workspace(&["AGENTS.md"]);
+    let session = session(Setup::by_messages(Finish::Text, "gpt-5-codex")).await;
+    let codex_home = ws.home.join(".codex");
+    std::fs::create_dir_all(&codex_home).expect("codex home");
+    std::fs::write(
+        codex_home.join("config.toml"),
+        "model = \"gpt-5-codex\"\ncheck_for_update_on_startup = false\n\
+         [analytics]\nenabled = false\n[feedback]\nenabled = false\n\
+         [features]\nplugins = false\nremote_plugin = false\nplugin_sharing = false\n\
+         apps = false\nin_app_updates = false\ndaemon_auto_start = false\n",
+    )
+    .expect("codex config");
+    let config = ws.home.join("compactor.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "{}{}",
+            upstream_toml(&session.provider.url()),
+            compactor_toml(8)
+        ),
+    )
+    .expect("write config");
+    let mut c = command(Path::new(env!("CARGO_BIN_EXE_compactor")), &ws);
+    c.arg("run")
+        .arg("--config")
+        .arg(&config)
+        .arg(&codex)
+        .args([
+            "--",
+            "exec",
+            "--skip-git-repo-check",
+            "--dangerously-bypass-approvals-and-sandbox",
+            PROMPT,
+        ])
+        .env("CODEX_HOME", &codex_home)
+        .env("OPENAI_API_KEY", "sk-scripted-test");
+    let run = run("compactor run codex", c).await;
+    run.ensure(
+        run.status.is_some_and(|s| s.success()) && run.stdout.contains(&final_text(TURNS)),
+        "the session finishes",
+        &session,
+    );
+    let turns = session.provider.session_turns();
+    let last = turns.last().cloned().expect("the provider was reached");
+    run.ensure(
+        turns.iter().any(|e| text(e).contains(&SUMMARY_INTRO[..40])),
+        "no forwarded request carries a summary: compactor was not in the way",
+        &session,
+    );
+    run.ensure(
+        text(&last).contains(RULE_MARK),
+        "the project rule is not in the last forwarded request",
+        &session,
+    );
+    run.ensure(
+        run.stderr
+            .lines()
+            .any(|l| l.starts_with("compactor: ") && l.contains(" compactions, ")),
+        "run's summary line",
         &session,
     );
 }

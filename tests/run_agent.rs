@@ -128,9 +128,18 @@ async fn an_agent_runs_through_a_compactor_started_for_it() {
         "compacted"
     );
     assert!(requests.iter().any(|r| r.path() == "/v1/models"));
+    // Where the session inspector is, said first; then the summary on exit.
+    let page = stderr
+        .lines()
+        .find_map(|l| l.split("what it does: ").nth(1))
+        .unwrap_or_else(|| panic!("no page address: {stderr}"));
+    assert!(
+        page.starts_with("http://127.0.0.1:") && page.ends_with("/ui"),
+        "{page}"
+    );
     let summary = stderr
         .lines()
-        .find(|l| l.starts_with("compactor: "))
+        .find(|l| l.starts_with("compactor: ") && l.contains(" requests, "))
         .unwrap_or_else(|| panic!("no summary line: {stderr}"));
     assert!(
         summary.starts_with("compactor: 2 requests, 1 compactions, "),
@@ -233,7 +242,7 @@ async fn a_compactor_already_running_is_used() {
     );
     assert!(
         !stderr.contains("compactor: "),
-        "no summary for a compactor run did not start: {stderr}"
+        "no page or summary for a compactor run did not start: {stderr}"
     );
     assert!(mock.requests().iter().any(|r| r.path() == "/v1/models"));
 }
