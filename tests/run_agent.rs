@@ -179,11 +179,8 @@ sys.exit(3)
         .expect("read the agent's stdout");
     assert_eq!(line.as_deref(), Some("ready"));
     let pid = child.id().expect("pid");
-    let killed = std::process::Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()
-        .expect("kill");
-    assert!(killed.success());
+    let pid = rustix::process::Pid::from_raw(pid as i32).expect("a process id");
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).expect("SIGTERM");
     let status = support::within("compactor run to exit", child.wait())
         .await
         .expect("wait");
