@@ -480,28 +480,26 @@ async fn send(
     request: Request<ProxyBody>,
     overhead: &mut Overhead,
 ) -> Result<Response<Incoming>, Error> {
-    let upstream = origin(request.uri());
-    counted(
-        app,
-        overhead.wait(app.upstream.send(request)).await,
-        upstream,
-    )
+    // A reference count, not a copy: the name is written only if the exchange fails.
+    let uri = request.uri().clone();
+    counted(app, overhead.wait(app.upstream.send(request)).await, &uri)
 }
 
-/// An upstream's answer, its failure counted by kind and naming `upstream`.
+/// An upstream's answer, its failure counted by kind and naming the upstream of `uri`.
 fn counted(
     app: &App,
     answer: Result<Response<Incoming>, SendError>,
-    upstream: Option<String>,
+    uri: &http::Uri,
 ) -> Result<Response<Incoming>, Error> {
     answer.map_err(|e| {
         if let Some(kind) = e.kind() {
             app.metrics.upstream_error(kind);
         }
         match Error::from(e) {
-            Error::UpstreamUnavailable { cause, .. } => {
-                Error::UpstreamUnavailable { upstream, cause }
-            }
+            Error::UpstreamUnavailable { cause, .. } => Error::UpstreamUnavailable {
+                upstream: origin(uri),
+                cause,
+            },
             other => other,
         }
     })

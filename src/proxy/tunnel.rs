@@ -42,7 +42,7 @@ use crate::app::App;
 use crate::error::Error;
 use crate::metrics::TunnelOutcome;
 use crate::timing::Overhead;
-use crate::upstream::{origin, strip_hop_by_hop, BoxError, ProxyBody};
+use crate::upstream::{strip_hop_by_hop, BoxError, ProxyBody};
 
 /// Whether a request asks to switch protocols (`Connection: upgrade` and an `Upgrade` header).
 pub fn is_upgrade(headers: &HeaderMap) -> bool {
@@ -147,11 +147,11 @@ pub async fn forward(
         }
     }
     let client_side = hyper::upgrade::on(&mut client);
-    let named = origin(upstream.uri());
+    let uri = upstream.uri().clone();
     let mut answer = counted(
         app,
         overhead.wait(app.upstream.send_upgrade(upstream)).await,
-        named,
+        &uri,
     )?;
     if answer.status() != StatusCode::SWITCHING_PROTOCOLS {
         app.metrics.tunnel(TunnelOutcome::Refused);
