@@ -187,10 +187,16 @@ impl EventLog {
     pub fn masked(&self, session: &str, masked: usize, before: usize, after: usize) {
         let stepped = {
             let mut seen = self.masked.lock().unwrap_or_else(PoisonError::into_inner);
-            if seen.len() >= MAX_SESSIONS && !seen.contains_key(session) {
-                seen.clear();
-            }
-            let last = seen.insert(session.to_string(), masked).unwrap_or(0);
+            let last = match seen.get_mut(session) {
+                Some(last) => std::mem::replace(last, masked),
+                None => {
+                    if seen.len() >= MAX_SESSIONS {
+                        seen.clear();
+                    }
+                    seen.insert(session.to_string(), masked);
+                    0
+                }
+            };
             masked > last
         };
         if stepped {

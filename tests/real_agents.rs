@@ -503,6 +503,28 @@ async fn claude_code() {
     check(&run, &session, true).await;
 }
 
+/// What an agent run through `compactor run` must show: the session finished, compactor was
+/// in the way (a summary in a forwarded request), and the project rule stayed.
+fn through_run(run: &Run, session: &Session) {
+    run.ensure(
+        run.status.is_some_and(|s| s.success()) && run.stdout.contains(&final_text(TURNS)),
+        "the session finishes",
+        session,
+    );
+    let turns = session.provider.session_turns();
+    let last = turns.last().cloned().expect("the provider was reached");
+    run.ensure(
+        turns.iter().any(|e| text(e).contains(&SUMMARY_INTRO[..40])),
+        "no forwarded request carries a summary: compactor was not in the way",
+        session,
+    );
+    run.ensure(
+        text(&last).contains(RULE_MARK),
+        "the project rule is not in the last forwarded request",
+        session,
+    );
+}
+
 /// Claude Code as a user would start it through compactor: `compactor run claude -- -p ...`,
 /// with a configuration naming the provider (here the scripted one, as the upstream and as the
 /// `/anthropic` route) and nothing else: `run` starts compactor on free ports and sets
@@ -538,23 +560,7 @@ async fn claude_code_through_compactor_run() {
         .env("DISABLE_ERROR_REPORTING", "1")
         .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1");
     let run = run("compactor run claude", c).await;
-    run.ensure(
-        run.status.is_some_and(|s| s.success()) && run.stdout.contains(&final_text(TURNS)),
-        "the session finishes",
-        &session,
-    );
-    let turns = session.provider.session_turns();
-    let last = turns.last().cloned().expect("the provider was reached");
-    run.ensure(
-        turns.iter().any(|e| text(e).contains(&SUMMARY_INTRO[..40])),
-        "no forwarded request carries a summary: compactor was not in the way",
-        &session,
-    );
-    run.ensure(
-        text(&last).contains(RULE_MARK),
-        "the project rule is not in the last forwarded request",
-        &session,
-    );
+    through_run(&run, &session);
     let summary = run
         .stderr
         .lines()
@@ -610,23 +616,7 @@ async fn codex_through_compactor_run() {
         .env("CODEX_HOME", &codex_home)
         .env("OPENAI_API_KEY", "sk-scripted-test");
     let run = run("compactor run codex", c).await;
-    run.ensure(
-        run.status.is_some_and(|s| s.success()) && run.stdout.contains(&final_text(TURNS)),
-        "the session finishes",
-        &session,
-    );
-    let turns = session.provider.session_turns();
-    let last = turns.last().cloned().expect("the provider was reached");
-    run.ensure(
-        turns.iter().any(|e| text(e).contains(&SUMMARY_INTRO[..40])),
-        "no forwarded request carries a summary: compactor was not in the way",
-        &session,
-    );
-    run.ensure(
-        text(&last).contains(RULE_MARK),
-        "the project rule is not in the last forwarded request",
-        &session,
-    );
+    through_run(&run, &session);
     run.ensure(
         run.stderr
             .lines()

@@ -44,6 +44,15 @@ async fn provider() -> MockUpstream {
 }
 
 async fn send(proxy: &TestProxy, body: &Value, headers: &[(&str, &str)]) -> Exchange {
+    send_to(proxy, "/v1/chat/completions", body, headers).await
+}
+
+async fn send_to(
+    proxy: &TestProxy,
+    path: &str,
+    body: &Value,
+    headers: &[(&str, &str)],
+) -> Exchange {
     let mut all = vec![
         ("content-type", "application/json"),
         ("authorization", "Bearer sk-rollout"),
@@ -52,7 +61,7 @@ async fn send(proxy: &TestProxy, body: &Value, headers: &[(&str, &str)]) -> Exch
     TestClient::http1()
         .exchange(
             "POST",
-            &proxy.url("/v1/chat/completions"),
+            &proxy.url(path),
             &all,
             Bytes::from(body.to_string()),
         )
@@ -430,20 +439,6 @@ async fn a_reload_moves_the_proxy_from_shadow_to_enforce() {
     );
 }
 
-async fn send_to(proxy: &TestProxy, path: &str, body: &Value) -> Exchange {
-    TestClient::http1()
-        .exchange(
-            "POST",
-            &proxy.url(path),
-            &[
-                ("content-type", "application/json"),
-                ("authorization", "Bearer sk-rollout"),
-            ],
-            Bytes::from(body.to_string()),
-        )
-        .await
-}
-
 #[tokio::test]
 async fn routes_carry_their_own_compaction_settings() {
     let mock = provider().await;
@@ -470,7 +465,7 @@ async fn routes_carry_their_own_compaction_settings() {
         // A conversation of its own per route (the routes share the stored summaries).
         let body = conversation(21, path);
         let sent = Bytes::from(body.to_string());
-        let got = send_to(&proxy, path, &body).await;
+        let got = send_to(&proxy, path, &body, &[]).await;
         assert_eq!(got.status, 200, "{path}");
         let forwarded = mock.last_request();
         assert_eq!(

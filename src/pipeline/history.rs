@@ -87,14 +87,18 @@ impl History {
     /// Adds `point` to `session`'s history.
     pub fn record(&self, session: &str, point: Point) {
         let mut sessions = self.sessions.lock().unwrap_or_else(PoisonError::into_inner);
-        if sessions.len() >= MAX_SESSIONS && !sessions.contains_key(session) {
+        // The id is copied only for a conversation not followed yet (not on every request).
+        if let Some(points) = sessions.get_mut(session) {
+            if points.len() == MAX_POINTS {
+                points.pop_front();
+            }
+            points.push_back(point);
+            return;
+        }
+        if sessions.len() >= MAX_SESSIONS {
             sessions.clear();
         }
-        let points = sessions.entry(session.to_string()).or_default();
-        if points.len() == MAX_POINTS {
-            points.pop_front();
-        }
-        points.push_back(point);
+        sessions.insert(session.to_string(), VecDeque::from([point]));
     }
 
     /// `session`'s recent requests, oldest first.
