@@ -137,6 +137,7 @@ pub async fn compact(
             caller: &caller,
             attempts: &Attempts::per_request(),
             smallest_tail: false,
+            in_conversation: None,
         })
         .await;
     let compaction = match compacted {

@@ -20,6 +20,7 @@
 //! proxy*). Nothing here fails a request: every problem forwards the original bytes (or the
 //! still-valid spliced request) and is counted.
 
+use std::borrow::Cow;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,7 +33,9 @@ use futures_util::FutureExt as _;
 
 use crate::calibration::Calibration;
 use crate::cohort::{Cohort, Conversations};
-use crate::compaction::engine::{CompactError, Compaction, CompactionInput, Engine, Prior};
+use crate::compaction::engine::{
+    CompactError, Compaction, CompactionInput, Engine, InConversation, Prior,
+};
 use crate::compaction::mask::MaskRule;
 use crate::compaction::models::{window_model, LearnedWindow, WindowKey, WindowSource};
 use crate::compaction::prompt::summary_message;
@@ -217,6 +220,18 @@ struct BackgroundJob {
     key: FlightKey,
     /// The watermark it crossed (`messages` or `tokens`): the trigger it is counted under.
     trigger: Trigger,
+    /// The request as the provider received it ([`Forwarded`]), and its estimate.
+    forwarded: Option<(Bytes, usize)>,
+}
+
+/// The request as the provider receives it without a new summary (any stored one spliced in,
+/// old outputs masked) and its estimate: what a summary asked inside the conversation
+/// repeats, so the provider reads it from its prompt cache
+/// ([`compactor_plugin_api::SummaryRequest::in_conversation`]).
+#[derive(Clone, Copy)]
+struct Forwarded<'a> {
+    body: &'a [u8],
+    tokens: usize,
 }
 
 /// What one request's handling measured besides its outcome.
@@ -997,7 +1012,7 @@ impl Pipeline {
             if staged.is_none() {
                 // `hybrid`: a summary is made ahead only for what masking cannot absorb.
                 let most_masked = tokens.saturating_sub(mask.spare);
-                self.start_background(request, splice.as_ref(), count, most_masked);
+                self.start_background(request, splice.as_ref(), &mask, count, most_masked);
             }
             return self.reuse(request.scan, splice.as_ref(), &mask, tokens, figures);
         };
@@ -1012,7 +1027,13 @@ impl Pipeline {
                         // is already over the watermark, not a turn later.
                         if request.slow_summaries {
                             let most_masked = ready_tokens.saturating_sub(ready_mask.spare);
-                            self.start_background(request, Some(&ready), ready_count, most_masked);
+                            self.start_background(
+                                request,
+                                Some(&ready),
+                                &ready_mask,
+                                ready_count,
+                                most_masked,
+                            );
                         }
                         return self.reuse(
                             request.scan,
@@ -1041,7 +1062,8 @@ impl Pipeline {
             && (self
                 .background
                 .is_running(&self.flight_key(request, splice.as_ref()))
-                || refine_ahead && self.start_background(request, splice.as_ref(), count, tokens))
+                || refine_ahead
+                    && self.start_background(request, splice.as_ref(), &mask, count, tokens))
         {
             self.metrics.compaction_deferred();
             return self.reuse(request.scan, splice.as_ref(), &mask, tokens, figures);
@@ -1060,6 +1082,10 @@ impl Pipeline {
         let covered = splice.as_ref().map_or(0, |s| s.covered);
         let key = self.flight_key(request, splice.as_ref());
         let started = Instant::now();
+        let forwarded_body = self.forwarded_body(request, splice.as_ref(), &mask);
+        let forwarded = forwarded_body
+            .as_deref()
+            .map(|body| Forwarded { body, tokens });
         // The leader keeps its own result; waiters get `()` and read what it stored.
         let mut led: Option<Result<Compacted, Failure>> = None;
         let slot = &mut led;
@@ -1082,7 +1108,7 @@ impl Pipeline {
                     return;
                 }
                 *slot = Some(
-                    self.compact_and_store(request, transcript_ref, splice_ref, None)
+                    self.compact_and_store(request, transcript_ref, splice_ref, None, forwarded)
                         .await,
                 );
             })
@@ -1234,6 +1260,25 @@ impl Pipeline {
     ) -> (usize, usize) {
         let (count, tokens) = self.spliced_size(scan, splice);
         (count, tokens.saturating_sub(mask.saved))
+    }
+
+    /// The body the upstream receives after the splice and `mask` (the request's own bytes
+    /// with neither); `None` when it cannot be written (the request then goes as received).
+    fn forwarded_body<'r>(
+        &self,
+        request: &Request<'r, '_>,
+        splice: Option<&Splice>,
+        mask: &Masking<'_>,
+    ) -> Option<Cow<'r, [u8]>> {
+        if splice.is_none() && mask.edits.is_empty() {
+            return Some(Cow::Borrowed(&request.body[..]));
+        }
+        let summary = splice.map(|s| (s.head, s.covered, s.message.as_str()));
+        request
+            .scan
+            .rewrite_with(summary, &mask.edits)
+            .ok()
+            .map(Cow::Owned)
     }
 
     /// Messages (as the message-count trigger counts them, [`Scan::counted`]) and estimated
@@ -1578,7 +1623,7 @@ impl Pipeline {
     ) -> Result<Compacted, Failure> {
         let splice = self.stored_splice(request).await;
         let result = self
-            .compact_and_store(request, transcript, splice.as_ref(), instructions)
+            .compact_and_store(request, transcript, splice.as_ref(), instructions, None)
             .await;
         self.metrics
             .compaction_duration
@@ -1593,9 +1638,10 @@ impl Pipeline {
         transcript: &Transcript,
         splice: Option<&Splice>,
         instructions: Option<&str>,
+        forwarded: Option<Forwarded<'_>>,
     ) -> Result<Compacted, Failure> {
         let mut compaction = self
-            .compact_view(request, transcript, splice, instructions)
+            .compact_view(request, transcript, splice, instructions, forwarded)
             .await?;
         let summary = (
             compaction.head,
@@ -1628,15 +1674,37 @@ impl Pipeline {
     }
 
     /// Compacts the request beyond any spliced prefix: the engine's result, its boundary
-    /// counted in the request's own messages.
+    /// counted in the request's own messages. With the request as `forwarded`, the first
+    /// summarizer call may be asked inside it (when it fits the window beside the answer, with
+    /// a twentieth to spare for the estimate's error).
     async fn compact_view(
         &self,
         request: &Request<'_, '_>,
         transcript: &Transcript,
         splice: Option<&Splice>,
         instructions: Option<&str>,
+        forwarded: Option<Forwarded<'_>>,
     ) -> Result<Compaction, CompactError> {
         let scan = request.scan;
+        let estimator = self.engine.estimator();
+        let window = request.limits.summarizer_window;
+        let room = window.saturating_sub(window / 20);
+        let dialect = scan.dialect();
+        let ask = |turn: &str, max_output: u32| -> Option<Arc<[u8]>> {
+            let f = forwarded?;
+            let needed = f.tokens.saturating_add(estimator.text(turn));
+            if needed.saturating_add(max_output as usize) > room {
+                return None;
+            }
+            match dialect.ask_for_summary(f.body, turn, max_output) {
+                Ok((body, asked)) if needed.saturating_add(asked) <= room => Some(body.into()),
+                Ok(_) => None,
+                Err(e) => {
+                    tracing::debug!(error = %e, "the summary cannot be asked inside this conversation");
+                    None
+                }
+            }
+        };
         // The engine sees the conversation without the covered prefix (after the head the
         // stored summary follows); the prior summary travels in `<prior-summary>` and is
         // refined, not repeated.
@@ -1666,6 +1734,7 @@ impl Pipeline {
                 caller: request.caller,
                 attempts: request.attempts,
                 smallest_tail: request.pays,
+                in_conversation: forwarded.is_some().then_some(InConversation(&ask)),
             })
             .await?;
         compaction.boundary += offset;
@@ -1742,7 +1811,7 @@ impl Pipeline {
         figures: &mut Figures,
     ) -> Outcome {
         let Some(staged) = staged else {
-            self.spawn_background(request, splice, Trigger::Cost);
+            self.spawn_background(request, splice, mask, Trigger::Cost);
             return self.reuse(request.scan, splice, mask, tokens, figures);
         };
         if let Ok(Some((ready, ready_mask, _, ready_tokens))) =
@@ -1769,6 +1838,7 @@ impl Pipeline {
         self: &Arc<Self>,
         request: &Request<'_, '_>,
         splice: Option<&Splice>,
+        mask: &Masking<'_>,
         count: usize,
         tokens: usize,
     ) -> bool {
@@ -1778,7 +1848,7 @@ impl Pipeline {
         else {
             return false;
         };
-        self.spawn_background(request, splice, trigger)
+        self.spawn_background(request, splice, mask, trigger)
     }
 
     /// Starts the summary of a request off the request path, unless one of this prefix is
@@ -1789,12 +1859,20 @@ impl Pipeline {
         self: &Arc<Self>,
         request: &Request<'_, '_>,
         splice: Option<&Splice>,
+        mask: &Masking<'_>,
         trigger: Trigger,
     ) -> bool {
         let key = self.flight_key(request, splice);
         if self.flights.is_running(&key) || !self.background.first_attempt(&key) {
             return false;
         }
+        let forwarded = self.forwarded_body(request, splice, mask).map(|body| {
+            let body = match body {
+                Cow::Borrowed(_) => request.body.clone(),
+                Cow::Owned(body) => Bytes::from(body),
+            };
+            (body, self.view_size(request.scan, splice, mask).1)
+        });
         let job = BackgroundJob {
             dialect: request.scan.dialect(),
             body: request.body.clone(),
@@ -1803,6 +1881,7 @@ impl Pipeline {
             limits: request.limits.for_background(self.background_ratio),
             key,
             trigger,
+            forwarded,
         };
         let this = self.clone();
         // Running from now, not from when the task is first polled: a request answered before
@@ -1897,7 +1976,16 @@ impl Pipeline {
             return BackgroundOutcome::Breaker;
         }
         let compacted = self
-            .compact_view(&request, &transcript, splice.as_ref(), None)
+            .compact_view(
+                &request,
+                &transcript,
+                splice.as_ref(),
+                None,
+                job.forwarded.as_ref().map(|(body, tokens)| Forwarded {
+                    body,
+                    tokens: *tokens,
+                }),
+            )
             .await;
         let compaction = match compacted {
             // Nothing yet worth summarising ahead (the tail the request keeps holds it all, or

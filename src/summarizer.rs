@@ -526,6 +526,7 @@ mod tests {
 
     fn summary_request() -> SummaryRequest {
         SummaryRequest {
+            in_conversation: None,
             prompt: "p".into(),
             prior_summary: None,
             entries: vec![],

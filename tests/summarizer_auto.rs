@@ -19,6 +19,7 @@ use support::{metric_value, MockUpstream, Recorded, Reply};
 
 fn request(caller: Caller) -> SummaryRequest {
     SummaryRequest {
+        in_conversation: None,
         prompt: "<task>Summarize</task><conversation>AUTO-PROMPT-5512</conversation>".into(),
         prior_summary: None,
         entries: vec![Entry {

@@ -22,6 +22,7 @@ const DURATION_COUNT: &str = "compactor_summarizer_duration_seconds_count";
 
 fn request(caller: Caller) -> SummaryRequest {
     SummaryRequest {
+        in_conversation: None,
         prompt: "<task>Summarize</task><conversation>PROMPT-BODY-7731</conversation>".into(),
         prior_summary: None,
         entries: vec![

@@ -39,8 +39,8 @@ use super::files::FileTracker;
 use super::mask::PRESERVE_RECENT_OUTPUTS;
 use super::models::ModelTable;
 use super::prompt::{
-    build_prompt, count_outputs, summary_message, to_entries_masking, truncate_entries,
-    PromptError, PromptInput, SUMMARY_INTRO,
+    build_prompt, count_outputs, follow_up_prompt, summary_message, to_entries_masking,
+    truncate_entries, PromptError, PromptInput, SUMMARY_INTRO,
 };
 use super::trigger::{CompactionOutcome, Limits};
 use super::CompactionResult;
@@ -115,6 +115,25 @@ pub struct CompactionInput<'a> {
     /// compaction made because it pays (`compaction.cost_trigger`), whose kept part is read
     /// again on every later request.
     pub smallest_tail: bool,
+    /// Builds the summary request inside the conversation for the first attempt
+    /// ([`SummaryRequest::in_conversation`]); `None` when there is no forwarded request to
+    /// build it from.
+    pub in_conversation: Option<InConversation<'a>>,
+}
+
+/// Builds [`SummaryRequest::in_conversation`] from the turn asking for the summary and the
+/// output budget; `None` when the request cannot carry it. The pipeline makes it: it knows the
+/// request as the provider last received it and its wire format, which the engine does not.
+#[derive(Clone, Copy)]
+pub struct InConversation<'a>(pub &'a AskInConversation<'a>);
+
+/// The function behind [`InConversation`]: `(turn, max_output) -> body`.
+pub type AskInConversation<'a> = dyn Fn(&str, u32) -> Option<Arc<[u8]>> + Sync + 'a;
+
+impl std::fmt::Debug for InConversation<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("InConversation")
+    }
 }
 
 /// A compaction plan: replace `transcript[head..boundary]` by one user message.
@@ -398,6 +417,7 @@ impl Engine {
                     &tracker,
                     &input,
                     compaction_num,
+                    done == head,
                 )
                 .await
             {
@@ -514,6 +534,7 @@ impl Engine {
         tracker: &FileTracker,
         input: &CompactionInput<'_>,
         compaction_num: u32,
+        first: bool,
     ) -> Result<(String, Option<SummaryUsage>), CompactError> {
         // Old outputs are masked as they are converted, never copied only to be dropped.
         let masked = if self.config.mask_observations {
@@ -538,7 +559,15 @@ impl Engine {
                 "oldest turns left out of the compaction prompt to fit the summarizer"
             );
         }
+        // The first attempt may be asked inside the conversation (which then summarises all of
+        // it, the tail kept verbatim after the summary included); a later one refines the
+        // first attempt's summary, which the provider has not seen.
+        let in_conversation = input
+            .in_conversation
+            .filter(|_| first)
+            .and_then(|ask| (ask.0)(&follow_up_prompt(&prompt_input), max_output));
         let request = SummaryRequest {
+            in_conversation,
             prompt: built.prompt,
             prior_summary: prior_summary.map(str::to_string),
             entries: built.entries,
@@ -706,6 +735,7 @@ mod tests {
                 caller: &caller(),
                 attempts: &Attempts::per_request(),
                 smallest_tail: false,
+                in_conversation: None,
             })
             .await
             .expect_err("the summary never makes the request smaller");
@@ -761,6 +791,15 @@ mod tests {
             token_threshold: 10,
             ..e.limits(Some("tiny"), None)
         };
+        // The pipeline's builder of the request inside the conversation, recording its turn.
+        let turns = std::sync::Mutex::new(Vec::new());
+        let ask = |turn: &str, max_output: u32| {
+            turns
+                .lock()
+                .expect("turns")
+                .push((turn.to_string(), max_output));
+            Some(Arc::from(&b"{\"messages\": []}"[..]))
+        };
         let c = e
             .compact(CompactionInput {
                 transcript: &t,
@@ -772,6 +811,7 @@ mod tests {
                 caller: &caller(),
                 attempts: &Attempts::per_request(),
                 smallest_tail: false,
+                in_conversation: Some(InConversation(&ask)),
             })
             .await
             .expect("compacts");
@@ -793,6 +833,18 @@ mod tests {
             .nth(1)
             .expect("a prior summary");
         assert!(!conversation.contains("fix the bug"));
+        // Only the first attempt is asked inside the conversation: the provider never saw the
+        // summary a later one refines. Its turn asks without repeating the conversation.
+        let inside: Vec<bool> = requests
+            .iter()
+            .map(|r| r.in_conversation.is_some())
+            .collect();
+        assert_eq!(inside, [true, false, false]);
+        let turns = turns.lock().expect("turns");
+        assert_eq!(turns.len(), 1);
+        assert!(turns[0].0.contains("Summarize the conversation above"));
+        assert!(!turns[0].0.contains("<conversation>") && !turns[0].0.contains("fix the bug"));
+        assert_eq!(turns[0].1, requests[0].max_output_tokens);
         assert_eq!(c.head, 1);
         assert_eq!(t.messages[c.boundary].role, Role::Assistant);
     }
@@ -821,6 +873,7 @@ mod tests {
                 caller: &caller(),
                 attempts: &Attempts::per_request(),
                 smallest_tail: false,
+                in_conversation: None,
             })
             .await
             .expect("the first attempt is kept");
@@ -860,6 +913,7 @@ mod tests {
                 caller: &caller(),
                 attempts: &Attempts::per_request(),
                 smallest_tail: false,
+                in_conversation: None,
             })
             .await
             .expect("compacts");
@@ -920,6 +974,7 @@ mod tests {
             caller: &caller(),
             attempts: &Attempts::per_request(),
             smallest_tail: false,
+            in_conversation: None,
         })
         .await
         .expect("compacts");
@@ -952,6 +1007,7 @@ mod tests {
             caller: &caller(),
             attempts: &Attempts::per_request(),
             smallest_tail: false,
+            in_conversation: None,
         })
         .await
         .expect("compacts");

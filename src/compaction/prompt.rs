@@ -402,18 +402,8 @@ fn omission_notice(omitted: usize) -> String {
 
 fn render(input: &PromptInput<'_>, entries: &[String], omitted: usize) -> Rendered {
     let mut s = String::with_capacity(4096 + entries.iter().map(String::len).sum::<usize>());
-    s.push_str("<task>\n");
-    s.push_str(TASK_INTRO);
-    s.push('\n');
-    for (i, (name, what)) in SUMMARY_SECTIONS.iter().enumerate() {
-        let _ = writeln!(s, "{}. {name} — {what}", i + 1);
-    }
-    if let Some(focus) = input.instructions.map(str::trim).filter(|f| !f.is_empty()) {
-        s.push_str("\nFocus instructions for this summary: ");
-        s.push_str(focus);
-        s.push('\n');
-    }
-    s.push_str("</task>\n\n<conversation>\n");
+    task(&mut s, TASK_INTRO, input.instructions);
+    s.push_str("\n<conversation>\n");
     if let Some(prior) = input.prior_summary {
         s.push_str("<prior-summary>\n");
         s.push_str(prior.trim_end());
@@ -426,7 +416,51 @@ fn render(input: &PromptInput<'_>, entries: &[String], omitted: usize) -> Render
     for e in entries {
         s.push_str(e);
     }
-    s.push_str("</conversation>\n\n<read-files>\n");
+    s.push_str("</conversation>\n\n");
+    file_lists(&mut s, input);
+    Rendered { text: s }
+}
+
+/// The user turn that asks for the summary inside the conversation
+/// ([`SummaryRequest::in_conversation`](compactor_plugin_api::SummaryRequest::in_conversation)):
+/// the standalone prompt's task and file lists, the conversation being the messages above it
+/// (an earlier summary among them), so nothing of it is repeated.
+pub fn follow_up_prompt(input: &PromptInput<'_>) -> String {
+    let mut s = String::with_capacity(4096);
+    task(&mut s, FOLLOW_UP_INTRO, input.instructions);
+    s.push('\n');
+    file_lists(&mut s, input);
+    s
+}
+
+/// Opens the task of [`follow_up_prompt`].
+const FOLLOW_UP_INTRO: &str = "Stop here: do not call any tool and do not continue the task. \
+Summarize the conversation above instead. The summary will replace it, so the work must be \
+able to continue from it alone: keep file paths, function names, commands, error messages and \
+the user's instructions exactly as written. If the conversation opens with a summary of an \
+earlier part, merge it with what follows into one updated summary. The <read-files> and \
+<modified-files> lists below are appended to your summary automatically: do not copy them, \
+name only the files that matter and why. Reply with the summary only, using these sections:";
+
+/// `<task>`: `intro`, the numbered sections and any focus instructions.
+fn task(s: &mut String, intro: &str, instructions: Option<&str>) {
+    s.push_str("<task>\n");
+    s.push_str(intro);
+    s.push('\n');
+    for (i, (name, what)) in SUMMARY_SECTIONS.iter().enumerate() {
+        let _ = writeln!(s, "{}. {name} — {what}", i + 1);
+    }
+    if let Some(focus) = instructions.map(str::trim).filter(|f| !f.is_empty()) {
+        s.push_str("\nFocus instructions for this summary: ");
+        s.push_str(focus);
+        s.push('\n');
+    }
+    s.push_str("</task>\n");
+}
+
+/// `<read-files>` and `<modified-files>`.
+fn file_lists(s: &mut String, input: &PromptInput<'_>) {
+    s.push_str("<read-files>\n");
     for f in input.read_files {
         s.push_str(f);
         s.push('\n');
@@ -437,7 +471,6 @@ fn render(input: &PromptInput<'_>, entries: &[String], omitted: usize) -> Render
         s.push('\n');
     }
     s.push_str("</modified-files>\n");
-    Rendered { text: s }
 }
 
 /// One `<user>`/`<assistant>` block.

@@ -18,7 +18,7 @@ use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
 
 use serde_json::value::RawValue;
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use super::json::{
     as_tokens, fast_object, fast_skip, fast_text, leaf_weight, skip_scalars, OneOf,
@@ -230,6 +230,57 @@ fn part_from_value(part: &Value) -> Part {
                 .sum(),
         },
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The summary asked inside the conversation.
+
+/// Turns `body` (a request as the provider received it) into one asking the same model for
+/// the summary: `turn` appended as a user message, no streaming, `max_output` tokens under the
+/// budget name the agent used (`max_tokens` unless it sent `max_completion_tokens`), tools
+/// kept (they are part of the cached prefix) but not callable, and nothing asked that is not
+/// one plain text answer. The output tokens asked.
+pub(crate) fn ask_for_summary(
+    body: &mut Map<String, Value>,
+    turn: &str,
+    max_output: u32,
+) -> Result<usize, DialectError> {
+    let messages = body
+        .get_mut("messages")
+        .and_then(Value::as_array_mut)
+        .ok_or(DialectError::NoConversation("messages"))?;
+    messages.push(serde_json::json!({"role": "user", "content": turn}));
+    for key in [
+        "stream_options",
+        "n",
+        "response_format",
+        "logprobs",
+        "top_logprobs",
+        "audio",
+        "modalities",
+        "prediction",
+    ] {
+        body.remove(key);
+    }
+    body.insert("stream".into(), Value::Bool(false));
+    let budget = if body.contains_key("max_completion_tokens") {
+        "max_completion_tokens"
+    } else {
+        "max_tokens"
+    };
+    body.remove("max_tokens");
+    body.insert(budget.into(), max_output.into());
+    if body
+        .get("tools")
+        .and_then(Value::as_array)
+        .is_some_and(|t| !t.is_empty())
+    {
+        body.insert("tool_choice".into(), "none".into());
+    }
+    if body.contains_key("functions") {
+        body.insert("function_call".into(), "none".into());
+    }
+    Ok(max_output as usize)
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use super::json::{
     as_tokens, fast_content, fast_object, fast_skip, fast_str, leaf_weight, node_counts,
@@ -465,6 +465,65 @@ fn write_blocks(
         _ => return Err(serde::ser::Error::custom("unexpected content shape")),
     }
     Ok(wrote)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The summary asked inside the conversation.
+
+/// Turns `body` (a request as the provider received it) into one asking the same model for
+/// the summary: `turn` as a text block after the last user message's blocks (a new user
+/// message after an assistant one), no streaming, `max_output` tokens beyond any thinking
+/// budget, and everything else as sent: `system`, `tools`, `tool_choice` and `thinking`
+/// (changing them would invalidate the provider's cache of the messages) and the agent's
+/// `cache_control` markers, which are where the provider reads its cache from. A request
+/// without a marker in its messages is refused: nothing of it would be read from the cache,
+/// and the standalone prompt is smaller. The output tokens asked.
+pub(crate) fn ask_for_summary(
+    body: &mut Map<String, Value>,
+    turn: &str,
+    max_output: u32,
+) -> Result<usize, DialectError> {
+    let messages = body
+        .get_mut("messages")
+        .and_then(Value::as_array_mut)
+        .ok_or(DialectError::NoConversation("messages"))?;
+    let marked = |m: &Value| {
+        m["content"]
+            .as_array()
+            .is_some_and(|blocks| blocks.iter().any(|b| b.get("cache_control").is_some()))
+    };
+    if !messages.iter().any(marked) {
+        return Err(DialectError::BadMessage {
+            index: messages.len(),
+            reason: "no cache breakpoint in the messages",
+        });
+    }
+    let block = serde_json::json!({"type": "text", "text": turn});
+    match messages.last_mut() {
+        Some(last) if last["role"] == "user" => match last.get_mut("content") {
+            Some(Value::Array(blocks)) => blocks.push(block),
+            Some(Value::String(text)) => {
+                let text = std::mem::take(text);
+                last["content"] = serde_json::json!([{"type": "text", "text": text}, block]);
+            }
+            _ => {
+                return Err(DialectError::BadMessage {
+                    index: messages.len() - 1,
+                    reason: "user message without content",
+                })
+            }
+        },
+        _ => messages.push(serde_json::json!({"role": "user", "content": [block]})),
+    }
+    let thinking = body
+        .get("thinking")
+        .filter(|t| t["type"] == "enabled")
+        .and_then(|t| t["budget_tokens"].as_u64())
+        .unwrap_or(0);
+    let asked = thinking.saturating_add(u64::from(max_output));
+    body.insert("stream".into(), Value::Bool(false));
+    body.insert("max_tokens".into(), asked.into());
+    Ok(usize::try_from(asked).unwrap_or(usize::MAX))
 }
 
 #[cfg(test)]

@@ -28,6 +28,8 @@ pub(crate) mod split;
 
 use std::ops::Range;
 
+use serde_json::Value;
+
 use crate::estimate::LazyEstimator;
 use crate::transcript::{Message, Part, Role, Transcript};
 use scan_memo::Remembering;
@@ -392,6 +394,36 @@ impl DialectKind {
         }
     }
 
+    /// A request asking the caller's own model for a compaction summary inside the
+    /// conversation ([`compactor_plugin_api::SummaryRequest::in_conversation`]): `body`, the
+    /// request as the provider last received it, followed by `turn`, answered in at most
+    /// `max_output` tokens (see each dialect's `ask_for_summary`). The body and the output
+    /// tokens it asks for (Anthropic adds a thinking budget the request keeps).
+    pub fn ask_for_summary(
+        self,
+        body: &[u8],
+        turn: &str,
+        max_output: u32,
+    ) -> Result<(Vec<u8>, usize), DialectError> {
+        let Value::Object(mut object) = serde_json::from_slice(body)? else {
+            return Err(DialectError::NoConversation(self.conversation_field()));
+        };
+        let asked = match self {
+            DialectKind::ChatCompletions => chat::ask_for_summary(&mut object, turn, max_output)?,
+            DialectKind::Messages => messages::ask_for_summary(&mut object, turn, max_output)?,
+            DialectKind::Responses => responses::ask_for_summary(&mut object, turn, max_output)?,
+        };
+        Ok((serde_json::to_vec(&object)?, asked))
+    }
+
+    /// The field holding the conversation.
+    fn conversation_field(self) -> &'static str {
+        match self {
+            DialectKind::ChatCompletions | DialectKind::Messages => "messages",
+            DialectKind::Responses => "input",
+        }
+    }
+
     /// The bounded metric label of this dialect.
     pub fn label(self) -> &'static str {
         match self {
@@ -615,6 +647,169 @@ mod tests {
                 Some(scan.len() - 1),
                 "{out}"
             );
+        }
+    }
+
+    /// The summary asked inside the conversation: the request as received, then the turn
+    /// asking for it, valid for the provider, with nothing else of the conversation changed.
+    #[test]
+    fn a_summary_is_asked_after_the_conversation_in_each_format() {
+        use crate::testing::valid_for_provider;
+        let turn = "Summarize the conversation above.";
+        let tools = serde_json::json!([{"type": "function",
+            "function": {"name": "bash", "parameters": {"type": "object"}}}]);
+
+        // Chat Completions: a user message after the tool results; tools kept, not callable.
+        let chat = serde_json::json!({
+            "model": "gpt-4o", "stream": true, "stream_options": {"include_usage": true},
+            "max_completion_tokens": 32000, "tools": tools, "n": 1,
+            "messages": [
+                {"role": "system", "content": "agent"},
+                {"role": "user", "content": "fix it"},
+                {"role": "assistant", "content": null, "tool_calls": [{"id": "c1",
+                    "type": "function", "function": {"name": "bash", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "ok"}
+            ]
+        });
+        let body = serde_json::to_vec(&chat).expect("json");
+        let (asked, tokens) = DialectKind::ChatCompletions
+            .ask_for_summary(&body, turn, 2_000)
+            .expect("asks");
+        assert_eq!(tokens, 2_000);
+        valid_for_provider(DialectKind::ChatCompletions, &asked).expect("valid");
+        let v: Value = serde_json::from_slice(&asked).expect("json");
+        let messages = v["messages"].as_array().expect("messages");
+        assert_eq!(
+            &messages[..4],
+            chat["messages"].as_array().expect("sent").as_slice()
+        );
+        assert_eq!(
+            messages[4],
+            serde_json::json!({"role": "user", "content": turn})
+        );
+        assert_eq!(v["stream"], false);
+        assert!(v.get("stream_options").is_none() && v.get("n").is_none());
+        assert_eq!(v["max_completion_tokens"], 2_000, "the name the agent used");
+        assert!(v.get("max_tokens").is_none());
+        assert_eq!(v["tools"], tools);
+        assert_eq!(v["tool_choice"], "none");
+
+        // Responses: an input item; instructions, reasoning and the cache key as sent.
+        let responses = serde_json::json!({
+            "model": "gpt-5", "instructions": "agent", "stream": true, "store": true,
+            "reasoning": {"effort": "medium"}, "prompt_cache_key": "conv-1",
+            "text": {"verbosity": "low", "format": {"type": "json_object"}},
+            "include": ["reasoning.encrypted_content"], "tools": tools,
+            "input": [
+                {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "fix it"}]},
+                {"type": "function_call", "call_id": "c1", "name": "bash", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "c1", "output": "ok"}
+            ]
+        });
+        let body = serde_json::to_vec(&responses).expect("json");
+        let (asked, _) = DialectKind::Responses
+            .ask_for_summary(&body, turn, 3_000)
+            .expect("asks");
+        valid_for_provider(DialectKind::Responses, &asked).expect("valid");
+        let v: Value = serde_json::from_slice(&asked).expect("json");
+        let input = v["input"].as_array().expect("input");
+        assert_eq!(
+            &input[..3],
+            responses["input"].as_array().expect("sent").as_slice()
+        );
+        assert_eq!(input[3]["role"], "user");
+        assert_eq!(input[3]["content"][0]["text"], turn);
+        assert_eq!(
+            (v["stream"].clone(), v["store"].clone()),
+            (false.into(), false.into())
+        );
+        assert_eq!(v["max_output_tokens"], 3_000);
+        assert_eq!(v["tool_choice"], "none");
+        assert_eq!(v["text"], serde_json::json!({"verbosity": "low"}));
+        for kept in [
+            "instructions",
+            "reasoning",
+            "prompt_cache_key",
+            "include",
+            "model",
+        ] {
+            assert_eq!(v[kept], responses[kept], "{kept}");
+        }
+
+        // Messages: a text block after the tool results, markers and thinking as sent, the
+        // thinking budget on top of the summary's.
+        let messages = serde_json::json!({
+            "model": "claude-sonnet-4-5", "stream": true, "max_tokens": 32000,
+            "thinking": {"type": "enabled", "budget_tokens": 1024},
+            "system": [{"type": "text", "text": "agent", "cache_control": {"type": "ephemeral"}}],
+            "tools": [{"name": "Bash", "input_schema": {"type": "object"}}],
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "fix it"}]},
+                {"role": "assistant", "content": [
+                    {"type": "thinking", "thinking": "hm", "signature": "sig"},
+                    {"type": "tool_use", "id": "t1", "name": "Bash", "input": {}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                    "content": "ok", "cache_control": {"type": "ephemeral"}}]}
+            ]
+        });
+        let body = serde_json::to_vec(&messages).expect("json");
+        let (asked, tokens) = DialectKind::Messages
+            .ask_for_summary(&body, turn, 2_000)
+            .expect("asks");
+        assert_eq!(tokens, 3_024);
+        valid_for_provider(DialectKind::Messages, &asked).expect("valid");
+        let v: Value = serde_json::from_slice(&asked).expect("json");
+        let sent = messages["messages"].as_array().expect("sent");
+        let got = v["messages"].as_array().expect("messages");
+        assert_eq!(
+            got.len(),
+            3,
+            "roles alternate: the turn joins the tool results"
+        );
+        assert_eq!(&got[..2], &sent[..2]);
+        assert_eq!(
+            got[2]["content"][0], sent[2]["content"][0],
+            "the marker stays"
+        );
+        assert_eq!(
+            got[2]["content"][1],
+            serde_json::json!({"type": "text", "text": turn})
+        );
+        assert_eq!(
+            (v["stream"].clone(), v["max_tokens"].clone()),
+            (false.into(), 3_024.into())
+        );
+        for kept in ["thinking", "system", "tools", "model"] {
+            assert_eq!(v[kept], messages[kept], "{kept}");
+        }
+
+        // Without a marker in its messages nothing would be read from the cache: refused.
+        let mut unmarked = messages.clone();
+        unmarked["messages"][2]["content"][0]
+            .as_object_mut()
+            .expect("block")
+            .remove("cache_control");
+        let body = serde_json::to_vec(&unmarked).expect("json");
+        assert!(DialectKind::Messages
+            .ask_for_summary(&body, turn, 2_000)
+            .is_err());
+        // Not a request of the format: refused, never a panic.
+        for dialect in [
+            DialectKind::ChatCompletions,
+            DialectKind::Messages,
+            DialectKind::Responses,
+        ] {
+            for bad in [
+                &b"[]"[..],
+                b"{}",
+                b"{\"messages\": 3, \"input\": 3}",
+                b"not json",
+            ] {
+                assert!(
+                    dialect.ask_for_summary(bad, turn, 1).is_err(),
+                    "{dialect:?}"
+                );
+            }
         }
     }
 }

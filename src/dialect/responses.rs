@@ -28,7 +28,7 @@
 use serde::de::{DeserializeSeed, Deserializer};
 use serde::{Deserialize, Serialize};
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use super::json::NodeSeed;
 use super::json::{as_tokens, fast_node, leaf_weight, node_counts, Rules, StrWeight};
@@ -397,6 +397,50 @@ pub(super) fn rewrite(
         out.push(b']');
         Ok(())
     })
+}
+
+// ---------------------------------------------------------------------------------------------
+// The summary asked inside the conversation.
+
+/// Turns `body` (a request as the provider received it) into one asking the same model for
+/// the summary: `turn` appended as a user message item, no streaming, `max_output_tokens`
+/// set, tools kept (part of the cached prefix) but not callable, no structured output format,
+/// not stored, and everything else as sent (`instructions`, `reasoning`, `include`,
+/// `prompt_cache_key`, which routes the call to the conversation's cache). The output tokens
+/// asked.
+pub(crate) fn ask_for_summary(
+    body: &mut Map<String, Value>,
+    turn: &str,
+    max_output: u32,
+) -> Result<usize, DialectError> {
+    let item = serde_json::json!({
+        "type": "message",
+        "role": "user",
+        "content": [{"type": "input_text", "text": turn}],
+    });
+    match body.get_mut("input") {
+        Some(Value::Array(items)) => items.push(item),
+        Some(Value::String(text)) => {
+            let first = serde_json::json!({"role": "user", "content": std::mem::take(text)});
+            body.insert("input".into(), Value::Array(vec![first, item]));
+        }
+        _ => return Err(DialectError::NoConversation("input")),
+    }
+    if let Some(text) = body.get_mut("text").and_then(Value::as_object_mut) {
+        text.remove("format");
+    }
+    body.remove("background");
+    body.insert("stream".into(), Value::Bool(false));
+    body.insert("store".into(), Value::Bool(false));
+    body.insert("max_output_tokens".into(), max_output.into());
+    if body
+        .get("tools")
+        .and_then(Value::as_array)
+        .is_some_and(|t| !t.is_empty())
+    {
+        body.insert("tool_choice".into(), "none".into());
+    }
+    Ok(max_output as usize)
 }
 
 #[cfg(test)]

@@ -926,3 +926,80 @@ async fn what_the_summaries_cost_is_added_to_the_conversations_cost() {
     let info = c.store().session(&session).await.expect("store");
     assert_eq!(info.expect("session").cost, None);
 }
+
+/// The messages of a summary request asked inside the conversation, and its last (the turn).
+fn asked_inside(r: &compactor_plugin_api::SummaryRequest) -> (Vec<Value>, Value) {
+    let body = r
+        .in_conversation
+        .as_ref()
+        .expect("asked inside the conversation");
+    let mut messages = messages_of(body);
+    let turn = messages.pop().expect("the turn");
+    (messages, turn)
+}
+
+#[tokio::test]
+async fn the_summary_is_asked_inside_the_conversation_as_the_provider_received_it() {
+    let fake = FakeSummarizer::text("S.");
+    let (c, _) = compactor(&config(SMALL), fake.clone());
+    // Over the message trigger on its first request: compacted on the request path, the
+    // conversation asked as received, then the turn asking for the summary.
+    let first = chat(12);
+    let out = send(&c, &first).await;
+    let rewritten = forwarded("first", &out);
+    let requests = fake.requests();
+    assert_eq!(requests.len(), 1);
+    let (conversation, turn) = asked_inside(&requests[0]);
+    assert_eq!(conversation, first);
+    assert_eq!(turn["role"], "user");
+    let turn = turn["content"].as_str().expect("text");
+    assert!(turn.contains("Summarize the conversation above"), "{turn}");
+    let asked: Value =
+        serde_json::from_slice(requests[0].in_conversation.as_deref().expect("body"))
+            .expect("json");
+    assert_eq!(asked["max_tokens"], requests[0].max_output_tokens);
+    assert_eq!(asked["stream"], false);
+
+    // The conversation goes on with the summary spliced in; the next summary (made ahead or
+    // on the request path) is asked inside the request as forwarded: the first summary, then
+    // the messages after what it covers.
+    let summary = rewritten
+        .iter()
+        .position(|m| m["content"].as_str().is_some_and(|t| t.contains("S.")))
+        .expect("the summary message");
+    let covered = first
+        .iter()
+        .position(|m| *m == rewritten[summary + 1])
+        .expect("the tail is the request's own");
+    let mut sent = first;
+    while fake.requests().len() < 2 {
+        assert!(sent.len() < 40, "a second summary is made");
+        sent.push(json!({"role": "user", "content": format!("more {}", sent.len())}));
+        sent.push(json!({"role": "assistant", "content": format!("ok {}", sent.len())}));
+        session_of_request(&c, &caller(), sent.clone()).await;
+    }
+    let (conversation, _) = asked_inside(&fake.requests()[1]);
+    assert_eq!(
+        conversation[..=summary],
+        rewritten[..=summary],
+        "the head, then the first summary"
+    );
+    assert_eq!(conversation[summary + 1..], sent[covered..]);
+
+    // A conversation that would not fit its window beside the summary is asked with the
+    // standalone prompt alone.
+    let fake = FakeSummarizer::text("S.");
+    let (c, _) = compactor(&config(SMALL), fake.clone());
+    let mut long = chat(12);
+    for m in long.iter_mut().skip(1) {
+        m["content"] = json!(format!(
+            "{} {}",
+            m["content"].as_str().unwrap_or(""),
+            "y".repeat(200)
+        ));
+    }
+    assert!(matches!(send(&c, &long).await, Outcome::Rewritten { .. }));
+    let requests = fake.requests();
+    assert!(!requests.is_empty());
+    assert!(requests.iter().all(|r| r.in_conversation.is_none()));
+}

@@ -6,6 +6,12 @@
 //! of `content`. Credentials: the configured key as `x-api-key`, else the caller's
 //! `x-api-key`, else the caller's `authorization` (OAuth-style callers).
 //!
+//! A request carrying [`SummaryRequest::in_conversation`] is asked that way first when this
+//! backend uses the caller's own upstream and model (no `base_url`, no `model`): the body is
+//! sent as compactor built it (the conversation with the agent's `cache_control` markers, so
+//! the provider reads it from its prompt cache), and a refusal of that shape or an answer
+//! without a text block is followed by the standalone prompt within the same deadline.
+//!
 //! [`Summarizer::max_output_tokens`] answers the configured `max_tokens` (the most the request
 //! asks for; it is capped further by the request's own budget).
 //!
@@ -17,6 +23,7 @@
 use std::fmt;
 use std::path::PathBuf;
 
+use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, AUTHORIZATION};
 use serde_json::{json, Value};
 use tokio::time::Instant;
@@ -117,28 +124,60 @@ impl AnthropicSummarizer {
             .map_err(|_| SummarizeError::Config("invalid anthropic_version".into()))?;
         auth.headers
             .push((HeaderName::from_static("anthropic-version"), version));
-        let secrets = auth.secret_refs();
-
+        let exchange = Exchange {
+            url: &url,
+            auth: &auth,
+            model,
+            deadline,
+            timeout: request.timeout,
+        };
+        if let Some(body) = self.in_conversation(request) {
+            match self.ask(&exchange, body).await {
+                Err(e) if transport::standalone_may_succeed(&e) => tracing::debug!(
+                    backend = "anthropic",
+                    error = %e,
+                    "the summary asked inside the conversation failed; asking with the standalone prompt"
+                ),
+                answered => return answered,
+            }
+        }
         let body = json!({
             "model": model,
             "max_tokens": output_budget(self.config.max_tokens, request.max_output_tokens),
             "system": SYSTEM_PROMPT,
             "messages": [{"role": "user", "content": request.prompt}],
         });
+        let body = serde_json::to_vec(&body)
+            .map_err(|e| SummarizeError::Config(format!("cannot encode request: {e}")))?;
+        self.ask(&exchange, Bytes::from(body)).await
+    }
+
+    /// The request asking for the summary inside the conversation, when this backend sends it:
+    /// only to the caller's own upstream with the caller's own model over Messages (anywhere
+    /// else the provider has nothing cached).
+    fn in_conversation(&self, request: &SummaryRequest) -> Option<Bytes> {
+        let own = self.config.base_url.is_none() && self.config.model.is_none();
+        let body = request.in_conversation.as_ref()?;
+        (own && request.caller.api == Api::Messages).then(|| Bytes::copy_from_slice(body))
+    }
+
+    /// Sends one summary request and reads the summary from the answer.
+    async fn ask(&self, x: &Exchange<'_>, body: Bytes) -> Result<Summary, SummarizeError> {
+        let secrets = x.auth.secret_refs();
         let answer = self
             .http
-            .post_json(
-                &url,
-                &auth.headers,
-                &body,
+            .post(
+                x.url,
+                &x.auth.headers,
+                body,
                 &secrets,
-                deadline,
-                request.timeout,
+                x.deadline,
+                x.timeout,
             )
             .await?;
         Ok(
             Summary::bounded(text_content(&answer)?.trim(), self.config.max_summary_bytes)?
-                .with_usage(usage(&answer, model)),
+                .with_usage(usage(&answer, x.model)),
         )
     }
 
@@ -177,6 +216,15 @@ impl Summarizer for AnthropicSummarizer {
         let _ = api;
         (self.config.max_tokens > 0).then_some(self.config.max_tokens)
     }
+}
+
+/// Where one summary is asked for.
+struct Exchange<'a> {
+    url: &'a str,
+    auth: &'a Auth,
+    model: &'a str,
+    deadline: Instant,
+    timeout: std::time::Duration,
 }
 
 /// The concatenated `text` blocks of `content`.

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use compactor_plugin_anthropic::{AnthropicConfig, AnthropicSummarizer, SYSTEM_PROMPT};
-use compactor_plugin_api::{Caller, SummarizeError, Summarizer, SummaryRequest};
+use compactor_plugin_api::{Api, Caller, SummarizeError, Summarizer, SummaryRequest};
 use compactor_plugin_testing::{caller, MockProvider, Reply};
 
 fn message(blocks: Value) -> Reply {
@@ -21,6 +21,7 @@ fn message(blocks: Value) -> Reply {
 
 fn request(caller: Caller) -> SummaryRequest {
     SummaryRequest {
+        in_conversation: None,
         prompt: "<task>Summarize the conversation so far</task>\n<conversation>...</conversation>"
             .into(),
         prior_summary: None,
@@ -216,4 +217,76 @@ async fn answers_over_the_summary_bound_are_refused() {
         "{err:?}"
     );
     assert_eq!(mock.received().len(), 1, "asked once");
+}
+
+#[tokio::test]
+async fn the_conversation_itself_is_sent_to_the_callers_own_model_and_upstream() {
+    let conversation = json!({
+        "model": "claude-sonnet-4-5",
+        "max_tokens": 2000,
+        "stream": false,
+        "system": [{"type": "text", "text": "You are Claude Code.",
+                    "cache_control": {"type": "ephemeral"}}],
+        "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "fix the parser", "cache_control": {"type": "ephemeral"}},
+            {"type": "text", "text": "Summarize the conversation above."}
+        ]}]
+    });
+    let in_conversation = Some(serde_json::to_vec(&conversation).expect("json").into());
+    let mock = MockProvider::start(vec![message(json!([
+        {"type": "thinking", "thinking": "hm", "signature": "s"},
+        {"type": "text", "text": "the summary"}
+    ]))])
+    .await;
+    let p = plugin(config());
+    let mut req = request(messages_caller(&mock.url(), &[("x-api-key", "sk-ant-own")]));
+    req.in_conversation = in_conversation.clone();
+    let summary = p.summarize(&req).await.expect("summary");
+    assert_eq!(summary.text, "the summary");
+    let got = mock.received();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].path, "/v1/messages");
+    assert_eq!(got[0].header("x-api-key"), Some("sk-ant-own"));
+    assert_eq!(got[0].header("anthropic-version"), Some("2023-06-01"));
+    assert_eq!(got[0].body, conversation, "sent exactly as built");
+
+    // Only a text-less answer or a refused shape falls back to the standalone prompt.
+    let mock = MockProvider::start(vec![
+        message(json!([{"type": "tool_use", "id": "t", "name": "Bash", "input": {}}])),
+        message(json!([{"type": "text", "text": "from the prompt"}])),
+    ])
+    .await;
+    let mut req = request(messages_caller(&mock.url(), &[]));
+    req.in_conversation = in_conversation.clone();
+    let summary = p.summarize(&req).await.expect("the prompt answers");
+    assert_eq!(summary.text, "from the prompt");
+    let got = mock.received();
+    assert_eq!(got.len(), 2);
+    assert_eq!(got[1].body["messages"][0]["content"], req.prompt.as_str());
+
+    // A configured model has no cache of this conversation.
+    let mock = MockProvider::start(vec![message(json!([{"type": "text", "text": "s"}]))]).await;
+    let p = plugin(AnthropicConfig {
+        model: Some("claude-haiku-4-5".into()),
+        ..config()
+    });
+    let mut req = request(messages_caller(&mock.url(), &[]));
+    req.in_conversation = in_conversation;
+    p.summarize(&req).await.expect("summary");
+    assert_eq!(mock.received()[0].body["model"], "claude-haiku-4-5");
+
+    // Nor does a caller of another wire format (a configured `anthropic` behind a Chat
+    // Completions agent): its conversation is not a Messages body.
+    let mock = MockProvider::start(vec![message(json!([{"type": "text", "text": "s"}]))]).await;
+    let mut req = request(caller(&mock.url(), &[]));
+    req.in_conversation = Some(b"{}".as_slice().into());
+    plugin(config()).summarize(&req).await.expect("summary");
+    assert_eq!(mock.received()[0].body["system"], SYSTEM_PROMPT);
+}
+
+fn messages_caller(base: &str, credentials: &[(&str, &str)]) -> Caller {
+    Caller {
+        api: Api::Messages,
+        ..caller(base, credentials)
+    }
 }

@@ -12,6 +12,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -83,6 +84,18 @@ pub struct SummaryRequest {
     /// Where the compacted request is going and with which credentials. Never serialised.
     #[serde(skip)]
     pub caller: Caller,
+    /// The same summary asked for inside the conversation, as the agents' own compaction asks
+    /// for it: the request as the provider last received it (compactor's rewrite included),
+    /// followed by a user turn asking for the summary, as a complete JSON body in the caller's
+    /// wire format ([`Caller::api`]), output budget and `stream: false` set. A backend that
+    /// calls the caller's own upstream with the caller's own model should send it instead of
+    /// [`SummaryRequest::prompt`]: the provider reads the conversation from its prompt cache
+    /// (a tenth of the input price or less), where the standalone prompt is all new input.
+    /// Its answer summarises everything above the turn. `None` when the request cannot carry
+    /// it (it would not fit the window beside the summary, or the provider would not cache
+    /// it) or for a later attempt of the same compaction. Never serialised.
+    #[serde(skip)]
+    pub in_conversation: Option<Arc<[u8]>>,
 }
 
 /// One turn of the conversation being summarised.

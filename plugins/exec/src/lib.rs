@@ -353,6 +353,7 @@ mod tests {
     #[test]
     fn the_wire_request_is_versioned_and_has_no_credentials() {
         let request = SummaryRequest {
+            in_conversation: None,
             prompt: "P".into(),
             prior_summary: None,
             entries: vec![Entry {

@@ -12,6 +12,7 @@ const SECRET: &str = "sk-exec-test-secret-0123456789";
 
 fn request(timeout: Duration) -> SummaryRequest {
     SummaryRequest {
+        in_conversation: None,
         prompt: "<task>Summarize</task>".into(),
         prior_summary: Some("The user earlier asked for a CLI.".into()),
         entries: vec![

@@ -690,6 +690,7 @@ mod tests {
 
     fn request(entries: Vec<Entry>) -> SummaryRequest {
         SummaryRequest {
+            in_conversation: None,
             prompt: String::new(),
             prior_summary: None,
             entries,

@@ -90,6 +90,7 @@ fn assistant(text: &str, tool: &str, arguments: &str, output: &str) -> Entry {
 
 fn request(entries: Vec<Entry>) -> SummaryRequest {
     SummaryRequest {
+        in_conversation: None,
         prompt: String::new(),
         prior_summary: None,
         entries,

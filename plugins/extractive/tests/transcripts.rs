@@ -137,6 +137,7 @@ fn request(path: &Path) -> SummaryRequest {
     let entries = entries(doc["messages"].as_array().expect("messages"));
     let (read_files, modified_files) = files(&entries);
     SummaryRequest {
+        in_conversation: None,
         prompt: "(the rendered prompt; the extractive backend does not read it)".into(),
         prior_summary: Some("PRIOR: the user first asked to set up the repository.".into()),
         entries,

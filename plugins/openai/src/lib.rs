@@ -16,6 +16,13 @@
 //!   skipped). Some OpenAI-compatible endpoints serve only `/responses`. This holds with a
 //!   configured `base_url` too: a Responses caller's summary goes to `{base_url}/responses`.
 //!
+//! A request carrying [`SummaryRequest::in_conversation`] is asked that way first when this
+//! backend uses the caller's own upstream and model (no `base_url`, no `model`): the body is
+//! sent as compactor built it, so the provider serves the conversation from its prompt cache.
+//! A refusal of that shape or an answer without a summary (see
+//! [`compactor_transport::standalone_may_succeed`]) is followed by the standalone prompt
+//! within the same deadline.
+//!
 //! The request is right for the model on the first call: reasoning models (the o-series and
 //! `gpt-5`, see [`is_reasoning_model`]) get `max_completion_tokens` instead of `max_tokens` on
 //! Chat Completions, and never a `temperature`, which they reject unless it is the default.
@@ -136,20 +143,55 @@ impl OpenAiSummarizer {
         let url = self.endpoint(&request.caller)?;
         let model = transport::model(self.config.model.as_deref(), request)?;
         let auth = self.auth(&request.caller)?;
-        let secrets = auth.secret_refs();
+        let exchange = Exchange {
+            url: &url,
+            auth: &auth,
+            wire,
+            model,
+            deadline,
+            timeout: request.timeout,
+        };
+        if let Some(body) = self.in_conversation(request) {
+            match self.ask(&exchange, body).await {
+                Err(e) if transport::standalone_may_succeed(&e) => tracing::debug!(
+                    backend = "openai",
+                    error = %e,
+                    "the summary asked inside the conversation failed; asking with the standalone prompt"
+                ),
+                answered => return answered,
+            }
+        }
+        self.ask(&exchange, self.body(wire, model, request)).await
+    }
 
-        let mut body = self.body(wire, model, request);
+    /// The request asking for the summary inside the conversation, when this backend sends it:
+    /// only to the caller's own upstream with the caller's own model (anywhere else the
+    /// provider has nothing cached), and only one it can parse.
+    fn in_conversation(&self, request: &SummaryRequest) -> Option<Value> {
+        if self.config.base_url.is_some() || self.config.model.is_some() {
+            return None;
+        }
+        if !matches!(request.caller.api, Api::ChatCompletions | Api::Responses) {
+            return None;
+        }
+        serde_json::from_slice(request.in_conversation.as_deref()?).ok()
+    }
+
+    /// Sends one summary request and reads the summary from the answer; a 400 naming a
+    /// parameter the model does not take is answered by re-sending once without it.
+    async fn ask(&self, x: &Exchange<'_>, mut body: Value) -> Result<Summary, SummarizeError> {
+        let secrets = x.auth.secret_refs();
         let mut adjusted = false;
         let answer = loop {
             match self
                 .http
                 .post_json(
-                    &url,
-                    &auth.headers,
+                    x.url,
+                    &x.auth.headers,
                     &body,
                     &secrets,
-                    deadline,
-                    request.timeout,
+                    x.deadline,
+                    x.timeout,
                 )
                 .await
             {
@@ -163,13 +205,13 @@ impl OpenAiSummarizer {
                 other => break other?,
             }
         };
-        let text = match wire {
+        let text = match x.wire {
             Wire::ChatCompletions => message_content(&answer)?,
             Wire::Responses => output_text(&answer)?,
         };
         Ok(
             Summary::bounded(text.trim(), self.config.max_summary_bytes)?
-                .with_usage(usage(&answer, model)),
+                .with_usage(usage(&answer, x.model)),
         )
     }
 
@@ -250,6 +292,16 @@ impl Summarizer for OpenAiSummarizer {
         let _ = api;
         (self.config.max_tokens > 0).then_some(self.config.max_tokens)
     }
+}
+
+/// Where and how one summary is asked for.
+struct Exchange<'a> {
+    url: &'a str,
+    auth: &'a Auth,
+    wire: Wire,
+    model: &'a str,
+    deadline: Instant,
+    timeout: std::time::Duration,
 }
 
 /// The wire API a summary request is sent with.

@@ -23,6 +23,7 @@ fn completion(content: Value) -> Reply {
 
 fn request(caller: Caller) -> SummaryRequest {
     SummaryRequest {
+        in_conversation: None,
         prompt: "<task>Summarize the conversation so far</task>\n<conversation>...</conversation>"
             .into(),
         prior_summary: None,
@@ -525,4 +526,108 @@ async fn answers_over_the_summary_bound_are_refused_and_asked_once() {
         .await
         .expect("summary at the bound");
     assert_eq!(summary.text.len(), 1000);
+}
+
+/// A request asking for the summary inside the conversation, as compactor builds it.
+fn in_conversation(body: Value) -> Option<std::sync::Arc<[u8]>> {
+    Some(serde_json::to_vec(&body).expect("json").into())
+}
+
+#[tokio::test]
+async fn the_conversation_itself_is_sent_to_the_callers_own_model_and_upstream() {
+    let conversation = json!({
+        "model": "gpt-4o-mini",
+        "messages": [
+            {"role": "system", "content": "You are an agent."},
+            {"role": "user", "content": "fix the parser"},
+            {"role": "user", "content": "Summarize the conversation above."}
+        ],
+        "max_tokens": 1000, "stream": false, "tool_choice": "none",
+        "tools": [{"type": "function", "function": {"name": "bash", "parameters": {}}}]
+    });
+    let mock = MockProvider::start(vec![completion(json!("the summary"))]).await;
+    let p = plugin(OpenAiConfig {
+        max_tokens: 4096,
+        ..Default::default()
+    });
+    let mut req = request(caller(&mock.url(), &[("authorization", "Bearer sk-own")]));
+    req.in_conversation = in_conversation(conversation.clone());
+    let summary = p.summarize(&req).await.expect("summary");
+    assert_eq!(summary.text, "the summary");
+    let got = mock.received();
+    assert_eq!(got.len(), 1, "one call, the conversation's");
+    assert_eq!(got[0].path, "/v1/chat/completions");
+    assert_eq!(got[0].header("authorization"), Some("Bearer sk-own"));
+    assert_eq!(got[0].body, conversation, "sent exactly as built");
+
+    // A configured model has no cache of this conversation: the standalone prompt goes.
+    let mock = MockProvider::start(vec![completion(json!("the summary"))]).await;
+    let p = plugin(OpenAiConfig {
+        model: Some("gpt-4.1-nano".into()),
+        max_tokens: 4096,
+        ..Default::default()
+    });
+    let mut req = request(caller(&mock.url(), &[]));
+    req.in_conversation = in_conversation(conversation.clone());
+    p.summarize(&req).await.expect("summary");
+    let got = mock.received();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].body["model"], "gpt-4.1-nano");
+    assert_eq!(got[0].body["messages"][1]["content"], req.prompt.as_str());
+
+    // Responses callers send theirs to `/responses`.
+    let mock = MockProvider::start(vec![response(&["from the responses api"])]).await;
+    let p = plugin(OpenAiConfig {
+        max_tokens: 4096,
+        ..Default::default()
+    });
+    let body = json!({"model": "gpt-5", "input": [{"role": "user", "content": "hi"}],
+                      "stream": false, "max_output_tokens": 1000});
+    let mut req = request(responses_caller(&mock.url(), &[]));
+    req.in_conversation = in_conversation(body.clone());
+    let summary = p.summarize(&req).await.expect("summary");
+    assert_eq!(summary.text, "from the responses api");
+    let got = mock.received();
+    assert_eq!(got[0].path, "/v1/responses");
+    assert_eq!(got[0].body, body);
+}
+
+#[tokio::test]
+async fn a_refused_or_empty_answer_inside_the_conversation_falls_back_to_the_prompt() {
+    let p = plugin(OpenAiConfig {
+        max_tokens: 4096,
+        ..Default::default()
+    });
+    let conversation =
+        json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "x"}]});
+    // Refused (a shape the endpoint does not take), then a tool call instead of a summary.
+    for first in [
+        Reply::Json(
+            400,
+            json!({"error": {"message": "tool_choice is not supported"}}),
+        ),
+        completion(Value::Null),
+    ] {
+        let mock = MockProvider::start(vec![first, completion(json!("from the prompt"))]).await;
+        let mut req = request(caller(&mock.url(), &[]));
+        req.in_conversation = in_conversation(conversation.clone());
+        let summary = p.summarize(&req).await.expect("the prompt answers");
+        assert_eq!(summary.text, "from the prompt");
+        let got = mock.received();
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[0].body, conversation);
+        assert_eq!(got[1].body["messages"][1]["content"], req.prompt.as_str());
+    }
+    // A rate limit or a server error would meet the prompt too: one call, the error.
+    for status in [429, 503] {
+        let mock = MockProvider::start(vec![Reply::Text(status, "busy")]).await;
+        let mut req = request(caller(&mock.url(), &[]));
+        req.in_conversation = in_conversation(conversation.clone());
+        let err = p.summarize(&req).await.expect_err("fails");
+        assert!(
+            matches!(err, SummarizeError::Status { status: s, .. } if s == status),
+            "{err:?}"
+        );
+        assert_eq!(mock.received().len(), 1);
+    }
 }

@@ -113,11 +113,25 @@ impl HttpClient {
         deadline: Instant,
         timeout: Duration,
     ) -> Result<serde_json::Value, SummarizeError> {
+        let bytes = serde_json::to_vec(body)
+            .map_err(|e| SummarizeError::Config(format!("cannot encode request: {e}")))?;
+        self.post(url, headers, Bytes::from(bytes), secrets, deadline, timeout)
+            .await
+    }
+
+    /// [`HttpClient::post_json`] for a body already encoded as JSON.
+    pub async fn post(
+        &self,
+        url: &str,
+        headers: &[(HeaderName, HeaderValue)],
+        bytes: Bytes,
+        secrets: &[&str],
+        deadline: Instant,
+        timeout: Duration,
+    ) -> Result<serde_json::Value, SummarizeError> {
         let uri: Uri = url
             .parse()
             .map_err(|e| SummarizeError::Config(format!("invalid endpoint `{url}`: {e}")))?;
-        let bytes = serde_json::to_vec(body)
-            .map_err(|e| SummarizeError::Config(format!("cannot encode request: {e}")))?;
         let mut builder = Request::post(uri)
             .header(CONTENT_TYPE, "application/json")
             .header(ACCEPT, "application/json")
@@ -126,7 +140,7 @@ impl HttpClient {
             builder = builder.header(name, value);
         }
         let request = builder
-            .body(Full::new(Bytes::from(bytes)))
+            .body(Full::new(bytes))
             .map_err(|e| SummarizeError::Config(format!("cannot build request: {e}")))?;
 
         let limit = self.max_response_bytes;
@@ -184,6 +198,25 @@ impl HttpClient {
         serde_json::from_slice(&body).map_err(|e| {
             SummarizeError::InvalidOutput(format!("response is not JSON ({status}): {e}"))
         })
+    }
+}
+
+/// Whether a summary asked for inside the conversation
+/// ([`SummaryRequest::in_conversation`](compactor_plugin_api::SummaryRequest::in_conversation))
+/// that failed with `e` is worth asking again with the standalone prompt: the provider refused
+/// that request's shape (a 4xx other than for credentials or rate) or answered no summary (a
+/// tool call, nothing). A timeout, a broken connection, a refused credential, a rate limit or
+/// a server error would meet the second request too.
+pub fn standalone_may_succeed(e: &SummarizeError) -> bool {
+    match e {
+        SummarizeError::Status { status, .. } => {
+            (400..500).contains(status) && ![401, 403, 408, 429].contains(status)
+        }
+        SummarizeError::InvalidOutput(_) | SummarizeError::Blank => true,
+        SummarizeError::Timeout(_)
+        | SummarizeError::Transport(_)
+        | SummarizeError::Config(_)
+        | SummarizeError::TooLarge { .. } => false,
     }
 }
 
