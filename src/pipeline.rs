@@ -1675,8 +1675,12 @@ impl Pipeline {
 
     /// Compacts the request beyond any spliced prefix: the engine's result, its boundary
     /// counted in the request's own messages. With the request as `forwarded`, the first
-    /// summarizer call may be asked inside it (when it fits the window beside the answer, with
-    /// a twentieth to spare for the estimate's error).
+    /// summarizer call may be asked inside it: when it fits the window beside the answer (with
+    /// a twentieth to spare for the estimate's error) and costs less than the standalone
+    /// prompt at the model's prices, the forwarded request read from the provider's cache as
+    /// the agents' own compaction reads it (GPT-4o's cache at half the input price makes a
+    /// conversation of full tool outputs dearer than a prompt of truncated ones; a tenth
+    /// makes it far cheaper). A model without a price is asked inside, as the agents ask.
     async fn compact_view(
         &self,
         request: &Request<'_, '_>,
@@ -1690,11 +1694,22 @@ impl Pipeline {
         let window = request.limits.summarizer_window;
         let room = window.saturating_sub(window / 20);
         let dialect = scan.dialect();
-        let ask = |turn: &str, max_output: u32| -> Option<Arc<[u8]>> {
+        let price = scan
+            .model
+            .as_deref()
+            .and_then(|m| self.engine.models().price(m));
+        let ask = |turn: &str, max_output: u32, prompt_tokens: usize| -> Option<Arc<[u8]>> {
             let f = forwarded?;
-            let needed = f.tokens.saturating_add(estimator.text(turn));
+            let turn_tokens = estimator.text(turn);
+            let needed = f.tokens.saturating_add(turn_tokens);
             if needed.saturating_add(max_output as usize) > room {
                 return None;
+            }
+            if let Some(p) = price {
+                let inside = f.tokens as f64 * p.cache_read() + turn_tokens as f64 * p.input;
+                if inside >= prompt_tokens as f64 * p.input {
+                    return None;
+                }
             }
             match dialect.ask_for_summary(f.body, turn, max_output) {
                 Ok((body, asked)) if needed.saturating_add(asked) <= room => Some(body.into()),

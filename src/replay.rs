@@ -32,7 +32,7 @@ pub use probes::{Category, ProbeScore, Tally};
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use compactor_plugin_api::{
     BoxFuture, Caller, SummarizeError, Summarizer, Summary, SummaryRequest,
@@ -105,14 +105,54 @@ pub enum ReplayError {
     Metrics(#[from] prometheus::Error),
 }
 
-/// A summarizer that counts the calls made to the one it wraps.
+/// A summarizer that counts the calls made to the one it wraps, and what each would cost an
+/// LLM backend: its standalone prompt, and for a call offered inside the conversation
+/// ([`SummaryRequest::in_conversation`]) that request, split into what the provider's prompt
+/// cache would serve after the request it last received ([`CountingSummarizer::provider_saw`])
+/// and what it would not.
 pub struct CountingSummarizer {
     inner: Arc<dyn Summarizer>,
     calls: AtomicUsize,
-    /// Estimated tokens of every prompt sent.
-    prompt_tokens: AtomicUsize,
-    /// Estimated tokens of every summary received.
-    summary_tokens: AtomicUsize,
+    tokens: Mutex<SummarizerTokens>,
+    /// The request the provider received last (its prompt cache).
+    last_forwarded: Mutex<Option<bytes::Bytes>>,
+}
+
+/// Estimated tokens of a replay's summarizer calls.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SummarizerTokens {
+    /// Every call's standalone prompt (all new input).
+    pub prompt: usize,
+    /// Of those, the prompts of the calls that could be asked inside the conversation.
+    pub prompt_offered_inside: usize,
+    /// Those calls asked inside the conversation: what the prompt cache would not serve.
+    pub inside_new: usize,
+    /// ... and what it would serve.
+    pub inside_cached: usize,
+    /// The summaries (output).
+    pub summary: usize,
+}
+
+impl SummarizerTokens {
+    /// What the calls cost at `price`, in USD: asked inside the conversation where they could
+    /// be (`inside`: as `auto` and the LLM backends calling the caller's own model do), else
+    /// with the standalone prompt. New input is written to the cache on Anthropic Messages
+    /// (`anthropic`), as for the requests.
+    pub fn usd(&self, price: &Price, inside: bool, anthropic: bool) -> f64 {
+        let new = if anthropic {
+            price.cache_write()
+        } else {
+            price.input
+        };
+        let input = if inside {
+            (self.prompt - self.prompt_offered_inside) as f64 * price.input
+                + self.inside_new as f64 * new
+                + self.inside_cached as f64 * price.cache_read()
+        } else {
+            self.prompt as f64 * price.input
+        };
+        (input + self.summary as f64 * price.output) / 1e6
+    }
 }
 
 impl CountingSummarizer {
@@ -121,8 +161,8 @@ impl CountingSummarizer {
         CountingSummarizer {
             inner,
             calls: AtomicUsize::new(0),
-            prompt_tokens: AtomicUsize::new(0),
-            summary_tokens: AtomicUsize::new(0),
+            tokens: Mutex::default(),
+            last_forwarded: Mutex::default(),
         }
     }
 
@@ -131,13 +171,19 @@ impl CountingSummarizer {
         self.calls.load(Ordering::Relaxed)
     }
 
-    /// Estimated tokens of the prompts sent and of the summaries received so far.
-    pub fn tokens(&self) -> (usize, usize) {
-        (
-            self.prompt_tokens.load(Ordering::Relaxed),
-            self.summary_tokens.load(Ordering::Relaxed),
-        )
+    /// Estimated tokens of the calls so far.
+    pub fn tokens(&self) -> SummarizerTokens {
+        *lock(&self.tokens)
     }
+
+    /// Tells the summarizer which request the provider received last (`None`: none yet).
+    pub fn provider_saw(&self, body: Option<bytes::Bytes>) {
+        *lock(&self.last_forwarded) = body;
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl Summarizer for CountingSummarizer {
@@ -151,15 +197,56 @@ impl Summarizer for CountingSummarizer {
     ) -> BoxFuture<'a, Result<Summary, SummarizeError>> {
         self.calls.fetch_add(1, Ordering::Relaxed);
         let estimator = LazyEstimator::default();
-        self.prompt_tokens
-            .fetch_add(estimator.text(&request.prompt), Ordering::Relaxed);
+        let prompt = estimator.text(&request.prompt);
+        let inside = request.in_conversation.as_deref().and_then(|body| {
+            let dialect = DialectKind::of_api(request.caller.api);
+            let seen = lock(&self.last_forwarded).clone();
+            cached_inside(dialect, seen.as_deref(), body, &estimator)
+        });
+        {
+            let mut t = lock(&self.tokens);
+            t.prompt += prompt;
+            if let Some((all, cached)) = inside {
+                t.prompt_offered_inside += prompt;
+                t.inside_new += all - cached;
+                t.inside_cached += cached;
+            }
+        }
         Box::pin(async move {
             let summary = self.inner.summarize(request).await?;
-            self.summary_tokens
-                .fetch_add(estimator.text(&summary.text), Ordering::Relaxed);
+            lock(&self.tokens).summary += estimator.text(&summary.text);
             Ok(summary)
         })
     }
+}
+
+/// A summary request asked inside the conversation (`now`): its estimated tokens, and of them
+/// what the provider's prompt cache would serve after it received `before`. Providers render
+/// the tools and system prompt, then the messages in order; the cache serves the part of that
+/// rendering the two requests share (the same tools and system, then every message up to the
+/// first that differs), in the provider's steps ([`cached_prefix`]). `None` when `now` is not
+/// a request of its dialect.
+fn cached_inside(
+    dialect: DialectKind,
+    before: Option<&[u8]>,
+    now: &[u8],
+    estimator: &LazyEstimator,
+) -> Option<(usize, usize)> {
+    let asked = dialect.scan(now, estimator).ok()?;
+    let Some(seen) = before.and_then(|b| dialect.scan(b, estimator).ok()) else {
+        return Some((asked.tokens, 0));
+    };
+    if seen.fixed_tokens != asked.fixed_tokens {
+        return Some((asked.tokens, 0));
+    }
+    let shared = seen
+        .messages
+        .iter()
+        .zip(&asked.messages)
+        .take_while(|(a, b)| a == b)
+        .count();
+    let cached = asked.fixed_tokens + asked.tokens_of(0..shared);
+    Some((asked.tokens, cached_prefix(cached).min(asked.tokens)))
 }
 
 /// What happened to one request.
@@ -297,8 +384,11 @@ pub struct FileReport {
     pub strategy: Strategy,
     /// The price of the last request's model, when the models table names one.
     pub price: Option<Price>,
-    /// Estimated tokens of the summarizer's prompts and summaries.
-    pub summarizer_tokens: (usize, usize),
+    /// Estimated tokens of the summarizer's calls.
+    pub summarizer_tokens: SummarizerTokens,
+    /// Whether the summarizer backend asks inside the conversation where it can (`auto`, and
+    /// `openai`/`anthropic` calling the caller's own upstream and model).
+    pub summarizer_inside: bool,
     /// What the summarizer's calls are priced at: `None` for a local backend (`extractive`,
     /// `exec`), `Some(None)` for a model with no price.
     pub summarizer_price: Option<Option<Price>>,
@@ -379,24 +469,29 @@ impl FileReport {
     /// What the summarizer's calls cost in USD: `Some(0.0)` for a local backend, `None` when
     /// its model has no price.
     pub fn summarizer_cost(&self) -> Option<f64> {
-        let (prompt, summary) = self.summarizer_tokens;
         match self.summarizer_price {
             None => Some(0.0),
             Some(None) => None,
-            Some(Some(p)) => Some((prompt as f64 * p.input + summary as f64 * p.output) / 1e6),
+            Some(Some(p)) => Some(self.summarizer_tokens.usd(
+                &p,
+                self.summarizer_inside,
+                self.dialect == DialectKind::Messages.label(),
+            )),
         }
     }
 
-    /// What the summarizer's calls would cost made by the conversation's model at `price`
-    /// (prompt as new input, summary as output): for comparing a local backend with an
-    /// agent that summarises with its own model. A priced LLM backend's own cost otherwise.
+    /// What the summarizer's calls would cost made by the conversation's model at `price`,
+    /// as `auto` makes them (inside the conversation where they can be, read from the prompt
+    /// cache): for comparing a local backend with an agent that summarises with its own
+    /// model. A priced LLM backend's own cost otherwise.
     pub fn summarizer_cost_as_llm(&self, price: &Price) -> f64 {
         match self.summarizer_cost() {
             Some(usd) if self.summarizer_price.is_some() => usd,
-            _ => {
-                let (prompt, summary) = self.summarizer_tokens;
-                (prompt as f64 * price.input + summary as f64 * price.output) / 1e6
-            }
+            _ => self.summarizer_tokens.usd(
+                price,
+                true,
+                self.dialect == DialectKind::Messages.label(),
+            ),
         }
     }
 
@@ -604,6 +699,7 @@ impl Replayer {
             };
             let before = automatic_counts(&metrics);
             let masked_before = masked_counted(&metrics);
+            counting.provider_saw(previous.as_ref().map(|(_, body)| body.clone()));
             let processed = compactor.handle(step.dialect, &step.body, &context).await;
             // An agent thinks longer than a summary takes: a background summary started by
             // this request is done before the next one (and the replay is deterministic).
@@ -685,6 +781,11 @@ impl Replayer {
             "auto" => model.clone(),
             _ => None,
         };
+        let summarizer_inside = match s.backend.as_str() {
+            "openai" => s.openai.model.is_none() && s.openai.base_url.is_none(),
+            "anthropic" => s.anthropic.model.is_none() && s.anthropic.base_url.is_none(),
+            other => other == "auto",
+        };
         let summarizer_price = match s.backend.as_str() {
             "extractive" | "exec" => None,
             _ => Some(
@@ -710,6 +811,7 @@ impl Replayer {
             strategy: self.config.compaction.strategy,
             price,
             summarizer_tokens: counting.tokens(),
+            summarizer_inside,
             summarizer_price,
             rows,
             probes: probe_score,
@@ -1042,7 +1144,8 @@ mod tests {
             summarizer: "extractive".into(),
             strategy: Strategy::Summarize,
             price: None,
-            summarizer_tokens: (0, 0),
+            summarizer_tokens: SummarizerTokens::default(),
+            summarizer_inside: false,
             summarizer_price: None,
             limits: Limits {
                 context_window: 128_000,
@@ -1202,6 +1305,58 @@ mod tests {
     }
 
     #[test]
+    fn a_summary_asked_inside_reads_what_the_last_request_shares_from_the_cache() {
+        let est = LazyEstimator::default();
+        let turn = |i: usize| serde_json::json!({"role": "user", "content": format!("turn {i} {}", "word ".repeat(300))});
+        let tools = serde_json::json!([{"type": "function", "function": {"name": "bash"}}]);
+        let request = |n: usize, tools: &Value| {
+            let messages: Vec<Value> = (0..n).map(turn).collect();
+            serde_json::to_vec(
+                &serde_json::json!({"model": "m", "tools": tools, "messages": messages}),
+            )
+            .expect("json")
+        };
+        let before = request(6, &tools);
+        let (asked, _) = DialectKind::ChatCompletions
+            .ask_for_summary(
+                &request(8, &tools),
+                "Summarize the conversation above.",
+                500,
+            )
+            .expect("asks");
+        let scan = DialectKind::ChatCompletions
+            .scan(&asked, &est)
+            .expect("scan");
+        let seen = DialectKind::ChatCompletions
+            .scan(&before, &est)
+            .expect("scan");
+        let (all, cached) =
+            cached_inside(DialectKind::ChatCompletions, Some(&before), &asked, &est)
+                .expect("reads");
+        assert_eq!(all, scan.tokens);
+        // The tools and the six messages the provider saw; not the two since nor the turn.
+        assert_eq!(cached, cached_prefix(seen.tokens));
+        assert!(cached > 0 && cached < all);
+        // Nothing seen, other tools: nothing cached.
+        assert_eq!(
+            cached_inside(DialectKind::ChatCompletions, None, &asked, &est),
+            Some((all, 0))
+        );
+        let other = request(
+            6,
+            &serde_json::json!([{"type": "function", "function": {"name": "python_exec"}}]),
+        );
+        assert_eq!(
+            cached_inside(DialectKind::ChatCompletions, Some(&other), &asked, &est),
+            Some((all, 0))
+        );
+        assert_eq!(
+            cached_inside(DialectKind::ChatCompletions, Some(&before), b"{", &est),
+            None
+        );
+    }
+
+    #[test]
     fn a_cached_prefix_is_the_shared_bytes_share_in_steps_from_the_minimum() {
         let before = b"aaaaaaaaaa";
         // 8 of 10 bytes shared: 80% of 10,000 tokens, in 128-token steps.
@@ -1245,7 +1400,12 @@ mod tests {
             summarizer: "extractive".into(),
             strategy: Strategy::Summarize,
             price: Some(price),
-            summarizer_tokens: (3_000, 500),
+            summarizer_tokens: SummarizerTokens {
+                prompt: 3_000,
+                summary: 500,
+                ..SummarizerTokens::default()
+            },
+            summarizer_inside: false,
             summarizer_price: None,
             limits: Limits::new(&crate::config::CompactionConfig::default(), 16_000, None),
             rows: vec![first, second],
@@ -1260,6 +1420,20 @@ mod tests {
         report.summarizer_price = Some(Some(price));
         let s = report.summarizer_cost().expect("priced");
         assert!((s - (3_000.0 * 2e-6 + 500.0 * 8e-6)).abs() < 1e-12);
+        // Asked inside the conversation where it could be: of the 3,000 prompt tokens, 2,000
+        // were such calls, whose requests held 10,000 tokens, 9,000 of them cached.
+        report.summarizer_tokens.prompt_offered_inside = 2_000;
+        report.summarizer_tokens.inside_new = 1_000;
+        report.summarizer_tokens.inside_cached = 9_000;
+        let standalone = 3_000.0 * 2e-6 + 500.0 * 8e-6;
+        assert!((report.summarizer_cost().expect("priced") - standalone).abs() < 1e-12);
+        report.summarizer_inside = true;
+        let inside = 1_000.0 * 2e-6 + 1_000.0 * 2e-6 + 9_000.0 * 0.5e-6 + 500.0 * 8e-6;
+        let s = report.summarizer_cost().expect("priced");
+        assert!((s - inside).abs() < 1e-12, "{s} vs {inside}");
+        // A local backend priced as the conversation's model is priced as `auto` asks.
+        report.summarizer_price = None;
+        assert!((report.summarizer_cost_as_llm(&price) - inside).abs() < 1e-12);
         report.summarizer_price = Some(None);
         assert_eq!(report.summarizer_cost(), None, "a model with no price");
         // Anthropic Messages: what is not read from the cache is written to it.

@@ -32,7 +32,7 @@
 mod support;
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -43,7 +43,7 @@ use serde_json::{json, Value};
 use support::anthropic_rules::{check_messages, top_level_fields};
 use support::provider_rules::{check_chat, Rejection};
 use support::responses_rules::check_responses;
-use support::summary_calls::{completion, prompt_of, received_since};
+use support::summary_calls::{asked_inside, completion, prompt_of, received_since};
 use support::{
     metric_value, pseudo_random_bytes, upstream_toml, Exchange, MockUpstream, Recorded, Reply,
     TestClient, TestProxy,
@@ -77,6 +77,11 @@ const CHAT_WINDOW: usize = 128_000;
 struct Provider {
     summaries: AtomicUsize,
     refused: Mutex<Vec<String>>,
+    /// Refuse summaries asked inside the conversation (a provider that does not take that
+    /// shape), so the standalone prompt follows.
+    refuse_inside: AtomicBool,
+    /// Summaries asked inside the conversation and refused.
+    refused_inside: AtomicUsize,
 }
 
 impl Provider {
@@ -92,7 +97,15 @@ impl Provider {
             Ok(v) => v,
             Err(e) => return self.refuse(format!("{}: not JSON: {e}", req.path())),
         };
-        if prompt_of(req).is_some() {
+        if let Some(prompt) = prompt_of(req) {
+            if asked_inside(&prompt) && self.refuse_inside.load(Ordering::SeqCst) {
+                self.refused_inside.fetch_add(1, Ordering::SeqCst);
+                return Reply::json(
+                    400,
+                    &json!({"type": "error", "error": {"type": "invalid_request_error",
+                        "message": "this endpoint takes no summary inside a conversation"}}),
+                );
+            }
             let n = self.summaries.fetch_add(1, Ordering::SeqCst) + 1;
             let text = format!("SUMMARY-{n}");
             return match req.path() {
@@ -1017,6 +1030,9 @@ fn user_blocks(prompt: &str) -> Vec<&str> {
 async fn claude_code_summarizer_prompt_puts_typed_words_before_injected_context() {
     let mock = MockUpstream::start().await;
     let provider = Provider::install(&mock);
+    // The standalone prompt's order is what this checks: the summary asked inside the
+    // conversation (Claude Code marks cache breakpoints) is refused, and the prompt follows.
+    provider.refuse_inside.store(true, Ordering::SeqCst);
     let proxy = TestProxy::start(&proxy_toml(&mock, "", "auto")).await;
     let client = TestClient::http1();
     let session = claude_code_session();
@@ -1040,6 +1056,12 @@ async fn claude_code_summarizer_prompt_puts_typed_words_before_injected_context(
             assert_eq!(call.path(), MESSAGES, "{what}: auto asks Anthropic");
             assert_eq!(call.header("x-api-key"), Some(key), "{what}: caller's key");
             let prompt = prompt_of(call).expect("a <task> prompt");
+            if asked_inside(&prompt) {
+                // The conversation as forwarded, then the turn: valid for the provider.
+                let asked: Value = serde_json::from_slice(&call.body).expect("JSON");
+                assert_eq!(check_messages(&asked, CLAUDE_WINDOW), Ok(()), "{what}");
+                continue;
+            }
             prompts += 1;
             let blocks = user_blocks(&prompt);
             let with_context: Vec<&&str> = blocks
@@ -1098,6 +1120,11 @@ async fn claude_code_summarizer_prompt_puts_typed_words_before_injected_context(
     }
     assert!(prompts >= 2, "several compactions ({prompts} prompts)");
     assert_eq!(provider.summaries(), prompts);
+    assert_eq!(
+        provider.refused_inside.load(Ordering::SeqCst),
+        prompts,
+        "each compaction asked inside the conversation first"
+    );
     // The first turn (the opening: the /clear echo, CLAUDE.md, the words) is kept verbatim in
     // every forwarded request, never summarised.
     assert!(

@@ -552,6 +552,12 @@ fn long_session_shapes() -> Vec<(&'static str, serde_json::Value)> {
             other => panic!("unexpected role {other:?}"),
         }
     }
+    // Claude Code marks cache breakpoints in its messages (the replay prices the requests as
+    // it caches them); one on the task, in every request, stands for them.
+    if let Some(first) = anthropic.first_mut() {
+        first["content"] = json!([{"type": "text", "text": first["content"],
+            "cache_control": {"type": "ephemeral"}}]);
+    }
     vec![
         ("chat_completions", chat.clone()),
         (

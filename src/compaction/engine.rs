@@ -121,14 +121,15 @@ pub struct CompactionInput<'a> {
     pub in_conversation: Option<InConversation<'a>>,
 }
 
-/// Builds [`SummaryRequest::in_conversation`] from the turn asking for the summary and the
-/// output budget; `None` when the request cannot carry it. The pipeline makes it: it knows the
+/// Builds [`SummaryRequest::in_conversation`] from the turn asking for the summary, the output
+/// budget and the estimated tokens of the standalone prompt (to weigh one against the other);
+/// `None` when the request cannot carry it or the standalone prompt costs less. The pipeline makes it: it knows the
 /// request as the provider last received it and its wire format, which the engine does not.
 #[derive(Clone, Copy)]
 pub struct InConversation<'a>(pub &'a AskInConversation<'a>);
 
-/// The function behind [`InConversation`]: `(turn, max_output) -> body`.
-pub type AskInConversation<'a> = dyn Fn(&str, u32) -> Option<Arc<[u8]>> + Sync + 'a;
+/// The function behind [`InConversation`]: `(turn, max_output, prompt_tokens) -> body`.
+pub type AskInConversation<'a> = dyn Fn(&str, u32, usize) -> Option<Arc<[u8]>> + Sync + 'a;
 
 impl std::fmt::Debug for InConversation<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -562,10 +563,10 @@ impl Engine {
         // The first attempt may be asked inside the conversation (which then summarises all of
         // it, the tail kept verbatim after the summary included); a later one refines the
         // first attempt's summary, which the provider has not seen.
-        let in_conversation = input
-            .in_conversation
-            .filter(|_| first)
-            .and_then(|ask| (ask.0)(&follow_up_prompt(&prompt_input), max_output));
+        let in_conversation = input.in_conversation.filter(|_| first).and_then(|ask| {
+            let prompt_tokens = self.estimator.text(&built.prompt);
+            (ask.0)(&follow_up_prompt(&prompt_input), max_output, prompt_tokens)
+        });
         let request = SummaryRequest {
             in_conversation,
             prompt: built.prompt,
@@ -793,7 +794,7 @@ mod tests {
         };
         // The pipeline's builder of the request inside the conversation, recording its turn.
         let turns = std::sync::Mutex::new(Vec::new());
-        let ask = |turn: &str, max_output: u32| {
+        let ask = |turn: &str, max_output: u32, _: usize| {
             turns
                 .lock()
                 .expect("turns")

@@ -241,15 +241,14 @@ fn part_from_value(part: &Value) -> Part {
 /// kept (they are part of the cached prefix) but not callable, and nothing asked that is not
 /// one plain text answer. The output tokens asked.
 pub(crate) fn ask_for_summary(
-    body: &mut Map<String, Value>,
+    params: &mut Map<String, Value>,
+    messages: &mut Vec<Box<RawValue>>,
     turn: &str,
     max_output: u32,
 ) -> Result<usize, DialectError> {
-    let messages = body
-        .get_mut("messages")
-        .and_then(Value::as_array_mut)
-        .ok_or(DialectError::NoConversation("messages"))?;
-    messages.push(serde_json::json!({"role": "user", "content": turn}));
+    messages.push(serde_json::value::to_raw_value(
+        &serde_json::json!({"role": "user", "content": turn}),
+    )?);
     for key in [
         "stream_options",
         "n",
@@ -260,25 +259,25 @@ pub(crate) fn ask_for_summary(
         "modalities",
         "prediction",
     ] {
-        body.remove(key);
+        params.remove(key);
     }
-    body.insert("stream".into(), Value::Bool(false));
-    let budget = if body.contains_key("max_completion_tokens") {
+    params.insert("stream".into(), Value::Bool(false));
+    let budget = if params.contains_key("max_completion_tokens") {
         "max_completion_tokens"
     } else {
         "max_tokens"
     };
-    body.remove("max_tokens");
-    body.insert(budget.into(), max_output.into());
-    if body
+    params.remove("max_tokens");
+    params.insert(budget.into(), max_output.into());
+    if params
         .get("tools")
         .and_then(Value::as_array)
         .is_some_and(|t| !t.is_empty())
     {
-        body.insert("tool_choice".into(), "none".into());
+        params.insert("tool_choice".into(), "none".into());
     }
-    if body.contains_key("functions") {
-        body.insert("function_call".into(), "none".into());
+    if params.contains_key("functions") {
+        params.insert("function_call".into(), "none".into());
     }
     Ok(max_output as usize)
 }

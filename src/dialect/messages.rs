@@ -479,28 +479,28 @@ fn write_blocks(
 /// without a marker in its messages is refused: nothing of it would be read from the cache,
 /// and the standalone prompt is smaller. The output tokens asked.
 pub(crate) fn ask_for_summary(
-    body: &mut Map<String, Value>,
+    params: &mut Map<String, Value>,
+    messages: &mut Vec<Box<RawValue>>,
     turn: &str,
     max_output: u32,
 ) -> Result<usize, DialectError> {
-    let messages = body
-        .get_mut("messages")
-        .and_then(Value::as_array_mut)
-        .ok_or(DialectError::NoConversation("messages"))?;
-    let marked = |m: &Value| {
-        m["content"]
-            .as_array()
-            .is_some_and(|blocks| blocks.iter().any(|b| b.get("cache_control").is_some()))
-    };
-    if !messages.iter().any(marked) {
+    if !messages
+        .iter()
+        .any(|m| m.get().contains("\"cache_control\""))
+    {
         return Err(DialectError::BadMessage {
             index: messages.len(),
             reason: "no cache breakpoint in the messages",
         });
     }
     let block = serde_json::json!({"type": "text", "text": turn});
-    match messages.last_mut() {
-        Some(last) if last["role"] == "user" => match last.get_mut("content") {
+    let last = match messages.last() {
+        Some(raw) => serde_json::from_str::<Value>(raw.get())?,
+        None => Value::Null,
+    };
+    if last["role"] == "user" {
+        let mut last = last;
+        match last.get_mut("content") {
             Some(Value::Array(blocks)) => blocks.push(block),
             Some(Value::String(text)) => {
                 let text = std::mem::take(text);
@@ -512,17 +512,22 @@ pub(crate) fn ask_for_summary(
                     reason: "user message without content",
                 })
             }
-        },
-        _ => messages.push(serde_json::json!({"role": "user", "content": [block]})),
+        }
+        messages.pop();
+        messages.push(serde_json::value::to_raw_value(&last)?);
+    } else {
+        messages.push(serde_json::value::to_raw_value(
+            &serde_json::json!({"role": "user", "content": [block]}),
+        )?);
     }
-    let thinking = body
+    let thinking = params
         .get("thinking")
         .filter(|t| t["type"] == "enabled")
         .and_then(|t| t["budget_tokens"].as_u64())
         .unwrap_or(0);
     let asked = thinking.saturating_add(u64::from(max_output));
-    body.insert("stream".into(), Value::Bool(false));
-    body.insert("max_tokens".into(), asked.into());
+    params.insert("stream".into(), Value::Bool(false));
+    params.insert("max_tokens".into(), asked.into());
     Ok(usize::try_from(asked).unwrap_or(usize::MAX))
 }
 

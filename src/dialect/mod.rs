@@ -28,7 +28,10 @@ pub(crate) mod split;
 
 use std::ops::Range;
 
-use serde_json::Value;
+use std::collections::BTreeMap;
+
+use serde_json::value::RawValue;
+use serde_json::Map;
 
 use crate::estimate::LazyEstimator;
 use crate::transcript::{Message, Part, Role, Transcript};
@@ -397,23 +400,68 @@ impl DialectKind {
     /// A request asking the caller's own model for a compaction summary inside the
     /// conversation ([`compactor_plugin_api::SummaryRequest::in_conversation`]): `body`, the
     /// request as the provider last received it, followed by `turn`, answered in at most
-    /// `max_output` tokens (see each dialect's `ask_for_summary`). The body and the output
-    /// tokens it asks for (Anthropic adds a thinking budget the request keeps).
+    /// `max_output` tokens (see each dialect's `ask_for_summary`). The messages are copied
+    /// byte for byte (only the last may change, to hold the turn) and written after every
+    /// other field. The body and the output tokens it asks for (Anthropic adds the thinking
+    /// budget the request keeps).
     pub fn ask_for_summary(
         self,
         body: &[u8],
         turn: &str,
         max_output: u32,
     ) -> Result<(Vec<u8>, usize), DialectError> {
-        let Value::Object(mut object) = serde_json::from_slice(body)? else {
-            return Err(DialectError::NoConversation(self.conversation_field()));
+        let field = self.conversation_field();
+        let fields: BTreeMap<String, Box<RawValue>> = serde_json::from_slice(body)?;
+        let mut params = Map::new();
+        let mut conversation = None;
+        for (name, value) in fields {
+            if name == field {
+                conversation = Some(value);
+            } else {
+                params.insert(name, serde_json::from_str(value.get())?);
+            }
+        }
+        let conversation = conversation.ok_or(DialectError::NoConversation(field))?;
+        let mut items: Vec<Box<RawValue>> = match serde_json::from_str(conversation.get()) {
+            Ok(items) => items,
+            // Responses' `input` may be one string: the user's message.
+            Err(_) if self == DialectKind::Responses => {
+                let text: String = serde_json::from_str(conversation.get())?;
+                vec![serde_json::value::to_raw_value(
+                    &serde_json::json!({"role": "user", "content": text}),
+                )?]
+            }
+            Err(e) => return Err(e.into()),
         };
         let asked = match self {
-            DialectKind::ChatCompletions => chat::ask_for_summary(&mut object, turn, max_output)?,
-            DialectKind::Messages => messages::ask_for_summary(&mut object, turn, max_output)?,
-            DialectKind::Responses => responses::ask_for_summary(&mut object, turn, max_output)?,
+            DialectKind::ChatCompletions => {
+                chat::ask_for_summary(&mut params, &mut items, turn, max_output)?
+            }
+            DialectKind::Messages => {
+                messages::ask_for_summary(&mut params, &mut items, turn, max_output)?
+            }
+            DialectKind::Responses => {
+                responses::ask_for_summary(&mut params, &mut items, turn, max_output)?
+            }
         };
-        Ok((serde_json::to_vec(&object)?, asked))
+        let mut out = Vec::with_capacity(body.len() + turn.len() + 256);
+        out.push(b'{');
+        for (name, value) in &params {
+            serde_json::to_writer(&mut out, name)?;
+            out.push(b':');
+            serde_json::to_writer(&mut out, value)?;
+            out.push(b',');
+        }
+        serde_json::to_writer(&mut out, field)?;
+        out.extend_from_slice(b":[");
+        for (i, item) in items.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(item.get().as_bytes());
+        }
+        out.extend_from_slice(b"]}");
+        Ok((out, asked))
     }
 
     /// The field holding the conversation.
@@ -655,6 +703,7 @@ mod tests {
     #[test]
     fn a_summary_is_asked_after_the_conversation_in_each_format() {
         use crate::testing::valid_for_provider;
+        use serde_json::Value;
         let turn = "Summarize the conversation above.";
         let tools = serde_json::json!([{"type": "function",
             "function": {"name": "bash", "parameters": {"type": "object"}}}]);
@@ -693,6 +742,20 @@ mod tests {
         assert!(v.get("max_tokens").is_none());
         assert_eq!(v["tools"], tools);
         assert_eq!(v["tool_choice"], "none");
+        // The messages are the bytes sent (a provider's cache of a replayed request compares
+        // them), after every other field.
+        let sent = DialectKind::ChatCompletions
+            .scan(&body, &LazyEstimator::default())
+            .expect("scan");
+        let written = String::from_utf8(asked.clone()).expect("utf-8");
+        let at = written
+            .find(sent.messages[0])
+            .expect("the first message as sent");
+        assert!(
+            written[at..].starts_with(&sent.messages.join(",")),
+            "{written}"
+        );
+        assert!(written.ends_with("\"}]}"));
 
         // Responses: an input item; instructions, reasoning and the cache key as sent.
         let responses = serde_json::json!({

@@ -28,6 +28,7 @@
 use serde::de::{DeserializeSeed, Deserializer};
 use serde::{Deserialize, Serialize};
 
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use super::json::NodeSeed;
@@ -409,36 +410,29 @@ pub(super) fn rewrite(
 /// `prompt_cache_key`, which routes the call to the conversation's cache). The output tokens
 /// asked.
 pub(crate) fn ask_for_summary(
-    body: &mut Map<String, Value>,
+    params: &mut Map<String, Value>,
+    input: &mut Vec<Box<RawValue>>,
     turn: &str,
     max_output: u32,
 ) -> Result<usize, DialectError> {
-    let item = serde_json::json!({
+    input.push(serde_json::value::to_raw_value(&serde_json::json!({
         "type": "message",
         "role": "user",
         "content": [{"type": "input_text", "text": turn}],
-    });
-    match body.get_mut("input") {
-        Some(Value::Array(items)) => items.push(item),
-        Some(Value::String(text)) => {
-            let first = serde_json::json!({"role": "user", "content": std::mem::take(text)});
-            body.insert("input".into(), Value::Array(vec![first, item]));
-        }
-        _ => return Err(DialectError::NoConversation("input")),
-    }
-    if let Some(text) = body.get_mut("text").and_then(Value::as_object_mut) {
+    }))?);
+    if let Some(text) = params.get_mut("text").and_then(Value::as_object_mut) {
         text.remove("format");
     }
-    body.remove("background");
-    body.insert("stream".into(), Value::Bool(false));
-    body.insert("store".into(), Value::Bool(false));
-    body.insert("max_output_tokens".into(), max_output.into());
-    if body
+    params.remove("background");
+    params.insert("stream".into(), Value::Bool(false));
+    params.insert("store".into(), Value::Bool(false));
+    params.insert("max_output_tokens".into(), max_output.into());
+    if params
         .get("tools")
         .and_then(Value::as_array)
         .is_some_and(|t| !t.is_empty())
     {
-        body.insert("tool_choice".into(), "none".into());
+        params.insert("tool_choice".into(), "none".into());
     }
     Ok(max_output as usize)
 }

@@ -986,6 +986,25 @@ async fn the_summary_is_asked_inside_the_conversation_as_the_provider_received_i
     );
     assert_eq!(conversation[summary + 1..], sent[covered..]);
 
+    // Where the provider's cache saves little, the standalone prompt (whose tool outputs are
+    // cut short) costs less: a cache read dearer than new input is the extreme case.
+    for (cache_read, inside) in [(0.1, true), (5.0, false)] {
+        let toml =
+            format!("{SMALL}price = {{ input = 1.0, output = 1.0, cache_read = {cache_read} }}\n");
+        let fake = FakeSummarizer::text("S.");
+        let (c, _) = compactor(&config(&toml), fake.clone());
+        assert!(matches!(
+            send(&c, &chat(12)).await,
+            Outcome::Rewritten { .. }
+        ));
+        let asked: Vec<bool> = fake
+            .requests()
+            .iter()
+            .map(|r| r.in_conversation.is_some())
+            .collect();
+        assert_eq!(asked, [inside], "cache read at {cache_read}");
+    }
+
     // A conversation that would not fit its window beside the summary is asked with the
     // standalone prompt alone.
     let fake = FakeSummarizer::text("S.");

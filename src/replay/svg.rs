@@ -395,7 +395,7 @@ pub fn escape(text: &str) -> String {
 mod tests {
     use super::*;
     use crate::compaction::{Limits, Trigger};
-    use crate::replay::{Format, StepRow};
+    use crate::replay::{Format, StepRow, SummarizerTokens};
 
     /// The chart's element names in document order, when it parses as XML.
     fn check_well_formed(doc: &str) -> Result<Vec<String>, String> {
@@ -457,7 +457,8 @@ mod tests {
             summarizer: "extractive".into(),
             strategy: crate::config::Strategy::Summarize,
             price: None,
-            summarizer_tokens: (0, 0),
+            summarizer_tokens: SummarizerTokens::default(),
+            summarizer_inside: false,
             summarizer_price: None,
             limits: Limits {
                 context_window: 8_000,

@@ -384,6 +384,19 @@ fn last_tool_result(api: Api, body: &Value) -> Option<String> {
     }
 }
 
+/// Whether the request's last turn is compactor's summary request (its compaction task,
+/// which opens with `<task>`, after the conversation).
+fn asks_for_summary(api: Api, body: &Value) -> bool {
+    let items = match api {
+        Api::Messages | Api::Chat => &body["messages"],
+        Api::Responses => &body["input"],
+    };
+    items
+        .as_array()
+        .and_then(|items| items.last())
+        .is_some_and(|last| last.to_string().contains("<task>\\n"))
+}
+
 /// The last `step-K` marker in `text`.
 fn step_marker(text: &str) -> Option<usize> {
     text.match_indices("step-")
@@ -540,6 +553,12 @@ fn chat(state: &State, req: &Recorded, api: Api, exchange: &mut Exchange) -> Rep
     if tools.is_empty() {
         exchange.answer = Answer::Side;
         return r.text("Scripted session");
+    }
+    if asks_for_summary(api, &body) {
+        // compactor's summary asked inside the conversation: a model told to stop and
+        // summarise (and, on OpenAI's APIs, offered no tool) answers with text.
+        exchange.answer = Answer::Side;
+        return r.text("Scripted summary: the shell steps ran, each printing its marker.");
     }
     let done = match last_tool_result(api, &body) {
         None => 0,

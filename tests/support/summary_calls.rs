@@ -11,15 +11,27 @@ use serde_json::{json, Value};
 
 use super::mock::{MockUpstream, Recorded, Reply, StreamSender};
 
-/// The compaction prompt of a Chat Completions body, when it is a summarizer call.
+/// The compaction prompt of a request body, when it is a summarizer call: the standalone
+/// prompt (the last user message of a Chat Completions or Messages body), or the turn asking
+/// for the summary after the conversation itself (its last user message or item, whose last
+/// text part is the prompt), in any of the three wire formats.
 pub fn summary_prompt(body: &Value) -> Option<&str> {
-    body["messages"]
-        .as_array()?
-        .iter()
-        .rev()
-        .find(|m| m["role"] == "user")?["content"]
-        .as_str()
-        .filter(|c| c.starts_with("<task>"))
+    let items = body["messages"]
+        .as_array()
+        .or_else(|| body["input"].as_array())?;
+    let last = items.iter().rev().find(|m| m["role"] == "user")?;
+    let text = match &last["content"] {
+        Value::String(text) => text.as_str(),
+        Value::Array(parts) => parts.last()?["text"].as_str()?,
+        _ => return None,
+    };
+    Some(text).filter(|t| t.starts_with("<task>"))
+}
+
+/// Whether a summarizer call asks inside the conversation (its prompt is the turn after the
+/// conversation, not a standalone prompt holding one).
+pub fn asked_inside(prompt: &str) -> bool {
+    !prompt.contains("<conversation>")
 }
 
 /// The compaction prompt of a recorded request, when it is a summarizer call.
