@@ -61,12 +61,12 @@ pub async fn handle(app: Arc<App>, request: Request<Incoming>) -> Response<Full<
         // lost cache into an outage. The state is shown for operators.
         (&Method::GET, "/readyz", _) => ok_json(json!({
             "status": "ok",
-            "store": app.compactor.store().health(),
+            "store": app.pipeline.store().health(),
         })),
         (&Method::GET, "/metrics", _) => metrics(&app).await,
         (&Method::GET, "/models", _) => models(&app).await,
         (&Method::GET, "/sessions", _) => match app
-            .compactor
+            .pipeline
             .store()
             .list_sessions(MAX_LISTED_SESSIONS)
             .await
@@ -78,9 +78,9 @@ pub async fn handle(app: Arc<App>, request: Request<Incoming>) -> Response<Full<
             text(StatusCode::OK, UI_PAGE.into(), "text/html; charset=utf-8")
         }
         (&Method::GET, _, Some((id, "requests"))) => {
-            ok_json(json!({ "points": app.compactor.history().points(id) }))
+            ok_json(json!({ "points": app.pipeline.history().points(id) }))
         }
-        (&Method::GET, _, Some((id, ""))) => match app.compactor.store().session(id).await {
+        (&Method::GET, _, Some((id, ""))) => match app.pipeline.store().session(id).await {
             Ok(Some(info)) => ok_json(json!(info)),
             Ok(None) => error(StatusCode::NOT_FOUND, "unknown session", "not_found"),
             Err(e) => store_error(e),
@@ -112,7 +112,7 @@ pub async fn handle(app: Arc<App>, request: Request<Incoming>) -> Response<Full<
 
 async fn metrics(app: &App) -> Response<Full<Bytes>> {
     // The store counts on its own; mirror its figures into the registry at scrape time.
-    if let Ok(stats) = app.compactor.store().stats().await {
+    if let Ok(stats) = app.pipeline.store().stats().await {
         let m = &app.metrics;
         m.sessions
             .set(i64::try_from(stats.sessions).unwrap_or(i64::MAX));
@@ -127,7 +127,7 @@ async fn metrics(app: &App) -> Response<Full<Bytes>> {
 
 /// Learned windows first (they win over the table for their model), then the table.
 async fn models(app: &App) -> Response<Full<Bytes>> {
-    let learned = match app.compactor.windows().await {
+    let learned = match app.pipeline.windows().await {
         Ok(learned) => learned,
         Err(e) => return store_error(e),
     };
@@ -150,7 +150,7 @@ async fn models(app: &App) -> Response<Full<Bytes>> {
 }
 
 async fn summarize(app: &App, id: &str, instructions: Option<&str>) -> Response<Full<Bytes>> {
-    match app.compactor.compact_session(id, instructions).await {
+    match app.pipeline.compact_session(id, instructions).await {
         ManualOutcome::UnknownSession => {
             error(StatusCode::NOT_FOUND, "unknown session", "not_found")
         }

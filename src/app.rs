@@ -5,12 +5,12 @@
 
 use std::sync::{Arc, PoisonError, RwLock};
 
+use crate::budget::BufferBudget;
 use crate::config::Config;
 use crate::error::Error;
 use crate::event_log::EventLog;
 use crate::metrics::Metrics;
 use crate::pipeline::Pipeline;
-use crate::proxy::budget::BufferBudget;
 use crate::proxy::tunnel::Tunnels;
 use crate::summarizer;
 use crate::upstream::Upstream;
@@ -24,11 +24,11 @@ pub struct App {
     /// The upstream routing table and pooled client.
     pub upstream: Upstream,
     /// The compaction engine.
-    pub compactor: Arc<Pipeline>,
+    pub pipeline: Arc<Pipeline>,
     /// The pipelines of the `[[routes]]` entries with compaction settings of their own (by
     /// route index; `None` for a route compacted as `compactor`). They share its store,
     /// calibration, single flights and background summaries.
-    pub route_compactors: Vec<Option<Arc<Pipeline>>>,
+    pub route_pipelines: Vec<Option<Arc<Pipeline>>>,
     /// `server.max_buffered_bytes`: chat bodies held at once (kept across reloads).
     pub buffers: Arc<BufferBudget>,
     /// Upgraded connections joined to the upstream (kept across reloads, closed at shutdown).
@@ -54,14 +54,14 @@ impl App {
             open_events(&config)?
         };
         let summarizer = summarizer::build(&config, self.metrics.clone())?;
-        let compactor = Arc::new(
+        let pipeline = Arc::new(
             Pipeline::with_store(
                 &config,
                 summarizer,
                 self.metrics.clone(),
-                self.compactor.store().clone(),
+                self.pipeline.store().clone(),
             )
-            .succeeding(&self.compactor)
+            .succeeding(&self.pipeline)
             .with_events(events.clone()),
         );
         let upstream = if config.upstream == self.config.upstream {
@@ -69,13 +69,13 @@ impl App {
         } else {
             Upstream::new(&config)?
         };
-        let route_compactors = route_compactors(&config, &compactor, &self.metrics, &events)?;
+        let route_pipelines = route_pipelines(&config, &pipeline, &self.metrics, &events)?;
         Ok(App {
             config,
             metrics: self.metrics.clone(),
             upstream,
-            compactor,
-            route_compactors,
+            pipeline,
+            route_pipelines,
             buffers: self.buffers.clone(),
             tunnels: self.tunnels.clone(),
             events,
@@ -88,19 +88,19 @@ impl App {
         let events = open_events(&config)?;
         let metrics = Arc::new(Metrics::new()?);
         let summarizer = summarizer::build(&config, metrics.clone())?;
-        let compactor = Arc::new(
+        let pipeline = Arc::new(
             Pipeline::new(&config, summarizer, metrics.clone()).with_events(events.clone()),
         );
         let upstream = Upstream::new(&config)?;
         let buffers = BufferBudget::new(config.server.max_buffered_bytes);
         let tunnels = Tunnels::new(config.server.max_connections);
-        let route_compactors = route_compactors(&config, &compactor, &metrics, &events)?;
+        let route_pipelines = route_pipelines(&config, &pipeline, &metrics, &events)?;
         Ok(App {
             config,
             metrics,
             upstream,
-            compactor,
-            route_compactors,
+            pipeline,
+            route_pipelines,
             buffers,
             tunnels,
             events,
@@ -110,16 +110,16 @@ impl App {
 
 impl App {
     /// The pipeline of a request on `route` ([`crate::upstream::Resolved::route`]).
-    pub fn compactor_for(&self, route: Option<usize>) -> &Arc<Pipeline> {
+    pub fn pipeline_for(&self, route: Option<usize>) -> &Arc<Pipeline> {
         route
-            .and_then(|i| self.route_compactors.get(i)?.as_ref())
-            .unwrap_or(&self.compactor)
+            .and_then(|i| self.route_pipelines.get(i)?.as_ref())
+            .unwrap_or(&self.pipeline)
     }
 }
 
 /// A pipeline for each route with compaction settings of its own, succeeding `default` (so it
 /// shares its store, calibration, single flights, background summaries and pace).
-fn route_compactors(
+fn route_pipelines(
     config: &Config,
     default: &Arc<Pipeline>,
     metrics: &Arc<Metrics>,

@@ -35,9 +35,10 @@
 
 pub mod admin;
 pub mod app;
+pub mod budget;
 pub mod calibration;
 pub mod cohort;
-pub mod compact;
+pub mod compact_once;
 pub mod compaction;
 pub mod config;
 pub mod cost;

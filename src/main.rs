@@ -13,7 +13,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use compactor::compact::CompactStatus;
+use compactor::compact_once::CompactStatus;
 use compactor::config::{Config, LogFormat, Strategy};
 use compactor::dialect::DialectKind;
 use compactor::reload::Reloader;
@@ -330,7 +330,7 @@ async fn compact(
     summarizer: Option<&str>,
     body: &[u8],
 ) -> anyhow::Result<ExitCode> {
-    let report = compactor::compact::compact(config, dialect, summarizer, body).await?;
+    let report = compactor::compact_once::compact(config, dialect, summarizer, body).await?;
     std::io::stderr().write_all(report.notes.as_bytes())?;
     write_stdout(&report.forward)?;
     Ok(match report.status {

@@ -22,7 +22,7 @@
 //!
 //! This file holds the types and the construction; the flow lives in one module per concern:
 //! `request` (steps 1-2 and the panic guard), `rewrite` (steps 3-5 for a followed
-//! conversation), `splice` (checkpoints), `mask_plan` and `masking` (old outputs),
+//! conversation), `splice` (checkpoints), `mask_plan` and `mask_candidates` (old outputs),
 //! `compacting` (one compaction), `ahead` and `background` (summaries made off the
 //! request path), `retry` (compact-and-retry after a refusal for length), `manual` (the
 //! admin API's compaction), `windows` (limits), `accounting` (what a request is counted
@@ -44,7 +44,7 @@ use crate::cohort::{Cohort, Conversations};
 use crate::compaction::engine::{
     CompactError, Compaction, CompactionInput, Engine, InConversation, Prior,
 };
-use crate::compaction::mask::MaskRule;
+use crate::compaction::mask_rule::MaskRule;
 use crate::compaction::models::{window_model, LearnedWindow, WindowKey, WindowSource};
 use crate::compaction::prompt::summary_message;
 use crate::compaction::trigger::{BackgroundOutcome, CompactionOutcome, Limits, Trigger};
@@ -576,8 +576,8 @@ mod background;
 mod compacting;
 pub mod history;
 mod manual;
+mod mask_candidates;
 mod mask_plan;
-mod masking;
 pub mod pace;
 mod payback;
 mod request;
@@ -589,7 +589,7 @@ mod windows;
 
 use background::Background;
 use history::{Done, History, Point};
-use masking::{Found, Masker, Masking};
+use mask_candidates::{Found, Masker, Masking};
 use pace::Pace;
 use payback::{Economics, Payback, Shape};
 

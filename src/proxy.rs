@@ -47,7 +47,6 @@ use crate::upstream::{
 };
 use crate::usage::{self, Encoding, Format, Observed, Usage};
 
-pub mod budget;
 mod client_body;
 pub mod stream_hold;
 pub mod tunnel;
@@ -226,7 +225,7 @@ async fn forward(
     // The session the store recorded for this request, told how the provider answers it.
     let mut recorded = None;
     let body = match dialect {
-        Some(dialect) if app.compactor_for(resolved.route).enabled() => 'chat: {
+        Some(dialect) if app.pipeline_for(resolved.route).enabled() => 'chat: {
             let read = client_body::read(
                 body,
                 &parts.headers,
@@ -260,7 +259,7 @@ async fn forward(
                 mode,
             };
             let mut processed = app
-                .compactor_for(resolved.route)
+                .pipeline_for(resolved.route)
                 .handle(dialect, &original, &context)
                 .await;
             let cohort = processed.cohort;
@@ -351,7 +350,7 @@ async fn forward(
                     bill(&app, &estimate, usage, recorded.as_ref());
                     usage::record(
                         &app.metrics,
-                        app.compactor.calibration(),
+                        app.pipeline.calibration(),
                         estimate.model.as_deref(),
                         Some(estimate.tokens as u64),
                         usage,
@@ -396,7 +395,7 @@ fn bill(
     } else {
         // The model's billed ÷ estimated ratio, once one was learned.
         let calibration = estimate.model.as_deref().and_then(|m| {
-            let c = app.compactor.calibration();
+            let c = app.pipeline.calibration();
             (c.samples(m) > 0).then(|| c.factor(m))
         });
         let without = crate::cost::without_compactor(
@@ -416,7 +415,7 @@ fn bill(
     };
     let (app, tenant, id) = (app.clone(), *tenant, id.clone());
     runtime.spawn(async move {
-        let store = app.compactor.store();
+        let store = app.pipeline.store();
         if let Err(e) = store.record_cost(tenant, &id, cost).await {
             tracing::debug!(error = %e, "session cost not recorded");
         }
@@ -443,7 +442,7 @@ fn learn_from_usage(app: &Arc<App>, estimate: &ForwardedEstimate, usage: &Usage)
     let used = usize::try_from(used).unwrap_or(usize::MAX);
     runtime.spawn(async move {
         let model = window_model(&model, long_context);
-        app.compactor
+        app.pipeline
             .learn_window(&caller.upstream_base_url, &model, used, WindowSource::Usage)
             .await;
     });
@@ -458,7 +457,7 @@ async fn settle_session(app: &App, tenant: TenantId, id: &str, status: http::Sta
         401 | 403 => ProviderAnswer::Unauthorised,
         _ => return,
     };
-    let store = app.compactor.store();
+    let store = app.pipeline.store();
     if let Err(e) = store.provider_answered(tenant, id, answer).await {
         tracing::warn!(error = %e, "session store unavailable; continuing without it");
     }
@@ -510,7 +509,7 @@ struct Retry {
     dialect: DialectKind,
     original: Bytes,
     /// The original's share of `server.max_buffered_bytes`, held as long as it is.
-    _held: budget::Held,
+    _held: crate::budget::Held,
     caller: Arc<Caller>,
     session_header: Option<String>,
     /// The summarizer calls the request may still make.
@@ -711,7 +710,7 @@ async fn retry_after_refusal(
     };
     let started = Instant::now();
     let compacted = app
-        .compactor_for(retry.route)
+        .pipeline_for(retry.route)
         .compact_after_refusal(
             retry.dialect,
             &retry.original,
@@ -745,7 +744,7 @@ async fn retry_after_refusal(
     // The provider says whether the smaller request worked: refused for its length again (with
     // an error status or inside a stream), it is a failure of the conversation's breaker.
     let (response, refused_again) = read_answer(app, response, retry.dialect, overhead).await?;
-    app.compactor
+    app.pipeline
         .retry_answered(&smaller, refused_again.is_some())
         .await;
     Ok(Retried {

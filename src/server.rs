@@ -185,7 +185,7 @@ impl Server {
         drop(admin);
         // Summaries made ahead of need are not worth holding shutdown for: abandoned at once
         // (requests waiting for one are released and forwarded as they can be).
-        app.current().compactor.abandon_background();
+        app.current().pipeline.abandon_background();
         let grace = app.current().config.shutdown_grace();
         tracing::info!(
             connections = proxy_slots.taken(),

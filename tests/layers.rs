@@ -10,6 +10,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("config", 0),
     ("timing", 0),
     ("process", 0),
+    ("budget", 0),
     ("transcript", 1),
     ("estimate", 1),
     ("cohort", 1),
@@ -32,7 +33,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("upstream", 5),
     ("error", 5),
     ("replay", 5),
-    ("compact", 5),
+    ("compact_once", 5),
     ("run", 5),
 ];
 

@@ -403,11 +403,11 @@ async fn a_reload_moves_the_proxy_from_shadow_to_enforce() {
         }
     };
     let shadow = compactor::app::App::new(config("shadow")).expect("app");
-    let watched = handle(&shadow.compactor).await;
+    let watched = handle(&shadow.pipeline).await;
     assert_eq!(watched.cohort, Cohort::Shadow);
     assert!(matches!(watched.outcome, Outcome::Unchanged));
     let enforcing = shadow.reconfigure(config("enforce")).expect("reload");
-    let compacted = handle(&enforcing.compactor).await;
+    let compacted = handle(&enforcing.pipeline).await;
     assert_eq!(compacted.cohort, Cohort::Enforce);
     // A new summary: the shadow's own never reaches a request forwarded for real.
     assert!(
@@ -426,15 +426,15 @@ async fn a_reload_moves_the_proxy_from_shadow_to_enforce() {
         .expect("config")
     };
     let app = enforcing.reconfigure(routed("shadow")).expect("reload");
-    assert!(Arc::ptr_eq(app.compactor_for(None), &app.compactor));
-    assert!(!Arc::ptr_eq(app.compactor_for(Some(0)), &app.compactor));
+    assert!(Arc::ptr_eq(app.pipeline_for(None), &app.pipeline));
+    assert!(!Arc::ptr_eq(app.pipeline_for(Some(0)), &app.pipeline));
     assert_eq!(
-        handle(app.compactor_for(Some(0))).await.cohort,
+        handle(app.pipeline_for(Some(0))).await.cohort,
         Cohort::Shadow
     );
     let app = app.reconfigure(routed("enforce")).expect("reload");
     assert_eq!(
-        handle(app.compactor_for(Some(0))).await.cohort,
+        handle(app.pipeline_for(Some(0))).await.cohort,
         Cohort::Enforce
     );
 }

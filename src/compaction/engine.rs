@@ -36,7 +36,7 @@ use compactor_plugin_api::{
 
 use super::boundary::{find_preserve_boundary_after, preserve_budget, TailLimits};
 use super::files::FileTracker;
-use super::mask::PRESERVE_RECENT_OUTPUTS;
+use super::mask_rule::PRESERVE_RECENT_OUTPUTS;
 use super::models::ModelTable;
 use super::prompt::{
     build_prompt, count_outputs, follow_up_prompt, summary_message, to_entries_masking,
@@ -684,7 +684,7 @@ fn strip_pinned(summary: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compaction::mask::MASKED_OUTPUT;
+    use crate::compaction::mask_rule::MASKED_OUTPUT;
     use crate::testing::{caller, config, FakeSummarizer, Reply};
     use crate::transcript::tests::{call, text};
 

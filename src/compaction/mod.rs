@@ -13,7 +13,7 @@
 pub mod boundary;
 pub mod engine;
 pub mod files;
-pub mod mask;
+pub mod mask_rule;
 pub mod models;
 pub mod prompt;
 pub mod shell;

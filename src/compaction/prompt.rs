@@ -98,7 +98,7 @@ pub fn to_entries(messages: &[Message]) -> Vec<Entry> {
 }
 
 /// The tool outputs in `messages` (tool-role messages and tool-result parts), as
-/// [`mask_observations`](super::mask::mask_observations) counts them in their entries.
+/// [`mask_observations`](super::mask_rule::mask_observations) counts them in their entries.
 pub fn count_outputs(messages: &[Message]) -> usize {
     messages
         .iter()
@@ -114,8 +114,8 @@ pub fn count_outputs(messages: &[Message]) -> usize {
 }
 
 /// [`to_entries`] with the first `masked` tool outputs already reading
-/// [`MASKED_OUTPUT`](super::mask::MASKED_OUTPUT), as
-/// [`mask_observations`](super::mask::mask_observations) would leave them, without copying
+/// [`MASKED_OUTPUT`](super::mask_rule::MASKED_OUTPUT), as
+/// [`mask_observations`](super::mask_rule::mask_observations) would leave them, without copying
 /// them first: a large request's outputs are most of its bytes, and a copy of each only to
 /// throw it away doubled what a compaction held.
 pub fn to_entries_masking(messages: &[Message], masked: usize) -> Vec<Entry> {
@@ -123,7 +123,7 @@ pub fn to_entries_masking(messages: &[Message], masked: usize) -> Vec<Entry> {
     let mut output = |content: &[Part]| {
         if left > 0 {
             left -= 1;
-            super::mask::MASKED_OUTPUT.to_string()
+            super::mask_rule::MASKED_OUTPUT.to_string()
         } else {
             flatten(content)
         }
@@ -640,7 +640,7 @@ mod tests {
         assert_eq!(total, 4);
         for k in 0..=total + 1 {
             let mut expected = to_entries(&messages);
-            crate::compaction::mask::mask_observations(&mut expected, total.saturating_sub(k));
+            crate::compaction::mask_rule::mask_observations(&mut expected, total.saturating_sub(k));
             assert_eq!(to_entries_masking(&messages, k), expected, "{k} masked");
         }
     }

@@ -1,6 +1,6 @@
 //! How many old tool outputs a request masks (`mask`, `hybrid`): the step rule over the
 //! trigger, the floor an earlier request left, and masking standing in for a summary that
-//! cannot be had. `masking` finds and weighs the candidates.
+//! cannot be had. `mask_candidates` finds and weighs the candidates.
 
 use super::*;
 

@@ -25,7 +25,7 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestCaseError, TestRunner};
 
 use super::{Outcome, Pipeline};
-use crate::compaction::mask::MaskRule;
+use crate::compaction::mask_rule::MaskRule;
 use crate::config::Config;
 use crate::dialect::{DialectKind, Scan};
 use crate::estimate::LazyEstimator;

@@ -20,7 +20,7 @@ use http_body_util::BodyExt;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use tokio::time::Sleep;
 
-use super::budget::{BufferBudget, Held};
+use crate::budget::{BufferBudget, Held};
 use crate::error::Error;
 use crate::upstream::{BoxError, ProxyBody};
 

@@ -696,7 +696,7 @@ mod tests {
         .expect("config");
         let received = body(&conversation(8));
         let report =
-            crate::compact::compact(&config, DialectKind::ChatCompletions, None, &received)
+            crate::compact_once::compact(&config, DialectKind::ChatCompletions, None, &received)
                 .await
                 .expect("compacts");
         assert_ne!(report.forward, received, "{}", report.notes);

@@ -9,7 +9,7 @@
 //! How many of them `hybrid` masks is the pipeline's decision (`Pipeline::plan_mask`), from
 //! the trigger and the conversation's mask floor in the session store.
 
-use crate::compaction::mask::{placeholder, MaskRule};
+use crate::compaction::mask_rule::{placeholder, MaskRule};
 use regex::Regex;
 
 use crate::dialect::outputs::{output_text, CallNames, Edit, WireOutput};
