@@ -160,13 +160,13 @@ async fn summarize(app: &App, id: &str, instructions: Option<&str>) -> Response<
         ManualOutcome::Compacted(checkpoint) => ok_json(json!({
             "compacted": true,
             "session": id,
-            "compaction_num": checkpoint.compaction_num,
+            "compaction_num": checkpoint.result.compaction_num,
             "covered_messages": checkpoint.covered,
-            "tokens_before": checkpoint.pre_tokens,
-            "tokens_after": checkpoint.post_tokens,
-            "read_files": checkpoint.read_files,
-            "modified_files": checkpoint.modified_files,
-            "summary": checkpoint.summary,
+            "tokens_before": checkpoint.result.pre_tokens,
+            "tokens_after": checkpoint.result.post_tokens,
+            "read_files": checkpoint.result.read_files,
+            "modified_files": checkpoint.result.modified_files,
+            "summary": checkpoint.result.summary,
         })),
     }
 }

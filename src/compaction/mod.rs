@@ -25,7 +25,7 @@ pub use engine::{
 pub use trigger::{CompactionOutcome, Limits, Trigger};
 
 /// What a compaction produced: stored with the checkpoint, reported in metrics and headers.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct CompactionResult {
     /// The summary written by the summarizer (trimmed, never blank).
     pub summary: String,

@@ -150,10 +150,10 @@ impl Pipeline {
         };
         // The stored summary is refined, its file lists carried forward.
         let prior = splice.map(|s| Prior {
-            summary: s.checkpoint.summary.clone(),
-            read_files: s.checkpoint.read_files.clone(),
-            modified_files: s.checkpoint.modified_files.clone(),
-            compaction_num: s.checkpoint.compaction_num,
+            summary: s.checkpoint.result.summary.clone(),
+            read_files: s.checkpoint.result.read_files.clone(),
+            modified_files: s.checkpoint.result.modified_files.clone(),
+            compaction_num: s.checkpoint.result.compaction_num,
         });
         let mut compaction = self
             .engine

@@ -70,9 +70,9 @@ impl Pipeline {
             head,
             covered,
             message: summary_message(
-                &checkpoint.summary,
-                &checkpoint.read_files,
-                &checkpoint.modified_files,
+                &checkpoint.result.summary,
+                &checkpoint.result.read_files,
+                &checkpoint.result.modified_files,
             ),
             checkpoint,
         }))
@@ -183,12 +183,9 @@ impl Pipeline {
         Outcome::Reused {
             body: Bytes::from(body),
             result: CompactionResult {
-                summary: s.checkpoint.summary.clone(),
-                read_files: s.checkpoint.read_files.clone(),
-                modified_files: s.checkpoint.modified_files.clone(),
                 pre_tokens: scan.tokens,
                 post_tokens: forwarded,
-                compaction_num: s.checkpoint.compaction_num,
+                ..s.checkpoint.result.clone()
             },
         }
     }
@@ -296,17 +293,11 @@ impl Pipeline {
                 return None;
             }
         };
-        let r = &compaction.result;
         let checkpoint = Arc::new(Checkpoint {
             session_id: request.session.to_string(),
             covered: compaction.boundary,
             head: Some(compaction.head),
-            summary: r.summary.clone(),
-            read_files: r.read_files.clone(),
-            modified_files: r.modified_files.clone(),
-            pre_tokens: r.pre_tokens,
-            post_tokens: r.post_tokens,
-            compaction_num: r.compaction_num,
+            result: compaction.result.clone(),
             created_unix: crate::session::store::unix_now(),
             staged,
         });

@@ -179,7 +179,7 @@ impl MemoryStore {
         let promotion = inner.checkpoints.get(&hash).is_some_and(|old| {
             old.checkpoint.staged.is_some()
                 && checkpoint.staged.is_none()
-                && old.checkpoint.summary == checkpoint.summary
+                && old.checkpoint.result.summary == checkpoint.result.summary
         });
         inner.remove_checkpoint(&hash);
         let key = SessionKey::new(tenant, &checkpoint.session_id);
@@ -893,6 +893,7 @@ mod tests {
     use bytes::Bytes;
 
     use super::*;
+    use crate::compaction::CompactionResult;
     use crate::dialect::DialectKind;
     use crate::session::breaker::BreakerState;
     use crate::session::hash::chain;
@@ -962,12 +963,14 @@ mod tests {
             session_id: session.into(),
             covered,
             head: None,
-            summary: summary.into(),
-            read_files: vec!["src/a.rs".into()],
-            modified_files: vec!["src/b.rs".into()],
-            pre_tokens: 10_000,
-            post_tokens: 2_000,
-            compaction_num: 1,
+            result: CompactionResult {
+                summary: summary.into(),
+                read_files: vec!["src/a.rs".into()],
+                modified_files: vec!["src/b.rs".into()],
+                pre_tokens: 10_000,
+                post_tokens: 2_000,
+                compaction_num: 1,
+            },
             created_unix: 0,
             staged: None,
         })
@@ -1032,7 +1035,7 @@ mod tests {
         // An empty message list matches nothing (it used to panic on an inverted range).
         assert_eq!(found(&s, t, &[]).await, None);
         let hit = s.longest_checkpoint(t, &conv).await.unwrap().unwrap();
-        assert_eq!(hit.summary, "up to 6");
+        assert_eq!(hit.result.summary, "up to 6");
 
         // A history edited at message 5 keeps only the checkpoints before the edit.
         let mut contents: Vec<String> = (0..10).map(|k| format!("m{k}")).collect();
@@ -1131,9 +1134,13 @@ mod tests {
 
         // A bigger checkpoint for s2 pushes out the now least recently used s0.
         let conv = conversation(&t, "m", 2);
+        let base = (*checkpoint("s2", 2, "")).clone();
         let big = Arc::new(Checkpoint {
-            summary: "y".repeat(one / 2),
-            ..(*checkpoint("s2", 2, "")).clone()
+            result: CompactionResult {
+                summary: "y".repeat(one / 2),
+                ..base.result.clone()
+            },
+            ..base
         });
         put(&s, t, &conv, big).await;
         assert_eq!(ids(&s).await, ["s2", "s3"]);
@@ -1186,7 +1193,10 @@ mod tests {
         assert_eq!(info.messages_seen, 8);
         assert!(info.has_latest_request);
         let latest = info.latest.unwrap();
-        assert_eq!((latest.covered, latest.summary.as_str()), (6, "second"));
+        assert_eq!(
+            (latest.covered, latest.result.summary.as_str()),
+            (6, "second")
+        );
         assert_eq!(info.tenant, t);
     }
 
@@ -1339,9 +1349,13 @@ mod tests {
 
         // A big checkpoint takes its room from the same tenant's older session.
         let a_conv = conversation(&a, "m", 2);
+        let base = (*checkpoint("a5", 2, "")).clone();
         let big = Arc::new(Checkpoint {
-            summary: "y".repeat(one / 2),
-            ..(*checkpoint("a5", 2, "")).clone()
+            result: CompactionResult {
+                summary: "y".repeat(one / 2),
+                ..base.result.clone()
+            },
+            ..base
         });
         put(&s, a, &a_conv, big).await;
         assert_eq!(ids_of(&s, a).await, ["a5"]);

@@ -56,6 +56,7 @@ use super::store::{
 };
 use super::windows::MAX_LEARNED_WINDOWS;
 use crate::compaction::models::{LearnedWindow, WindowKey};
+use crate::compaction::CompactionResult;
 use crate::dialect::DialectKind;
 use crate::metrics::{Metrics, StoreOp};
 
@@ -1216,12 +1217,12 @@ impl From<&Checkpoint> for WireCheckpoint {
             session_id: c.session_id.clone(),
             covered: c.covered,
             head: c.head,
-            summary: c.summary.clone(),
-            read_files: c.read_files.clone(),
-            modified_files: c.modified_files.clone(),
-            pre_tokens: c.pre_tokens,
-            post_tokens: c.post_tokens,
-            compaction_num: c.compaction_num,
+            summary: c.result.summary.clone(),
+            read_files: c.result.read_files.clone(),
+            modified_files: c.result.modified_files.clone(),
+            pre_tokens: c.result.pre_tokens,
+            post_tokens: c.result.post_tokens,
+            compaction_num: c.result.compaction_num,
             created_unix: c.created_unix,
             staged: c.staged.is_some(),
             base: c
@@ -1239,12 +1240,14 @@ impl WireCheckpoint {
             session_id: self.session_id,
             covered: self.covered,
             head: self.head,
-            summary: self.summary,
-            read_files: self.read_files,
-            modified_files: self.modified_files,
-            pre_tokens: self.pre_tokens,
-            post_tokens: self.post_tokens,
-            compaction_num: self.compaction_num,
+            result: CompactionResult {
+                summary: self.summary,
+                read_files: self.read_files,
+                modified_files: self.modified_files,
+                pre_tokens: self.pre_tokens,
+                post_tokens: self.post_tokens,
+                compaction_num: self.compaction_num,
+            },
             created_unix: self.created_unix,
             staged: self.staged.then(|| Staged {
                 base: self.base.map(|b| Arc::new(b.into_checkpoint())),
@@ -1560,12 +1563,14 @@ mod tests {
             session_id: "s".into(),
             covered,
             head: Some(1),
-            summary: format!("summary of {covered}"),
-            read_files: vec!["a.rs".into()],
-            modified_files: vec!["b.rs".into()],
-            pre_tokens: 1000,
-            post_tokens: 100,
-            compaction_num: 2,
+            result: CompactionResult {
+                summary: format!("summary of {covered}"),
+                read_files: vec!["a.rs".into()],
+                modified_files: vec!["b.rs".into()],
+                pre_tokens: 1000,
+                post_tokens: 100,
+                compaction_num: 2,
+            },
             created_unix: 7,
             staged,
         }

@@ -20,6 +20,7 @@ use serde::{Serialize, Serializer};
 use super::breaker::BreakerState;
 use super::hash::{ChainHash, TenantId};
 use crate::compaction::models::{LearnedWindow, WindowKey};
+use crate::compaction::CompactionResult;
 use crate::dialect::DialectKind;
 
 /// Fixed per-checkpoint overhead added to its text when sizing a store.
@@ -44,18 +45,11 @@ pub struct Checkpoint {
     /// whatever its own limits say now. `None` for a checkpoint stored before openings were
     /// kept: its head is the request's without the opening.
     pub head: Option<usize>,
-    /// The summary text spliced in place of the covered messages.
-    pub summary: String,
-    /// Files read so far, carried into the next compaction.
-    pub read_files: Vec<String>,
-    /// Files modified so far, carried into the next compaction.
-    pub modified_files: Vec<String>,
-    /// Estimated input tokens before the compaction.
-    pub pre_tokens: usize,
-    /// Estimated input tokens after it.
-    pub post_tokens: usize,
-    /// 1-based number of this compaction within its conversation.
-    pub compaction_num: u32,
+    /// What the compaction produced: the summary spliced in place of the covered messages,
+    /// the files read and modified so far (carried into the next compaction), the estimates
+    /// before and after, and its number within the conversation.
+    #[serde(flatten)]
+    pub result: CompactionResult,
     /// When it was made (seconds since the Unix epoch).
     pub created_unix: u64,
     /// Made in the background ahead of need: see [`Staged`]. `None` for a checkpoint in use.
@@ -88,9 +82,9 @@ impl Checkpoint {
         };
         CHECKPOINT_OVERHEAD_BYTES
             + self.session_id.len()
-            + self.summary.len()
-            + files(&self.read_files)
-            + files(&self.modified_files)
+            + self.result.summary.len()
+            + files(&self.result.read_files)
+            + files(&self.result.modified_files)
     }
 }
 
@@ -593,12 +587,14 @@ mod tests {
             session_id: "s".into(),
             covered: 4,
             head: None,
-            summary: "did things".into(),
-            read_files: vec!["a.rs".into()],
-            modified_files: vec![],
-            pre_tokens: 1000,
-            post_tokens: 200,
-            compaction_num: 1,
+            result: CompactionResult {
+                summary: "did things".into(),
+                read_files: vec!["a.rs".into()],
+                modified_files: vec![],
+                pre_tokens: 1000,
+                post_tokens: 200,
+                compaction_num: 1,
+            },
             created_unix: 7,
             staged: None,
         };
