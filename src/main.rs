@@ -20,25 +20,16 @@ use compactor::reload::Reloader;
 use compactor::Server;
 use tracing_subscriber::EnvFilter;
 
-/// The `--dialect` of `compact`.
-#[derive(Debug, Clone, Copy, clap::ValueEnum)]
-enum Dialect {
-    /// OpenAI Chat Completions (`messages`).
-    ChatCompletions,
-    /// Anthropic Messages (`messages`, top-level `system`).
-    Messages,
-    /// OpenAI Responses (`input`).
-    Responses,
-}
-
-impl From<Dialect> for DialectKind {
-    fn from(d: Dialect) -> DialectKind {
-        match d {
-            Dialect::ChatCompletions => DialectKind::ChatCompletions,
-            Dialect::Messages => DialectKind::Messages,
-            Dialect::Responses => DialectKind::Responses,
-        }
-    }
+/// The `--dialect` of `compact`: a format's command-line name
+/// ([`DialectKind::cli_name`]), any of [`DialectKind::ALL`].
+fn parse_dialect(name: &str) -> Result<DialectKind, String> {
+    DialectKind::ALL
+        .into_iter()
+        .find(|d| d.cli_name() == name)
+        .ok_or_else(|| {
+            let names: Vec<&str> = DialectKind::ALL.iter().map(|d| d.cli_name()).collect();
+            format!("expected one of {}", names.join(", "))
+        })
 }
 
 /// Exit status of `compact` when a compaction was due but did not happen (the original request
@@ -107,8 +98,8 @@ enum Command {
         #[arg(long)]
         config: Option<PathBuf>,
         /// The wire format of the request.
-        #[arg(long, value_enum, default_value_t = Dialect::ChatCompletions)]
-        dialect: Dialect,
+        #[arg(long, value_parser = parse_dialect, default_value = "chat-completions")]
+        dialect: DialectKind,
         /// Summarizer backend (default `extractive`, no network); configured fallbacks are
         /// not used.
         #[arg(long, value_name = "NAME")]
@@ -229,12 +220,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 .enable_all()
                 .build()
                 .context("starting the runtime")?;
-            runtime.block_on(compact(
-                &config,
-                dialect.into(),
-                summarizer.as_deref(),
-                &body,
-            ))
+            runtime.block_on(compact(&config, dialect, summarizer.as_deref(), &body))
         }
         Command::Replay {
             events: Some(events),

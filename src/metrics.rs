@@ -130,11 +130,10 @@ const ESTIMATE_ERROR_BUCKETS: &[f64] = &[
 ];
 
 /// Every dialect, in the order of their `dialect` / `route` label values.
-const DIALECTS: [DialectKind; 3] = [
-    DialectKind::ChatCompletions,
-    DialectKind::Messages,
-    DialectKind::Responses,
-];
+const DIALECTS: [DialectKind; DialectKind::COUNT] = DialectKind::ALL;
+
+/// Routes: every dialect, then other routes (`None`).
+const ROUTES: usize = DialectKind::COUNT + 1;
 
 /// The `route` label of a request that is not a chat call; chat calls are labelled with their
 /// dialect. A closed set, never a raw path.
@@ -586,13 +585,13 @@ impl Cohorts {
 struct Hot {
     /// `compactor_request_duration_seconds` and `compactor_overhead_seconds` per route: the
     /// three dialects in [`DIALECTS`] order, then other routes.
-    duration: [Histogram; 4],
-    overhead: [Histogram; 4],
+    duration: [Histogram; ROUTES],
+    overhead: [Histogram; ROUTES],
     /// `compactor_request_tokens` as received and as forwarded, and
     /// `compactor_context_utilization_ratio`, per dialect.
-    received: [Histogram; 3],
-    forwarded: [Histogram; 3],
-    utilization: [Histogram; 3],
+    received: [Histogram; DialectKind::COUNT],
+    forwarded: [Histogram; DialectKind::COUNT],
+    utilization: [Histogram; DialectKind::COUNT],
     /// `compactor_checkpoint_lookups_total`, in [`LOOKUP_RESULTS`] order.
     lookups: [IntCounter; 2],
     /// `compactor_upstream_usage_tokens_total`, in [`UsageKind::ALL`] order.
@@ -610,12 +609,8 @@ impl Hot {
         checkpoint_lookups: &IntCounterVec,
         upstream_usage_tokens: &IntCounterVec,
     ) -> Hot {
-        let routes = [
-            Some(DIALECTS[0]),
-            Some(DIALECTS[1]),
-            Some(DIALECTS[2]),
-            None,
-        ];
+        let routes: [Option<DialectKind>; ROUTES] =
+            std::array::from_fn(|i| DIALECTS.get(i).copied());
         let [received, _, forwarded] = TOKEN_STAGES;
         let tokens =
             |stage: &str| DIALECTS.map(|d| request_tokens.with_label_values(&[d.label(), stage]));
@@ -639,16 +634,12 @@ const SUMMARIZER_COST: &str = "summarizer";
 
 /// A dialect's place in [`DIALECTS`] (and in [`Hot`]'s arrays).
 fn dialect_index(dialect: DialectKind) -> usize {
-    match dialect {
-        DialectKind::ChatCompletions => 0,
-        DialectKind::Messages => 1,
-        DialectKind::Responses => 2,
-    }
+    dialect.index()
 }
 
 /// A route's place in [`Hot`]'s per-route arrays: the dialect's, other routes last.
 fn route_index(route: Option<DialectKind>) -> usize {
-    route.map_or(3, dialect_index)
+    route.map_or(DialectKind::COUNT, dialect_index)
 }
 
 /// The `route` label (and log field): the dialect of a chat call, else `other`.

@@ -233,6 +233,16 @@ fn part_from_value(part: &Value) -> Part {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Recognising a body.
+
+/// Whether a request body is Chat Completions: a `messages` array that is not Anthropic's
+/// (no top-level `system`, no `tool_use` or `tool_result` block).
+pub(crate) fn looks_like(request: &Map<String, Value>) -> bool {
+    matches!(request.get("messages"), Some(Value::Array(_)))
+        && !super::messages::looks_like(request)
+}
+
+// ---------------------------------------------------------------------------------------------
 // The summary asked inside the conversation.
 
 /// Turns `body` (a request as the provider received it) into one asking the same model for

@@ -468,6 +468,31 @@ fn write_blocks(
 }
 
 // ---------------------------------------------------------------------------------------------
+// Recognising a body.
+
+/// Whether a request body is Anthropic Messages: a `messages` array with a top-level `system`
+/// or a `tool_use` or `tool_result` block.
+pub(crate) fn looks_like(request: &Map<String, Value>) -> bool {
+    let Some(Value::Array(messages)) = request.get("messages") else {
+        return false;
+    };
+    let tool_block = |message: &Value| {
+        message
+            .get("content")
+            .and_then(Value::as_array)
+            .is_some_and(|blocks| {
+                blocks.iter().any(|b| {
+                    matches!(
+                        b.get("type").and_then(Value::as_str),
+                        Some("tool_use" | "tool_result")
+                    )
+                })
+            })
+    };
+    request.contains_key("system") || messages.iter().any(tool_block)
+}
+
+// ---------------------------------------------------------------------------------------------
 // The summary asked inside the conversation.
 
 /// Turns `body` (a request as the provider received it) into one asking the same model for

@@ -31,7 +31,7 @@ use std::ops::Range;
 use std::collections::BTreeMap;
 
 use serde_json::value::RawValue;
-use serde_json::Map;
+use serde_json::{Map, Value};
 
 use crate::estimate::LazyEstimator;
 use crate::transcript::{Message, Part, Role, Transcript};
@@ -317,9 +317,29 @@ struct ScanFields {
     input_is_string: bool,
 }
 
-/// The chat wire formats compactor can compact.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DialectKind {
+/// Declares [`DialectKind`] and [`DialectKind::ALL`] from one list, so the two cannot
+/// disagree: every table indexed by dialect (metric label arrays, the Redis codec's labels,
+/// the command line's `--dialect`, the replay's detection) is built from `ALL` and
+/// [`DialectKind::index`], and every behaviour of a format is an exhaustive `match`, so a
+/// format added here and not handled elsewhere is a compile error
+/// (docs/architecture.md, *Adding a wire format*).
+macro_rules! wire_formats {
+    ($($(#[$doc:meta])* $variant:ident,)+) => {
+        /// The chat wire formats compactor can compact.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum DialectKind {
+            $($(#[$doc])* $variant,)+
+        }
+
+        impl DialectKind {
+            /// Every format, in declaration order (the order of metric label arrays).
+            pub const ALL: [DialectKind; [$(DialectKind::$variant),+].len()] =
+                [$(DialectKind::$variant),+];
+        }
+    };
+}
+
+wire_formats! {
     /// OpenAI Chat Completions: `POST …/chat/completions`.
     ChatCompletions,
     /// Anthropic Messages: `POST …/messages`.
@@ -472,6 +492,47 @@ impl DialectKind {
         }
     }
 
+    /// How many formats there are.
+    pub const COUNT: usize = DialectKind::ALL.len();
+
+    /// This format's place in [`DialectKind::ALL`] (and in every array indexed by format).
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+
+    /// The format whose [`DialectKind::label`] is `label`.
+    pub fn from_label(label: &str) -> Option<DialectKind> {
+        DialectKind::ALL.into_iter().find(|d| d.label() == label)
+    }
+
+    /// The end of the format's chat path, after any prefix (see [`DialectKind::from_path`]).
+    pub fn api_path(self) -> &'static str {
+        match self {
+            DialectKind::ChatCompletions => "/chat/completions",
+            DialectKind::Messages => "/messages",
+            DialectKind::Responses => "/responses",
+        }
+    }
+
+    /// The format's name on the command line (`compactor compact --dialect`).
+    pub fn cli_name(self) -> &'static str {
+        match self {
+            DialectKind::ChatCompletions => "chat-completions",
+            DialectKind::Messages => "messages",
+            DialectKind::Responses => "responses",
+        }
+    }
+
+    /// The format a request body has, from its shape alone (a recording without a path):
+    /// the first of [`DialectKind::ALL`] that recognises it (each format's `looks_like`).
+    pub fn detect(request: &Map<String, Value>) -> Option<DialectKind> {
+        DialectKind::ALL.into_iter().find(|d| match d {
+            DialectKind::ChatCompletions => chat::looks_like(request),
+            DialectKind::Messages => messages::looks_like(request),
+            DialectKind::Responses => responses::looks_like(request),
+        })
+    }
+
     /// The bounded metric label of this dialect.
     pub fn label(self) -> &'static str {
         match self {
@@ -502,13 +563,9 @@ const COLLECTIONS: [&str; 2] = ["threads", "completions"];
 /// slash); `None` for any other path. See [`DialectKind::from_path`].
 fn split_path(path: &str) -> Option<(DialectKind, &str)> {
     let path = path.trim_end_matches('/');
-    let (dialect, prefix) = [
-        (DialectKind::ChatCompletions, "/chat/completions"),
-        (DialectKind::Messages, "/messages"),
-        (DialectKind::Responses, "/responses"),
-    ]
-    .into_iter()
-    .find_map(|(dialect, api)| Some((dialect, path.strip_suffix(api)?)))?;
+    let (dialect, prefix) = DialectKind::ALL
+        .into_iter()
+        .find_map(|dialect| Some((dialect, path.strip_suffix(dialect.api_path())?)))?;
     let under_collection = prefix
         .rsplit('/')
         .take(2)
@@ -873,6 +930,47 @@ mod tests {
                     "{dialect:?}"
                 );
             }
+        }
+    }
+
+    /// Every table indexed by format agrees with the one list (`wire_formats!`): a format
+    /// added there is found by its index, label, command-line name, path and shape, and
+    /// converts to the plugin API's wire API and back.
+    #[test]
+    fn every_format_is_in_every_table() {
+        use compactor_plugin_api::Api;
+        use std::collections::HashSet;
+        assert_eq!(DialectKind::COUNT, DialectKind::ALL.len());
+        let mut labels = HashSet::new();
+        let mut names = HashSet::new();
+        for (i, d) in DialectKind::ALL.into_iter().enumerate() {
+            assert_eq!(d.index(), i);
+            assert!(
+                labels.insert(d.label()) && names.insert(d.cli_name()),
+                "{d:?}"
+            );
+            assert_eq!(DialectKind::from_label(d.label()), Some(d));
+            assert_eq!(
+                DialectKind::from_path(&format!("/v1{}", d.api_path())),
+                Some(d)
+            );
+            assert_eq!(DialectKind::of_api(d.api()), d);
+            // A body of the format's shape is told apart from the others'.
+            let sample = match d {
+                DialectKind::ChatCompletions => {
+                    serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+                }
+                DialectKind::Messages => serde_json::json!({"model": "m", "system": "s",
+                    "messages": [{"role": "user", "content": "hi"}]}),
+                DialectKind::Responses => serde_json::json!({"model": "m", "input": "hi"}),
+            };
+            let Value::Object(sample) = sample else {
+                panic!("an object")
+            };
+            assert_eq!(DialectKind::detect(&sample), Some(d));
+        }
+        for api in [Api::ChatCompletions, Api::Messages, Api::Responses] {
+            assert_eq!(DialectKind::of_api(api).api(), api);
         }
     }
 }

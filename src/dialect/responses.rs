@@ -401,6 +401,17 @@ pub(super) fn rewrite(
 }
 
 // ---------------------------------------------------------------------------------------------
+// Recognising a body.
+
+/// Whether a request body is OpenAI Responses: an `input` array or string.
+pub(crate) fn looks_like(request: &Map<String, Value>) -> bool {
+    matches!(
+        request.get("input"),
+        Some(Value::Array(_) | Value::String(_))
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
 // The summary asked inside the conversation.
 
 /// Turns `body` (a request as the provider received it) into one asking the same model for

@@ -58,33 +58,7 @@ pub struct Recording {
 /// when the body has a top-level `system` or a message holds a `tool_use` or `tool_result`
 /// block, Chat Completions otherwise; a body with `input` (and no `messages`) is Responses.
 pub fn detect(request: &Map<String, Value>) -> Option<DialectKind> {
-    if let Some(Value::Array(messages)) = request.get("messages") {
-        let anthropic =
-            request.contains_key("system") || messages.iter().any(has_anthropic_tool_block);
-        return Some(if anthropic {
-            DialectKind::Messages
-        } else {
-            DialectKind::ChatCompletions
-        });
-    }
-    match request.get("input") {
-        Some(Value::Array(_) | Value::String(_)) => Some(DialectKind::Responses),
-        _ => None,
-    }
-}
-
-fn has_anthropic_tool_block(message: &Value) -> bool {
-    message
-        .get("content")
-        .and_then(Value::as_array)
-        .is_some_and(|blocks| {
-            blocks.iter().any(|b| {
-                matches!(
-                    b.get("type").and_then(Value::as_str),
-                    Some("tool_use" | "tool_result")
-                )
-            })
-        })
+    DialectKind::detect(request)
 }
 
 /// Whether an item of the history was produced by the model: an assistant message, and for

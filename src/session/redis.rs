@@ -548,13 +548,7 @@ fn tenant_from_hex(hex: &str) -> Option<TenantId> {
 }
 
 fn dialect_from_label(label: &str) -> Option<DialectKind> {
-    [
-        DialectKind::ChatCompletions,
-        DialectKind::Messages,
-        DialectKind::Responses,
-    ]
-    .into_iter()
-    .find(|d| d.label() == label)
+    DialectKind::from_label(label)
 }
 
 /// The operations, each made of bounded calls (a command, a pipeline or a script). Those
