@@ -17,6 +17,11 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
 use serde::{Deserialize, Serialize};
 
+use compactor_plugin_anthropic::AnthropicSettings;
+use compactor_plugin_exec::ExecSettings;
+use compactor_plugin_extractive::ExtractiveConfig;
+use compactor_plugin_openai::OpenAiSettings;
+
 /// The path `serve` and `check-config` read when no `--config` is given (if it exists).
 pub const DEFAULT_CONFIG_PATH: &str = "config/compactor.toml";
 
@@ -594,67 +599,14 @@ pub struct SummarizerConfig {
     /// kilobytes); the default, 1 MiB (some 250,000 tokens), is far above that and above most
     /// context windows, so only a misbehaving backend reaches it.
     pub max_summary_bytes: usize,
-    /// `[summarizer.openai]`
-    pub openai: OpenAiSummarizerConfig,
-    /// `[summarizer.anthropic]`
-    pub anthropic: AnthropicSummarizerConfig,
-    /// `[summarizer.extractive]`
-    pub extractive: ExtractiveSummarizerConfig,
-    /// `[summarizer.exec]`
-    pub exec: ExecSummarizerConfig,
-}
-
-/// `[summarizer.openai]`: any OpenAI-compatible chat endpoint.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
-#[serde(deny_unknown_fields, default)]
-pub struct OpenAiSummarizerConfig {
-    /// Endpoint base (e.g. `https://openrouter.ai/api/v1`); unset: the request's own upstream.
-    pub base_url: Option<String>,
-    /// Model; unset: the request's own model.
-    pub model: Option<String>,
-    /// Environment variable holding the API key; unset: the caller's own `Authorization`.
-    pub api_key_env: Option<String>,
-    /// Output budget of the summary.
-    pub max_tokens: u32,
-    /// Sampling temperature; unset: the provider's default.
-    pub temperature: Option<f64>,
-}
-
-/// `[summarizer.anthropic]`: the Anthropic Messages API.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
-#[serde(deny_unknown_fields, default)]
-pub struct AnthropicSummarizerConfig {
-    /// Endpoint base; unset: the request's own upstream.
-    pub base_url: Option<String>,
-    /// Model; unset: the request's own model.
-    pub model: Option<String>,
-    /// Environment variable holding the API key; unset: the caller's own `x-api-key`.
-    pub api_key_env: Option<String>,
-    /// `anthropic-version` header.
-    pub anthropic_version: String,
-    /// Output budget of the summary.
-    pub max_tokens: u32,
-}
-
-/// `[summarizer.extractive]`: local, deterministic.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
-#[serde(deny_unknown_fields, default)]
-pub struct ExtractiveSummarizerConfig {
-    /// Each user message's own words longer than this are cut in the middle to this many
-    /// characters in the summary.
-    pub max_message_chars: usize,
-}
-
-/// `[summarizer.exec]`: any program speaking the JSON protocol of `plugins/README.md`.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
-#[serde(deny_unknown_fields, default)]
-pub struct ExecSummarizerConfig {
-    /// The program to run; required when `exec` is used.
-    pub command: Option<String>,
-    /// Its arguments.
-    pub args: Vec<String>,
-    /// The only environment it gets besides `PATH`.
-    pub env: BTreeMap<String, String>,
+    /// `[summarizer.openai]`: declared, defaulted and validated by the plugin.
+    pub openai: OpenAiSettings,
+    /// `[summarizer.anthropic]`: declared, defaulted and validated by the plugin.
+    pub anthropic: AnthropicSettings,
+    /// `[summarizer.extractive]`: declared, defaulted and validated by the plugin.
+    pub extractive: ExtractiveConfig,
+    /// `[summarizer.exec]`: declared and validated by the plugin.
+    pub exec: ExecSettings,
 }
 
 /// `[admin]`
@@ -830,19 +782,10 @@ impl Default for SummarizerConfig {
             timeout_secs: Seconds::from_secs(60),
             max_concurrent: 4,
             max_summary_bytes: compactor_plugin_api::DEFAULT_MAX_SUMMARY_BYTES,
-            openai: OpenAiSummarizerConfig {
-                max_tokens: 4_096,
-                ..Default::default()
-            },
-            anthropic: AnthropicSummarizerConfig {
-                anthropic_version: "2023-06-01".into(),
-                max_tokens: 4_096,
-                ..Default::default()
-            },
-            extractive: ExtractiveSummarizerConfig {
-                max_message_chars: 500,
-            },
-            exec: ExecSummarizerConfig::default(),
+            openai: OpenAiSettings::default(),
+            anthropic: AnthropicSettings::default(),
+            extractive: ExtractiveConfig::default(),
+            exec: ExecSettings::default(),
         }
     }
 }

@@ -35,17 +35,16 @@
 //! [`Caller::api`]: compactor_plugin_api::Caller::api
 
 use std::borrow::Cow;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use compactor_plugin_anthropic::{AnthropicConfig, AnthropicSummarizer};
+use compactor_plugin_anthropic::AnthropicSummarizer;
 use compactor_plugin_api::{
-    Api, BoxFuture, SummarizeError, Summarizer, Summary, SummaryRequest, SUMMARY_ENVELOPE_BYTES,
+    Api, BoxFuture, InvalidSetting, SummarizeError, Summarizer, Summary, SummaryRequest,
 };
-use compactor_plugin_exec::{ExecConfig, ExecSummarizer};
-use compactor_plugin_extractive::{ExtractiveConfig, ExtractiveSummarizer};
-use compactor_plugin_openai::{OpenAiConfig, OpenAiSummarizer};
+use compactor_plugin_exec::ExecSummarizer;
+use compactor_plugin_extractive::ExtractiveSummarizer;
+use compactor_plugin_openai::OpenAiSummarizer;
 
 use crate::compaction::models::ModelTable;
 use crate::config::Config;
@@ -97,84 +96,32 @@ pub fn backend(config: &Config, name: &str, key: &str) -> Result<Arc<dyn Summari
     let built: Arc<dyn Summarizer> = match name {
         "openai" => {
             let c = &s.openai;
-            check_base_url("summarizer.openai.base_url", c.base_url.as_deref())?;
-            check_positive("summarizer.openai.max_tokens", c.max_tokens)?;
-            let plugin = OpenAiSummarizer::new(OpenAiConfig {
-                base_url: c.base_url.clone(),
-                model: c.model.clone(),
-                api_key: api_key("summarizer.openai.api_key_env", c.api_key_env.as_deref())?,
-                max_tokens: c.max_tokens,
-                temperature: c.temperature,
-                ca_file,
-                max_summary_bytes: s.max_summary_bytes,
-            })
-            .map_err(|e| err("upstream.ca_file", e.to_string()))?;
+            c.validate().map_err(|e| setting("openai", e))?;
+            let api_key = api_key("summarizer.openai.api_key_env", c.api_key_env.as_deref())?;
+            let plugin = OpenAiSummarizer::new(c.config(api_key, ca_file, s.max_summary_bytes))
+                .map_err(|e| err("upstream.ca_file", e.to_string()))?;
             Arc::new(plugin)
         }
         "anthropic" => {
             let c = &s.anthropic;
-            check_base_url("summarizer.anthropic.base_url", c.base_url.as_deref())?;
-            check_positive("summarizer.anthropic.max_tokens", c.max_tokens)?;
-            if http::HeaderValue::from_str(&c.anthropic_version).is_err()
-                || c.anthropic_version.trim().is_empty()
-            {
-                return Err(err(
-                    "summarizer.anthropic.anthropic_version",
-                    "must be a version string such as `2023-06-01`",
-                ));
-            }
-            let plugin = AnthropicSummarizer::new(AnthropicConfig {
-                base_url: c.base_url.clone(),
-                model: c.model.clone(),
-                api_key: api_key("summarizer.anthropic.api_key_env", c.api_key_env.as_deref())?,
-                anthropic_version: c.anthropic_version.clone(),
-                max_tokens: c.max_tokens,
-                ca_file,
-                max_summary_bytes: s.max_summary_bytes,
-            })
-            .map_err(|e| err("upstream.ca_file", e.to_string()))?;
+            c.validate().map_err(|e| setting("anthropic", e))?;
+            let api_key = api_key("summarizer.anthropic.api_key_env", c.api_key_env.as_deref())?;
+            let plugin = AnthropicSummarizer::new(c.config(api_key, ca_file, s.max_summary_bytes))
+                .map_err(|e| err("upstream.ca_file", e.to_string()))?;
             Arc::new(plugin)
         }
         "extractive" => {
-            let max = s.extractive.max_message_chars;
-            check_positive("summarizer.extractive.max_message_chars", max)?;
-            Arc::new(ExtractiveSummarizer::new(ExtractiveConfig {
-                max_message_chars: max,
-            }))
+            s.extractive
+                .validate()
+                .map_err(|e| setting("extractive", e))?;
+            Arc::new(ExtractiveSummarizer::new(s.extractive.clone()))
         }
         "exec" => {
             let c = &s.exec;
-            let command = c
-                .command
-                .as_deref()
-                .map(str::trim)
-                .filter(|c| !c.is_empty())
-                .ok_or_else(|| {
-                    err(
-                        "summarizer.exec.command",
-                        "required when the `exec` backend is used",
-                    )
-                })?;
-            if !program_exists(command) {
-                return Err(err(
-                    "summarizer.exec.command",
-                    format!("`{command}` is not an existing file or a program on PATH"),
-                ));
-            }
-            if let Some(bad) = c
-                .env
-                .keys()
-                .find(|k| k.is_empty() || k.contains('=') || k.contains('\0'))
-            {
-                return Err(err(
-                    "summarizer.exec.env",
-                    format!("`{bad}` is not a valid variable name"),
-                ));
-            }
-            let mut exec = ExecConfig::new(command, c.args.clone());
-            exec.env = c.env.clone();
-            exec.max_summary_bytes = s.max_summary_bytes;
-            exec.max_stdout_bytes = s.max_summary_bytes.saturating_add(SUMMARY_ENVELOPE_BYTES);
+            c.validate().map_err(|e| setting("exec", e))?;
+            let exec = c
+                .config(s.max_summary_bytes)
+                .map_err(|e| setting("exec", e))?;
             Arc::new(ExecSummarizer::new(exec))
         }
         "auto" => Arc::new(Auto {
@@ -194,6 +141,11 @@ pub fn backend(config: &Config, name: &str, key: &str) -> Result<Arc<dyn Summari
     Ok(built)
 }
 
+/// A plugin's invalid setting, named by its full key (`summarizer.<backend>.<key>`).
+fn setting(backend: &str, e: InvalidSetting) -> BuildError {
+    err(format!("summarizer.{backend}.{}", e.key), e.reason)
+}
+
 /// The value of the variable named by an `api_key_env` setting.
 fn api_key(key: &str, var: Option<&str>) -> Result<Option<String>, BuildError> {
     let Some(var) = var else {
@@ -210,37 +162,6 @@ fn api_key(key: &str, var: Option<&str>) -> Result<Option<String>, BuildError> {
             format!("environment variable `{var}` is not valid UTF-8"),
         )),
     }
-}
-
-fn check_base_url(key: &str, url: Option<&str>) -> Result<(), BuildError> {
-    let Some(url) = url else {
-        return Ok(());
-    };
-    let uri: http::Uri = url.parse().map_err(|e| err(key, format!("{e}")))?;
-    if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.authority().is_none() {
-        return Err(err(key, "must be an http:// or https:// URL with a host"));
-    }
-    if uri.query().is_some() {
-        return Err(err(key, "must not carry a query string"));
-    }
-    Ok(())
-}
-
-fn check_positive<N: PartialEq + Default>(key: &str, n: N) -> Result<(), BuildError> {
-    if n == N::default() {
-        return Err(err(key, "must be positive"));
-    }
-    Ok(())
-}
-
-/// Whether `command` names an existing file (when it holds a `/`) or a file on `PATH`.
-fn program_exists(command: &str) -> bool {
-    if command.contains('/') {
-        return Path::new(command).is_file();
-    }
-    std::env::var_os("PATH")
-        .map(|paths| std::env::split_paths(&paths).any(|dir| dir.join(command).is_file()))
-        .unwrap_or(false)
 }
 
 /// The `auto` backend: `anthropic` for Anthropic Messages requests, `openai` for the rest.
@@ -642,7 +563,7 @@ mod tests {
         match exec.summarize(&summary_request()).await {
             Err(SummarizeError::TooLarge { what, limit }) => {
                 assert_eq!(what, "stdout");
-                assert_eq!(limit, 5000 + SUMMARY_ENVELOPE_BYTES);
+                assert_eq!(limit, 5000 + compactor_plugin_api::SUMMARY_ENVELOPE_BYTES);
             }
             other => panic!("expected too large, got {other:?}"),
         }

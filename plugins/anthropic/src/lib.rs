@@ -25,12 +25,13 @@ use std::path::PathBuf;
 
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, AUTHORIZATION};
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
 use compactor_plugin_api::{
-    Api, BoxFuture, Caller, SummarizeError, Summarizer, Summary, SummaryRequest, SummaryUsage,
-    DEFAULT_MAX_SUMMARY_BYTES,
+    Api, BoxFuture, Caller, InvalidSetting, SummarizeError, Summarizer, Summary, SummaryRequest,
+    SummaryUsage, DEFAULT_MAX_SUMMARY_BYTES,
 };
 use compactor_transport::{
     self as transport, join_url, output_budget, response_limit, Auth, HttpClient,
@@ -39,6 +40,72 @@ use compactor_transport::{
 /// The system prompt sent with every summary request (the contract's, shared by every LLM
 /// backend).
 pub use compactor_plugin_api::SYSTEM_PROMPT;
+
+/// `[summarizer.anthropic]` of compactor's configuration file: what a user writes (the key
+/// by the name of the environment variable holding it), with its defaults and validation.
+/// The app reads the variable and builds the backend with [`AnthropicSettings::config`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AnthropicSettings {
+    /// Endpoint base; unset: the request's own upstream.
+    pub base_url: Option<String>,
+    /// Model; unset: the request's own model.
+    pub model: Option<String>,
+    /// Environment variable holding the API key; unset: the caller's own `x-api-key`.
+    pub api_key_env: Option<String>,
+    /// `anthropic-version` header.
+    pub anthropic_version: String,
+    /// Output budget of the summary.
+    pub max_tokens: u32,
+}
+
+impl Default for AnthropicSettings {
+    fn default() -> Self {
+        AnthropicSettings {
+            base_url: None,
+            model: None,
+            api_key_env: None,
+            anthropic_version: "2023-06-01".into(),
+            max_tokens: 4_096,
+        }
+    }
+}
+
+impl AnthropicSettings {
+    /// Whether the settings can make a backend.
+    pub fn validate(&self) -> Result<(), InvalidSetting> {
+        transport::check_base_url(self.base_url.as_deref())?;
+        transport::check_max_tokens(self.max_tokens)?;
+        if HeaderValue::from_str(&self.anthropic_version).is_err()
+            || self.anthropic_version.trim().is_empty()
+        {
+            return Err(InvalidSetting::new(
+                "anthropic_version",
+                "must be a version string such as `2023-06-01`",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The backend's configuration: these settings, the key read from `api_key_env`, the
+    /// extra TLS roots and the summary bound compactor uses everywhere.
+    pub fn config(
+        &self,
+        api_key: Option<String>,
+        ca_file: Option<PathBuf>,
+        max_summary_bytes: usize,
+    ) -> AnthropicConfig {
+        AnthropicConfig {
+            base_url: self.base_url.clone(),
+            model: self.model.clone(),
+            api_key,
+            anthropic_version: self.anthropic_version.clone(),
+            max_tokens: self.max_tokens,
+            ca_file,
+            max_summary_bytes,
+        }
+    }
+}
 
 /// Settings of one `anthropic` backend. `Debug` never prints the key.
 #[derive(Clone)]
@@ -267,6 +334,53 @@ fn usage(answer: &Value, asked: &str) -> Option<SummaryUsage> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn settings_default_validate_and_make_the_config() {
+        let settings = AnthropicSettings::default();
+        assert_eq!(
+            (settings.anthropic_version.as_str(), settings.max_tokens),
+            ("2023-06-01", 4_096)
+        );
+        assert_eq!(settings.validate(), Ok(()));
+        for (bad, key) in [
+            (
+                AnthropicSettings {
+                    anthropic_version: " ".into(),
+                    ..AnthropicSettings::default()
+                },
+                "anthropic_version",
+            ),
+            (
+                AnthropicSettings {
+                    anthropic_version: "a\nb".into(),
+                    ..AnthropicSettings::default()
+                },
+                "anthropic_version",
+            ),
+            (
+                AnthropicSettings {
+                    base_url: Some("not a url".into()),
+                    ..AnthropicSettings::default()
+                },
+                "base_url",
+            ),
+            (
+                AnthropicSettings {
+                    max_tokens: 0,
+                    ..AnthropicSettings::default()
+                },
+                "max_tokens",
+            ),
+        ] {
+            assert_eq!(bad.validate().map_err(|e| e.key), Err(key), "{bad:?}");
+        }
+        let config = settings.config(Some("k".into()), None, 10);
+        assert_eq!(
+            (config.api_key.as_deref(), config.max_summary_bytes),
+            (Some("k"), 10)
+        );
+    }
 
     #[test]
     fn usage_counts_cached_input_in_the_input() {

@@ -202,6 +202,27 @@ impl fmt::Debug for Caller {
     }
 }
 
+/// A plugin setting that is not valid: its key within the plugin's configuration section
+/// (compactor reports it as `summarizer.<backend>.<key>`) and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid `{key}`: {reason}")]
+pub struct InvalidSetting {
+    /// The key within the section, e.g. `base_url`.
+    pub key: &'static str,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+impl InvalidSetting {
+    /// `key` is invalid because `reason`.
+    pub fn new(key: &'static str, reason: impl Into<String>) -> InvalidSetting {
+        InvalidSetting {
+            key,
+            reason: reason.into(),
+        }
+    }
+}
+
 /// A written summary.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Summary {

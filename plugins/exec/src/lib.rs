@@ -22,13 +22,13 @@ use std::os::unix::process::ExitStatusExt;
 use std::process::{ExitStatus, Stdio};
 
 use rustix::process::{kill_process_group, Pid, Signal};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 
 use compactor_plugin_api::{
-    BoxFuture, SummarizeError, Summarizer, Summary, SummaryRequest, DEFAULT_MAX_SUMMARY_BYTES,
-    SUMMARY_ENVELOPE_BYTES,
+    BoxFuture, InvalidSetting, SummarizeError, Summarizer, Summary, SummaryRequest,
+    DEFAULT_MAX_SUMMARY_BYTES, SUMMARY_ENVELOPE_BYTES,
 };
 
 /// The version of the JSON protocol written to the program's stdin.
@@ -84,6 +84,74 @@ impl fmt::Debug for ExecConfig {
             .field("max_stderr_bytes", &self.max_stderr_bytes)
             .finish()
     }
+}
+
+/// `[summarizer.exec]` of compactor's configuration file: the program and what it gets,
+/// with their validation. The app builds the backend with [`ExecSettings::config`].
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ExecSettings {
+    /// The program to run; required when `exec` is used.
+    pub command: Option<String>,
+    /// Its arguments.
+    pub args: Vec<String>,
+    /// The only environment it gets besides `PATH`.
+    pub env: BTreeMap<String, String>,
+}
+
+impl ExecSettings {
+    /// Whether the settings can make a backend: a command that names an existing file (with
+    /// a `/`) or a program on `PATH`, and valid variable names.
+    pub fn validate(&self) -> Result<(), InvalidSetting> {
+        let command = self.command()?;
+        if !program_exists(command) {
+            return Err(InvalidSetting::new(
+                "command",
+                format!("`{command}` is not an existing file or a program on PATH"),
+            ));
+        }
+        if let Some(bad) = self
+            .env
+            .keys()
+            .find(|k| k.is_empty() || k.contains('=') || k.contains('\0'))
+        {
+            return Err(InvalidSetting::new(
+                "env",
+                format!("`{bad}` is not a valid variable name"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The backend's configuration, a summary bounded at `max_summary_bytes` (and stdout at
+    /// that plus the JSON around it).
+    pub fn config(&self, max_summary_bytes: usize) -> Result<ExecConfig, InvalidSetting> {
+        let mut exec = ExecConfig::new(self.command()?, self.args.clone());
+        exec.env = self.env.clone();
+        exec.max_summary_bytes = max_summary_bytes;
+        exec.max_stdout_bytes = max_summary_bytes.saturating_add(SUMMARY_ENVELOPE_BYTES);
+        Ok(exec)
+    }
+
+    fn command(&self) -> Result<&str, InvalidSetting> {
+        self.command
+            .as_deref()
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .ok_or_else(|| {
+                InvalidSetting::new("command", "required when the `exec` backend is used")
+            })
+    }
+}
+
+/// Whether `command` names an existing file (when it holds a `/`) or a file on `PATH`.
+fn program_exists(command: &str) -> bool {
+    if command.contains('/') {
+        return std::path::Path::new(command).is_file();
+    }
+    std::env::var_os("PATH")
+        .map(|paths| std::env::split_paths(&paths).any(|dir| dir.join(command).is_file()))
+        .unwrap_or(false)
 }
 
 /// The `exec` backend.
@@ -347,6 +415,32 @@ fn excerpt(stderr: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn settings_need_an_existing_command_and_valid_names() {
+        let missing = ExecSettings::default();
+        assert_eq!(missing.validate().map_err(|e| e.key), Err("command"));
+        let absent = ExecSettings {
+            command: Some("no-such-program-7731".into()),
+            ..ExecSettings::default()
+        };
+        assert_eq!(absent.validate().map_err(|e| e.key), Err("command"));
+        let sh = ExecSettings {
+            command: Some("sh".into()),
+            args: vec!["-c".into(), "true".into()],
+            env: BTreeMap::from([("KEY".into(), "v".into())]),
+        };
+        assert_eq!(sh.validate(), Ok(()));
+        let bad_env = ExecSettings {
+            env: BTreeMap::from([("A=B".into(), "v".into())]),
+            ..sh.clone()
+        };
+        assert_eq!(bad_env.validate().map_err(|e| e.key), Err("env"));
+        let config = sh.config(100).expect("config");
+        assert_eq!(config.command, "sh");
+        assert_eq!(config.max_stdout_bytes, 100 + SUMMARY_ENVELOPE_BYTES);
+        assert_eq!(config.env.get("KEY").map(String::as_str), Some("v"));
+    }
     use compactor_plugin_api::{Caller, Entry, Part, Role};
     use std::time::Duration;
 

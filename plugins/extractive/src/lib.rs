@@ -31,9 +31,11 @@
 
 use std::fmt::Write as _;
 
+use serde::{Deserialize, Serialize};
+
 use compactor_plugin_api::{
-    is_blank, split_user_text, BoxFuture, Entry, Part, Role, SummarizeError, Summarizer, Summary,
-    SummaryRequest,
+    is_blank, split_user_text, BoxFuture, Entry, InvalidSetting, Part, Role, SummarizeError,
+    Summarizer, Summary, SummaryRequest,
 };
 
 /// Most error lines kept in section 4 (the latest ones).
@@ -73,12 +75,24 @@ const CHARS_PER_TOKEN: usize = 4;
 const SYSTEM_PREFIX: &str = "[system] ";
 
 /// Settings of the `extractive` backend.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
 pub struct ExtractiveConfig {
     /// Each quoted user message and system instruction longer than this keeps this many
     /// characters, its head and its tail, around a marker; the current work, the focus and
     /// tool arguments are cut to it (or less) at the end.
     pub max_message_chars: usize,
+}
+
+impl ExtractiveConfig {
+    /// Whether the settings can make a backend (`[summarizer.extractive]` of compactor's
+    /// configuration file is this struct).
+    pub fn validate(&self) -> Result<(), InvalidSetting> {
+        if self.max_message_chars == 0 {
+            return Err(InvalidSetting::new("max_message_chars", "must be positive"));
+        }
+        Ok(())
+    }
 }
 
 impl Default for ExtractiveConfig {

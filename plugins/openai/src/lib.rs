@@ -39,12 +39,13 @@ use std::fmt;
 use std::path::PathBuf;
 
 use http::header::{HeaderName, AUTHORIZATION};
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
 use compactor_plugin_api::{
-    Api, BoxFuture, Caller, SummarizeError, Summarizer, Summary, SummaryRequest, SummaryUsage,
-    DEFAULT_MAX_SUMMARY_BYTES,
+    Api, BoxFuture, Caller, InvalidSetting, SummarizeError, Summarizer, Summary, SummaryRequest,
+    SummaryUsage, DEFAULT_MAX_SUMMARY_BYTES,
 };
 
 use compactor_transport::{self as transport, output_budget, response_limit, Auth, HttpClient};
@@ -52,6 +53,63 @@ use compactor_transport::{self as transport, output_budget, response_limit, Auth
 /// The system message sent with every summary request (the contract's, shared by every LLM
 /// backend).
 pub use compactor_plugin_api::SYSTEM_PROMPT;
+
+/// `[summarizer.openai]` of compactor's configuration file: what a user writes (the key by
+/// the name of the environment variable holding it), with its defaults and validation. The
+/// app reads the variable and builds the backend with [`OpenAiSettings::config`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OpenAiSettings {
+    /// Endpoint base (e.g. `https://openrouter.ai/api/v1`); unset: the request's own upstream.
+    pub base_url: Option<String>,
+    /// Model; unset: the request's own model.
+    pub model: Option<String>,
+    /// Environment variable holding the API key; unset: the caller's own `Authorization`.
+    pub api_key_env: Option<String>,
+    /// Output budget of the summary.
+    pub max_tokens: u32,
+    /// Sampling temperature; unset: the provider's default.
+    pub temperature: Option<f64>,
+}
+
+impl Default for OpenAiSettings {
+    fn default() -> Self {
+        OpenAiSettings {
+            base_url: None,
+            model: None,
+            api_key_env: None,
+            max_tokens: 4_096,
+            temperature: None,
+        }
+    }
+}
+
+impl OpenAiSettings {
+    /// Whether the settings can make a backend.
+    pub fn validate(&self) -> Result<(), InvalidSetting> {
+        transport::check_base_url(self.base_url.as_deref())?;
+        transport::check_max_tokens(self.max_tokens)
+    }
+
+    /// The backend's configuration: these settings, the key read from `api_key_env`, the
+    /// extra TLS roots and the summary bound compactor uses everywhere.
+    pub fn config(
+        &self,
+        api_key: Option<String>,
+        ca_file: Option<PathBuf>,
+        max_summary_bytes: usize,
+    ) -> OpenAiConfig {
+        OpenAiConfig {
+            base_url: self.base_url.clone(),
+            model: self.model.clone(),
+            api_key,
+            max_tokens: self.max_tokens,
+            temperature: self.temperature,
+            ca_file,
+            max_summary_bytes,
+        }
+    }
+}
 
 /// Settings of one `openai` backend. `Debug` never prints the key.
 #[derive(Clone)]
@@ -681,6 +739,53 @@ mod tests {
                 "0 means no budget of its own"
             );
         }
+    }
+
+    #[test]
+    fn settings_default_validate_and_make_the_config() {
+        let settings = OpenAiSettings::default();
+        assert_eq!(settings.max_tokens, 4_096);
+        assert_eq!(settings.validate(), Ok(()));
+        for (bad, key) in [
+            (
+                OpenAiSettings {
+                    base_url: Some("ftp://x".into()),
+                    ..OpenAiSettings::default()
+                },
+                "base_url",
+            ),
+            (
+                OpenAiSettings {
+                    base_url: Some("https://x/v1?k=1".into()),
+                    ..OpenAiSettings::default()
+                },
+                "base_url",
+            ),
+            (
+                OpenAiSettings {
+                    max_tokens: 0,
+                    ..OpenAiSettings::default()
+                },
+                "max_tokens",
+            ),
+        ] {
+            assert_eq!(bad.validate().map_err(|e| e.key), Err(key), "{bad:?}");
+        }
+        let config = OpenAiSettings {
+            model: Some("m".into()),
+            temperature: Some(0.5),
+            ..OpenAiSettings::default()
+        }
+        .config(Some("sk".into()), None, 10);
+        assert_eq!(
+            (
+                config.model.as_deref(),
+                config.api_key.as_deref(),
+                config.temperature
+            ),
+            (Some("m"), Some("sk"), Some(0.5))
+        );
+        assert_eq!((config.max_tokens, config.max_summary_bytes), (4_096, 10));
     }
 
     #[test]

@@ -32,7 +32,8 @@ use rustls::pki_types::CertificateDer;
 use tokio::time::Instant;
 
 use compactor_plugin_api::{
-    Caller, SummarizeError, SummaryRequest, DEFAULT_MAX_SUMMARY_BYTES, SUMMARY_ENVELOPE_BYTES,
+    Caller, InvalidSetting, SummarizeError, SummaryRequest, DEFAULT_MAX_SUMMARY_BYTES,
+    SUMMARY_ENVELOPE_BYTES,
 };
 
 /// The largest answer body read from a provider when summaries may take `max_summary_bytes`:
@@ -199,6 +200,38 @@ impl HttpClient {
             SummarizeError::InvalidOutput(format!("response is not JSON ({status}): {e}"))
         })
     }
+}
+
+/// Checks a configured endpoint base: an `http://` or `https://` URL with a host and no
+/// query string; `None` (the caller's own upstream) is fine.
+pub fn check_base_url(url: Option<&str>) -> Result<(), InvalidSetting> {
+    let Some(url) = url else {
+        return Ok(());
+    };
+    let uri: Uri = url
+        .parse()
+        .map_err(|e| InvalidSetting::new("base_url", format!("{e}")))?;
+    if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.authority().is_none() {
+        return Err(InvalidSetting::new(
+            "base_url",
+            "must be an http:// or https:// URL with a host",
+        ));
+    }
+    if uri.query().is_some() {
+        return Err(InvalidSetting::new(
+            "base_url",
+            "must not carry a query string",
+        ));
+    }
+    Ok(())
+}
+
+/// Checks an output budget: positive.
+pub fn check_max_tokens(max_tokens: u32) -> Result<(), InvalidSetting> {
+    if max_tokens == 0 {
+        return Err(InvalidSetting::new("max_tokens", "must be positive"));
+    }
+    Ok(())
 }
 
 /// Whether a summary asked for inside the conversation
