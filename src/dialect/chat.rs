@@ -24,6 +24,7 @@ use super::json::{
     as_tokens, fast_object, fast_skip, fast_text, leaf_weight, skip_scalars, OneOf,
     StrWeightVisitor, TextWeight,
 };
+use super::outputs::{fields_of, holds, replaceable, string, WireOutput, MARKERS};
 use super::scan_memo::{read_conversation, Remembering};
 use super::split::{decode, field, object_fields, present, value};
 use super::{DialectError, DialectKind, Scan, ScanFields};
@@ -230,6 +231,27 @@ fn part_from_value(part: &Value) -> Part {
                 .sum(),
         },
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tool outputs (for masking; see `outputs`).
+
+/// Chat Completions: a `tool` (or legacy `function`) message is one output, its `content`.
+pub(super) fn outputs(raw: &str, index: usize) -> Result<Vec<WireOutput<'_>>, DialectError> {
+    if !holds(raw, &MARKERS.tool) && !holds(raw, &MARKERS.function) {
+        return Ok(Vec::new());
+    }
+    let fields = fields_of(raw)?;
+    let role: Option<String> = decode(&fields, "role")?;
+    if !matches!(role.as_deref(), Some("tool" | "function")) {
+        return Ok(Vec::new());
+    }
+    Ok(vec![WireOutput {
+        message: index,
+        call_id: decode::<Value>(&fields, "tool_call_id")?.and_then(string),
+        name: decode::<Value>(&fields, "name")?.and_then(string),
+        value: replaceable(present(&fields, "content")?),
+    }])
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -36,8 +36,9 @@ use super::json::{
     as_tokens, fast_content, fast_object, fast_skip, fast_str, leaf_weight, node_counts,
     ContentSeed, OneOf, OrderedObject, Rules,
 };
+use super::outputs::{self, fields_of, holds, replaceable, WireOutput, MARKERS};
 use super::scan_memo::{read_conversation, Remembering};
-use super::split::{decode, field, object_fields, present};
+use super::split::{decode, field, object_fields, present, read_array};
 use super::{DialectError, DialectKind, Scan, ScanFields};
 use crate::estimate::{Counts, LazyEstimator};
 use crate::transcript::{Message, Part, Role, ToolCall, ToolResult};
@@ -465,6 +466,42 @@ fn write_blocks(
         _ => return Err(serde::ser::Error::custom("unexpected content shape")),
     }
     Ok(wrote)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tool outputs (for masking; see `outputs`).
+
+/// Anthropic Messages: each `tool_result` block of a message is one output, its `content`.
+pub(super) fn outputs(raw: &str, index: usize) -> Result<Vec<WireOutput<'_>>, DialectError> {
+    if !holds(raw, &MARKERS.tool_result) {
+        return Ok(Vec::new());
+    }
+    let fields = fields_of(raw)?;
+    let Some(content) = present(&fields, "content")? else {
+        return Ok(Vec::new());
+    };
+    if !content.starts_with('[') {
+        return Ok(Vec::new());
+    }
+    let (blocks, _) = read_array::<IgnoredAny>(content)?;
+    let mut out = Vec::new();
+    for block in blocks.map(|(b, _)| b).unwrap_or_default() {
+        if !block.starts_with('{') || !holds(block, &MARKERS.tool_result) {
+            continue;
+        }
+        let fields = fields_of(block)?;
+        let kind: Option<Value> = decode(&fields, "type")?;
+        if kind.as_ref().and_then(Value::as_str) != Some("tool_result") {
+            continue;
+        }
+        out.push(WireOutput {
+            message: index,
+            call_id: decode::<Value>(&fields, "tool_use_id")?.and_then(outputs::string),
+            name: None,
+            value: replaceable(present(&fields, "content")?),
+        });
+    }
+    Ok(out)
 }
 
 // ---------------------------------------------------------------------------------------------

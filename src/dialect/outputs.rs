@@ -24,7 +24,7 @@ use memchr::memmem::Finder;
 use serde::de::IgnoredAny;
 use serde_json::Value;
 
-use super::split::{decode, field, object_fields, present, read_array, value_len, Field};
+use super::split::{decode, object_fields, present, read_array, value_len, Field};
 use super::{span_in, DialectError, DialectKind, Scan};
 use crate::transcript::Role;
 
@@ -64,17 +64,17 @@ pub struct Edit<'a> {
 /// The substrings that tell a message may hold an output, each searched with SIMD
 /// (`memchr::memmem`): the test runs on every message of every `hybrid` request, and
 /// `str::contains` was 8% of a 200 KB request's CPU.
-struct Markers {
-    tool: Finder<'static>,
-    function: Finder<'static>,
+pub(super) struct Markers {
+    pub(super) tool: Finder<'static>,
+    pub(super) function: Finder<'static>,
     user: Finder<'static>,
-    tool_result: Finder<'static>,
-    call_output: Finder<'static>,
+    pub(super) tool_result: Finder<'static>,
+    pub(super) call_output: Finder<'static>,
     provider_summary: Finder<'static>,
     item_reference: Finder<'static>,
 }
 
-static MARKERS: LazyLock<Markers> = LazyLock::new(|| Markers {
+pub(super) static MARKERS: LazyLock<Markers> = LazyLock::new(|| Markers {
     tool: Finder::new("\"tool\""),
     function: Finder::new("\"function\""),
     user: Finder::new("\"user\""),
@@ -91,7 +91,7 @@ static MARKERS: LazyLock<Markers> = LazyLock::new(|| Markers {
 const PROVIDER_SUMMARY_MARK: &str = "\"compaction\"";
 
 /// Whether `raw` holds what `marker` finds.
-fn holds(raw: &str, marker: &Finder<'_>) -> bool {
+pub(super) fn holds(raw: &str, marker: &Finder<'_>) -> bool {
     marker.find(raw.as_bytes()).is_some()
 }
 
@@ -292,10 +292,10 @@ impl<'a> Scan<'a> {
             reason: "no such message",
         })?;
         match self.dialect {
-            DialectKind::ChatCompletions => chat_output(raw, index),
-            DialectKind::Messages => anthropic_outputs(raw, index),
+            DialectKind::ChatCompletions => super::chat::outputs(raw, index),
+            DialectKind::Messages => super::messages::outputs(raw, index),
             DialectKind::Responses if self.input_is_string => Ok(Vec::new()),
-            DialectKind::Responses => responses_output(raw, index),
+            DialectKind::Responses => super::responses::outputs(raw, index),
         }
     }
 
@@ -459,94 +459,14 @@ pub fn output_text(value: &str) -> Result<OutputText, DialectError> {
 }
 
 /// The top-level fields of the object `raw`, values as slices of it.
-fn fields_of(raw: &str) -> Result<Vec<Field<'_>>, DialectError> {
+pub(super) fn fields_of(raw: &str) -> Result<Vec<Field<'_>>, DialectError> {
     // No field is read specially: the conversation name matches nothing a caller reads.
     object_fields(raw, "\u{0}outputs", value_len)
 }
 
 /// A value a placeholder string may replace: a string or an array of parts.
-fn replaceable(value: Option<&str>) -> Option<&str> {
+pub(super) fn replaceable(value: Option<&str>) -> Option<&str> {
     value.filter(|v| v.starts_with('"') || v.starts_with('['))
-}
-
-/// Chat Completions: a `tool` (or legacy `function`) message is one output, its `content`.
-fn chat_output(raw: &str, index: usize) -> Result<Vec<WireOutput<'_>>, DialectError> {
-    if !holds(raw, &MARKERS.tool) && !holds(raw, &MARKERS.function) {
-        return Ok(Vec::new());
-    }
-    let fields = fields_of(raw)?;
-    let role: Option<String> = decode(&fields, "role")?;
-    if !matches!(role.as_deref(), Some("tool" | "function")) {
-        return Ok(Vec::new());
-    }
-    Ok(vec![WireOutput {
-        message: index,
-        call_id: decode::<Value>(&fields, "tool_call_id")?.and_then(string),
-        name: decode::<Value>(&fields, "name")?.and_then(string),
-        value: replaceable(present(&fields, "content")?),
-    }])
-}
-
-/// Anthropic Messages: each `tool_result` block of a message is one output, its `content`.
-fn anthropic_outputs(raw: &str, index: usize) -> Result<Vec<WireOutput<'_>>, DialectError> {
-    if !holds(raw, &MARKERS.tool_result) {
-        return Ok(Vec::new());
-    }
-    let fields = fields_of(raw)?;
-    let Some(content) = present(&fields, "content")? else {
-        return Ok(Vec::new());
-    };
-    if !content.starts_with('[') {
-        return Ok(Vec::new());
-    }
-    let (blocks, _) = read_array::<IgnoredAny>(content)?;
-    let mut out = Vec::new();
-    for block in blocks.map(|(b, _)| b).unwrap_or_default() {
-        if !block.starts_with('{') || !holds(block, &MARKERS.tool_result) {
-            continue;
-        }
-        let fields = fields_of(block)?;
-        let kind: Option<Value> = decode(&fields, "type")?;
-        if kind.as_ref().and_then(Value::as_str) != Some("tool_result") {
-            continue;
-        }
-        out.push(WireOutput {
-            message: index,
-            call_id: decode::<Value>(&fields, "tool_use_id")?.and_then(string),
-            name: None,
-            value: replaceable(present(&fields, "content")?),
-        });
-    }
-    Ok(out)
-}
-
-/// OpenAI Responses: a `*_call_output` item with a `call_id` is one output; the `output` of
-/// `function_call_output` and `custom_tool_call_output` items may be replaced.
-fn responses_output(raw: &str, index: usize) -> Result<Vec<WireOutput<'_>>, DialectError> {
-    if !holds(raw, &MARKERS.call_output) {
-        return Ok(Vec::new());
-    }
-    let fields = fields_of(raw)?;
-    let kind: Option<Value> = decode(&fields, "type")?;
-    let Some(kind) = kind.as_ref().and_then(Value::as_str) else {
-        return Ok(Vec::new());
-    };
-    let call_id = decode::<Value>(&fields, "call_id")?.and_then(string);
-    if !kind.ends_with("_call_output") || call_id.is_none() {
-        return Ok(Vec::new());
-    }
-    let value = match kind {
-        "function_call_output" | "custom_tool_call_output" => {
-            replaceable(field(&fields, "output")?)
-        }
-        _ => None,
-    };
-    Ok(vec![WireOutput {
-        message: index,
-        call_id,
-        name: None,
-        value,
-    }])
 }
 
 /// Whether every part of the array `value` is a text part (`text`, `input_text`): a turn
@@ -568,7 +488,8 @@ fn text_parts_only(value: &str) -> Result<bool, DialectError> {
     Ok(true)
 }
 
-fn string(v: Value) -> Option<String> {
+/// A JSON string's text.
+pub(super) fn string(v: Value) -> Option<String> {
     match v {
         Value::String(s) => Some(s),
         _ => None,

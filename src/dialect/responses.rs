@@ -34,8 +34,9 @@ use serde_json::{Map, Value};
 use super::json::NodeSeed;
 use super::json::{as_tokens, fast_node, leaf_weight, node_counts, Rules, StrWeight};
 use super::outputs;
+use super::outputs::{fields_of, holds, replaceable, string, WireOutput, MARKERS};
 use super::scan_memo::{read_conversation, Remembering};
-use super::split::{decode, object_fields, present, value_len};
+use super::split::{decode, field, object_fields, present, value_len};
 use super::{DialectError, DialectKind, Scan, ScanFields};
 use crate::estimate::{Counts, LazyEstimator};
 use crate::transcript::{Message, Part, Role, ToolCall};
@@ -398,6 +399,38 @@ pub(super) fn rewrite(
         out.push(b']');
         Ok(())
     })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tool outputs (for masking; see `outputs`).
+
+/// OpenAI Responses: a `*_call_output` item with a `call_id` is one output; the `output` of
+/// `function_call_output` and `custom_tool_call_output` items may be replaced.
+pub(super) fn outputs(raw: &str, index: usize) -> Result<Vec<WireOutput<'_>>, DialectError> {
+    if !holds(raw, &MARKERS.call_output) {
+        return Ok(Vec::new());
+    }
+    let fields = fields_of(raw)?;
+    let kind: Option<Value> = decode(&fields, "type")?;
+    let Some(kind) = kind.as_ref().and_then(Value::as_str) else {
+        return Ok(Vec::new());
+    };
+    let call_id = decode::<Value>(&fields, "call_id")?.and_then(string);
+    if !kind.ends_with("_call_output") || call_id.is_none() {
+        return Ok(Vec::new());
+    }
+    let value = match kind {
+        "function_call_output" | "custom_tool_call_output" => {
+            replaceable(field(&fields, "output")?)
+        }
+        _ => None,
+    };
+    Ok(vec![WireOutput {
+        message: index,
+        call_id,
+        name: None,
+        value,
+    }])
 }
 
 // ---------------------------------------------------------------------------------------------
