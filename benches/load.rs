@@ -117,6 +117,29 @@ struct Target {
     pid: Option<u32>,
 }
 
+/// What changes from one request of a workload to the next.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Vary {
+    /// Nothing: the same body every time (compactor's memos of the conversation hit).
+    Same,
+    /// The first user message: every request is a new conversation, all of it new.
+    First,
+    /// The last message (a new 50 KB turn): the next turn of the same conversation.
+    Tail,
+}
+
+/// The placeholder a varying body carries where each request writes its own number (of the
+/// same width, so the body's length stays the same).
+const MARKER: &str = "VARY-000000000000";
+
+/// `body` with [`MARKER`] replaced by request `n` of load generator `source`.
+fn numbered(body: &[u8], source: u64, n: u64) -> Bytes {
+    let text = String::from_utf8_lossy(body);
+    let number = format!("{:05}-{:011}", source % 100_000, n % 100_000_000_000);
+    debug_assert_eq!(number.len() + 5, MARKER.len());
+    Bytes::from(text.replacen(MARKER, &format!("VARY-{number}"), 1))
+}
+
 /// One request body.
 struct Workload {
     /// Its name in `LOAD_WORKLOADS`.
@@ -126,6 +149,10 @@ struct Workload {
     messages: usize,
     /// Answered with the [`STREAM_EVENTS`]-event stream (sent with [`STREAM_HEADER`]).
     stream: bool,
+    /// What changes between requests.
+    vary: Vary,
+    /// The concurrencies it is measured at.
+    concurrency: &'static [usize],
     /// wrk's Lua script posting `body` (only written when wrk is used).
     script: PathBuf,
 }
@@ -367,6 +394,30 @@ fn chat_body(size: usize, messages: usize) -> Bytes {
     Bytes::from(body)
 }
 
+/// [`chat_body`] with [`MARKER`] where `vary` changes it: at the start of the first user
+/// message (`First`), or in a new last user message of `tail` bytes (`Tail`, on top of
+/// `size`).
+fn varying_chat_body(size: usize, messages: usize, vary: Vary, tail: usize) -> Bytes {
+    let body = chat_body(size, messages);
+    let mut v: Value = serde_json::from_slice(&body).expect("generated JSON");
+    let list = v["messages"].as_array_mut().expect("messages");
+    match vary {
+        Vary::Same => return body,
+        Vary::First => {
+            let first = &mut list[1]["content"];
+            let text = first.as_str().expect("text").to_owned();
+            *first = json!(format!("{MARKER}{}", &text[MARKER.len()..]));
+        }
+        Vary::Tail => {
+            if list.last().is_some_and(|m| m["role"] == "user") {
+                list.push(json!({"role": "assistant", "content": "ok"}));
+            }
+            list.push(json!({"role": "user", "content": format!("{MARKER}{}", lorem(tail))}));
+        }
+    }
+    Bytes::from(v.to_string())
+}
+
 /// One HTTP/1.1 exchange on a fresh connection (`Connection: close`): status and raw response.
 /// Used for readiness probes and the pre-run check, not for measuring.
 fn http_once(port: u16, method: &str, path: &str, body: &[u8]) -> std::io::Result<(u16, String)> {
@@ -549,13 +600,15 @@ fn start_compactor(
     fs::create_dir_all(dir).expect("compactor dir");
     let ports = free_ports(2);
     let (port, admin) = (ports[0], ports[1]);
-    // A message limit no request reaches and the default models window: every chat request is
-    // parsed and checked, none is compacted.
+    // A message limit no request reaches and a window no request fills (a 1M-token model's
+    // conversation of 4 MB is ~1M tokens): every chat request is parsed and checked, none is
+    // compacted.
     let config = format!(
         "[server]\nlisten = \"127.0.0.1:{port}\"\nadmin_listen = \"127.0.0.1:{admin}\"\n\n\
          [upstream]\nbase_url = \"{provider}\"\n\n\
          [compaction]\nenabled = {}\nmax_messages = 1000000\n\n\
-         [summarizer]\nbackend = \"extractive\"\n",
+         [summarizer]\nbackend = \"extractive\"\n\n\
+         [models.\"{MODEL}\"]\ncontext_window = 10000000\n",
         kind == Kind::Compactor
     );
     let path = dir.join("compactor.toml");
@@ -678,6 +731,7 @@ fn measure(
             client.clone(),
             url,
             workload.body.clone(),
+            workload.vary != Vary::Same,
             concurrency,
             secs,
         )),
@@ -695,11 +749,32 @@ fn measure(
 
 /// wrk's Lua script posting the body in `body_file` with the bench's headers (and
 /// [`STREAM_HEADER`] for a streamed workload).
-fn wrk_script(body_file: &Path, stream: bool) -> String {
+fn wrk_script(body_file: &Path, stream: bool, vary: Vary) -> String {
     let stream = if stream {
         format!("wrk.headers[\"{STREAM_HEADER}\"] = \"1\"\n")
     } else {
         String::new()
+    };
+    // A varying body: each request writes its thread's number and its own count over the
+    // marker (same width, so the same length), as `numbered` does.
+    let vary = if vary == Vary::Same {
+        String::new()
+    } else {
+        format!(
+            "local head, tail = nil, nil\n\
+             local count = 0\n\
+             local source = 0\n\
+             function init(args)\n\
+             \x20 source = math.random(0, 99999) + tonumber(tostring({{}}):match(\"0x(%x+)\") or \"0\", 16) % 1000\n\
+             \x20 local i, j = wrk.body:find(\"{MARKER}\", 1, true)\n\
+             \x20 head, tail = wrk.body:sub(1, i - 1), wrk.body:sub(j + 1)\n\
+             end\n\
+             function request()\n\
+             \x20 count = count + 1\n\
+             \x20 local number = string.format(\"VARY-%05d-%011d\", source % 100000, count)\n\
+             \x20 return wrk.format(nil, nil, nil, head .. number .. tail)\n\
+             end\n"
+        )
     };
     format!(
         "-- compactor load bench: POST the workload body\n\
@@ -709,7 +784,8 @@ fn wrk_script(body_file: &Path, stream: bool) -> String {
          {stream}\
          local file = assert(io.open(\"{}\", \"rb\"))\n\
          wrk.body = file:read(\"*a\")\n\
-         file:close()\n",
+         file:close()\n\
+         {vary}",
         body_file.display()
     )
 }
@@ -873,18 +949,26 @@ async fn client_cell(
     client: Arc<TestClient>,
     url: String,
     body: Bytes,
+    vary: bool,
     concurrency: usize,
     secs: u64,
 ) -> Stats {
     let started = Instant::now();
     let deadline = started + Duration::from_secs(secs);
     let workers: Vec<_> = (0..concurrency)
-        .map(|_| {
+        .map(|worker| {
             let (client, url, body) = (client.clone(), url.clone(), body.clone());
             tokio::spawn(async move {
                 let mut latencies = Vec::new();
                 let mut errors = 0u64;
+                let mut n = 0;
                 while Instant::now() < deadline {
+                    n += 1;
+                    let body = if vary {
+                        numbered(&body, worker as u64, n)
+                    } else {
+                        body.clone()
+                    };
                     match one_request(&client, &url, &body).await {
                         Some(elapsed) => latencies.push(elapsed),
                         None => errors += 1,
@@ -1098,37 +1182,68 @@ fn main() {
         None => notes.push("litellm not on PATH: LiteLLM skipped"),
     }
 
+    const BOTH: &[usize] = &[1, 32];
+    let workload = |key, name, body, messages, vary, concurrency| Workload {
+        key,
+        name,
+        body,
+        messages,
+        stream: false,
+        vary,
+        concurrency,
+        script: PathBuf::new(),
+    };
     let mut workloads = vec![
+        workload("1kb", "1 KB chat", chat_body(1024, 4), 4, Vary::Same, BOTH),
+        workload(
+            "200kb",
+            "200 KB chat",
+            chat_body(200 * 1024, 769),
+            769,
+            Vary::Same,
+            BOTH,
+        ),
+        workload(
+            "200kb-new",
+            "200 KB chat, all new",
+            varying_chat_body(200 * 1024, 769, Vary::First, 0),
+            769,
+            Vary::First,
+            BOTH,
+        ),
+        workload(
+            "4mb-new",
+            "4 MB chat, all new",
+            varying_chat_body(4 << 20, 15_000, Vary::First, 0),
+            15_000,
+            Vary::First,
+            &[1],
+        ),
+        workload(
+            "4mb-tail",
+            "4 MB chat, a new 50 KB turn",
+            varying_chat_body((4 << 20) - (50 << 10), 15_000, Vary::Tail, 50 << 10),
+            15_002,
+            Vary::Tail,
+            &[1],
+        ),
         Workload {
-            key: "1kb",
-            name: "1 KB chat",
-            body: chat_body(1024, 4),
-            messages: 4,
-            stream: false,
-            script: PathBuf::new(),
-        },
-        Workload {
-            key: "200kb",
-            name: "200 KB chat",
-            body: chat_body(200 * 1024, 769),
-            messages: 769,
-            stream: false,
-            script: PathBuf::new(),
-        },
-        Workload {
-            key: "stream",
-            name: "streamed chat (500 events)",
-            body: stream_body(),
-            messages: 2,
             stream: true,
-            script: PathBuf::new(),
+            ..workload(
+                "stream",
+                "streamed chat (500 events)",
+                stream_body(),
+                2,
+                Vary::Same,
+                BOTH,
+            )
         },
     ];
     if let Some(keys) = &settings.workloads {
         for key in keys {
             assert!(
                 workloads.iter().any(|w| w.key == key),
-                "LOAD_WORKLOADS: unknown workload {key:?} (1kb, 200kb, stream)"
+                "LOAD_WORKLOADS: unknown workload {key:?} (1kb, 200kb, 200kb-new, 4mb-new, 4mb-tail, stream)"
             );
         }
         workloads.retain(|w| keys.iter().any(|k| k == w.key));
@@ -1137,8 +1252,11 @@ fn main() {
         let body_file = dir.path().join(format!("body-{i}.json"));
         fs::write(&body_file, &workload.body).expect("write body file");
         workload.script = dir.path().join(format!("post-{i}.lua"));
-        fs::write(&workload.script, wrk_script(&body_file, workload.stream))
-            .expect("write wrk script");
+        fs::write(
+            &workload.script,
+            wrk_script(&body_file, workload.stream, workload.vary),
+        )
+        .expect("write wrk script");
     }
     for target in &targets {
         for workload in &workloads {
@@ -1153,9 +1271,11 @@ fn main() {
             Load::InProcess(Arc::new(runtime.block_on(async { TestClient::http1() })))
         }
     };
-    let cells: Vec<Cell> = (0..workloads.len())
-        .flat_map(|workload| {
-            [1, 32].map(|concurrency| Cell {
+    let cells: Vec<Cell> = workloads
+        .iter()
+        .enumerate()
+        .flat_map(|(workload, w)| {
+            w.concurrency.iter().map(move |&concurrency| Cell {
                 workload,
                 concurrency,
             })

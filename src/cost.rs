@@ -78,22 +78,30 @@ impl Repeats {
     /// (all of that request's messages, or 0), and remembers these as the previous request.
     pub fn repeated(&self, tenant: &TenantId, session: &str, messages: &[&str]) -> usize {
         let key = (*tenant, xxh3_64_with_seed(session.as_bytes(), self.seed));
-        let print = |messages: &[&str]| {
-            messages.iter().fold(self.seed, |print, m| {
-                xxh3_64_with_seed(m.as_bytes(), print.rotate_left(17) ^ m.len() as u64)
-            })
-        };
         let previous = self
             .table
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .get(&key)
             .copied();
+        // One pass hashes each message once: the fingerprint of the previous request's count
+        // of messages is taken on the way to the whole request's.
+        let mut print = self.seed;
+        let mut at_previous = None;
+        for (i, m) in messages.iter().enumerate() {
+            if previous.is_some_and(|(n, _)| n == i) {
+                at_previous = Some(print);
+            }
+            print = xxh3_64_with_seed(m.as_bytes(), print.rotate_left(17) ^ m.len() as u64);
+        }
+        if previous.is_some_and(|(n, _)| n == messages.len()) {
+            at_previous = Some(print);
+        }
         let repeated = match previous {
-            Some((n, before)) if n <= messages.len() && print(&messages[..n]) == before => n,
+            Some((n, before)) if at_previous == Some(before) => n,
             _ => 0,
         };
-        let now = print(messages);
+        let now = print;
         let mut table = self.table.lock().unwrap_or_else(PoisonError::into_inner);
         if table.len() >= MAX_REPEATS && !table.contains_key(&key) {
             table.clear();
@@ -280,6 +288,17 @@ mod tests {
         let t = TenantId::from_credential("k");
         assert_eq!(repeats.repeated(&t, "s", &["a", "b"]), 0, "nothing before");
         assert_eq!(repeats.repeated(&t, "s", &["a", "b", "c", "d"]), 2);
+        assert_eq!(repeats.repeated(&t, "s", &["a", "b", "c", "d", "e"]), 4);
+        assert_eq!(
+            repeats.repeated(&t, "s", &["a", "b", "c", "d", "e"]),
+            5,
+            "the same request again (a retry) repeats all of it"
+        );
+        assert_eq!(
+            repeats.repeated(&t, "s", &["a", "b", "c", "d"]),
+            0,
+            "shorter: an edit"
+        );
         assert_eq!(repeats.repeated(&t, "s", &["a", "b", "c", "d", "e"]), 4);
         // An edit (or the agent's own compaction): nothing repeated, and it is the new base.
         assert_eq!(

@@ -75,7 +75,12 @@ fn every_format_has_what_the_checklist_asks() {
         }
         // The module has the functions the checklist names.
         let module = read(files(format)[0]);
-        for function in ["fn scan", "fn outputs", "fn looks_like", "fn ask_for_summary"] {
+        for function in [
+            "fn scan",
+            "fn outputs",
+            "fn looks_like",
+            "fn ask_for_summary",
+        ] {
             assert!(module.contains(function), "{format:?}: {function}");
         }
         assert!(

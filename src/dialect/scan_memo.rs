@@ -119,16 +119,22 @@ impl ScanMemo {
         Some((*scope, xxh3_64_with_seed(start, self.seed ^ xxh3_64(scope))))
     }
 
-    /// The longest remembered array that `text` starts with.
-    fn find(&self, key: &([u8; 16], u64), text: &str) -> Option<Arc<Known>> {
+    /// The remembered array that `text` shares the most elements with from its start (all of
+    /// them when `text` starts with its bytes; fewer when a later element was edited or
+    /// replaced, as a conversation's last turn may be), and how many.
+    fn find(&self, key: &([u8; 16], u64), text: &str) -> Option<(Arc<Known>, usize)> {
         let bucket: Vec<Arc<Known>> = {
             let table = self.table.lock().unwrap_or_else(PoisonError::into_inner);
             table.entries.get(key)?.clone()
         };
         bucket
             .into_iter()
-            .filter(|k| text.as_bytes().starts_with(&k.bytes))
-            .max_by_key(|k| k.bytes.len())
+            .map(|k| {
+                let shared = k.shared(text.as_bytes());
+                (k, shared)
+            })
+            .filter(|(_, shared)| *shared > 0)
+            .max_by_key(|(k, shared)| (*shared, k.bytes.len()))
     }
 
     /// Remembers the array `elements` were read from, replacing `extended` (the entry it
@@ -140,11 +146,12 @@ impl ScanMemo {
         body: &Bytes,
         text: &str,
         (elements, counts, marks): &Conversation<'_>,
-        extended: Option<&Arc<Known>>,
+        extended: Option<&(Arc<Known>, usize)>,
     ) {
-        if body.len() > self.budget / BUCKET
-            || extended.is_some_and(|k| k.spans.len() >= elements.len())
-        {
+        // Nothing new: the array is the remembered one (or a prefix of it).
+        let same = extended
+            .is_some_and(|(k, shared)| *shared == k.spans.len() && k.spans.len() >= elements.len());
+        if body.len() > self.budget / BUCKET || same {
             return;
         }
         let Some(last) = elements.last() else {
@@ -191,7 +198,7 @@ impl ScanMemo {
         }
         let mut freed = 0;
         let bucket = table.entries.entry(key).or_default();
-        if let Some(old) = extended {
+        if let Some((old, _)) = extended {
             if let Some(at) = bucket.iter().position(|k| Arc::ptr_eq(k, old)) {
                 freed += bucket.remove(at).held;
             }
@@ -206,18 +213,51 @@ impl ScanMemo {
 }
 
 impl Known {
-    /// The elements as slices of `text`, which starts with `self.bytes`.
-    fn read<'a>(&self, text: &'a str) -> Result<Read<'a, Counts>, DialectError> {
-        let elements = self
-            .spans
+    /// How many of its elements `text` starts with: all when `text` starts with its bytes,
+    /// else those that end before the first differing byte with the byte after them (their
+    /// delimiter) the same too.
+    fn shared(&self, text: &[u8]) -> usize {
+        let common = common_prefix(&self.bytes, text);
+        if common == self.bytes.len() {
+            return self.spans.len();
+        }
+        self.spans
+            .partition_point(|&(at, len)| (at as usize + len as usize) < common)
+    }
+
+    /// Its first `n` elements as slices of `text`, which starts with their bytes, their counts,
+    /// and where the last ends.
+    fn read<'a>(&self, text: &'a str, n: usize) -> Result<Read<'a, Counts>, DialectError> {
+        let spans = self.spans.get(..n).unwrap_or(&self.spans);
+        let elements = spans
             .iter()
             .map(|&(at, len)| {
                 let (at, len) = (at as usize, len as usize);
                 text.get(at..at + len).ok_or(DialectError::Malformed { at })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        Ok((elements, self.counts.clone(), self.bytes.len()))
+        let end = spans
+            .last()
+            .map_or(0, |&(at, len)| at as usize + len as usize);
+        Ok((elements, self.counts[..spans.len()].to_vec(), end))
     }
+}
+
+/// The length of the longest common prefix of `a` and `b`, compared a block at a time (the
+/// blocks as slices, which the compiler turns into `memcmp`) and byte by byte only within the
+/// first block that differs.
+fn common_prefix(a: &[u8], b: &[u8]) -> usize {
+    const BLOCK: usize = 4096;
+    let n = a.len().min(b.len());
+    let mut at = 0;
+    while at + BLOCK <= n && a[at..at + BLOCK] == b[at..at + BLOCK] {
+        at += BLOCK;
+    }
+    at + a[at..n]
+        .iter()
+        .zip(&b[at..n])
+        .take_while(|(x, y)| x == y)
+        .count()
 }
 
 /// A conversation array as read: each element's slice, counts and output marks.
@@ -246,11 +286,16 @@ pub(crate) fn read_conversation<'a, T: Deserialize<'a> + Into<Counts>>(
         return Ok((with_marks(read, Vec::new()), len));
     };
     let found = m.memo.find(&key, text);
-    let known = found.as_ref().map(|k| k.read(text)).transpose()?;
+    let known = found
+        .as_ref()
+        .map(|(k, shared)| k.read(text, *shared))
+        .transpose()?;
     let (read, len) = read_array_after::<T, Counts>(text, fast, known)?;
     let read = with_marks(
         read,
-        found.as_ref().map_or_else(Vec::new, |k| k.marks.clone()),
+        found
+            .as_ref()
+            .map_or_else(Vec::new, |(k, shared)| k.marks[..*shared].to_vec()),
     );
     if let Some(conversation) = &read {
         m.memo
@@ -349,7 +394,7 @@ mod tests {
             let array = &text[text[at..].find('[').map_or(0, |i| at + i)..];
             self.key(scope, array)
                 .and_then(|key| self.find(&key, array))
-                .map_or(0, |k| k.spans.len())
+                .map_or(0, |(_, shared)| shared)
         }
     }
 
@@ -382,13 +427,28 @@ mod tests {
             }
             // Another tenant's identical request finds nothing.
             prop_assert_eq!(scan_both(&memo, [8; 16], dialect, &body(dialect, &turns))?, 0);
-            // An earlier turn edited (a client that rewrites its history): read afresh from
-            // the edit on, with the same figures.
+            // An earlier turn edited (a client that rewrites its history): the system prompt
+            // and the turns before the edit are taken as read, the rest read afresh, with the
+            // same figures.
             let mut edited = turns.clone();
             let i = edit.index(edited.len());
             edited[i].push_str(" (edited)");
             let known = scan_both(&memo, scope, dialect, &body(dialect, &edited))?;
-            prop_assert!(known <= i + 1, "{} known, edit at turn {}", known, i);
+            prop_assert_eq!(known, i + 1, "edit at turn {}", i);
+            // Then its last turn replaced (the next turn of an agent that rewrites its latest
+            // message): everything before it taken as read (from the edited request, which
+            // took the place of the entry it came from), and remembered in place of it, so
+            // the one after reads only its own last turn too.
+            let mut replaced = edited.clone();
+            if let Some(last) = replaced.last_mut() {
+                last.push_str(" (replaced)");
+            }
+            let n = turns.len();
+            prop_assert_eq!(scan_both(&memo, scope, dialect, &body(dialect, &replaced))?, n);
+            if let Some(last) = replaced.last_mut() {
+                last.push_str(" (again)");
+            }
+            prop_assert_eq!(scan_both(&memo, scope, dialect, &body(dialect, &replaced))?, n);
             // What follows the remembered bytes is still checked.
             let whole = body(dialect, &turns);
             let broken = Bytes::from([&whole[..whole.len() - 2], b"x}".as_slice()].concat());
