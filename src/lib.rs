@@ -31,7 +31,7 @@
 //!   shutdown; [`app`]: the application value a request needs, swapped whole on reload;
 //!   [`reload`]: hot reload; [`upstream`]: pooled HTTP client, URI/Host rewrite, hop-by-hop
 //!   headers; [`error`]: the error enum whose variants know their HTTP status; [`replay`] and
-//!   [`compact`]: the offline tools; [`run`]: an agent started through compactor.
+//!   [`compact_once`]: the offline tools; [`run`]: an agent started through compactor.
 
 pub mod admin;
 pub mod app;

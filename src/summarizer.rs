@@ -16,7 +16,7 @@
 //!
 //! `summarizer.max_summary_bytes` bounds every backend twice: what it reads (the `openai` and
 //! `anthropic` backends read a provider's whole answer body, `exec` a program's stdout, up to
-//! the bound plus [`SUMMARY_ENVELOPE_BYTES`] and refuse the rest unread) and the summary text
+//! the bound plus [`SUMMARY_ENVELOPE_BYTES`](compactor_plugin_api::SUMMARY_ENVELOPE_BYTES) and refuse the rest unread) and the summary text
 //! it answers with, which the [`Chain`] checks for every backend, local ones (`extractive`,
 //! whose output grows with the number of user turns) and third-party plugins included. Either
 //! excess is [`SummarizeError::TooLarge`], counted as `too_large`. With no further configuration both use the caller's own

@@ -5,7 +5,7 @@
 //! above.
 //!
 //! One module per concept: [`models`] (context windows by model name or glob), [`trigger`]
-//! (when to compact, metric labels), [`boundary`] (which recent turns stay verbatim), [`mask`]
+//! (when to compact, metric labels), [`boundary`] (which recent turns stay verbatim), [`mask_rule`]
 //! (old tool outputs hidden from the summarizer), [`prompt`] (the compaction prompt and the
 //! summary message), [`files`] (files read and modified, with [`shell`] splitting command
 //! lines) and [`engine`] (one compaction: boundary, prompt, summarizer call, attempt limit).
