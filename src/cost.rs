@@ -76,7 +76,17 @@ impl Default for Repeats {
 impl Repeats {
     /// How many leading `messages` repeat the previous request of `tenant`'s `session`
     /// (all of that request's messages, or 0), and remembers these as the previous request.
-    pub fn repeated(&self, tenant: &TenantId, session: &str, messages: &[&str]) -> usize {
+    /// The first `known` messages are byte for byte ones an earlier request of the tenant
+    /// sent (the scan memo compared them; the conversation's previous request, as a derived
+    /// session id is the conversation's opening): when they cover the previous request's, only
+    /// the messages after those are hashed.
+    pub fn repeated(
+        &self,
+        tenant: &TenantId,
+        session: &str,
+        messages: &[&str],
+        known: usize,
+    ) -> usize {
         let key = (*tenant, xxh3_64_with_seed(session.as_bytes(), self.seed));
         let previous = self
             .table
@@ -84,6 +94,16 @@ impl Repeats {
             .unwrap_or_else(PoisonError::into_inner)
             .get(&key)
             .copied();
+        let step = |print: u64, m: &&str| {
+            xxh3_64_with_seed(m.as_bytes(), print.rotate_left(17) ^ m.len() as u64)
+        };
+        if let Some((n, before)) = previous.filter(|(n, _)| *n <= known.min(messages.len())) {
+            // The previous request's messages, compared by the memo: the fingerprint goes on
+            // from theirs over the new messages only.
+            let now = messages[n..].iter().fold(before, step);
+            self.remember(key, messages.len(), now);
+            return n;
+        }
         // One pass hashes each message once: the fingerprint of the previous request's count
         // of messages is taken on the way to the whole request's.
         let mut print = self.seed;
@@ -92,7 +112,7 @@ impl Repeats {
             if previous.is_some_and(|(n, _)| n == i) {
                 at_previous = Some(print);
             }
-            print = xxh3_64_with_seed(m.as_bytes(), print.rotate_left(17) ^ m.len() as u64);
+            print = step(print, m);
         }
         if previous.is_some_and(|(n, _)| n == messages.len()) {
             at_previous = Some(print);
@@ -101,13 +121,16 @@ impl Repeats {
             Some((n, before)) if at_previous == Some(before) => n,
             _ => 0,
         };
-        let now = print;
+        self.remember(key, messages.len(), print);
+        repeated
+    }
+
+    fn remember(&self, key: SessionKey, messages: usize, print: u64) {
         let mut table = self.table.lock().unwrap_or_else(PoisonError::into_inner);
         if table.len() >= MAX_REPEATS && !table.contains_key(&key) {
             table.clear();
         }
-        table.insert(key, (messages.len(), now));
-        repeated
+        table.insert(key, (messages, print));
     }
 }
 
@@ -286,37 +309,54 @@ mod tests {
     fn a_request_repeats_the_previous_one_only_when_it_starts_with_all_of_it() {
         let repeats = Repeats::default();
         let t = TenantId::from_credential("k");
-        assert_eq!(repeats.repeated(&t, "s", &["a", "b"]), 0, "nothing before");
-        assert_eq!(repeats.repeated(&t, "s", &["a", "b", "c", "d"]), 2);
-        assert_eq!(repeats.repeated(&t, "s", &["a", "b", "c", "d", "e"]), 4);
         assert_eq!(
-            repeats.repeated(&t, "s", &["a", "b", "c", "d", "e"]),
+            repeats.repeated(&t, "s", &["a", "b"], 0),
+            0,
+            "nothing before"
+        );
+        assert_eq!(repeats.repeated(&t, "s", &["a", "b", "c", "d"], 0), 2);
+        assert_eq!(repeats.repeated(&t, "s", &["a", "b", "c", "d", "e"], 0), 4);
+        assert_eq!(
+            repeats.repeated(&t, "s", &["a", "b", "c", "d", "e"], 0),
             5,
             "the same request again (a retry) repeats all of it"
         );
         assert_eq!(
-            repeats.repeated(&t, "s", &["a", "b", "c", "d"]),
+            repeats.repeated(&t, "s", &["a", "b", "c", "d"], 0),
             0,
             "shorter: an edit"
         );
-        assert_eq!(repeats.repeated(&t, "s", &["a", "b", "c", "d", "e"]), 4);
+        assert_eq!(repeats.repeated(&t, "s", &["a", "b", "c", "d", "e"], 0), 4);
         // An edit (or the agent's own compaction): nothing repeated, and it is the new base.
         assert_eq!(
-            repeats.repeated(&t, "s", &["a", "x", "c", "d", "e", "f"]),
+            repeats.repeated(&t, "s", &["a", "x", "c", "d", "e", "f"], 0),
             0
         );
         assert_eq!(
-            repeats.repeated(&t, "s", &["a", "x", "c", "d", "e", "f", "g"]),
+            repeats.repeated(&t, "s", &["a", "x", "c", "d", "e", "f", "g"], 0),
             6
         );
         // Other sessions and tenants are apart; messages joined differently do not match.
-        assert_eq!(repeats.repeated(&t, "other", &["a", "b", "c"]), 0);
+        assert_eq!(repeats.repeated(&t, "other", &["a", "b", "c"], 0), 0);
         let u = TenantId::from_credential("u");
         assert_eq!(
-            repeats.repeated(&u, "s", &["a", "x", "c", "d", "e", "f", "g"]),
+            repeats.repeated(&u, "s", &["a", "x", "c", "d", "e", "f", "g"], 0),
             0
         );
-        assert_eq!(repeats.repeated(&t, "other", &["ab", "c", "d"]), 0);
+        assert_eq!(repeats.repeated(&t, "other", &["ab", "c", "d"], 0), 0);
+        // Where the scan memo compared the previous request's messages, only the new ones are
+        // hashed, and the fingerprint kept is the same: a later request checked the long way
+        // agrees with it.
+        let v = TenantId([9; 16]);
+        assert_eq!(repeats.repeated(&v, "s", &["a", "b"], 0), 0);
+        assert_eq!(repeats.repeated(&v, "s", &["a", "b", "c"], 2), 2);
+        assert_eq!(repeats.repeated(&v, "s", &["a", "b", "c", "d"], 0), 3);
+        // Fewer known than the previous request held: checked the long way.
+        assert_eq!(repeats.repeated(&v, "s", &["a", "b", "c", "d", "e"], 1), 4);
+        assert_eq!(
+            repeats.repeated(&v, "s", &["a", "x", "c", "d", "e", "f"], 1),
+            0
+        );
     }
 
     #[test]

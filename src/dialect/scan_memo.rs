@@ -20,6 +20,7 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use bytes::Bytes;
@@ -104,13 +105,16 @@ impl ScanMemo {
     }
 }
 
-/// A request's use of the memo: the memo, the request's body (entries keep slices of it) and
-/// the scope its entries live under.
+/// A request's use of the memo: the memo, the request's body (entries keep slices of it), the
+/// scope its entries live under, and where the scan says how many leading elements it took
+/// from the memo (byte for byte those of an earlier request of the scope: what the
+/// counterfactual cost's repeat check needs not hash again).
 #[derive(Debug, Clone, Copy)]
 pub struct Remembering<'m> {
     pub memo: &'m ScanMemo,
     pub body: &'m Bytes,
     pub scope: [u8; 16],
+    pub known: &'m AtomicUsize,
 }
 
 impl ScanMemo {
@@ -286,6 +290,10 @@ pub(crate) fn read_conversation<'a, T: Deserialize<'a> + Into<Counts>>(
         return Ok((with_marks(read, Vec::new()), len));
     };
     let found = m.memo.find(&key, text);
+    m.known.store(
+        found.as_ref().map_or(0, |(_, shared)| *shared),
+        Ordering::Relaxed,
+    );
     let known = found
         .as_ref()
         .map(|(k, shared)| k.read(text, *shared))
@@ -370,7 +378,13 @@ mod tests {
     ) -> Result<usize, TestCaseError> {
         let est = LazyEstimator::default();
         let known = memo.known(&scope, body);
-        let at = Remembering { memo, body, scope };
+        let taken = AtomicUsize::new(0);
+        let at = Remembering {
+            memo,
+            body,
+            scope,
+            known: &taken,
+        };
         let with = dialect.scan_remembering(&at, &est).map(|s| figures(&s));
         let without = dialect.scan(body, &est).map(|s| figures(&s));
         match (with, without) {
@@ -378,6 +392,8 @@ mod tests {
             (Err(a), Err(b)) => prop_assert_eq!(a.to_string(), b.to_string()),
             (a, b) => prop_assert!(false, "with the memo {a:?}, without {b:?}"),
         }
+        // The scan says how many elements it took from the memo: those it knew.
+        prop_assert_eq!(taken.load(Ordering::Relaxed), known);
         Ok(known)
     }
 
@@ -478,10 +494,12 @@ mod tests {
             sum
         };
         let scan = |b: &Bytes| {
+            let taken = AtomicUsize::new(0);
             let at = Remembering {
                 memo: &memo,
                 body: b,
                 scope,
+                known: &taken,
             };
             dialect.scan_remembering(&at, &est).expect("scan");
         };

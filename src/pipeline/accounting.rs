@@ -4,11 +4,13 @@
 use super::*;
 
 impl Pipeline {
-    /// Token metrics of one request, and the estimate its response's usage is compared with.
+    /// Token metrics of one request, and the estimate its response's usage is compared with;
+    /// `remembered`: its leading messages the scan took from the memo.
     pub(super) fn record_tokens(
         &self,
         request: &Request<'_, '_>,
         long_context: bool,
+        remembered: usize,
         processed: &mut Processed,
     ) {
         let scan = request.scan;
@@ -38,9 +40,9 @@ impl Pipeline {
             .as_deref()
             .and_then(|m| self.engine.models().price(&window_model(m, long_context)));
         let received_cached = if price.is_some() {
-            let repeated = self
-                .repeats
-                .repeated(&request.tenant, request.session, &scan.messages);
+            let repeated =
+                self.repeats
+                    .repeated(&request.tenant, request.session, &scan.messages, remembered);
             let bytes = |messages: &[&str]| messages.iter().map(|m| m.len()).sum::<usize>();
             let all = bytes(&scan.messages).max(1);
             // `as` saturates; the share is at most 1.

@@ -2,6 +2,8 @@
 //! forwarded as received, with a stored summary spliced in, or compacted ([`Pipeline::handle`]);
 //! a panic anywhere in it is caught and the original forwarded.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use super::*;
 
 impl Pipeline {
@@ -55,10 +57,12 @@ impl Pipeline {
             return Processed::default();
         }
         let tenant = TenantId::from_caller(context.caller);
+        let remembered = AtomicUsize::new(0);
         let remembering = Remembering {
             memo: &self.scan_memo,
             body,
             scope: tenant.0,
+            known: &remembered,
         };
         let scan = match dialect.scan_remembering(&remembering, self.engine.estimator()) {
             Ok(scan) => scan,
@@ -149,7 +153,12 @@ impl Pipeline {
             estimate: None,
             cohort,
         };
-        self.record_tokens(&request, context.long_context, &mut processed);
+        self.record_tokens(
+            &request,
+            context.long_context,
+            remembered.load(Ordering::Relaxed),
+            &mut processed,
+        );
         let would_forward = match cohort {
             Cohort::Shadow => self.shadow_forwarded(dialect, body, context).await,
             _ => None,
