@@ -45,18 +45,20 @@ pub fn cached_prefix(tokens: usize) -> usize {
 /// Sessions remembered at most by [`Repeats`] before it starts over.
 const MAX_REPEATS: usize = 65_536;
 
-/// What each session's previous request held, to tell how much of the next one repeats it:
-/// its message count and a fingerprint of those messages' bytes (XXH3, random seed per
-/// process), per tenant and session. A request that starts with all of the previous one's
-/// messages repeats them; one that does not (an edit, the agent's own compaction) repeats
-/// none (an underestimate of what a provider's cache would still serve). Bounded, emptied
-/// when full.
+/// What each session's previous request held, to tell how much of the next one repeats it,
+/// per tenant and session (bounded, emptied when full). Where the scan memo compared the
+/// request with the conversation's previous one byte for byte, its leading messages up to the
+/// first that differs repeat it (what a prefix cache serves), and nothing is hashed. Otherwise
+/// (a request too short for the memo, a memo emptied or not yet holding the conversation) the
+/// previous request's message count and a fingerprint of those messages' bytes (XXH3, random
+/// seed per process) decide: a request that starts with all of them repeats them, one that
+/// does not repeats none (an underestimate).
 #[derive(Debug)]
 pub struct Repeats {
     seed: u64,
     /// Per tenant and session fingerprint: the previous request's message count and the
-    /// fingerprint of its messages.
-    table: Mutex<HashMap<SessionKey, (usize, u64), foldhash::fast::RandomState>>,
+    /// fingerprint of its messages, when they were hashed.
+    table: Mutex<HashMap<SessionKey, (usize, Option<u64>), foldhash::fast::RandomState>>,
 }
 
 /// A tenant and the fingerprint of a session id.
@@ -74,12 +76,10 @@ impl Default for Repeats {
 }
 
 impl Repeats {
-    /// How many leading `messages` repeat the previous request of `tenant`'s `session`
-    /// (all of that request's messages, or 0), and remembers these as the previous request.
-    /// The first `known` messages are byte for byte ones an earlier request of the tenant
-    /// sent (the scan memo compared them; the conversation's previous request, as a derived
-    /// session id is the conversation's opening): when they cover the previous request's, only
-    /// the messages after those are hashed.
+    /// How many leading `messages` repeat the previous request of `tenant`'s `session`, and
+    /// remembers these as the previous request. `known`: the leading messages the scan memo
+    /// found byte for byte in an earlier request of the tenant's conversation (0 when it
+    /// found none).
     pub fn repeated(
         &self,
         tenant: &TenantId,
@@ -94,15 +94,9 @@ impl Repeats {
             .unwrap_or_else(PoisonError::into_inner)
             .get(&key)
             .copied();
-        let step = |print: u64, m: &&str| {
-            xxh3_64_with_seed(m.as_bytes(), print.rotate_left(17) ^ m.len() as u64)
-        };
-        if let Some((n, before)) = previous.filter(|(n, _)| *n <= known.min(messages.len())) {
-            // The previous request's messages, compared by the memo: the fingerprint goes on
-            // from theirs over the new messages only.
-            let now = messages[n..].iter().fold(before, step);
-            self.remember(key, messages.len(), now);
-            return n;
+        if known > 0 && previous.is_some() {
+            self.remember(key, messages.len(), None);
+            return known.min(messages.len());
         }
         // One pass hashes each message once: the fingerprint of the previous request's count
         // of messages is taken on the way to the whole request's.
@@ -112,20 +106,20 @@ impl Repeats {
             if previous.is_some_and(|(n, _)| n == i) {
                 at_previous = Some(print);
             }
-            print = step(print, m);
+            print = xxh3_64_with_seed(m.as_bytes(), print.rotate_left(17) ^ m.len() as u64);
         }
         if previous.is_some_and(|(n, _)| n == messages.len()) {
             at_previous = Some(print);
         }
         let repeated = match previous {
-            Some((n, before)) if at_previous == Some(before) => n,
+            Some((n, Some(before))) if at_previous == Some(before) => n,
             _ => 0,
         };
-        self.remember(key, messages.len(), print);
+        self.remember(key, messages.len(), Some(print));
         repeated
     }
 
-    fn remember(&self, key: SessionKey, messages: usize, print: u64) {
+    fn remember(&self, key: SessionKey, messages: usize, print: Option<u64>) {
         let mut table = self.table.lock().unwrap_or_else(PoisonError::into_inner);
         if table.len() >= MAX_REPEATS && !table.contains_key(&key) {
             table.clear();
@@ -344,19 +338,35 @@ mod tests {
             0
         );
         assert_eq!(repeats.repeated(&t, "other", &["ab", "c", "d"], 0), 0);
-        // Where the scan memo compared the previous request's messages, only the new ones are
-        // hashed, and the fingerprint kept is the same: a later request checked the long way
-        // agrees with it.
+        // Where the scan memo compared the request with the conversation's previous one, its
+        // shared leading messages repeat it, up to the first that differs (a prefix cache
+        // serves them), without hashing; the memo finding none falls back to the fingerprint,
+        // which a memo-answered request did not leave: nothing repeats then.
         let v = TenantId([9; 16]);
-        assert_eq!(repeats.repeated(&v, "s", &["a", "b"], 0), 0);
-        assert_eq!(repeats.repeated(&v, "s", &["a", "b", "c"], 2), 2);
-        assert_eq!(repeats.repeated(&v, "s", &["a", "b", "c", "d"], 0), 3);
-        // Fewer known than the previous request held: checked the long way.
-        assert_eq!(repeats.repeated(&v, "s", &["a", "b", "c", "d", "e"], 1), 4);
         assert_eq!(
-            repeats.repeated(&v, "s", &["a", "x", "c", "d", "e", "f"], 1),
-            0
+            repeats.repeated(&v, "s", &["a", "b"], 0),
+            0,
+            "nothing before"
         );
+        assert_eq!(repeats.repeated(&v, "s", &["a", "b", "c"], 2), 2);
+        assert_eq!(
+            repeats.repeated(&v, "s", &["a", "x", "c", "d"], 1),
+            1,
+            "an edit"
+        );
+        assert_eq!(
+            repeats.repeated(&v, "s", &["a", "x", "c", "d"], 9),
+            4,
+            "a retry"
+        );
+        assert_eq!(repeats.repeated(&v, "s", &["a", "x", "c", "d", "e"], 0), 0);
+        assert_eq!(
+            repeats.repeated(&v, "s", &["a", "x", "c", "d", "e", "f"], 0),
+            5
+        );
+        // A session not seen before repeats nothing, whatever the memo knows (another
+        // conversation's request that opened alike).
+        assert_eq!(repeats.repeated(&v, "new", &["a", "x"], 2), 0);
     }
 
     #[test]
