@@ -118,6 +118,22 @@ impl Pipeline {
                 .without_summary(request, splice.as_ref(), mask, figures)
                 .await;
         }
+        self.compact_due(request, splice, mask, tokens, trigger, figures)
+            .await
+    }
+
+    /// A request due for a summary with none to be had otherwise: made under the single
+    /// flight of its prefix (a request finding another making it waits and splices what that
+    /// one stored), claimed across the replicas sharing the store, and forwarded.
+    async fn compact_due<'b>(
+        self: &Arc<Self>,
+        request: &Request<'_, 'b>,
+        splice: Option<Splice>,
+        mask: Masking<'b>,
+        tokens: usize,
+        trigger: Trigger,
+        figures: &mut Figures,
+    ) -> Outcome {
         let transcript = match request.scan.transcript(request.limits.opening_budget) {
             Ok(t) => t,
             Err(e) => return self.not_understood(Some(trigger), &e),
@@ -166,6 +182,22 @@ impl Pipeline {
             (Ok(f), Some(result)) if f.led => result,
             _ => return self.after_wait(request, trigger, figures).await,
         };
+        self.forward_compacted(request, result, (splice, mask), trigger, started, figures)
+            .await
+    }
+
+    /// What the leader of a compaction forwards: the rewrite (a still-over one counts as a
+    /// failure toward the breaker), or after a failure the request with no new summary, as
+    /// `view` (the splice and masking it had) gives it.
+    async fn forward_compacted<'b>(
+        &self,
+        request: &Request<'_, 'b>,
+        result: Result<Compacted, Failure>,
+        (splice, mask): (Option<Splice>, Masking<'b>),
+        trigger: Trigger,
+        started: Instant,
+        figures: &mut Figures,
+    ) -> Outcome {
         self.metrics
             .compaction_duration
             .observe(started.elapsed().as_secs_f64());
