@@ -110,6 +110,7 @@ impl Provider {
             let text = format!("SUMMARY-{n}");
             return match req.path() {
                 MESSAGES => Reply::json(200, &anthropic_message(&text)),
+                RESPONSES => Reply::json(200, &responses_answer(&text)),
                 _ => Reply::json(200, &completion(&text)),
             };
         }
