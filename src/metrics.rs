@@ -632,14 +632,9 @@ pub const COST_KINDS: [&str; 4] = ["input", "cache_read", "cache_write", "output
 /// The `kind` of `compactor_cost_usd_total` for the summarizer's own calls.
 const SUMMARIZER_COST: &str = "summarizer";
 
-/// A dialect's place in [`DIALECTS`] (and in [`Hot`]'s arrays).
-fn dialect_index(dialect: DialectKind) -> usize {
-    dialect.index()
-}
-
 /// A route's place in [`Hot`]'s per-route arrays: the dialect's, other routes last.
 fn route_index(route: Option<DialectKind>) -> usize {
-    route.map_or(DialectKind::COUNT, dialect_index)
+    route.map_or(DialectKind::COUNT, DialectKind::index)
 }
 
 /// The `route` label (and log field): the dialect of a chat call, else `other`.
@@ -1358,7 +1353,7 @@ impl Metrics {
         forwarded: usize,
         context_window: usize,
     ) {
-        let d = dialect_index(dialect);
+        let d = dialect.index();
         self.hot.received[d].observe(received as f64);
         self.hot.forwarded[d].observe(forwarded as f64);
         if context_window > 0 {

@@ -191,6 +191,13 @@ impl Summarizer for CountingSummarizer {
         self.inner.name()
     }
 
+    /// The replay prices the summaries as `auto` would ask them
+    /// ([`FileReport::summarizer_cost_as_llm`]), so it is given the request inside the
+    /// conversation whatever backend writes them.
+    fn reads_conversation(&self, _api: compactor_plugin_api::Api) -> bool {
+        true
+    }
+
     fn summarize<'a>(
         &'a self,
         request: &'a SummaryRequest,

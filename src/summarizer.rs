@@ -195,6 +195,10 @@ impl Summarizer for Auto {
     fn max_output_tokens(&self, api: Api) -> Option<u32> {
         self.pick(api).max_output_tokens(api)
     }
+
+    fn reads_conversation(&self, api: Api) -> bool {
+        self.pick(api).reads_conversation(api)
+    }
 }
 
 /// Backends tried in order, each attempt bounded by a timeout and counted in the metrics.
@@ -324,6 +328,11 @@ impl Summarizer for Chain {
     /// primary such as `extractive` has none, so its LLM fallback's counts).
     fn max_output_tokens(&self, api: Api) -> Option<u32> {
         self.backends.iter().find_map(|b| b.max_output_tokens(api))
+    }
+
+    /// Any backend of the chain that would send it (a fallback may).
+    fn reads_conversation(&self, api: Api) -> bool {
+        self.backends.iter().any(|b| b.reads_conversation(api))
     }
 }
 

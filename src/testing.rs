@@ -80,6 +80,11 @@ impl Summarizer for FakeSummarizer {
         self.budget
     }
 
+    /// The fake stands for an LLM backend calling the caller's own model.
+    fn reads_conversation(&self, _api: compactor_plugin_api::Api) -> bool {
+        true
+    }
+
     fn summarize<'a>(
         &'a self,
         request: &'a SummaryRequest,

@@ -563,10 +563,15 @@ impl Engine {
         // The first attempt may be asked inside the conversation (which then summarises all of
         // it, the tail kept verbatim after the summary included); a later one refines the
         // first attempt's summary, which the provider has not seen.
-        let in_conversation = input.in_conversation.filter(|_| first).and_then(|ask| {
-            let prompt_tokens = self.estimator.text(&built.prompt);
-            (ask.0)(&follow_up_prompt(&prompt_input), max_output, prompt_tokens)
-        });
+        // Only for a backend that sends it: building it copies the whole conversation.
+        let asks_inside = first && self.summarizer.reads_conversation(input.caller.api);
+        let in_conversation = input
+            .in_conversation
+            .filter(|_| asks_inside)
+            .and_then(|ask| {
+                let prompt_tokens = self.estimator.text(&built.prompt);
+                (ask.0)(&follow_up_prompt(&prompt_input), max_output, prompt_tokens)
+            });
         let request = SummaryRequest {
             in_conversation,
             prompt: built.prompt,
@@ -685,7 +690,7 @@ fn strip_pinned(summary: &str) -> String {
 mod tests {
     use super::*;
     use crate::compaction::mask_rule::MASKED_OUTPUT;
-    use crate::testing::{caller, config, FakeSummarizer, Reply};
+    use crate::testing::{caller, config, FakeSummarizer, Reply, SMALL};
     use crate::transcript::tests::{call, text};
 
     #[test]
@@ -848,6 +853,37 @@ mod tests {
         assert_eq!(turns[0].1, requests[0].max_output_tokens);
         assert_eq!(c.head, 1);
         assert_eq!(t.messages[c.boundary].role, Role::Assistant);
+    }
+
+    #[tokio::test]
+    async fn no_request_inside_the_conversation_is_built_for_a_backend_that_does_not_send_it() {
+        // `extractive` writes from the turns themselves: copying and re-encoding the
+        // conversation for it would be work for nothing.
+        let summarizer = Arc::new(compactor_plugin_extractive::ExtractiveSummarizer::default());
+        assert!(!summarizer.reads_conversation(Api::ChatCompletions));
+        let e = Engine::new(&config(SMALL), summarizer);
+        let t = agentic(20, 200);
+        let asked = std::sync::atomic::AtomicUsize::new(0);
+        let ask = |_: &str, _: u32, _: usize| {
+            asked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            None
+        };
+        let c = e
+            .compact(CompactionInput {
+                transcript: &t,
+                model: Some("tiny"),
+                limits: e.limits(Some("tiny"), None),
+                fixed_tokens: 0,
+                prior: None,
+                instructions: None,
+                caller: &caller(),
+                attempts: &Attempts::per_request(),
+                smallest_tail: false,
+                in_conversation: Some(InConversation(&ask)),
+            })
+            .await;
+        assert!(c.is_ok(), "{c:?}");
+        assert_eq!(asked.load(std::sync::atomic::Ordering::Relaxed), 0);
     }
 
     #[tokio::test]

@@ -547,10 +547,6 @@ fn tenant_from_hex(hex: &str) -> Option<TenantId> {
     Some(TenantId(id))
 }
 
-fn dialect_from_label(label: &str) -> Option<DialectKind> {
-    DialectKind::from_label(label)
-}
-
 /// The operations, each made of bounded calls (a command, a pipeline or a script). Those
 /// that read answer `None` when Redis did not answer (the caller then uses this replica's
 /// memory); writes that fail are counted and dropped.
@@ -883,7 +879,7 @@ impl Shared {
                 .and_then(|v| String::from_utf8(v.clone()).ok())
         };
         let (Some(dialect), Some(body)) = (
-            text("dialect").as_deref().and_then(dialect_from_label),
+            text("dialect").as_deref().and_then(DialectKind::from_label),
             fields.get("body"),
         ) else {
             return Some(None);

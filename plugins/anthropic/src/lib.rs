@@ -223,9 +223,9 @@ impl AnthropicSummarizer {
     /// only to the caller's own upstream with the caller's own model over Messages (anywhere
     /// else the provider has nothing cached).
     fn in_conversation(&self, request: &SummaryRequest) -> Option<Bytes> {
-        let own = self.config.base_url.is_none() && self.config.model.is_none();
         let body = request.in_conversation.as_ref()?;
-        (own && request.caller.api == Api::Messages).then(|| Bytes::copy_from_slice(body))
+        self.reads_conversation(request.caller.api)
+            .then(|| Bytes::copy_from_slice(body))
     }
 
     /// Sends one summary request and reads the summary from the answer.
@@ -282,6 +282,11 @@ impl Summarizer for AnthropicSummarizer {
     fn max_output_tokens(&self, api: Api) -> Option<u32> {
         let _ = api;
         (self.config.max_tokens > 0).then_some(self.config.max_tokens)
+    }
+
+    /// With no `base_url` and no `model` of its own, for Messages callers.
+    fn reads_conversation(&self, api: Api) -> bool {
+        self.config.base_url.is_none() && self.config.model.is_none() && api == Api::Messages
     }
 }
 
@@ -375,6 +380,15 @@ mod tests {
         ] {
             assert_eq!(bad.validate().map_err(|e| e.key), Err(key), "{bad:?}");
         }
+        let own = AnthropicSummarizer::new(settings.config(None, None, 10)).expect("builds");
+        assert!(own.reads_conversation(Api::Messages));
+        assert!(!own.reads_conversation(Api::ChatCompletions));
+        let configured = AnthropicSettings {
+            model: Some("claude-haiku-4-5".into()),
+            ..AnthropicSettings::default()
+        };
+        let other = AnthropicSummarizer::new(configured.config(None, None, 10)).expect("builds");
+        assert!(!other.reads_conversation(Api::Messages));
         let config = settings.config(Some("k".into()), None, 10);
         assert_eq!(
             (config.api_key.as_deref(), config.max_summary_bytes),

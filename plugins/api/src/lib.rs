@@ -52,6 +52,15 @@ pub trait Summarizer: Send + Sync {
         let _ = api;
         None
     }
+
+    /// Whether this backend sends [`SummaryRequest::in_conversation`] for a request that used
+    /// `api` when it is given one (it calls the caller's own upstream and model in that API).
+    /// compactor builds that request only for a backend that does: it copies and re-encodes
+    /// the whole conversation. `false` unless a backend says otherwise.
+    fn reads_conversation(&self, api: Api) -> bool {
+        let _ = api;
+        false
+    }
 }
 
 /// Everything known about one compaction. Serialises (without credentials) to the JSON the

@@ -226,10 +226,7 @@ impl OpenAiSummarizer {
     /// only to the caller's own upstream with the caller's own model (anywhere else the
     /// provider has nothing cached), and only one it can parse.
     fn in_conversation(&self, request: &SummaryRequest) -> Option<Value> {
-        if self.config.base_url.is_some() || self.config.model.is_some() {
-            return None;
-        }
-        if !matches!(request.caller.api, Api::ChatCompletions | Api::Responses) {
+        if !self.reads_conversation(request.caller.api) {
             return None;
         }
         serde_json::from_slice(request.in_conversation.as_deref()?).ok()
@@ -349,6 +346,14 @@ impl Summarizer for OpenAiSummarizer {
     fn max_output_tokens(&self, api: Api) -> Option<u32> {
         let _ = api;
         (self.config.max_tokens > 0).then_some(self.config.max_tokens)
+    }
+
+    /// With no `base_url` and no `model` of its own, for Chat Completions and Responses
+    /// callers.
+    fn reads_conversation(&self, api: Api) -> bool {
+        self.config.base_url.is_none()
+            && self.config.model.is_none()
+            && matches!(api, Api::ChatCompletions | Api::Responses)
     }
 }
 
@@ -786,6 +791,14 @@ mod tests {
             (Some("m"), Some("sk"), Some(0.5))
         );
         assert_eq!((config.max_tokens, config.max_summary_bytes), (4_096, 10));
+        // Only the caller's own upstream and model hold the conversation in their cache.
+        let own = OpenAiSummarizer::new(OpenAiSettings::default().config(None, None, 10))
+            .expect("builds");
+        assert!(own.reads_conversation(Api::ChatCompletions));
+        assert!(own.reads_conversation(Api::Responses));
+        assert!(!own.reads_conversation(Api::Messages));
+        let other = OpenAiSummarizer::new(config).expect("builds");
+        assert!(!other.reads_conversation(Api::ChatCompletions));
     }
 
     #[test]
