@@ -170,6 +170,9 @@ pub enum Api {
     Messages,
     /// OpenAI Responses (`POST …/responses`).
     Responses,
+    /// Google Gemini (`POST …/models/{model}:generateContent`, the model in the path: the
+    /// request's [`SummaryRequest::model`]).
+    Gemini,
 }
 
 /// The destination and credentials of the request being compacted.
@@ -182,8 +185,9 @@ pub struct Caller {
     pub upstream_base_url: String,
     /// The request's path prefix before the API path (`/v1` for `/v1/chat/completions`).
     pub api_prefix: String,
-    /// Credential headers of the request (`authorization`, `x-api-key`, `api-key`), by
-    /// lowercase name.
+    /// Credential headers of the request (`authorization`, `x-api-key`, `api-key`,
+    /// `x-goog-api-key`; a Gemini key sent as the `key` query parameter is given as
+    /// `x-goog-api-key`), by lowercase name.
     pub credentials: Vec<(String, String)>,
     /// The wire API the request itself used ([`Api::ChatCompletions`] when unknown).
     pub api: Api,

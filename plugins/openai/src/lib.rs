@@ -382,7 +382,7 @@ impl Wire {
     fn of(api: Api) -> Wire {
         match api {
             Api::Responses => Wire::Responses,
-            Api::ChatCompletions | Api::Messages => Wire::ChatCompletions,
+            Api::ChatCompletions | Api::Messages | Api::Gemini => Wire::ChatCompletions,
         }
     }
 
