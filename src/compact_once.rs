@@ -66,6 +66,7 @@ pub async fn compact(
         DialectKind::ChatCompletions => "a Chat Completions",
         DialectKind::Messages => "an Anthropic Messages",
         DialectKind::Responses => "a Responses",
+        DialectKind::Gemini => "a Gemini",
     };
     let not_understood =
         |e| Error::BadRequestBody(format!("not {name} request compactor can read: {e}"));

@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use compactor_plugin_anthropic::AnthropicSettings;
 use compactor_plugin_exec::ExecSettings;
 use compactor_plugin_extractive::ExtractiveConfig;
+use compactor_plugin_gemini::GeminiSettings;
 use compactor_plugin_openai::OpenAiSettings;
 
 /// The path `serve` and `check-config` read when no `--config` is given (if it exists).
@@ -583,7 +584,8 @@ pub struct CompactionConfig {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct SummarizerConfig {
-    /// The backend tried first: `auto`, `openai`, `anthropic`, `extractive` or `exec`.
+    /// The backend tried first: `auto`, `openai`, `anthropic`, `gemini`, `extractive` or
+    /// `exec`.
     pub backend: String,
     /// Backends tried in order when the previous one fails.
     pub fallback: Vec<String>,
@@ -603,6 +605,8 @@ pub struct SummarizerConfig {
     pub openai: OpenAiSettings,
     /// `[summarizer.anthropic]`: declared, defaulted and validated by the plugin.
     pub anthropic: AnthropicSettings,
+    /// `[summarizer.gemini]`: declared, defaulted and validated by the plugin.
+    pub gemini: GeminiSettings,
     /// `[summarizer.extractive]`: declared, defaulted and validated by the plugin.
     pub extractive: ExtractiveConfig,
     /// `[summarizer.exec]`: declared and validated by the plugin.
@@ -784,6 +788,7 @@ impl Default for SummarizerConfig {
             max_summary_bytes: compactor_plugin_api::DEFAULT_MAX_SUMMARY_BYTES,
             openai: OpenAiSettings::default(),
             anthropic: AnthropicSettings::default(),
+            gemini: GeminiSettings::default(),
             extractive: ExtractiveConfig::default(),
             exec: ExecSettings::default(),
         }

@@ -12,6 +12,7 @@
 //! | OpenAI Chat Completions, vLLM | 400 | `This model's maximum context length is N tokens. However, you requested M tokens …` (code `context_length_exceeded`) |
 //! | OpenAI Responses | 400 | `Your input exceeds the context window of this model …` (code `context_length_exceeded`) |
 //! | Anthropic Messages | 400 | `prompt is too long: M tokens > N maximum` |
+//! | Google Gemini | 400 | `The input token count (M) exceeds the maximum number of tokens allowed (N).` (status `INVALID_ARGUMENT`) |
 //! | llama.cpp server | 400 | `request (M tokens) exceeds the available context size (N tokens)` (type `exceed_context_size_error`, fields `n_prompt_tokens`, `n_ctx`) |
 //! | Ollama | 400, 500 | `the input length exceeds the context length` |
 //! | OpenRouter | 400 | `This endpoint's maximum context length is N tokens. However, you requested about M tokens …` |
@@ -49,6 +50,7 @@ const PHRASES: &[&str] = &[
     "exceeds the available context size",
     "exceed_context_size_error",
     "input length exceeds the context length",
+    "exceeds the maximum number of tokens allowed",
 ];
 
 /// Phrases (lowercase) that mark a rate limit, which compaction does not cure.
@@ -100,14 +102,16 @@ fn recognise_text(text: &str, parsed: Option<&Value>) -> Option<Overflow> {
     let window = field("n_ctx")
         .or_else(|| number_after(&lower, "maximum context length is"))
         .or_else(|| number_after(&lower, "available context size ("))
-        .or_else(|| number_between(&lower, "tokens >", "maximum"));
+        .or_else(|| number_between(&lower, "tokens >", "maximum"))
+        .or_else(|| number_after(&lower, "maximum number of tokens allowed ("));
     let requested = field("n_prompt_tokens")
         .or_else(|| number_after(&lower, "you requested about"))
         .or_else(|| number_after(&lower, "you requested"))
         .or_else(|| number_after(&lower, "your request has"))
         .or_else(|| number_after(&lower, "resulted in"))
         .or_else(|| number_after(&lower, "prompt is too long:"))
-        .or_else(|| number_after(&lower, "request ("));
+        .or_else(|| number_after(&lower, "request ("))
+        .or_else(|| number_after(&lower, "input token count ("));
     Some(Overflow { window, requested })
 }
 
@@ -181,6 +185,13 @@ mod tests {
 
     #[test]
     fn every_provider_wording_is_recognised_with_its_numbers() {
+        // Google Gemini.
+        check(
+            400,
+            &json!({"error": {"code": 400, "message": "The input token count (1196265) exceeds the maximum number of tokens allowed (1048575).", "status": "INVALID_ARGUMENT"}}),
+            Some(1_048_575),
+            Some(1_196_265),
+        );
         // OpenAI Chat Completions.
         check(
             400,

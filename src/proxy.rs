@@ -70,8 +70,12 @@ pub const HEADER_TOKENS_AFTER: HeaderName = HeaderName::from_static("x-compactor
 pub const HEADER_COMPACTION_NUM: HeaderName = HeaderName::from_static("x-compactor-compaction-num");
 
 /// Request headers whose values are credentials: handed to summarizers that call the caller's
-/// own provider, never logged.
-const CREDENTIAL_HEADERS: [&str; 3] = ["authorization", "x-api-key", "api-key"];
+/// own provider, never logged. Gemini's key may come as the `key` query parameter instead; it
+/// is handed on as `x-goog-api-key` ([`GEMINI_KEY_PARAMETER`]).
+const CREDENTIAL_HEADERS: [&str; 4] = ["authorization", "x-api-key", "api-key", "x-goog-api-key"];
+
+/// The query parameter Gemini's API reads a key from when no `x-goog-api-key` header is sent.
+const GEMINI_KEY_PARAMETER: &str = "key";
 
 /// Serves one proxied request. Never fails: errors become OpenAI-shaped JSON responses.
 pub async fn handle(
@@ -242,7 +246,12 @@ async fn forward(
                     break 'chat streaming.into_body(app.config.client_timeout());
                 }
             };
-            let caller = Arc::new(caller(&parts.headers, &resolved, dialect));
+            let caller = Arc::new(caller(
+                &parts.headers,
+                parts.uri.query(),
+                &resolved,
+                dialect,
+            ));
             let session_header = parts
                 .headers
                 .get(app.config.session.header.as_str())
@@ -867,14 +876,29 @@ fn annotate(
 }
 
 /// What a summarizer needs to call the caller's own provider.
-fn caller(headers: &HeaderMap, resolved: &Resolved, dialect: DialectKind) -> Caller {
-    let credentials = CREDENTIAL_HEADERS
+fn caller(
+    headers: &HeaderMap,
+    query: Option<&str>,
+    resolved: &Resolved,
+    dialect: DialectKind,
+) -> Caller {
+    let mut credentials: Vec<(String, String)> = CREDENTIAL_HEADERS
         .iter()
         .filter_map(|name| {
             let value = headers.get(*name)?.to_str().ok()?;
             Some((name.to_string(), value.to_string()))
         })
         .collect();
+    let key_in_query = query
+        .into_iter()
+        .flat_map(|q| q.split('&'))
+        .find_map(|pair| pair.strip_prefix(GEMINI_KEY_PARAMETER)?.strip_prefix('='));
+    if let Some(key) = key_in_query.filter(|k| !k.is_empty()) {
+        if dialect == DialectKind::Gemini && !credentials.iter().any(|(n, _)| n == "x-goog-api-key")
+        {
+            credentials.push(("x-goog-api-key".into(), key.to_string()));
+        }
+    }
     Caller {
         upstream_base_url: resolved.base_url.clone(),
         api_prefix: dialect.api_prefix(&resolved.api_path).to_string(),

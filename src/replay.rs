@@ -57,6 +57,10 @@ pub const DEFAULT_OPENAI_MODEL: &str = "gpt-4o";
 /// The model of an Anthropic Messages transcript that names none.
 pub const DEFAULT_ANTHROPIC_MODEL: &str = "claude-sonnet-4-5";
 
+/// The model a Gemini transcript without one is replayed as (its requests name none: the
+/// model is in a Gemini request's path).
+pub const DEFAULT_GEMINI_MODEL: &str = "gemini-2.5-pro";
+
 /// Why a replay could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum ReplayError {
@@ -687,13 +691,16 @@ impl Replayer {
                 None => estimator.text(&String::from_utf8_lossy(&step.body)),
             };
             last = match scan {
-                Some(s) => (s.model, s.requested_output),
+                Some(s) => (s.model.or_else(|| step.model.clone()), s.requested_output),
                 None => (step.model.clone(), step.requested_output),
             };
             // No credentials: a summarizer calling the provider needs its `api_key_env`.
             let caller = Arc::new(Caller {
                 upstream_base_url: self.config.upstream.base_url.clone(),
-                api_prefix: "/v1".into(),
+                api_prefix: match (step.dialect, &step.model) {
+                    (DialectKind::Gemini, Some(model)) => format!("/v1beta/models/{model}"),
+                    _ => "/v1".into(),
+                },
                 credentials: Vec::new(),
                 api: step.dialect.api(),
             });

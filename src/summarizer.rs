@@ -9,10 +9,10 @@
 //! kind) and `compactor_summarizer_duration_seconds{backend}` per attempt. Failures are logged
 //! at `warn` with the backend and kind, never with the prompt or credentials.
 //!
-//! `auto` is not a plugin of its own: it builds both `openai` and `anthropic` and sends each
-//! summary request to the one speaking the wire API of the request being compacted
-//! ([`Caller::api`]): Anthropic Messages requests to `anthropic`, everything else (Chat
-//! Completions, Responses) to `openai`.
+//! `auto` is not a plugin of its own: it builds `openai`, `anthropic` and `gemini` and sends
+//! each summary request to the one speaking the wire API of the request being compacted
+//! ([`Caller::api`]): Anthropic Messages requests to `anthropic`, Gemini requests to `gemini`,
+//! everything else (Chat Completions, Responses) to `openai`.
 //!
 //! `summarizer.max_summary_bytes` bounds every backend twice: what it reads (the `openai` and
 //! `anthropic` backends read a provider's whole answer body, `exec` a program's stdout, up to
@@ -44,6 +44,7 @@ use compactor_plugin_api::{
 };
 use compactor_plugin_exec::ExecSummarizer;
 use compactor_plugin_extractive::ExtractiveSummarizer;
+use compactor_plugin_gemini::GeminiSummarizer;
 use compactor_plugin_openai::OpenAiSummarizer;
 
 use crate::compaction::models::ModelTable;
@@ -52,7 +53,14 @@ use crate::dialect::DialectKind;
 use crate::metrics::Metrics;
 
 /// Every backend name [`build`] knows.
-pub const BACKENDS: [&str; 5] = ["openai", "anthropic", "extractive", "exec", "auto"];
+pub const BACKENDS: [&str; 6] = [
+    "openai",
+    "anthropic",
+    "gemini",
+    "extractive",
+    "exec",
+    "auto",
+];
 
 /// A backend name or its required keys are wrong.
 #[derive(Debug, thiserror::Error)]
@@ -110,6 +118,14 @@ pub fn backend(config: &Config, name: &str, key: &str) -> Result<Arc<dyn Summari
                 .map_err(|e| err("upstream.ca_file", e.to_string()))?;
             Arc::new(plugin)
         }
+        "gemini" => {
+            let c = &s.gemini;
+            c.validate().map_err(|e| setting("gemini", e))?;
+            let api_key = api_key("summarizer.gemini.api_key_env", c.api_key_env.as_deref())?;
+            let plugin = GeminiSummarizer::new(c.config(api_key, ca_file, s.max_summary_bytes))
+                .map_err(|e| err("upstream.ca_file", e.to_string()))?;
+            Arc::new(plugin)
+        }
         "extractive" => {
             s.extractive
                 .validate()
@@ -127,6 +143,7 @@ pub fn backend(config: &Config, name: &str, key: &str) -> Result<Arc<dyn Summari
         "auto" => Arc::new(Auto {
             openai: backend(config, "openai", key)?,
             anthropic: backend(config, "anthropic", key)?,
+            gemini: backend(config, "gemini", key)?,
         }),
         other => {
             return Err(err(
@@ -164,10 +181,12 @@ fn api_key(key: &str, var: Option<&str>) -> Result<Option<String>, BuildError> {
     }
 }
 
-/// The `auto` backend: `anthropic` for Anthropic Messages requests, `openai` for the rest.
+/// The `auto` backend: `anthropic` for Anthropic Messages requests, `gemini` for Gemini
+/// requests, `openai` for the rest.
 struct Auto {
     openai: Arc<dyn Summarizer>,
     anthropic: Arc<dyn Summarizer>,
+    gemini: Arc<dyn Summarizer>,
 }
 
 impl Auto {
@@ -175,6 +194,7 @@ impl Auto {
     fn pick(&self, api: Api) -> &Arc<dyn Summarizer> {
         match api {
             Api::Messages => &self.anthropic,
+            Api::Gemini => &self.gemini,
             Api::ChatCompletions | Api::Responses => &self.openai,
         }
     }
@@ -384,9 +404,10 @@ mod tests {
         assert_eq!(e.key, "summarizer.anthropic.max_tokens");
     }
 
-    /// openai asks for 1111 tokens, anthropic for 2222.
+    /// openai asks for 1111 tokens, anthropic for 2222, gemini for 3333.
     const DISTINCT_BUDGETS: &str = "[summarizer.openai]\nmax_tokens = 1111\n\
-        [summarizer.anthropic]\nmax_tokens = 2222\nanthropic_version = \"2023-06-01\"\n";
+        [summarizer.anthropic]\nmax_tokens = 2222\nanthropic_version = \"2023-06-01\"\n\
+        [summarizer.gemini]\nmax_tokens = 3333\n";
 
     #[test]
     fn auto_reports_the_budget_of_the_backend_it_picks() {
@@ -394,8 +415,10 @@ mod tests {
         let auto = Auto {
             openai: backend(&config, "openai", "summarizer.backend").expect("openai"),
             anthropic: backend(&config, "anthropic", "summarizer.backend").expect("anthropic"),
+            gemini: backend(&config, "gemini", "summarizer.backend").expect("gemini"),
         };
         assert_eq!(auto.max_output_tokens(Api::Messages), Some(2222));
+        assert_eq!(auto.max_output_tokens(Api::Gemini), Some(3333));
         assert_eq!(auto.max_output_tokens(Api::ChatCompletions), Some(1111));
         assert_eq!(auto.max_output_tokens(Api::Responses), Some(1111));
 
@@ -404,6 +427,7 @@ mod tests {
         assert_eq!(chain.name(), "auto");
         assert_eq!(chain.max_output_tokens(Api::Messages), Some(2222));
         assert_eq!(chain.max_output_tokens(Api::Responses), Some(1111));
+        assert_eq!(chain.max_output_tokens(Api::Gemini), Some(3333));
     }
 
     #[test]

@@ -189,12 +189,13 @@ pub(crate) fn compactions(metrics: &Metrics, trigger: &str, outcome: &str) -> u6
 /// Checks a request body of `dialect` against the rules its provider enforces
 /// (`compactor_plugin_testing::rules`), the context window aside.
 pub(crate) fn valid_for_provider(dialect: DialectKind, body: &[u8]) -> Result<(), String> {
-    use compactor_plugin_testing::rules::{chat, messages, responses};
+    use compactor_plugin_testing::rules::{chat, gemini, messages, responses};
     let request: Value = serde_json::from_slice(body).map_err(|e| e.to_string())?;
     let verdict = match dialect {
         DialectKind::ChatCompletions => chat::check_chat(&request, usize::MAX),
         DialectKind::Messages => messages::check_messages(&request, usize::MAX),
         DialectKind::Responses => responses::check_responses(&request, usize::MAX),
+        DialectKind::Gemini => gemini::check_gemini(&request, usize::MAX),
     };
     verdict.map_err(|r| format!("{r:?}"))
 }

@@ -11,8 +11,10 @@
 //!   line is skipped) and the current event's `data` are kept. Events whose data mention
 //!   `"usage"` are parsed: Chat Completions' final chunk (`stream_options.include_usage`),
 //!   Anthropic's `message_start` (`message.usage`) and `message_delta` (`usage`), and
-//!   Responses' `response.completed` (`response.usage`). Later values override earlier ones
-//!   field by field (Anthropic's `message_delta` carries the final `output_tokens`).
+//!   Responses' `response.completed` (`response.usage`), and Gemini's `usageMetadata` (every
+//!   chunk of a `streamGenerateContent?alt=sse` stream, and the top level of a
+//!   `generateContent` answer). Later values override earlier ones field by field
+//!   (Anthropic's `message_delta` carries the final `output_tokens`).
 //!
 //! Counts are normalised to [`Usage`] so that `input` is comparable to compactor's estimate of
 //! the whole forwarded prompt:
@@ -23,6 +25,10 @@
 //! - Anthropic (`input_tokens` with `cache_read_input_tokens` / `cache_creation_input_tokens`):
 //!   `input_tokens` excludes both cache counts, so `input` is the sum of all three;
 //!   `cache_read` and `cache_write` are the two cache counts.
+//! - Gemini (`promptTokenCount`, `candidatesTokenCount`, `thoughtsTokenCount`,
+//!   `cachedContentTokenCount`): the prompt count includes cached tokens, so `input` is it and
+//!   `cache_read` the cached count; `output` is the candidates' tokens plus the thoughts'
+//!   (billed as output). Gemini reports no cache writes.
 //!
 //! When the body ends, fails or is dropped (the client went away), the completion callback
 //! runs exactly once with what was found (`None` when no usage was seen, e.g. non-JSON bodies
@@ -176,7 +182,7 @@ impl<B> Observed<B> {
     pub fn new(inner: B, format: Option<Format>, on_done: OnUsage) -> Observed<B> {
         Observed {
             inner,
-            scanner: format.map(|f| Feed::Plain(Scanner::new(f))),
+            scanner: format.map(|f| Feed::Plain(Box::new(Scanner::new(f)))),
             on_done: Some(on_done),
         }
     }
@@ -185,10 +191,10 @@ impl<B> Observed<B> {
     pub fn encoded(mut self, encoding: Encoding) -> Observed<B> {
         self.scanner = match (self.scanner.take(), encoding) {
             (Some(Feed::Plain(s)), Encoding::Gzip) => Some(Feed::Gzip(Box::new(
-                flate2::write::GzDecoder::new(Sink::new(s)),
+                flate2::write::GzDecoder::new(Sink::new(*s)),
             ))),
             (Some(Feed::Plain(s)), Encoding::Deflate) => Some(Feed::Deflate(Box::new(
-                flate2::write::ZlibDecoder::new(Sink::new(s)),
+                flate2::write::ZlibDecoder::new(Sink::new(*s)),
             ))),
             (other, _) => other,
         };
@@ -203,9 +209,10 @@ impl<B> Observed<B> {
     }
 }
 
-/// The scanner, fed directly or through a decompressor.
+/// The scanner, fed directly or through a decompressor (each boxed: a scanner holds every
+/// usage field of four APIs, the decoders their windows).
 enum Feed {
-    Plain(Scanner),
+    Plain(Box<Scanner>),
     Gzip(Box<flate2::write::GzDecoder<Sink>>),
     Deflate(Box<flate2::write::ZlibDecoder<Sink>>),
 }
@@ -233,7 +240,7 @@ impl Feed {
 
     fn finish(self) -> Option<Usage> {
         let scanner = match self {
-            Feed::Plain(s) => Some(s),
+            Feed::Plain(s) => Some(*s),
             Feed::Gzip(mut d) => {
                 let _ = d.try_finish();
                 d.get_mut().scanner.take()
@@ -405,9 +412,17 @@ impl Scanner {
     }
 }
 
-/// A `usage` object as any of the three APIs writes it.
+/// A `usage` object as any of the four APIs writes it (Gemini's `usageMetadata` too).
 #[derive(Debug, Default, Deserialize)]
 struct RawUsage {
+    #[serde(rename = "promptTokenCount")]
+    prompt_token_count: Option<u64>,
+    #[serde(rename = "candidatesTokenCount")]
+    candidates_token_count: Option<u64>,
+    #[serde(rename = "thoughtsTokenCount")]
+    thoughts_token_count: Option<u64>,
+    #[serde(rename = "cachedContentTokenCount")]
+    cached_content_token_count: Option<u64>,
     prompt_tokens: Option<u64>,
     completion_tokens: Option<u64>,
     prompt_tokens_details: Option<Details>,
@@ -429,6 +444,8 @@ struct Details {
 struct Event<'a> {
     #[serde(borrow, default)]
     usage: Option<&'a RawValue>,
+    #[serde(borrow, default, rename = "usageMetadata")]
+    usage_metadata: Option<&'a RawValue>,
     #[serde(borrow, default)]
     message: Option<&'a RawValue>,
     #[serde(borrow, default)]
@@ -444,6 +461,10 @@ struct Holder<'a> {
 /// Every usage field seen so far; later values override earlier ones.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 struct Fields {
+    prompt_token_count: Option<u64>,
+    candidates_token_count: Option<u64>,
+    thoughts_token_count: Option<u64>,
+    cached_content_token_count: Option<u64>,
     prompt_tokens: Option<u64>,
     completion_tokens: Option<u64>,
     input_tokens: Option<u64>,
@@ -467,6 +488,13 @@ impl Fields {
                 *slot = value;
             }
         }
+        set(&mut self.prompt_token_count, raw.prompt_token_count);
+        set(&mut self.candidates_token_count, raw.candidates_token_count);
+        set(&mut self.thoughts_token_count, raw.thoughts_token_count);
+        set(
+            &mut self.cached_content_token_count,
+            raw.cached_content_token_count,
+        );
         set(&mut self.prompt_tokens, raw.prompt_tokens);
         set(&mut self.completion_tokens, raw.completion_tokens);
         set(&mut self.input_tokens, raw.input_tokens);
@@ -491,6 +519,18 @@ impl Fields {
 
     /// The normalised usage (see the module documentation), if any count was seen.
     fn usage(&self) -> Option<Usage> {
+        if self.prompt_token_count.is_some() || self.candidates_token_count.is_some() {
+            // Gemini: the prompt count includes cached tokens; thoughts are billed as output.
+            return Some(Usage {
+                input: self.prompt_token_count.unwrap_or(0),
+                output: self
+                    .candidates_token_count
+                    .unwrap_or(0)
+                    .saturating_add(self.thoughts_token_count.unwrap_or(0)),
+                cache_read: self.cached_content_token_count.unwrap_or(0),
+                cache_write: 0,
+            });
+        }
         if self.prompt_tokens.is_some() || self.completion_tokens.is_some() {
             // Chat Completions: prompt_tokens includes cached tokens.
             return Some(Usage {
@@ -538,8 +578,8 @@ struct JsonScan {
     expect_key: bool,
     /// Inside a key string at depth 1.
     in_key: bool,
-    /// The current key's first bytes (enough to recognise `usage`).
-    key: [u8; 6],
+    /// The current key's first bytes (enough to recognise `usage` and `usageMetadata`).
+    key: [u8; 14],
     key_len: usize,
     /// A key just closed; waiting for its `:`.
     after_key: bool,
@@ -646,7 +686,8 @@ impl JsonScan {
             }
             b':' if self.depth == 1 && self.after_key => {
                 self.after_key = false;
-                if self.key_len == 5 && &self.key[..5] == b"usage" {
+                let key = &self.key[..self.key_len.min(self.key.len())];
+                if key == b"usage" || key == b"usageMetadata" {
                     self.capturing = true;
                     self.capture.clear();
                     // Room for a usage object with its details at once, not grown byte by byte.
@@ -781,6 +822,7 @@ impl SseScan {
             if let Ok(event) = serde_json::from_slice::<Event>(&self.data) {
                 let found = [
                     event.usage,
+                    event.usage_metadata,
                     nested_usage(event.message),
                     nested_usage(event.response),
                 ];
@@ -807,16 +849,18 @@ fn nested_usage(holder: Option<&RawValue>) -> Option<&RawValue> {
 /// into every Chat Completions chunk before the last; parsing each of them was most of the
 /// time a streamed answer spent in compactor.
 fn names_usage(data: &[u8]) -> bool {
-    const KEY: &[u8] = b"\"usage\"";
+    const KEYS: [&[u8]; 2] = [b"\"usage\"", b"\"usageMetadata\""];
     // Built once: a searcher's setup cost more than a short event's search.
-    static FINDER: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(KEY));
-    FINDER.find_iter(data).any(|at| {
-        let after = data[at + KEY.len()..].trim_ascii_start();
-        match after.strip_prefix(b":") {
-            Some(value) => !value.trim_ascii_start().starts_with(b"null"),
-            // Not a key (a string value): parsed, to be safe.
-            None => true,
-        }
+    static FINDERS: LazyLock<[Finder<'static>; 2]> = LazyLock::new(|| KEYS.map(Finder::new));
+    KEYS.iter().zip(FINDERS.iter()).any(|(key, finder)| {
+        finder.find_iter(data).any(|at| {
+            let after = data[at + key.len()..].trim_ascii_start();
+            match after.strip_prefix(b":") {
+                Some(value) => !value.trim_ascii_start().starts_with(b"null"),
+                // Not a key (a string value): parsed, to be safe.
+                None => true,
+            }
+        })
     })
 }
 

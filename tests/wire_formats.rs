@@ -37,6 +37,10 @@ fn files(format: DialectKind) -> [&'static str; 2] {
             "src/dialect/responses.rs",
             "plugins/testing/src/rules/responses.rs",
         ],
+        DialectKind::Gemini => [
+            "src/dialect/gemini.rs",
+            "plugins/testing/src/rules/gemini.rs",
+        ],
     }
 }
 
@@ -98,6 +102,7 @@ fn every_format_has_what_the_checklist_asks() {
                 r#"{"model":"claude-sonnet-4-5","max_tokens":10,"messages":[{"role":"user","content":"hi"}]}"#
             }
             DialectKind::Responses => r#"{"model":"gpt-5","input":"hi"}"#,
+            DialectKind::Gemini => r#"{"contents":[{"role":"user","parts":[{"text":"hi"}]}]}"#,
         };
         let dir = tempfile::tempdir().expect("tempdir");
         let file = dir.path().join("request.json");
@@ -116,7 +121,7 @@ fn every_format_has_what_the_checklist_asks() {
         );
     }
     let out = Command::new(env!("CARGO_BIN_EXE_compactor"))
-        .args(["compact", "--dialect", "gemini-3"])
+        .args(["compact", "--dialect", "gemini-ultra"])
         .output()
         .expect("compactor runs");
     assert!(!out.status.success());

@@ -61,6 +61,9 @@ pub(crate) struct Rules {
     pub raw: &'static [&'static str],
     /// `type` values that make a node an image.
     pub image_types: &'static [&'static str],
+    /// Keys whose presence makes a node an image, their values unread (Gemini's `inlineData`
+    /// and `fileData` parts, which have no `type`).
+    pub image_keys: &'static [&'static str],
 }
 
 /// Weight of every string leaf (not keys) of a parsed value.
@@ -160,6 +163,7 @@ impl<'a> OrderedObject<'a> {
 /// What a key of a node is, under some rules.
 enum KeyKind {
     Type,
+    Image,
     Skip,
     Nested,
     Raw,
@@ -184,6 +188,8 @@ impl<'de> Visitor<'de> for KeySeed {
         let rules = self.0;
         Ok(if k == "type" {
             KeyKind::Type
+        } else if rules.image_keys.contains(&k) {
+            KeyKind::Image
         } else if rules.skip.contains(&k) {
             KeyKind::Skip
         } else if rules.nested.contains(&k) {
@@ -348,6 +354,10 @@ impl<'de> Visitor<'de> for NodeSeed {
         while let Some(kind) = map.next_key_seed(KeySeed(rules))? {
             match kind {
                 KeyKind::Type => image = map.next_value_seed(OneOf(rules.image_types))?,
+                KeyKind::Image => {
+                    map.next_value::<IgnoredAny>()?;
+                    image = true;
+                }
                 KeyKind::Skip => {
                     map.next_value::<IgnoredAny>()?;
                 }
@@ -531,6 +541,10 @@ pub(crate) fn fast_node(
                 image = rules.image_types.contains(&kind);
                 len
             }
+            KeyKind::Image => {
+                image = true;
+                fast_skip(rest)?
+            }
             KeyKind::Skip => fast_skip(rest)?,
             KeyKind::Nested => {
                 let (c, len) = fast_content(rest, rules, depth + 1)?;
@@ -566,6 +580,7 @@ mod tests {
         nested: &["content"],
         raw: &["input"],
         image_types: &["image"],
+        image_keys: &["inlineData"],
     };
 
     #[test]

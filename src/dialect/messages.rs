@@ -57,6 +57,7 @@ pub(crate) static RULES: Rules = Rules {
     nested: &["content"],
     raw: &["input"],
     image_types: &["image"],
+    image_keys: &[],
 };
 
 const ROLES: &[&str] = &["user", "assistant", "system"];

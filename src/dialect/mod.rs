@@ -13,11 +13,12 @@
 //! ever re-serialised.
 //!
 //! One module per wire format: [`chat`] (OpenAI Chat Completions), [`messages`] (Anthropic
-//! Messages) and [`responses`] (OpenAI Responses), with the JSON plumbing they share in
+//! Messages), [`responses`] (OpenAI Responses) and [`gemini`] (Google Gemini), with the JSON plumbing they share in
 //! `json`; [`outputs`] finds tool outputs in any of them and replaces them in place (masking
 //! old observations).
 
 pub mod chat;
+pub mod gemini;
 pub(crate) mod json;
 pub mod messages;
 pub mod outputs;
@@ -141,6 +142,16 @@ impl<'a> Scan<'a> {
         }
     }
 
+    /// The scan with its model taken from the request's API prefix
+    /// ([`DialectKind::api_prefix`]) when the format names it in the path (Gemini) and the
+    /// body names none.
+    pub fn with_model_from_prefix(mut self, api_prefix: &str) -> Scan<'a> {
+        if self.model.is_none() {
+            self.model = self.dialect.model_in_prefix(api_prefix).map(str::to_string);
+        }
+        self
+    }
+
     /// The dialect the body was read in.
     pub fn dialect(&self) -> DialectKind {
         self.dialect
@@ -181,6 +192,7 @@ impl<'a> Scan<'a> {
             DialectKind::Messages => messages::message(raw, index)?,
             DialectKind::Responses if self.input_is_string => responses::string_input(raw)?,
             DialectKind::Responses => responses::message(raw, index)?,
+            DialectKind::Gemini => gemini::message(raw, index)?,
         };
         message.tokens = self.message_tokens.get(index).copied().unwrap_or_default();
         Ok(message)
@@ -256,6 +268,7 @@ impl<'a> Scan<'a> {
             DialectKind::ChatCompletions => chat::rewrite(self, head, boundary, summary_message),
             DialectKind::Messages => messages::rewrite(self, head, boundary, summary_message),
             DialectKind::Responses => responses::rewrite(self, head, boundary, summary_message),
+            DialectKind::Gemini => gemini::rewrite(self, head, boundary, summary_message),
         }
     }
 
@@ -346,6 +359,8 @@ wire_formats! {
     Messages,
     /// OpenAI Responses: `POST …/responses`.
     Responses,
+    /// Google Gemini: `POST …/models/{model}:generateContent` (and `:streamGenerateContent`).
+    Gemini,
 }
 
 impl DialectKind {
@@ -396,6 +411,7 @@ impl DialectKind {
             DialectKind::ChatCompletions => chat::scan(text, estimator, memo),
             DialectKind::Messages => messages::scan(text, estimator, memo),
             DialectKind::Responses => responses::scan(text, estimator, memo),
+            DialectKind::Gemini => gemini::scan(text, estimator, memo),
         }
     }
 
@@ -405,6 +421,7 @@ impl DialectKind {
             compactor_plugin_api::Api::ChatCompletions => DialectKind::ChatCompletions,
             compactor_plugin_api::Api::Messages => DialectKind::Messages,
             compactor_plugin_api::Api::Responses => DialectKind::Responses,
+            compactor_plugin_api::Api::Gemini => DialectKind::Gemini,
         }
     }
 
@@ -414,6 +431,7 @@ impl DialectKind {
             DialectKind::ChatCompletions => compactor_plugin_api::Api::ChatCompletions,
             DialectKind::Messages => compactor_plugin_api::Api::Messages,
             DialectKind::Responses => compactor_plugin_api::Api::Responses,
+            DialectKind::Gemini => compactor_plugin_api::Api::Gemini,
         }
     }
 
@@ -463,6 +481,9 @@ impl DialectKind {
             DialectKind::Responses => {
                 responses::ask_for_summary(&mut params, &mut items, turn, max_output)?
             }
+            DialectKind::Gemini => {
+                gemini::ask_for_summary(&mut params, &mut items, turn, max_output)?
+            }
         };
         let mut out = Vec::with_capacity(body.len() + turn.len() + 256);
         out.push(b'{');
@@ -485,10 +506,11 @@ impl DialectKind {
     }
 
     /// The field holding the conversation.
-    fn conversation_field(self) -> &'static str {
+    pub(crate) fn conversation_field(self) -> &'static str {
         match self {
             DialectKind::ChatCompletions | DialectKind::Messages => "messages",
             DialectKind::Responses => "input",
+            DialectKind::Gemini => "contents",
         }
     }
 
@@ -505,12 +527,33 @@ impl DialectKind {
         DialectKind::ALL.into_iter().find(|d| d.label() == label)
     }
 
-    /// The end of the format's chat path, after any prefix (see [`DialectKind::from_path`]).
+    /// The end of the format's chat path, after any prefix (see [`DialectKind::from_path`]);
+    /// Gemini's follows the model (`…/models/{model}:generateContent`, or
+    /// `:streamGenerateContent` when streamed).
     pub fn api_path(self) -> &'static str {
         match self {
             DialectKind::ChatCompletions => "/chat/completions",
             DialectKind::Messages => "/messages",
             DialectKind::Responses => "/responses",
+            DialectKind::Gemini => ":generateContent",
+        }
+    }
+
+    /// The prefix of `path` before this format's API path, when `path` is one of its chat
+    /// paths (before any collection check, see [`split_path`]).
+    fn prefix_of(self, path: &str) -> Option<&str> {
+        match self {
+            DialectKind::Gemini => gemini::split_path(path),
+            _ => path.strip_suffix(self.api_path()),
+        }
+    }
+
+    /// The model a request's API prefix names, for formats that name it in the path
+    /// (Gemini); `None` for the others, whose body names it.
+    pub fn model_in_prefix(self, api_prefix: &str) -> Option<&str> {
+        match self {
+            DialectKind::Gemini => gemini::model_of_prefix(api_prefix),
+            DialectKind::ChatCompletions | DialectKind::Messages | DialectKind::Responses => None,
         }
     }
 
@@ -520,6 +563,7 @@ impl DialectKind {
             DialectKind::ChatCompletions => "chat-completions",
             DialectKind::Messages => "messages",
             DialectKind::Responses => "responses",
+            DialectKind::Gemini => "gemini",
         }
     }
 
@@ -530,6 +574,7 @@ impl DialectKind {
             DialectKind::ChatCompletions => chat::looks_like(request),
             DialectKind::Messages => messages::looks_like(request),
             DialectKind::Responses => responses::looks_like(request),
+            DialectKind::Gemini => gemini::looks_like(request),
         })
     }
 
@@ -539,6 +584,7 @@ impl DialectKind {
             DialectKind::ChatCompletions => "chat_completions",
             DialectKind::Messages => "messages",
             DialectKind::Responses => "responses",
+            DialectKind::Gemini => "gemini",
         }
     }
 
@@ -565,7 +611,7 @@ fn split_path(path: &str) -> Option<(DialectKind, &str)> {
     let path = path.trim_end_matches('/');
     let (dialect, prefix) = DialectKind::ALL
         .into_iter()
-        .find_map(|dialect| Some((dialect, path.strip_suffix(dialect.api_path())?)))?;
+        .find_map(|dialect| Some((dialect, dialect.prefix_of(path)?)))?;
     let under_collection = prefix
         .rsplit('/')
         .take(2)
@@ -625,6 +671,26 @@ mod tests {
             ("/responses", Responses, ""),
             ("/openai/responses", Responses, "/openai"),
             ("/openai/v1/responses", Responses, "/openai/v1"),
+            (
+                "/v1beta/models/gemini-2.5-pro:generateContent",
+                Gemini,
+                "/v1beta/models/gemini-2.5-pro",
+            ),
+            (
+                "/v1beta/models/gemini-2.5-flash:streamGenerateContent",
+                Gemini,
+                "/v1beta/models/gemini-2.5-flash",
+            ),
+            (
+                "/google/v1beta/tunedModels/mine:generateContent",
+                Gemini,
+                "/google/v1beta/tunedModels/mine",
+            ),
+            (
+                "/v1/projects/p/locations/us-central1/publishers/google/models/gemini-2.5-pro:streamGenerateContent",
+                Gemini,
+                "/v1/projects/p/locations/us-central1/publishers/google/models/gemini-2.5-pro",
+            ),
         ];
         for (path, dialect, prefix) in chat {
             assert_eq!(DialectKind::from_path(path), Some(dialect), "{path}");
@@ -664,12 +730,22 @@ mod tests {
             "/v1/embeddings",
             "/v1/models",
             "/v1/batches",
+            // Gemini: everything but generating content, and verbs without a model.
+            "/v1beta/models/gemini-2.5-pro:countTokens",
+            "/v1beta/models/gemini-2.5-pro:embedContent",
+            "/v1beta/models/gemini-2.5-pro:batchGenerateContent",
+            "/v1beta/models/gemini-2.5-pro",
+            "/v1beta/models",
+            "/v1beta/models/:generateContent",
+            "/v1beta/cachedContents/abc:generateContent",
+            "/v1beta/files/abc:generateContent",
+            ":generateContent",
             "/",
             "",
         ];
         for path in not_chat {
             assert_eq!(DialectKind::from_path(path), None, "{path}");
-            for dialect in [ChatCompletions, Messages, Responses] {
+            for dialect in DialectKind::ALL {
                 assert_eq!(dialect.api_prefix(path), "", "{dialect:?} {path}");
             }
         }
@@ -679,7 +755,6 @@ mod tests {
     /// stops being UTF-8 (as `std::str::from_utf8` does), in short bodies and long ones.
     #[test]
     fn bodies_that_are_not_utf8_are_malformed_where_they_stop_being_utf8() {
-        use DialectKind::*;
         for pad in [0, 5, 100, 5_000] {
             for bad in [
                 &b"\xff"[..],
@@ -696,7 +771,7 @@ mod tests {
                 let expected = std::str::from_utf8(&body)
                     .expect_err("not UTF-8")
                     .valid_up_to();
-                for dialect in [ChatCompletions, Messages, Responses] {
+                for dialect in DialectKind::ALL {
                     match dialect.scan(&body, &LazyEstimator::default()) {
                         Err(DialectError::Malformed { at }) => assert_eq!(at, expected),
                         other => panic!("{dialect:?} {pad} {bad:?}: {other:?}"),
@@ -950,10 +1025,11 @@ mod tests {
                 "{d:?}"
             );
             assert_eq!(DialectKind::from_label(d.label()), Some(d));
-            assert_eq!(
-                DialectKind::from_path(&format!("/v1{}", d.api_path())),
-                Some(d)
-            );
+            let path = match d {
+                DialectKind::Gemini => format!("/v1beta/models/m{}", d.api_path()),
+                _ => format!("/v1{}", d.api_path()),
+            };
+            assert_eq!(DialectKind::from_path(&path), Some(d));
             assert_eq!(DialectKind::of_api(d.api()), d);
             // A body of the format's shape is told apart from the others'.
             let sample = match d {
@@ -963,13 +1039,21 @@ mod tests {
                 DialectKind::Messages => serde_json::json!({"model": "m", "system": "s",
                     "messages": [{"role": "user", "content": "hi"}]}),
                 DialectKind::Responses => serde_json::json!({"model": "m", "input": "hi"}),
+                DialectKind::Gemini => {
+                    serde_json::json!({"contents": [{"role": "user", "parts": [{"text": "hi"}]}]})
+                }
             };
             let Value::Object(sample) = sample else {
                 panic!("an object")
             };
             assert_eq!(DialectKind::detect(&sample), Some(d));
         }
-        for api in [Api::ChatCompletions, Api::Messages, Api::Responses] {
+        for api in [
+            Api::ChatCompletions,
+            Api::Messages,
+            Api::Responses,
+            Api::Gemini,
+        ] {
             assert_eq!(DialectKind::of_api(api).api(), api);
         }
     }

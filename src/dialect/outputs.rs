@@ -70,6 +70,8 @@ pub(super) struct Markers {
     user: Finder<'static>,
     pub(super) tool_result: Finder<'static>,
     pub(super) call_output: Finder<'static>,
+    pub(super) function_response: Finder<'static>,
+    pub(super) function_response_snake: Finder<'static>,
     provider_summary: Finder<'static>,
     item_reference: Finder<'static>,
 }
@@ -80,6 +82,8 @@ pub(super) static MARKERS: LazyLock<Markers> = LazyLock::new(|| Markers {
     user: Finder::new("\"user\""),
     tool_result: Finder::new("tool_result"),
     call_output: Finder::new("_call_output"),
+    function_response: Finder::new("\"functionResponse\""),
+    function_response_snake: Finder::new("\"function_response\""),
     // A JSON string holding exactly the kind (an escaped one in text has a backslash before
     // its closing quote).
     provider_summary: Finder::new(PROVIDER_SUMMARY_MARK),
@@ -127,6 +131,11 @@ pub(super) fn marks(dialect: DialectKind, raw: &str) -> u32 {
         DialectKind::ChatCompletions => usize::from(holds(raw, &m.tool) || holds(raw, &m.function)),
         DialectKind::Messages => m.tool_result.find_iter(raw.as_bytes()).count(),
         DialectKind::Responses => usize::from(holds(raw, &m.call_output)),
+        DialectKind::Gemini => m
+            .function_response
+            .find_iter(raw.as_bytes())
+            .count()
+            .saturating_add(m.function_response_snake.find_iter(raw.as_bytes()).count()),
     };
     let outputs = u32::try_from(outputs).unwrap_or(OUTPUTS).min(OUTPUTS);
     let user = if holds(raw, &m.user) { USER } else { 0 };
@@ -296,6 +305,7 @@ impl<'a> Scan<'a> {
             DialectKind::Messages => super::messages::outputs(raw, index),
             DialectKind::Responses if self.input_is_string => Ok(Vec::new()),
             DialectKind::Responses => super::responses::outputs(raw, index),
+            DialectKind::Gemini => super::gemini::outputs(raw, index),
         }
     }
 
@@ -341,10 +351,11 @@ impl<'a> Scan<'a> {
     }
 
     /// The first message a rewrite replacing `[head..boundary]` copies verbatim: `boundary`,
-    /// or the one after it when the summary is merged into it (Anthropic, a tail opening
-    /// with a user message).
+    /// or the one after it when the summary is merged into it (Anthropic and Gemini, a tail
+    /// opening with a user message).
     pub fn verbatim_from(&self, boundary: usize) -> Result<usize, DialectError> {
-        if self.dialect != DialectKind::Messages || boundary >= self.messages.len() {
+        let merges = matches!(self.dialect, DialectKind::Messages | DialectKind::Gemini);
+        if !merges || boundary >= self.messages.len() {
             return Ok(boundary);
         }
         let first = self.message(boundary)?;

@@ -35,6 +35,7 @@ pub fn from_model(dialect: DialectKind, raw: &str) -> bool {
     let head = Head::leading(raw).unwrap_or_else(|| Head::parsed(raw));
     match dialect {
         DialectKind::ChatCompletions | DialectKind::Messages => head.role == Some("assistant"),
+        DialectKind::Gemini => head.role == Some("model"),
         DialectKind::Responses => match head.kind {
             Some("reasoning") => true,
             Some(kind) if kind.ends_with("_call") => true,

@@ -58,6 +58,7 @@ pub(crate) static RULES: Rules = Rules {
     nested: &["content", "output", "summary"],
     raw: &[],
     image_types: &["input_image", "image", "image_url", "computer_screenshot"],
+    image_keys: &[],
 };
 
 // ---------------------------------------------------------------------------------------------

@@ -353,6 +353,14 @@ mod tests {
                 }));
                 json!({"model": "gpt-5", "input": m, "store": false})
             }
+            DialectKind::Gemini => {
+                let mut m = vec![json!({"role": "user", "parts": [{"text": system}]})];
+                m.extend(turns.iter().enumerate().map(|(i, t)| {
+                    let role = if i % 2 == 0 { "model" } else { "user" };
+                    json!({"role": role, "parts": [{"text": t}]})
+                }));
+                json!({"contents": m, "generationConfig": {"maxOutputTokens": 100}})
+            }
         };
         Bytes::from(serde_json::to_vec(&v).expect("serialise"))
     }

@@ -150,6 +150,7 @@ impl Pipeline {
         let Ok(scan) = job.dialect.scan(&job.body, self.engine.estimator()) else {
             return BackgroundOutcome::Failed;
         };
+        let scan = scan.with_model_from_prefix(&job.caller.api_prefix);
         let Ok(transcript) = scan.transcript(job.limits.opening_budget) else {
             return BackgroundOutcome::Failed;
         };

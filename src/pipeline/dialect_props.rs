@@ -1,4 +1,4 @@
-//! Property tests of the Anthropic Messages and OpenAI Responses dialects through the whole
+//! Property tests of the Anthropic Messages, OpenAI Responses and Gemini dialects through the whole
 //! request flow (`Pipeline::process`) over random conversations: tool loops with parallel
 //! calls answered in any order, tool errors, images in messages and in tool results, thinking
 //! (at the start of each turn, optionally interleaved), redacted thinking, server tools,
@@ -116,7 +116,8 @@ fn engine_toml(max_messages: usize, min_preserve: usize, max_preserve: usize) ->
     format!(
         "[compaction]\nstrategy = \"summarize\"\nmax_messages = {max_messages}\nmin_preserve_tokens = {min_preserve}\n\
          max_preserve_tokens = {max_preserve}\n[models.\"claude-test\"]\ncontext_window = 3000\n\
-         [models.\"gpt-test\"]\ncontext_window = 3000\n[summarizer.openai]\nmax_tokens = 200\n"
+         [models.\"gpt-test\"]\ncontext_window = 3000\n[models.\"gemini-test\"]\ncontext_window = 3000\n\
+         [summarizer.openai]\nmax_tokens = 200\n"
     )
 }
 
@@ -957,4 +958,267 @@ fn responses_rewrites_stay_valid_verbatim_and_smaller() {
         panic!("{e}");
     }
     tally.check("responses");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Google Gemini.
+
+/// Renders exchanges as Gemini `contents`: the user's turn (text, perhaps an inline image),
+/// then per tool step a model entry (a thought, its text, its calls, the first carrying a
+/// thought signature when `thinking`) and a user entry answering every call in `order` (an
+/// error as `{"error": …}`, a reminder as a text part after the responses), then the model's
+/// answer. Roles alternate throughout, as Gemini reads them. The last exchange is cut at one
+/// of its user entries.
+fn render_gemini(exchanges: &[Exchange], thinking: bool, ids: bool, cut: usize) -> Vec<Value> {
+    let mut out: Vec<Value> = Vec::new();
+    let mut id = 0;
+    for (k, ex) in exchanges.iter().enumerate() {
+        let start = out.len();
+        let mut parts = vec![json!({"text": ex.user})];
+        if ex.image {
+            parts.push(json!({"inlineData": {"mimeType": "image/png", "data": "iVBORw0KGgo"}}));
+        }
+        out.push(json!({"role": "user", "parts": parts}));
+        for (s, step) in ex.steps.iter().enumerate() {
+            let mut parts = Vec::new();
+            if thinking && step.interleaved_thinking {
+                parts.push(json!({"text": format!("think {k}.{s}"), "thought": true}));
+            }
+            if let Some(t) = &step.text {
+                parts.push(json!({"text": t}));
+            }
+            let call_ids: Vec<String> = step
+                .calls
+                .iter()
+                .map(|_| {
+                    id += 1;
+                    format!("call_{id:04}")
+                })
+                .collect();
+            for (c, (call, cid)) in step.calls.iter().zip(&call_ids).enumerate() {
+                let mut f = json!({"name": call.name, "args": {"arg": call.arg, "n": 1}});
+                if ids {
+                    f["id"] = json!(cid);
+                }
+                let mut part = json!({"functionCall": f});
+                if thinking && c == 0 {
+                    part["thoughtSignature"] = json!("c2lnbmF0dXJl");
+                }
+                parts.push(part);
+            }
+            out.push(json!({"role": "model", "parts": parts}));
+            let mut answers = Vec::new();
+            for &j in &step.order {
+                let call = &step.calls[j];
+                let response = if call.error {
+                    json!({"error": call.output})
+                } else {
+                    json!({"output": call.output})
+                };
+                let mut f = json!({"name": call.name, "response": response});
+                if ids {
+                    f["id"] = json!(call_ids[j]);
+                }
+                answers.push(json!({"functionResponse": f}));
+            }
+            if let Some(reminder) = &step.reminder {
+                answers.push(json!({"text": reminder}));
+            }
+            out.push(json!({"role": "user", "parts": answers}));
+        }
+        let mut parts = Vec::new();
+        if thinking {
+            parts.push(json!({"text": "final", "thought": true}));
+        }
+        parts.push(json!({"text": ex.answer}));
+        out.push(json!({"role": "model", "parts": parts}));
+        if k + 1 == exchanges.len() {
+            let users: Vec<usize> = (start..out.len())
+                .filter(|&i| out[i]["role"] == "user")
+                .collect();
+            let at = users[cut % users.len()];
+            out.truncate(at + 1);
+        }
+    }
+    out
+}
+
+#[derive(Debug, Clone)]
+struct GeminiCase {
+    exchanges: Vec<Exchange>,
+    thinking: bool,
+    ids: bool,
+    cut: usize,
+    snake_case: bool,
+    max_output: Option<u32>,
+    order: Vec<usize>,
+    limits: (usize, usize, usize),
+}
+
+fn gemini_case() -> impl Strategy<Value = GeminiCase> {
+    (
+        proptest::collection::vec(exchange(), 1..10),
+        (any::<bool>(), any::<bool>(), any::<bool>()),
+        0usize..8,
+        proptest::option::of(0u32..2_000),
+        Just((0..6).collect::<Vec<usize>>()).prop_shuffle(),
+        (4usize..30, 10usize..200, 200usize..1_500),
+    )
+        .prop_map(
+            |(exchanges, (thinking, ids, snake_case), cut, max_output, order, limits)| GeminiCase {
+                exchanges,
+                thinking,
+                ids,
+                cut,
+                snake_case,
+                max_output,
+                order,
+                limits,
+            },
+        )
+}
+
+fn gemini_body(case: &GeminiCase, contents: &[Value]) -> Vec<u8> {
+    let name =
+        |camel: &'static str, snake: &'static str| if case.snake_case { snake } else { camel };
+    let config = match case.max_output {
+        Some(t) => json!({"temperature": 0.5, "maxOutputTokens": t}),
+        None => json!({"temperature": 0.5}),
+    };
+    let fields = vec![
+        ("contents", json!(contents)),
+        (
+            name("systemInstruction", "system_instruction"),
+            json!({"parts": [{"text": "You are Gemini CLI, a coding agent."}]}),
+        ),
+        (
+            "tools",
+            json!([{"functionDeclarations": [{"name": "Bash", "parameters": {"type": "object"}}]}]),
+        ),
+        (name("generationConfig", "generation_config"), config),
+        (
+            name("toolConfig", "tool_config"),
+            json!({"functionCallingConfig": {"mode": "AUTO"}}),
+        ),
+        ("x_vendor", json!({"b": 1, "a": [true, 2.5, null]})),
+    ];
+    object(fields, &case.order)
+}
+
+/// A Gemini request valid for Gemini (what the fuzz tests mutate).
+pub(super) fn valid_gemini_request() -> impl Strategy<Value = Vec<u8>> {
+    gemini_case().prop_map(|case| {
+        let contents = render_gemini(&case.exchanges, case.thinking, case.ids, case.cut);
+        gemini_body(&case, &contents)
+    })
+}
+
+/// The caller of a Gemini request for `gemini-test`: the model is in its path.
+fn gemini_caller() -> std::sync::Arc<compactor_plugin_api::Caller> {
+    std::sync::Arc::new(compactor_plugin_api::Caller {
+        api_prefix: "/v1beta/models/gemini-test".into(),
+        api: compactor_plugin_api::Api::Gemini,
+        ..compactor_plugin_api::Caller::default()
+    })
+}
+
+#[test]
+fn gemini_rewrites_stay_valid_verbatim_and_smaller() {
+    let rt = runtime();
+    let tally = Tally::default();
+    let mut runner = TestRunner::new(ProptestConfig {
+        cases: 250,
+        ..ProptestConfig::default()
+    });
+    let result = runner.run(&gemini_case(), |case| {
+        let contents = render_gemini(&case.exchanges, case.thinking, case.ids, case.cut);
+        let body = gemini_body(&case, &contents);
+        valid_for_provider(DialectKind::Gemini, &body)
+            .map_err(|e| fail(format!("generator: {e}")))?;
+        let (mm, minp, maxp) = case.limits;
+        let summary = format!(
+            "Short summary of the earlier turns.{}",
+            "!".repeat(case.cut % 4)
+        );
+        let (c, _) = compactor(
+            &config(&engine_toml(mm, minp, maxp)),
+            FakeSummarizer::text(&summary),
+        );
+        let est = LazyEstimator::default();
+        let parsed = DialectKind::Gemini.parse(&body).map_err(fail)?;
+        check_estimates(&parsed, &est)?;
+        let before = parsed
+            .scan
+            .with_model_from_prefix("/v1beta/models/gemini-test");
+        ensure(
+            before.model.as_deref() == Some("gemini-test"),
+            "model from the path",
+        )?;
+        ensure(
+            before.requested_output == case.max_output.map(|t| t as usize),
+            "maxOutputTokens read, in either spelling",
+        )?;
+        let due = c
+            .engine()
+            .limits(before.model.as_deref(), before.requested_output)
+            .check(before.len(), before.tokens)
+            .is_some();
+        match rt.block_on(c.process(DialectKind::Gemini, &body, &gemini_caller())) {
+            Outcome::Reused { .. } => ensure(false, "a fresh compactor reused a summary")?,
+            Outcome::Masked { .. } => ensure(false, "`summarize` masked outputs")?,
+            Outcome::Unchanged => ensure(!due, "due compaction reported unchanged")?,
+            Outcome::Failed => {
+                ensure(due, "failure without a trigger")?;
+                tally.triggered.set(tally.triggered.get() + 1);
+            }
+            Outcome::Rewritten {
+                body: out, result, ..
+            } => {
+                ensure(due, "rewrite without a trigger")?;
+                tally.triggered.set(tally.triggered.get() + 1);
+                tally.rewritten.set(tally.rewritten.get() + 1);
+                same_fields_except(&body, &out, "contents")?;
+                valid_for_provider(DialectKind::Gemini, &out).map_err(fail)?;
+                let orig = raw_list(&body, "contents")?;
+                let new = raw_list(&out, "contents")?;
+                // One user entry holds the summary, as a text part of its own; every other
+                // entry is one of the request's, byte for byte: the opening before it, a
+                // verbatim tail after it.
+                let holds_summary = |raw: &str| {
+                    let v: Value = serde_json::from_str(raw).unwrap_or(Value::Null);
+                    v["parts"].as_array().is_some_and(|parts| {
+                        parts.iter().any(|p| {
+                            p["text"]
+                                .as_str()
+                                .is_some_and(|t| t.starts_with(SUMMARY_INTRO))
+                        })
+                    })
+                };
+                let at: Vec<usize> = (0..new.len()).filter(|&i| holds_summary(&new[i])).collect();
+                ensure(at.len() == 1, format!("one summary entry, found {at:?}"))?;
+                let at = at[0];
+                ensure(new[..at] == orig[..at], "the opening kept")?;
+                let tail = &new[at + 1..];
+                ensure(
+                    tail == &orig[orig.len() - tail.len()..],
+                    "tail byte-identical",
+                )?;
+                // The summary entry keeps the parts of the neighbours it joined, in order.
+                let summary_entry: Value = serde_json::from_str(&new[at]).map_err(fail)?;
+                ensure(summary_entry["role"] == "user", "the summary is the user's")?;
+                let after = DialectKind::Gemini.scan(&out, &est).map_err(fail)?;
+                ensure(before.tokens == result.pre_tokens, "pre_tokens")?;
+                ensure(after.tokens < before.tokens, "rewrite is smaller")?;
+                ensure(
+                    after.tokens <= result.post_tokens && after.tokens + 2 >= result.post_tokens,
+                    format!("post_tokens {} vs {}", result.post_tokens, after.tokens),
+                )?;
+            }
+        }
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+    tally.check("gemini");
 }

@@ -35,7 +35,9 @@ use proptest::test_runner::{TestCaseError, TestRunner};
 use serde::de::IgnoredAny;
 use serde_json::{json, Value};
 
-use super::dialect_props::{valid_anthropic_request, valid_responses_request};
+use super::dialect_props::{
+    valid_anthropic_request, valid_gemini_request, valid_responses_request,
+};
 use super::props::valid_request;
 use super::Outcome;
 use crate::dialect::json::OrderedObject;
@@ -44,12 +46,6 @@ use crate::estimate::LazyEstimator;
 use crate::testing::fuzz::{self, mutate, mutations, pick};
 use crate::testing::{caller, compactor, config, ensure, valid_for_provider, FakeSummarizer};
 use crate::transcript::Role;
-
-const DIALECTS: [DialectKind; 3] = [
-    DialectKind::ChatCompletions,
-    DialectKind::Messages,
-    DialectKind::Responses,
-];
 
 /// Cases of each dialect's property in a default (CI) run.
 const SHORT_RUN: u32 = 64;
@@ -64,10 +60,7 @@ fn fail(e: impl std::fmt::Display) -> TestCaseError {
 
 /// The top-level field holding the conversation.
 fn conversation_key(dialect: DialectKind) -> &'static str {
-    match dialect {
-        DialectKind::Responses => "input",
-        _ => "messages",
-    }
+    dialect.conversation_field()
 }
 
 /// A body to fuzz with, and whether it is valid for its API as generated.
@@ -83,6 +76,7 @@ fn real(dialect: DialectKind) -> BoxedStrategy<Vec<u8>> {
         DialectKind::ChatCompletions => valid_request().boxed(),
         DialectKind::Messages => valid_anthropic_request().boxed(),
         DialectKind::Responses => valid_responses_request().boxed(),
+        DialectKind::Gemini => valid_gemini_request().boxed(),
     }
 }
 
@@ -248,6 +242,19 @@ fn check_splice(scan: &Scan<'_>, out: &[u8]) -> Result<(), TestCaseError> {
 /// kept message (Anthropic).
 fn summary_of(dialect: DialectKind, message: &str) -> Option<(String, bool)> {
     let v: Value = serde_json::from_str(message).ok()?;
+    if dialect == DialectKind::Gemini {
+        // A user entry (a missing role is the user's) whose first part is the summary.
+        let parts = v["parts"].as_array()?;
+        let first = parts.first()?;
+        let user = v.get("role").is_none_or(|r| r == "user");
+        return user
+            .then(|| {
+                first["text"]
+                    .as_str()
+                    .map(|s| (s.to_string(), parts.len() > 1))
+            })
+            .flatten();
+    }
     if v["role"] != "user" {
         return None;
     }
@@ -310,12 +317,12 @@ fn check_rewrite(
     }
     // Anthropic roles alternate: after a head ending on a user message the summary is a block
     // of that message, after its own blocks.
-    let joined = dialect == DialectKind::Messages
+    let joined = matches!(dialect, DialectKind::Messages | DialectKind::Gemini)
         && head > 0
         && scan.message(head - 1).is_ok_and(|m| m.role == Role::User);
     let at_summary = if joined { head - 1 } else { head };
     let (text, merged) = if joined {
-        joined_summary(scan.messages[head - 1], at(at_summary))
+        joined_summary(dialect, scan.messages[head - 1], at(at_summary))
     } else {
         summary_of(dialect, at(head))
     }
@@ -345,11 +352,14 @@ fn check_rewrite(
     Ok(())
 }
 
-/// The summary block of an Anthropic user message `message` that is `original` with the
-/// summary joined after its blocks, and whether more blocks follow it (the tail's first
-/// message merged in); `None` when `original`'s blocks are not kept in front of it.
-fn joined_summary(original: &str, message: &str) -> Option<(String, bool)> {
-    let blocks_of = |v: &Value| match &v["content"] {
+/// The summary block of an Anthropic user message (a Gemini user entry's part) `message`
+/// that is `original` with the summary joined after its blocks, and whether more blocks
+/// follow it (the tail's first message merged in); `None` when `original`'s blocks are not
+/// kept in front of it.
+fn joined_summary(dialect: DialectKind, original: &str, message: &str) -> Option<(String, bool)> {
+    let gemini = dialect == DialectKind::Gemini;
+    let key = if gemini { "parts" } else { "content" };
+    let blocks_of = |v: &Value| match &v[key] {
         Value::String(s) if s.is_empty() => Some(Vec::new()),
         Value::String(s) => Some(vec![json!({"type": "text", "text": s})]),
         Value::Array(blocks) => Some(blocks.clone()),
@@ -358,13 +368,14 @@ fn joined_summary(original: &str, message: &str) -> Option<(String, bool)> {
     };
     let original = blocks_of(&serde_json::from_str(original).ok()?)?;
     let v: Value = serde_json::from_str(message).ok()?;
-    let blocks = v["content"].as_array()?;
+    let blocks = v[key].as_array()?;
     let k = original.len();
-    if v["role"] != "user" || blocks.len() <= k || blocks[..k] != original[..] {
+    let user = v["role"] == "user" || (gemini && v.get("role").is_none());
+    if !user || blocks.len() <= k || blocks[..k] != original[..] {
         return None;
     }
     let summary = &blocks[k];
-    (summary["type"] == "text")
+    (summary["type"] == "text" || (gemini && summary["text"].is_string()))
         .then(|| {
             summary["text"]
                 .as_str()
@@ -475,7 +486,7 @@ fn fuzz_dialect(dialect: DialectKind) {
     let strategy = (input(dialect), any::<(usize, usize)>(), summary());
     let started = std::time::Instant::now();
     let result = runner.run(&strategy, |(input, plan, summary)| {
-        for d in DIALECTS {
+        for d in DialectKind::ALL {
             check_dialect(d, &input.body, plan, &summary)
                 .map_err(|e| fail(format!("{d:?} scan/rewrite: {e}")))?;
         }
@@ -515,4 +526,10 @@ fn messages_parsers_and_pipeline_survive_fuzzing() {
 #[test]
 fn responses_parsers_and_pipeline_survive_fuzzing() {
     fuzz_dialect(DialectKind::Responses);
+}
+
+/// Google Gemini inputs (and each through the other dialects' scans).
+#[test]
+fn gemini_parsers_and_pipeline_survive_fuzzing() {
+    fuzz_dialect(DialectKind::Gemini);
 }

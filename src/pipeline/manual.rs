@@ -56,6 +56,7 @@ impl Pipeline {
         let Ok(scan) = latest.dialect.scan(&latest.body, self.engine.estimator()) else {
             return not_understood;
         };
+        let scan = scan.with_model_from_prefix(&latest.caller.api_prefix);
         let limits = self
             .limits(
                 &latest.caller.upstream_base_url,

@@ -33,7 +33,9 @@ use crate::metrics::Metrics;
 use crate::session::{MemoryStore, StoreLimits};
 use crate::testing::{caller, compactor, config, ensure, valid_for_provider, FakeSummarizer};
 
-use super::dialect_props::{valid_anthropic_request, valid_responses_request};
+use super::dialect_props::{
+    valid_anthropic_request, valid_gemini_request, valid_responses_request,
+};
 use super::props::valid_request;
 
 /// What marks a placeholder in a forwarded body.
@@ -154,6 +156,7 @@ fn request() -> impl Strategy<Value = (DialectKind, Vec<u8>)> {
         valid_request().prop_map(|b| (DialectKind::ChatCompletions, b)),
         valid_anthropic_request().prop_map(|b| (DialectKind::Messages, b)),
         valid_responses_request().prop_map(|b| (DialectKind::Responses, b)),
+        valid_gemini_request().prop_map(|b| (DialectKind::Gemini, b)),
     ]
 }
 
@@ -167,7 +170,7 @@ fn cases() -> u32 {
 #[test]
 fn masked_requests_change_only_old_outputs_and_stay_valid() {
     let rt = runtime();
-    let masked_some = [Cell::new(0usize), Cell::new(0), Cell::new(0)];
+    let masked_some: [Cell<usize>; DialectKind::COUNT] = std::array::from_fn(|_| Cell::new(0));
     let mut runner = TestRunner::new(ProptestConfig {
         cases: cases(),
         ..ProptestConfig::default()
@@ -216,11 +219,7 @@ fn masked_requests_change_only_old_outputs_and_stay_valid() {
                 == masked.len() as u64,
             "counted",
         )?;
-        let counter = &masked_some[match dialect {
-            DialectKind::ChatCompletions => 0,
-            DialectKind::Messages => 1,
-            DialectKind::Responses => 2,
-        }];
+        let counter = &masked_some[dialect.index()];
         counter.set(counter.get() + 1);
         Ok(())
     });
@@ -228,7 +227,7 @@ fn masked_requests_change_only_old_outputs_and_stay_valid() {
         panic!("{e}");
     }
     let masked_some = masked_some.map(Cell::into_inner);
-    eprintln!("masked requests per dialect (chat, messages, responses): {masked_some:?}");
+    eprintln!("masked requests per dialect (in DialectKind::ALL's order): {masked_some:?}");
     assert!(
         masked_some.iter().all(|&n| n * 8 >= cases() as usize / 3),
         "too few masked requests: {masked_some:?}"

@@ -65,7 +65,7 @@ impl Pipeline {
             known: &remembered,
         };
         let scan = match dialect.scan_remembering(&remembering, self.engine.estimator()) {
-            Ok(scan) => scan,
+            Ok(scan) => scan.with_model_from_prefix(&context.caller.api_prefix),
             Err(DialectError::ServerState) => {
                 self.metrics.server_state_passthrough();
                 return Processed::default();

@@ -39,7 +39,10 @@ impl Pipeline {
         refusal: Overflow,
         forwarded: usize,
     ) -> Option<Smaller> {
-        let scan = dialect.scan(body, self.engine.estimator()).ok()?;
+        let scan = dialect
+            .scan(body, self.engine.estimator())
+            .ok()?
+            .with_model_from_prefix(&context.caller.api_prefix);
         let tenant = TenantId::from_caller(context.caller);
         let session = self
             .session_of(&scan, &tenant, context.session_header)

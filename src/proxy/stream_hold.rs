@@ -373,6 +373,11 @@ fn classify(dialect: DialectKind, name: Option<&[u8]>, data: &[u8]) -> Class {
             Some(b"error") => refusal_or_content(data),
             _ => Class::Content,
         },
+        // Every chunk is a whole `GenerateContentResponse`; an error is `{"error": {…}}`.
+        DialectKind::Gemini => match serde_json::from_slice::<Chunk<'_>>(data) {
+            Ok(chunk) if chunk.error.is_some() => refusal_or_content(data),
+            Ok(_) | Err(_) => Class::Content,
+        },
     }
 }
 

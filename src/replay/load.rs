@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use bytes::Bytes;
 use serde_json::{Map, Value};
 
-use super::{ReplayError, DEFAULT_ANTHROPIC_MODEL, DEFAULT_OPENAI_MODEL};
+use super::{ReplayError, DEFAULT_ANTHROPIC_MODEL, DEFAULT_GEMINI_MODEL, DEFAULT_OPENAI_MODEL};
 use crate::dialect::DialectKind;
 
 /// What a recording file holds.
@@ -64,7 +64,8 @@ pub fn detect(request: &Map<String, Value>) -> Option<DialectKind> {
 /// Whether an item of the history was produced by the model: an assistant message, and for
 /// Responses also `reasoning` and `*_call` items (`function_call`, ...; not their outputs).
 fn is_model_output(dialect: DialectKind, item: &Value) -> bool {
-    if item.get("role").and_then(Value::as_str) == Some("assistant") {
+    let role = item.get("role").and_then(Value::as_str);
+    if role == Some("assistant") || (dialect == DialectKind::Gemini && role == Some("model")) {
         return true;
     }
     dialect == DialectKind::Responses
@@ -150,9 +151,14 @@ fn model_and_output(request: &Map<String, Value>) -> (Option<String>, Option<usi
         .get("model")
         .and_then(Value::as_str)
         .map(String::from);
+    let gemini = request
+        .get("generationConfig")
+        .and_then(|c| c.get("maxOutputTokens"));
     let output = ["max_completion_tokens", "max_tokens", "max_output_tokens"]
         .iter()
-        .find_map(|k| request.get(*k).and_then(Value::as_u64))
+        .find_map(|k| request.get(*k))
+        .or(gemini)
+        .and_then(Value::as_u64)
         .and_then(|n| usize::try_from(n).ok());
     (model, output)
 }
@@ -163,6 +169,9 @@ fn item_count(request: &Map<String, Value>) -> usize {
         (Some(Value::Array(m)), _) => m.len(),
         (_, Some(Value::Array(items))) => items.len(),
         (_, Some(Value::String(_))) => 1,
+        _ if request.get("contents").is_some_and(Value::is_array) => {
+            request["contents"].as_array().map_or(0, Vec::len)
+        }
         _ => 0,
     }
 }
@@ -240,21 +249,18 @@ fn transcript(path: &Path, value: Value) -> Result<Vec<Step>, ReplayError> {
         shape(
             path,
             "expected a `messages` array (Chat Completions, Anthropic Messages), an `input` \
-             (Responses), or one request per line (JSONL)",
+             (Responses), a `contents` array (Gemini), or one request per line (JSONL)",
         )
     })?;
     if !top.contains_key("model") {
         let model = match dialect {
             DialectKind::Messages => DEFAULT_ANTHROPIC_MODEL,
             DialectKind::ChatCompletions | DialectKind::Responses => DEFAULT_OPENAI_MODEL,
+            DialectKind::Gemini => DEFAULT_GEMINI_MODEL,
         };
         top.insert("model".into(), Value::String(model.into()));
     }
-    let key = if dialect == DialectKind::Responses {
-        "input"
-    } else {
-        "messages"
-    };
+    let key = dialect.conversation_field();
     let history = match top.remove(key) {
         Some(Value::Array(history)) => history,
         // A Responses `input` string: the whole conversation is one request.

@@ -18,7 +18,8 @@ use super::canonical::canonical_into;
 pub use super::canonical::{canonical_json, CanonicalError};
 
 /// Credential headers that identify a tenant, in order of preference (lowercase).
-pub const TENANT_CREDENTIAL_HEADERS: [&str; 3] = ["authorization", "x-api-key", "api-key"];
+pub const TENANT_CREDENTIAL_HEADERS: [&str; 4] =
+    ["authorization", "x-api-key", "api-key", "x-goog-api-key"];
 
 /// A client-sent session id longer than this is replaced by its hash.
 pub const SESSION_ID_MAX_LEN: usize = 128;

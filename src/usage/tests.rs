@@ -98,7 +98,30 @@ const RESPONSES_SSE_USAGE: Usage = Usage {
     cache_write: 0,
 };
 
-pub(super) fn samples() -> [(&'static str, Format, &'static str, Usage); 6] {
+/// Gemini, non-streaming: `usageMetadata` after the candidates, a decoy in the text.
+const GEMINI_JSON: &str = r#"{"candidates":[{"content":{"parts":[{"text":"the \"usageMetadata\": {\"promptTokenCount\": 1}"}],"role":"model"},"finishReason":"STOP","index":0}],"usageMetadata":{"promptTokenCount":8000,"candidatesTokenCount":300,"totalTokenCount":8400,"cachedContentTokenCount":6000,"promptTokensDetails":[{"modality":"TEXT","tokenCount":8000}],"thoughtsTokenCount":100},"modelVersion":"gemini-2.5-flash","responseId":"r1"}"#;
+
+const GEMINI_USAGE: Usage = Usage {
+    input: 8000,
+    output: 400,
+    cache_read: 6000,
+    cache_write: 0,
+};
+
+/// Gemini streaming (`alt=sse`): every chunk carries the usage so far; the last one counts.
+const GEMINI_SSE: &str = concat!(
+    "data: {\"candidates\": [{\"content\": {\"parts\": [{\"text\": \"thinking\",\"thought\": true}],\"role\": \"model\"},\"index\": 0}],\"usageMetadata\": {\"promptTokenCount\": 5000,\"totalTokenCount\": 5000,\"thoughtsTokenCount\": 20}}\r\n\r\n",
+    "data: {\"candidates\": [{\"content\": {\"parts\": [{\"text\": \"done\"}],\"role\": \"model\"},\"finishReason\": \"STOP\",\"index\": 0}],\"usageMetadata\": {\"promptTokenCount\": 5000,\"candidatesTokenCount\": 42,\"totalTokenCount\": 5062,\"cachedContentTokenCount\": 4096,\"thoughtsTokenCount\": 20},\"modelVersion\": \"gemini-2.5-flash\"}\r\n\r\n",
+);
+
+const GEMINI_SSE_USAGE: Usage = Usage {
+    input: 5000,
+    output: 62,
+    cache_read: 4096,
+    cache_write: 0,
+};
+
+pub(super) fn samples() -> [(&'static str, Format, &'static str, Usage); 8] {
     [
         ("chat json", Format::Json, CHAT_JSON, CHAT_USAGE),
         (
@@ -126,6 +149,8 @@ pub(super) fn samples() -> [(&'static str, Format, &'static str, Usage); 6] {
             RESPONSES_SSE,
             RESPONSES_SSE_USAGE,
         ),
+        ("gemini json", Format::Json, GEMINI_JSON, GEMINI_USAGE),
+        ("gemini sse", Format::Sse, GEMINI_SSE, GEMINI_SSE_USAGE),
     ]
 }
 
@@ -230,9 +255,9 @@ async fn a_compressed_body_expands_only_so_far_before_its_usage_is_given_up() {
         bomb.len()
     );
 
-    let mut feed = Feed::Plain(Scanner::new(Format::Json));
+    let mut feed = Feed::Plain(Box::new(Scanner::new(Format::Json)));
     feed = match feed {
-        Feed::Plain(s) => Feed::Gzip(Box::new(flate2::write::GzDecoder::new(Sink::new(s)))),
+        Feed::Plain(s) => Feed::Gzip(Box::new(flate2::write::GzDecoder::new(Sink::new(*s)))),
         other => other,
     };
     let mut stopped_at = None;

@@ -3,7 +3,12 @@
 //! POSTs `{"systemInstruction": {"parts": [{"text": SYSTEM_PROMPT}]}, "contents": [{"role":
 //! "user", "parts": [{"text": prompt}]}], "generationConfig": {"maxOutputTokens"}}` to
 //! `{base_url}/v1beta/models/{model}:generateContent`, or with no `base_url` to the caller's
-//! own upstream (`upstream_base_url` + `api_prefix` + `/models/{model}:generateContent`), and
+//! own upstream: a Gemini caller's `api_prefix` is its path before `:generateContent`, which
+//! names its model (`/v1beta/models/gemini-2.5-pro`, or Vertex AI's
+//! `/v1/projects/p/locations/l/publishers/google/models/gemini-2.5-pro`), so the summary goes
+//! to the same collection (`upstream_base_url` + that prefix's `…/models` +
+//! `/{model}:generateContent`); another caller's prefix is followed by
+//! `/models/{model}:generateContent` (`/v1beta` when it has none). It
 //! reads the concatenated `text` parts of the first candidate, leaving out the thought
 //! summaries of thinking models (parts marked `"thought": true`). The model is part of the
 //! path, so a model name that would need escaping there (`/`, `?`, `#`, `:`, `%`, whitespace,
@@ -189,7 +194,17 @@ impl GeminiSummarizer {
         let path = format!("models/{model}:generateContent");
         match &self.config.base_url {
             Some(base) => Ok(join_url(&join_url(base, API_VERSION), &path)),
-            None => transport::endpoint(None, caller, &format!("/{API_VERSION}"), &path),
+            None => match model_collection(&caller.api_prefix) {
+                Some(collection) => {
+                    let caller = Caller {
+                        api_prefix: collection.to_string(),
+                        ..caller.clone()
+                    };
+                    let path = format!("{model}:generateContent");
+                    transport::endpoint(None, &caller, "", &path)
+                }
+                None => transport::endpoint(None, caller, &format!("/{API_VERSION}"), &path),
+            },
         }
     }
 
@@ -308,6 +323,15 @@ struct Exchange<'a> {
     model: &'a str,
     deadline: Instant,
     timeout: std::time::Duration,
+}
+
+/// The collection a Gemini caller's API prefix names its model in: `/v1beta/models` of
+/// `/v1beta/models/gemini-2.5-pro` (`tunedModels` too); `None` for a prefix that names no
+/// model (another API's caller).
+fn model_collection(api_prefix: &str) -> Option<&str> {
+    let (collection, model) = api_prefix.rsplit_once('/')?;
+    let name = collection.rsplit('/').next()?;
+    (!model.is_empty() && matches!(name, "models" | "tunedModels")).then_some(collection)
 }
 
 /// `model` as it stands in the path `models/{model}:generateContent`: without the API's
@@ -671,6 +695,28 @@ mod tests {
                 .ok()
                 .as_deref(),
             Some("https://gw.example/google/v1beta/models/gemini-2.5-pro:generateContent")
+        );
+        // A Gemini caller's prefix names its model: the summary goes to that collection.
+        let own = |prefix: &str| Caller {
+            api_prefix: prefix.into(),
+            ..caller.clone()
+        };
+        assert_eq!(
+            s(None)
+                .endpoint(&own("/v1beta/models/gemini-2.5-flash"), "gemini-2.5-pro")
+                .ok()
+                .as_deref(),
+            Some("https://gw.example/google/v1beta/models/gemini-2.5-pro:generateContent")
+        );
+        assert_eq!(
+            s(None)
+                .endpoint(
+                    &own("/v1/projects/p/locations/us-central1/publishers/google/models/gemini-2.5-pro"),
+                    "gemini-2.5-pro"
+                )
+                .ok()
+                .as_deref(),
+            Some("https://gw.example/google/v1/projects/p/locations/us-central1/publishers/google/models/gemini-2.5-pro:generateContent")
         );
         let no_prefix = Caller {
             api_prefix: String::new(),

@@ -55,10 +55,11 @@ fn request(caller: Caller) -> SummaryRequest {
     }
 }
 
-/// A caller of the Gemini API: upstream `base`, API prefix `/v1beta`.
+/// A caller of the Gemini API: upstream `base`, API prefix `/v1beta/models/gemini-2.5-flash`
+/// (its path before `:generateContent`, as compactor hands it on).
 fn gemini_caller(base: &str, credentials: &[(&str, &str)]) -> Caller {
     Caller {
-        api_prefix: "/v1beta".into(),
+        api_prefix: "/v1beta/models/gemini-2.5-flash".into(),
         api: Api::Gemini,
         ..caller(base, credentials)
     }
