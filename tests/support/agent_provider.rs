@@ -1,6 +1,6 @@
 //! A scripted provider for the real agent CLIs (`tests/real_agents.rs`): the mock upstream
-//! answering Anthropic Messages, OpenAI Responses and Chat Completions in their streaming (and
-//! plain) shapes, playing a coding session. For [`Script::turns`] turns it answers with a call
+//! answering Anthropic Messages, OpenAI Responses, Chat Completions and Gemini
+//! `generateContent` in their streaming (and plain) shapes, playing a coding session. For [`Script::turns`] turns it answers with a call
 //! of the agent's shell tool running `echo step-K; seq ...` (the output grows the
 //! conversation), then with a final text answer (or, for agents that only stop on a command,
 //! [`Finish::Command`]). Which step comes next is read from the request itself: the `step-K`
@@ -8,11 +8,13 @@
 //! conversation goes on where it was.
 //!
 //! Every chat request is checked with the provider rules (`provider_rules`,
-//! `anthropic_rules`, `responses_rules`) against [`Script::window`]; a request breaking them is
-//! refused with the provider's real 400 (Anthropic `prompt is too long: M tokens > N maximum`,
-//! OpenAI `context_length_exceeded`, or `invalid_request_error`). Side calls are answered
+//! `anthropic_rules`, `responses_rules`, and Gemini's from `compactor-plugin-testing`) against
+//! [`Script::window`]; a request breaking them is refused with the provider's real 400
+//! (Anthropic `prompt is too long: M tokens > N maximum`, OpenAI `context_length_exceeded`,
+//! Gemini `The input token count (M) exceeds the maximum number of tokens allowed (N).`, or
+//! `invalid_request_error` / `INVALID_ARGUMENT`). Side calls are answered
 //! plausibly: a request without tools (a title or topic) with a short text, `count_tokens`
-//! with bytes / 4, `GET …/models` with the script's model, and an HTTP/1.1 upgrade (Codex's
+//! (and Gemini's `:countTokens`) with bytes / 4, `GET …/models` with the script's model, and an HTTP/1.1 upgrade (Codex's
 //! WebSocket) with 426 so the client falls back to HTTP at once. Every request and its answer
 //! is logged ([`ScriptedProvider::exchanges`]).
 //!
@@ -32,7 +34,7 @@ use serde_json::{json, Value};
 
 use super::mock::{MockUpstream, Recorded, Reply};
 use super::{anthropic_rules, provider_rules, responses_rules};
-use compactor_plugin_testing::rules::Rejection;
+use compactor_plugin_testing::rules::{gemini as gemini_rules, Rejection};
 
 /// The API of a chat request, from its path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,11 +45,15 @@ pub enum Api {
     Responses,
     /// `…/chat/completions`
     Chat,
+    /// `…/models/{model}:generateContent` or `:streamGenerateContent` (streamed)
+    Gemini,
 }
 
 impl Api {
     fn of(path: &str) -> Option<Api> {
-        if path.ends_with("/messages") {
+        if path.ends_with(":generateContent") || path.ends_with(":streamGenerateContent") {
+            Some(Api::Gemini)
+        } else if path.ends_with("/messages") {
             Some(Api::Messages)
         } else if path.ends_with("/responses") {
             Some(Api::Responses)
@@ -134,6 +140,7 @@ impl Exchange {
         let items = body["messages"]
             .as_array()
             .or_else(|| body["input"].as_array())
+            .or_else(|| body["contents"].as_array())
             .map_or(0, Vec::len);
         format!(
             "{} {} ({} bytes, {} items, stream={}) -> {:?}{}",
@@ -248,6 +255,8 @@ fn answer(state: &State, req: &Recorded) -> (Reply, Exchange) {
         models(state, req)
     } else if req.method == http::Method::POST && path.ends_with("/messages/count_tokens") {
         Reply::json(200, &json!({"input_tokens": req.body.len().div_ceil(4)}))
+    } else if req.method == http::Method::POST && path.ends_with(":countTokens") {
+        Reply::json(200, &json!({"totalTokens": req.body.len().div_ceil(4)}))
     } else if let (true, Some(api)) = (req.method == http::Method::POST, Api::of(path)) {
         exchange.api = Some(api);
         chat(state, req, api, &mut exchange)
@@ -318,7 +327,7 @@ fn normalised(api: Api, body: &Value) -> Value {
                 }
             }
         }
-        Api::Chat => {}
+        Api::Chat | Api::Gemini => {}
     }
     body
 }
@@ -329,6 +338,7 @@ fn check(api: Api, body: &Value, window: usize) -> Result<(), Rejection> {
         Api::Messages => anthropic_rules::check_messages(&body, window),
         Api::Responses => responses_rules::check_responses(&body, window),
         Api::Chat => provider_rules::check_chat(&body, window),
+        Api::Gemini => gemini_rules::check_gemini(&body, window),
     }
 }
 
@@ -337,6 +347,7 @@ fn rejection(api: Api, r: &Rejection) -> Reply {
         Api::Messages => anthropic_rules::rejection_body(r),
         Api::Responses => responses_rules::rejection_body(r),
         Api::Chat => provider_rules::rejection_body(r),
+        Api::Gemini => gemini_rules::rejection_body(r),
     };
     let reply = Reply::json(400, &body);
     match api {
@@ -381,6 +392,18 @@ fn last_tool_result(api: Api, body: &Value) -> Option<String> {
             .iter()
             .rfind(|m| m["role"] == "tool")
             .map(|m| text_of(&m["content"])),
+        Api::Gemini => body["contents"]
+            .as_array()?
+            .iter()
+            .flat_map(|c| c["parts"].as_array().into_iter().flatten())
+            .rfind(|p| p.get("functionResponse").is_some())
+            .map(|p| {
+                let response = &p["functionResponse"]["response"];
+                response["output"]
+                    .as_str()
+                    .or_else(|| response["error"].as_str())
+                    .map_or_else(|| response.to_string(), str::to_owned)
+            }),
     }
 }
 
@@ -390,6 +413,7 @@ fn asks_for_summary(api: Api, body: &Value) -> bool {
     let items = match api {
         Api::Messages | Api::Chat => &body["messages"],
         Api::Responses => &body["input"],
+        Api::Gemini => &body["contents"],
     };
     items
         .as_array()
@@ -412,6 +436,19 @@ fn step_marker(text: &str) -> Option<usize> {
 
 /// The tools of a request as `(name, JSON schema of the arguments)`.
 fn tools(api: Api, body: &Value) -> Vec<(String, Value)> {
+    if api == Api::Gemini {
+        // Gemini: tools are groups of `functionDeclarations`.
+        return body["tools"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|t| t["functionDeclarations"].as_array().into_iter().flatten())
+            .filter_map(|f| {
+                let schema = f.get("parametersJsonSchema").unwrap_or(&f["parameters"]);
+                Some((f["name"].as_str()?.to_owned(), schema.clone()))
+            })
+            .collect();
+    }
     body["tools"]
         .as_array()
         .into_iter()
@@ -424,6 +461,7 @@ fn tools(api: Api, body: &Value) -> Vec<(String, Value)> {
                     t["function"]["name"].as_str()?,
                     &t["function"]["parameters"],
                 ),
+                Api::Gemini => return None,
             };
             Some((name.to_owned(), schema.clone()))
         })
@@ -431,10 +469,11 @@ fn tools(api: Api, body: &Value) -> Vec<(String, Value)> {
 }
 
 /// The agent's shell tool and the arguments that run `command` with it: the first tool named
-/// `bash`, `exec_command` or `shell` (any case), its arguments built from its schema (`cmd`
-/// or `command`, a string or an argv array, and a `description` when it has one).
+/// `bash`, `exec_command`, `shell` or `run_shell_command` (any case), its arguments built
+/// from its schema (`cmd` or `command`, a string or an argv array, and a `description` when it
+/// has one).
 fn shell_call(tools: &[(String, Value)], command: &str, k: usize) -> Option<(String, Value)> {
-    let (name, schema) = ["bash", "exec_command", "shell"]
+    let (name, schema) = ["bash", "exec_command", "shell", "run_shell_command"]
         .iter()
         .find_map(|wanted| {
             tools
@@ -467,12 +506,12 @@ const CACHED_REQUESTS: usize = 8;
 /// system prompt or instructions, then the conversation, whatever the order of the JSON keys.
 fn rendered(body: &Value) -> Vec<u8> {
     let mut out = Vec::new();
-    for key in ["tools", "system", "instructions"] {
+    for key in ["tools", "system", "instructions", "systemInstruction"] {
         if let Some(v) = body.get(key) {
             out.extend(v.to_string().into_bytes());
         }
     }
-    for key in ["messages", "input"] {
+    for key in ["messages", "input", "contents"] {
         match body.get(key) {
             Some(Value::Array(items)) => {
                 for item in items {
@@ -532,8 +571,17 @@ fn chat(state: &State, req: &Recorded, api: Api, exchange: &mut Exchange) -> Rep
         return rejection(api, &r);
     }
     let n = state.next.fetch_add(1, Ordering::SeqCst);
-    let model = body["model"].as_str().unwrap_or(&script.model).to_owned();
-    let stream = body["stream"] == true;
+    // Gemini names the model in the path (`…/models/{model}:verb`) and streams by its verb.
+    let path_model = req
+        .path()
+        .rsplit_once(':')
+        .and_then(|(prefix, _)| prefix.rsplit_once("/models/"))
+        .map(|(_, model)| model.to_owned());
+    let model = match (api, path_model) {
+        (Api::Gemini, Some(model)) => model,
+        _ => body["model"].as_str().unwrap_or(&script.model).to_owned(),
+    };
+    let stream = body["stream"] == true || req.path().ends_with(":streamGenerateContent");
     let tools = tools(api, &body);
     let input_tokens = req.body.len().div_ceil(4);
     let cached_tokens = cached_tokens(state, &rendered(&body)).min(input_tokens);
@@ -628,6 +676,7 @@ impl Responder<'_> {
             Api::Messages => self.messages(text, None),
             Api::Responses => self.responses(text, None),
             Api::Chat => self.chat(text, None),
+            Api::Gemini => self.gemini(text, None),
         }
     }
 
@@ -636,6 +685,52 @@ impl Responder<'_> {
             Api::Messages => self.messages(text, Some((name, args))),
             Api::Responses => self.responses(text, Some((name, args))),
             Api::Chat => self.chat(text, Some((name, args))),
+            Api::Gemini => self.gemini(text, Some((name, args))),
+        }
+    }
+
+    /// Gemini: a `GenerateContentResponse` (streamed: one per SSE event, the text in two
+    /// chunks, then the call with a thought signature, the finish and the usage).
+    fn gemini(&self, text: &str, call: Option<(&str, &Value)>) -> Reply {
+        let usage = json!({"promptTokenCount": self.input_tokens,
+                           "candidatesTokenCount": OUTPUT_TOKENS,
+                           "totalTokenCount": self.input_tokens + OUTPUT_TOKENS,
+                           "cachedContentTokenCount": self.cached_tokens});
+        let response = |parts: Value, last: bool| {
+            let mut candidate = json!({"content": {"parts": parts, "role": "model"}, "index": 0});
+            let mut r = json!({"modelVersion": self.model,
+                               "responseId": format!("scripted-{:04}", self.n)});
+            if last {
+                candidate["finishReason"] = json!("STOP");
+                r["usageMetadata"] = usage.clone();
+            }
+            r["candidates"] = json!([candidate]);
+            r
+        };
+        let call_part = call.map(|(name, args)| {
+            json!({"functionCall": {"name": name, "args": args}, "thoughtSignature": SIGNATURE})
+        });
+        if !self.stream {
+            let mut parts = vec![json!({"text": text})];
+            parts.extend(call_part);
+            return Reply::json(200, &response(json!(parts), true));
+        }
+        let (head, tail) = split_half(text);
+        let mut events = vec![response(json!([{"text": head}]), false)];
+        match call_part {
+            Some(part) => {
+                events.push(response(json!([{"text": tail}]), false));
+                events.push(response(json!([part]), true));
+            }
+            None => events.push(response(json!([{"text": tail}]), true)),
+        }
+        Reply::Chunks {
+            status: 200,
+            headers: vec![("content-type".into(), "text/event-stream".into())],
+            chunks: events
+                .iter()
+                .map(|e| Bytes::from(format!("data: {e}\r\n\r\n")))
+                .collect(),
         }
     }
 
