@@ -7,8 +7,8 @@
 //! compactor the way it needs ([`Agent::settings`]): Claude Code by `ANTHROPIC_BASE_URL`
 //! through the Anthropic route; Codex by a custom Responses provider passed as `-c` overrides
 //! (its built-in provider would try a WebSocket first); opencode by its providers' `baseURL` in
-//! `OPENCODE_CONFIG_CONTENT`; Gemini CLI by `GOOGLE_GEMINI_BASE_URL` (passed through, not
-//! compacted: compactor does not speak Gemini's format yet); aider and any other command by
+//! `OPENCODE_CONFIG_CONTENT`; Gemini CLI by `GOOGLE_GEMINI_BASE_URL` through the Gemini route;
+//! aider and any other command by
 //! `OPENAI_BASE_URL`, `OPENAI_API_BASE` and `ANTHROPIC_BASE_URL`.
 //!
 //! Ctrl-C reaches the agent (the terminal sends it to the whole foreground group; compactor

@@ -801,6 +801,11 @@ mod tests {
                 "{\"input\":[{\"role\":\"developer\",\"content\":\"d\"},{\"role\":\"user\",\"content\":\"a\"} ,{\"role\":\"assistant\",\"content\":\"b\"},{\"role\":\"user\",\"content\":\"c\"}],\"store\" : false}",
                 1,
             ),
+            (
+                DialectKind::Gemini,
+                "{\"contents\" : [{\"role\":\"user\",\"parts\":[{\"text\":\"a\"}]},{\"role\":\"model\",\"parts\":[{\"text\":\"b\"}]},\n{\"role\":\"model\",\"parts\":[{\"text\":\"c\"}]}, {\"role\":\"user\",\"parts\":[{\"text\":\"d\"}]}], \"generationConfig\":{\"x\":\"\\u00e9\"}}",
+                0,
+            ),
         ];
         let est = LazyEstimator::default();
         for (dialect, body, head) in bodies {
@@ -817,11 +822,7 @@ mod tests {
             );
             assert!(out.contains("SUMMARY"), "{out}");
             let v: serde_json::Value = serde_json::from_str(&out).expect("valid JSON");
-            let field = if dialect == DialectKind::Responses {
-                "input"
-            } else {
-                "messages"
-            };
+            let field = dialect.conversation_field();
             assert_eq!(
                 v[field].as_array().map(Vec::len),
                 Some(scan.len() - 1),
@@ -978,6 +979,45 @@ mod tests {
             assert_eq!(v[kept], messages[kept], "{kept}");
         }
 
+        // Gemini: a text part after the function responses (roles alternate), tools kept but
+        // not callable, the thinking budget on top of the summary's, a JSON answer not asked.
+        let gemini = serde_json::json!({
+            "systemInstruction": {"parts": [{"text": "agent"}]},
+            "tools": [{"functionDeclarations": [{"name": "run_shell_command"}]}],
+            "generationConfig": {"temperature": 1, "responseMimeType": "application/json",
+                "thinkingConfig": {"includeThoughts": true, "thinkingBudget": 512}},
+            "contents": [
+                {"role": "user", "parts": [{"text": "fix it"}]},
+                {"role": "model", "parts": [{"functionCall": {"name": "run_shell_command", "args": {}},
+                    "thoughtSignature": "c2ln"}]},
+                {"role": "user", "parts": [{"functionResponse": {"name": "run_shell_command",
+                    "response": {"output": "ok"}}}]}
+            ]
+        });
+        let body = serde_json::to_vec(&gemini).expect("json");
+        let (asked, tokens) = DialectKind::Gemini
+            .ask_for_summary(&body, turn, 2_000)
+            .expect("asks");
+        assert_eq!(tokens, 2_512);
+        valid_for_provider(DialectKind::Gemini, &asked).expect("valid");
+        let v: Value = serde_json::from_slice(&asked).expect("json");
+        let sent = gemini["contents"].as_array().expect("sent");
+        let got = v["contents"].as_array().expect("contents");
+        assert_eq!(got.len(), 3, "the turn joins the function responses");
+        assert_eq!(&got[..2], &sent[..2]);
+        assert_eq!(got[2]["parts"][0], sent[2]["parts"][0]);
+        assert_eq!(got[2]["parts"][1], serde_json::json!({"text": turn}));
+        assert_eq!(v["generationConfig"]["maxOutputTokens"], 2_512);
+        assert!(v["generationConfig"].get("responseMimeType").is_none());
+        assert_eq!(
+            v["generationConfig"]["thinkingConfig"],
+            gemini["generationConfig"]["thinkingConfig"]
+        );
+        assert_eq!(v["toolConfig"]["functionCallingConfig"]["mode"], "NONE");
+        for kept in ["systemInstruction", "tools"] {
+            assert_eq!(v[kept], gemini[kept], "{kept}");
+        }
+
         // Without a marker in its messages nothing would be read from the cache: refused.
         let mut unmarked = messages.clone();
         unmarked["messages"][2]["content"][0]
@@ -989,11 +1029,7 @@ mod tests {
             .ask_for_summary(&body, turn, 2_000)
             .is_err());
         // Not a request of the format: refused, never a panic.
-        for dialect in [
-            DialectKind::ChatCompletions,
-            DialectKind::Messages,
-            DialectKind::Responses,
-        ] {
+        for dialect in DialectKind::ALL {
             for bad in [
                 &b"[]"[..],
                 b"{}",
