@@ -849,18 +849,23 @@ fn nested_usage(holder: Option<&RawValue>) -> Option<&RawValue> {
 /// into every Chat Completions chunk before the last; parsing each of them was most of the
 /// time a streamed answer spent in compactor.
 fn names_usage(data: &[u8]) -> bool {
-    const KEYS: [&[u8]; 2] = [b"\"usage\"", b"\"usageMetadata\""];
+    // `"usage"` or Gemini's `"usageMetadata"`, found in one search for what they share.
+    const STEM: &[u8] = b"\"usage";
     // Built once: a searcher's setup cost more than a short event's search.
-    static FINDERS: LazyLock<[Finder<'static>; 2]> = LazyLock::new(|| KEYS.map(Finder::new));
-    KEYS.iter().zip(FINDERS.iter()).any(|(key, finder)| {
-        finder.find_iter(data).any(|at| {
-            let after = data[at + key.len()..].trim_ascii_start();
-            match after.strip_prefix(b":") {
-                Some(value) => !value.trim_ascii_start().starts_with(b"null"),
-                // Not a key (a string value): parsed, to be safe.
-                None => true,
-            }
-        })
+    static FINDER: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(STEM));
+    FINDER.find_iter(data).any(|at| {
+        let rest = &data[at + STEM.len()..];
+        let Some(after) = rest
+            .strip_prefix(b"\"")
+            .or_else(|| rest.strip_prefix(b"Metadata\""))
+        else {
+            return false;
+        };
+        match after.trim_ascii_start().strip_prefix(b":") {
+            Some(value) => !value.trim_ascii_start().starts_with(b"null"),
+            // Not a key (a string value): parsed, to be safe.
+            None => true,
+        }
     })
 }
 

@@ -1,18 +1,20 @@
 //! Credentials never reach the log, at any level: the binary runs with `RUST_LOG=trace` and
 //! the access log on, serves requests carrying every credential header (and one in a query
-//! string) over HTTP/1.1 and HTTP/2 (plain, a chat request that compacts through the
-//! caller-credential summarizer, and one that fails upstream), and its whole log is searched
-//! for the secrets. The access log has its line per request.
+//! string, and Gemini's `key` parameter) over HTTP/1.1 and HTTP/2 (plain, chat requests that
+//! compact through the caller-credential summarizer, Chat Completions and Gemini, and one
+//! that fails upstream), and its whole log is searched for the secrets. The access log has its
+//! line per request.
 
 mod support;
 
 use serde_json::json;
 use support::{upstream_toml, Binary, MockUpstream, Reply, TestClient};
 
-const SECRETS: [(&str, &str); 4] = [
+const SECRETS: [(&str, &str); 5] = [
     ("authorization", "Bearer sk-test-SECRET-authorization"),
     ("x-api-key", "sk-ant-SECRET-x-api-key"),
     ("api-key", "SECRET-azure-api-key"),
+    ("x-goog-api-key", "SECRET-gemini-header-key"),
     ("cookie", "session=SECRET-cookie"),
 ];
 
@@ -24,6 +26,13 @@ async fn no_credential_appears_in_trace_logs() {
     mock.set_handler(|r| {
         let body = String::from_utf8_lossy(&r.body);
         let content = if body.contains("<task>") { "SUMMARY" } else { "ok" };
+        if r.path().contains(":generateContent") {
+            return Reply::json(
+                200,
+                &json!({"candidates": [{"content": {"role": "model", "parts": [{"text": content}]},
+                                        "finishReason": "STOP", "index": 0}]}),
+            );
+        }
         Reply::json(
             200,
             &json!({"choices": [{"index": 0, "message": {"role": "assistant", "content": content}}]}),
@@ -48,10 +57,21 @@ async fn no_credential_appears_in_trace_logs() {
         messages.push(json!({"role": role, "content": format!("turn {i} {}", "z".repeat(2000))}));
     }
     let chat = json!({"model": "gpt-4o", "messages": messages}).to_string();
+    let contents: Vec<_> = (0..7)
+        .map(|i| {
+            let role = if i % 2 == 0 { "user" } else { "model" };
+            json!({"role": role, "parts": [{"text": format!("turn {i} {}", "z".repeat(2000))}]})
+        })
+        .collect();
+    let gemini = json!({"contents": contents}).to_string();
     for client in [TestClient::http1(), TestClient::h2c()] {
         for (path, body) in [
             ("/v1/models?api_key=SECRET-in-query", String::new()),
             ("/v1/chat/completions", chat.clone()),
+            (
+                "/v1beta/models/gemini-2.5-flash:generateContent?key=SECRET-gemini-query-key",
+                gemini.clone(),
+            ),
         ] {
             let method = if body.is_empty() { "GET" } else { "POST" };
             let response = client
@@ -77,6 +97,12 @@ async fn no_credential_appears_in_trace_logs() {
         summarizer_calls[0].header("authorization"),
         Some(SECRETS[0].1)
     );
+    // The Gemini request was summarised by Gemini, with the caller's key.
+    let gemini_call = summarizer_calls
+        .iter()
+        .find(|r| r.path() == "/v1beta/models/gemini-2.5-flash:generateContent")
+        .expect("a Gemini summary call");
+    assert_eq!(gemini_call.header("x-goog-api-key"), Some(SECRETS[3].1));
 
     binary.signal("TERM");
     support::within("compactor exit", binary.child.wait())
@@ -115,10 +141,10 @@ async fn no_credential_appears_in_trace_logs() {
         .lines()
         .filter(|l| l.contains("compactor::access"))
         .collect();
-    assert_eq!(access.len(), 4, "{log}");
+    assert_eq!(access.len(), 6, "{log}");
     let upstream = format!("upstream=\"{}\"", mock.url().trim_end_matches('/'));
     for line in &access {
-        for field in ["method=", "path=\"/v1/", "status=200", "duration_ms="] {
+        for field in ["method=", "path=\"/v1", "status=200", "duration_ms="] {
             assert!(line.contains(field), "{field} missing from {line}");
         }
         assert!(line.contains(&upstream), "{upstream} missing from {line}");
