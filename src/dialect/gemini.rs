@@ -4,8 +4,8 @@
 //!
 //! - The path names the model (`/v1beta/models/gemini-2.5-flash:streamGenerateContent`, or
 //!   Vertex AI's `/v1/projects/p/locations/l/publishers/google/models/m:generateContent`);
-//!   [`split_path`] keeps everything before the `:` as the request's API prefix, so the
-//!   model travels with the caller ([`model_of_prefix`]) and the body has none.
+//!   `split_path` keeps everything before the `:` as the request's API prefix, so the
+//!   model travels with the caller (`model_of_prefix`) and the body has none.
 //! - [`scan`] (every request): one pass over `contents`, each entry `{"role": "user" |
 //!   "model", "parts": [...]}` (a missing role is the user's, as the API reads it). What the
 //!   model reads is counted: text (thoughts included), `functionCall` names and `args` (as
