@@ -330,13 +330,15 @@ struct ScanFields {
     input_is_string: bool,
 }
 
-/// Declares [`DialectKind`] and [`DialectKind::ALL`] from one list, so the two cannot
-/// disagree: every table indexed by dialect (metric label arrays, the Redis codec's labels,
-/// the command line's `--dialect`, the replay's detection) is built from `ALL` and
-/// [`DialectKind::index`], and every behaviour of a format is an exhaustive `match`, so a
-/// format added here and not handled elsewhere is a compile error
-/// (docs/architecture.md, *Adding a wire format*).
-macro_rules! wire_formats {
+/// Declares [`DialectKind`] and [`DialectKind::ALL`] from the one list of wire formats, the
+/// plugin contract's (`compactor_plugin_api::wire_formats!`, which declares its `Api` from it
+/// too, in the same order), so they cannot disagree: every table indexed by dialect (metric
+/// label arrays, the Redis codec's labels, the command line's `--dialect`, the replay's
+/// detection) is built from `ALL` and [`DialectKind::index`], the conversion to and from
+/// `Api` is by index, and every behaviour of a format is an exhaustive `match`, so a format
+/// added to the list and not handled here is a compile error (docs/architecture.md, *Adding a
+/// wire format*).
+macro_rules! declare_dialects {
     ($($(#[$doc:meta])* $variant:ident,)+) => {
         /// The chat wire formats compactor can compact.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -352,16 +354,7 @@ macro_rules! wire_formats {
     };
 }
 
-wire_formats! {
-    /// OpenAI Chat Completions: `POST …/chat/completions`.
-    ChatCompletions,
-    /// Anthropic Messages: `POST …/messages`.
-    Messages,
-    /// OpenAI Responses: `POST …/responses`.
-    Responses,
-    /// Google Gemini: `POST …/models/{model}:generateContent` (and `:streamGenerateContent`).
-    Gemini,
-}
+compactor_plugin_api::wire_formats!(declare_dialects);
 
 impl DialectKind {
     /// The dialect of a `POST` to `path` (after route prefix handling), if it is a chat call.
@@ -415,24 +408,14 @@ impl DialectKind {
         }
     }
 
-    /// The dialect of a wire API.
+    /// The dialect of a wire API: the one at its place in the list both are declared from.
     pub fn of_api(api: compactor_plugin_api::Api) -> DialectKind {
-        match api {
-            compactor_plugin_api::Api::ChatCompletions => DialectKind::ChatCompletions,
-            compactor_plugin_api::Api::Messages => DialectKind::Messages,
-            compactor_plugin_api::Api::Responses => DialectKind::Responses,
-            compactor_plugin_api::Api::Gemini => DialectKind::Gemini,
-        }
+        DialectKind::ALL[api as usize]
     }
 
     /// The wire API a summarizer calling the caller's provider should speak.
     pub fn api(self) -> compactor_plugin_api::Api {
-        match self {
-            DialectKind::ChatCompletions => compactor_plugin_api::Api::ChatCompletions,
-            DialectKind::Messages => compactor_plugin_api::Api::Messages,
-            DialectKind::Responses => compactor_plugin_api::Api::Responses,
-            DialectKind::Gemini => compactor_plugin_api::Api::Gemini,
-        }
+        compactor_plugin_api::Api::ALL[self.index()]
     }
 
     /// A request asking the caller's own model for a compaction summary inside the
@@ -1084,13 +1067,13 @@ mod tests {
             };
             assert_eq!(DialectKind::detect(&sample), Some(d));
         }
-        for api in [
-            Api::ChatCompletions,
-            Api::Messages,
-            Api::Responses,
-            Api::Gemini,
-        ] {
+        assert_eq!(Api::ALL.len(), DialectKind::COUNT);
+        for api in Api::ALL {
             assert_eq!(DialectKind::of_api(api).api(), api);
+            assert_eq!(
+                format!("{api:?}"),
+                format!("{:?}", DialectKind::of_api(api))
+            );
         }
     }
 }

@@ -158,21 +158,53 @@ pub enum Part {
     },
 }
 
-/// The wire API of the request being compacted, so a backend that calls the caller's own
-/// provider can speak that provider's language (an Anthropic upstream does not serve
-/// `/chat/completions`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Api {
-    /// OpenAI Chat Completions (`POST …/chat/completions`), and the default when unknown.
-    #[default]
-    ChatCompletions,
-    /// Anthropic Messages (`POST …/messages`).
-    Messages,
-    /// OpenAI Responses (`POST …/responses`).
-    Responses,
-    /// Google Gemini (`POST …/models/{model}:generateContent`, the model in the path: the
-    /// request's [`SummaryRequest::model`]).
-    Gemini,
+/// Every wire format compactor speaks, in order: calls `$callback!` with the list, each
+/// variant with its doc comment. The one list the plugin contract's [`Api`] and compactor's own
+/// `DialectKind` are both declared from, so they cannot disagree: a format is added by one
+/// line here (and its module in compactor, which the compiler then asks for everywhere a
+/// format's behaviour is matched on).
+#[macro_export]
+macro_rules! wire_formats {
+    ($callback:ident) => {
+        $callback! {
+            /// OpenAI Chat Completions: `POST …/chat/completions`.
+            ChatCompletions,
+            /// Anthropic Messages: `POST …/messages`.
+            Messages,
+            /// OpenAI Responses: `POST …/responses`.
+            Responses,
+            /// Google Gemini: `POST …/models/{model}:generateContent` (and
+            /// `:streamGenerateContent`), the model named in the path.
+            Gemini,
+        }
+    };
+}
+
+/// Declares [`Api`] from the list.
+macro_rules! declare_api {
+    ($($(#[$doc:meta])* $variant:ident,)+) => {
+        /// The wire API of the request being compacted, so a backend that calls the caller's
+        /// own provider can speak that provider's language (an Anthropic upstream does not
+        /// serve `/chat/completions`). [`Api::ChatCompletions`] when unknown.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum Api {
+            $($(#[$doc])* $variant,)+
+        }
+
+        impl Api {
+            /// Every wire API, in the list's order (compactor's `DialectKind::ALL` is in the
+            /// same order, so an index converts one into the other).
+            pub const ALL: [Api; [$(Api::$variant),+].len()] = [$(Api::$variant),+];
+        }
+    };
+}
+
+wire_formats!(declare_api);
+
+impl Default for Api {
+    fn default() -> Api {
+        Api::ChatCompletions
+    }
 }
 
 /// The destination and credentials of the request being compacted.
