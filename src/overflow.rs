@@ -4,8 +4,8 @@
 //! Compact-and-retry (a request the provider refused for its length is compacted and sent
 //! once more before any byte reaches the client) and learned context windows both start
 //! here. Every provider words the refusal its own way, so recognition is by the phrases each
-//! one uses, and the window and the request's size are read from the message where it names
-//! them:
+//! one uses (each wire format's module declares its provider's, `REFUSAL`), and the window and
+//! the request's size are read from the message where it names them:
 //!
 //! | provider | status | words |
 //! | --- | --- | --- |
@@ -32,6 +32,8 @@
 
 use serde_json::Value;
 
+use crate::dialect::DialectKind;
+
 /// A provider's refusal of a request for its length.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Overflow {
@@ -40,18 +42,6 @@ pub struct Overflow {
     /// The size of the refused request the provider named, in tokens.
     pub requested: Option<usize>,
 }
-
-/// Phrases (lowercase) that mark a refusal for length.
-const PHRASES: &[&str] = &[
-    "context_length_exceeded",
-    "maximum context length",
-    "exceeds the context window",
-    "prompt is too long",
-    "exceeds the available context size",
-    "exceed_context_size_error",
-    "input length exceeds the context length",
-    "exceeds the maximum number of tokens allowed",
-];
 
 /// Phrases (lowercase) that mark a rate limit, which compaction does not cure.
 const RATE_LIMITS: &[&str] = &["tokens per min", "rate_limit", "rate limit"];
@@ -86,11 +76,19 @@ pub fn recognise_streamed(data: &[u8]) -> Option<Overflow> {
     recognise_text(&text, Some(&parsed))
 }
 
-/// The refusal `text` (an error's words, or a body that is not JSON) names, if it is one;
-/// `parsed` is the JSON it came from, for the fields llama.cpp names numbers in.
+/// The refusal `text` (an error's words, or a body that is not JSON) names, if it is one:
+/// in the words of any format's provider ([`DialectKind::refusal_wording`], tried in
+/// [`DialectKind::ALL`]'s order), since a gateway may answer a request of one format in
+/// another's. `parsed` is the JSON it came from, for the fields llama.cpp names numbers in.
 fn recognise_text(text: &str, parsed: Option<&Value>) -> Option<Overflow> {
     let lower = text.to_lowercase();
-    if RATE_LIMITS.iter().any(|p| lower.contains(p)) || !PHRASES.iter().any(|p| lower.contains(p)) {
+    let wordings = || {
+        DialectKind::ALL
+            .into_iter()
+            .map(DialectKind::refusal_wording)
+    };
+    let refused = wordings().any(|w| w.phrases.iter().any(|p| lower.contains(p)));
+    if RATE_LIMITS.iter().any(|p| lower.contains(p)) || !refused {
         return None;
     }
     let field = |name: &str| {
@@ -99,19 +97,30 @@ fn recognise_text(text: &str, parsed: Option<&Value>) -> Option<Overflow> {
             .and_then(Value::as_u64)
             .and_then(|n| usize::try_from(n).ok())
     };
-    let window = field("n_ctx")
-        .or_else(|| number_after(&lower, "maximum context length is"))
-        .or_else(|| number_after(&lower, "available context size ("))
-        .or_else(|| number_between(&lower, "tokens >", "maximum"))
-        .or_else(|| number_after(&lower, "maximum number of tokens allowed ("));
-    let requested = field("n_prompt_tokens")
-        .or_else(|| number_after(&lower, "you requested about"))
-        .or_else(|| number_after(&lower, "you requested"))
-        .or_else(|| number_after(&lower, "your request has"))
-        .or_else(|| number_after(&lower, "resulted in"))
-        .or_else(|| number_after(&lower, "prompt is too long:"))
-        .or_else(|| number_after(&lower, "request ("))
-        .or_else(|| number_after(&lower, "input token count ("));
+    let window = wordings()
+        .filter_map(|w| w.fields)
+        .find_map(|(window, _)| field(window))
+        .or_else(|| {
+            wordings().find_map(|w| {
+                w.window_after
+                    .iter()
+                    .find_map(|p| number_after(&lower, p))
+                    .or_else(|| {
+                        w.window_between
+                            .and_then(|(before, after)| number_between(&lower, before, after))
+                    })
+            })
+        });
+    let requested = wordings()
+        .filter_map(|w| w.fields)
+        .find_map(|(_, requested)| field(requested))
+        .or_else(|| {
+            wordings().find_map(|w| {
+                w.requested_after
+                    .iter()
+                    .find_map(|p| number_after(&lower, p))
+            })
+        });
     Some(Overflow { window, requested })
 }
 

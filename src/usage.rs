@@ -48,6 +48,8 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use crate::calibration::Calibration;
+pub use crate::dialect::answer::Usage;
+use crate::dialect::answer::UsageFields;
 use crate::metrics::{Metrics, UsageKind};
 
 /// Most bytes of a JSON body's top-level `usage` value kept for parsing.
@@ -72,19 +74,6 @@ const EXPANSION_FLOOR: usize = 8 * 1024 * 1024;
 
 /// Capacity above which an emptied SSE buffer is released rather than kept for reuse.
 const KEEP_CAPACITY: usize = 64 * 1024;
-
-/// Token counts the upstream reported for one response, normalised across providers.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Usage {
-    /// Every input token the model read, cached and cache-written ones included.
-    pub input: u64,
-    /// Output tokens generated (reasoning included).
-    pub output: u64,
-    /// Input tokens served from the provider's prompt cache.
-    pub cache_read: u64,
-    /// Input tokens written to the provider's prompt cache (Anthropic only).
-    pub cache_write: u64,
-}
 
 impl From<&compactor_plugin_api::SummaryUsage> for Usage {
     /// What a summarizer's backend reported its model billed for a summary.
@@ -458,113 +447,54 @@ struct Holder<'a> {
     usage: Option<&'a RawValue>,
 }
 
-/// Every usage field seen so far; later values override earlier ones.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-struct Fields {
-    prompt_token_count: Option<u64>,
-    candidates_token_count: Option<u64>,
-    thoughts_token_count: Option<u64>,
-    cached_content_token_count: Option<u64>,
-    prompt_tokens: Option<u64>,
-    completion_tokens: Option<u64>,
-    input_tokens: Option<u64>,
-    output_tokens: Option<u64>,
-    cached_tokens: Option<u64>,
-    cache_read_input_tokens: Option<u64>,
-    cache_creation_input_tokens: Option<u64>,
+/// Every usage field seen so far; later values override earlier ones. What they mean is each
+/// format's to say ([`UsageFields::usage`]).
+type Fields = UsageFields;
+
+/// Merges a raw `usage` value (JSON text) into `fields`; `null` or an unexpected shape is
+/// ignored.
+fn merge_json(fields: &mut Fields, json: &[u8]) {
+    if let Ok(Some(raw)) = serde_json::from_slice::<Option<RawUsage>>(json) {
+        merge(fields, raw);
+    }
 }
 
-impl Fields {
-    /// Merges a raw `usage` value (JSON text); `null` or an unexpected shape is ignored.
-    fn merge_json(&mut self, json: &[u8]) {
-        if let Ok(Some(raw)) = serde_json::from_slice::<Option<RawUsage>>(json) {
-            self.merge(raw);
+fn merge(fields: &mut Fields, raw: RawUsage) {
+    fn set(slot: &mut Option<u64>, value: Option<u64>) {
+        if value.is_some() {
+            *slot = value;
         }
     }
-
-    fn merge(&mut self, raw: RawUsage) {
-        fn set(slot: &mut Option<u64>, value: Option<u64>) {
-            if value.is_some() {
-                *slot = value;
-            }
-        }
-        set(&mut self.prompt_token_count, raw.prompt_token_count);
-        set(&mut self.candidates_token_count, raw.candidates_token_count);
-        set(&mut self.thoughts_token_count, raw.thoughts_token_count);
-        set(
-            &mut self.cached_content_token_count,
-            raw.cached_content_token_count,
-        );
-        set(&mut self.prompt_tokens, raw.prompt_tokens);
-        set(&mut self.completion_tokens, raw.completion_tokens);
-        set(&mut self.input_tokens, raw.input_tokens);
-        set(&mut self.output_tokens, raw.output_tokens);
-        set(
-            &mut self.cached_tokens,
-            raw.prompt_tokens_details.and_then(|d| d.cached_tokens),
-        );
-        set(
-            &mut self.cached_tokens,
-            raw.input_tokens_details.and_then(|d| d.cached_tokens),
-        );
-        set(
-            &mut self.cache_read_input_tokens,
-            raw.cache_read_input_tokens,
-        );
-        set(
-            &mut self.cache_creation_input_tokens,
-            raw.cache_creation_input_tokens,
-        );
-    }
-
-    /// The normalised usage (see the module documentation), if any count was seen.
-    fn usage(&self) -> Option<Usage> {
-        if self.prompt_token_count.is_some() || self.candidates_token_count.is_some() {
-            // Gemini: the prompt count includes cached tokens; thoughts are billed as output.
-            return Some(Usage {
-                input: self.prompt_token_count.unwrap_or(0),
-                output: self
-                    .candidates_token_count
-                    .unwrap_or(0)
-                    .saturating_add(self.thoughts_token_count.unwrap_or(0)),
-                cache_read: self.cached_content_token_count.unwrap_or(0),
-                cache_write: 0,
-            });
-        }
-        if self.prompt_tokens.is_some() || self.completion_tokens.is_some() {
-            // Chat Completions: prompt_tokens includes cached tokens.
-            return Some(Usage {
-                input: self.prompt_tokens.unwrap_or(0),
-                output: self.completion_tokens.unwrap_or(0),
-                cache_read: self.cached_tokens.unwrap_or(0),
-                cache_write: 0,
-            });
-        }
-        if self.input_tokens.is_none() && self.output_tokens.is_none() {
-            return None;
-        }
-        let input = self.input_tokens.unwrap_or(0);
-        let output = self.output_tokens.unwrap_or(0);
-        if self.cache_read_input_tokens.is_some() || self.cache_creation_input_tokens.is_some() {
-            // Anthropic: input_tokens excludes both cache counts.
-            let read = self.cache_read_input_tokens.unwrap_or(0);
-            let write = self.cache_creation_input_tokens.unwrap_or(0);
-            Some(Usage {
-                input: input.saturating_add(read).saturating_add(write),
-                output,
-                cache_read: read,
-                cache_write: write,
-            })
-        } else {
-            // Responses (or Anthropic without cache fields): input_tokens is the whole input.
-            Some(Usage {
-                input,
-                output,
-                cache_read: self.cached_tokens.unwrap_or(0),
-                cache_write: 0,
-            })
-        }
-    }
+    set(&mut fields.prompt_token_count, raw.prompt_token_count);
+    set(
+        &mut fields.candidates_token_count,
+        raw.candidates_token_count,
+    );
+    set(&mut fields.thoughts_token_count, raw.thoughts_token_count);
+    set(
+        &mut fields.cached_content_token_count,
+        raw.cached_content_token_count,
+    );
+    set(&mut fields.prompt_tokens, raw.prompt_tokens);
+    set(&mut fields.completion_tokens, raw.completion_tokens);
+    set(&mut fields.input_tokens, raw.input_tokens);
+    set(&mut fields.output_tokens, raw.output_tokens);
+    set(
+        &mut fields.cached_tokens,
+        raw.prompt_tokens_details.and_then(|d| d.cached_tokens),
+    );
+    set(
+        &mut fields.cached_tokens,
+        raw.input_tokens_details.and_then(|d| d.cached_tokens),
+    );
+    set(
+        &mut fields.cache_read_input_tokens,
+        raw.cache_read_input_tokens,
+    );
+    set(
+        &mut fields.cache_creation_input_tokens,
+        raw.cache_creation_input_tokens,
+    );
 }
 
 /// Incremental scan of one JSON document for its top-level `usage` value.
@@ -716,7 +646,7 @@ impl JsonScan {
     fn end_capture(&mut self) {
         if self.capturing {
             self.capturing = false;
-            self.fields.merge_json(&self.capture);
+            merge_json(&mut self.fields, &self.capture);
             self.capture = Vec::new();
         }
     }
@@ -827,7 +757,7 @@ impl SseScan {
                     nested_usage(event.response),
                 ];
                 for usage in found.into_iter().flatten() {
-                    self.fields.merge_json(usage.get().as_bytes());
+                    merge_json(&mut self.fields, usage.get().as_bytes());
                 }
             }
         }

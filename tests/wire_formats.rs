@@ -84,6 +84,8 @@ fn every_format_has_what_the_checklist_asks() {
             "fn outputs",
             "fn looks_like",
             "fn ask_for_summary",
+            "fn usage",
+            "static REFUSAL",
         ] {
             assert!(module.contains(function), "{format:?}: {function}");
         }

@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
+use super::answer::{RefusalWording, Usage, UsageFields};
 use super::json::{
     as_tokens, fast_object, fast_skip, fast_text, leaf_weight, skip_scalars, OneOf,
     StrWeightVisitor, TextWeight,
@@ -625,6 +626,42 @@ impl<'de> Deserialize<'de> for PartCounts {
         }
         d.deserialize_any(V).map(PartCounts)
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Answers.
+
+/// OpenAI's refusal for length, and the wordings of the servers that speak its API (vLLM,
+/// llama.cpp, Ollama, OpenRouter); see `crate::overflow`.
+pub(crate) static REFUSAL: RefusalWording = RefusalWording {
+    phrases: &[
+        "context_length_exceeded",
+        "maximum context length",
+        "exceeds the available context size",
+        "exceed_context_size_error",
+        "input length exceeds the context length",
+    ],
+    window_after: &["maximum context length is", "available context size ("],
+    window_between: None,
+    requested_after: &[
+        "you requested about",
+        "you requested",
+        "your request has",
+        "resulted in",
+        "request (",
+    ],
+    fields: Some(("n_ctx", "n_prompt_tokens")),
+};
+
+/// Chat Completions' `usage`: `prompt_tokens` includes the cached ones
+/// (`prompt_tokens_details.cached_tokens`); no cache writes.
+pub(crate) fn usage(f: &UsageFields) -> Option<Usage> {
+    (f.prompt_tokens.is_some() || f.completion_tokens.is_some()).then(|| Usage {
+        input: f.prompt_tokens.unwrap_or(0),
+        output: f.completion_tokens.unwrap_or(0),
+        cache_read: f.cached_tokens.unwrap_or(0),
+        cache_write: 0,
+    })
 }
 
 #[cfg(test)]

@@ -32,6 +32,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
+use super::answer::{RefusalWording, Usage, UsageFields};
 use super::json::{
     as_tokens, fast_content, fast_object, fast_skip, fast_str, leaf_weight, node_counts,
     ContentSeed, OneOf, OrderedObject, Rules,
@@ -607,4 +608,31 @@ pub(crate) fn ask_for_summary(
         );
     }
     Ok(usize::try_from(asked).unwrap_or(usize::MAX))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Answers.
+
+/// Gemini's refusal for length: `The input token count (M) exceeds the maximum number of
+/// tokens allowed (N).` (status `INVALID_ARGUMENT`).
+pub(crate) static REFUSAL: RefusalWording = RefusalWording {
+    phrases: &["exceeds the maximum number of tokens allowed"],
+    window_after: &["maximum number of tokens allowed ("],
+    window_between: None,
+    requested_after: &["input token count ("],
+    fields: None,
+};
+
+/// Gemini's `usageMetadata`: the prompt count includes cached tokens
+/// (`cachedContentTokenCount`); thoughts are billed as output; no cache writes.
+pub(crate) fn usage(f: &UsageFields) -> Option<Usage> {
+    (f.prompt_token_count.is_some() || f.candidates_token_count.is_some()).then(|| Usage {
+        input: f.prompt_token_count.unwrap_or(0),
+        output: f
+            .candidates_token_count
+            .unwrap_or(0)
+            .saturating_add(f.thoughts_token_count.unwrap_or(0)),
+        cache_read: f.cached_content_token_count.unwrap_or(0),
+        cache_write: 0,
+    })
 }

@@ -32,6 +32,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
+use super::answer::{RefusalWording, Usage, UsageFields};
 use super::json::{
     as_tokens, fast_content, fast_object, fast_skip, fast_str, leaf_weight, node_counts,
     ContentSeed, OneOf, OrderedObject, Rules,
@@ -592,6 +593,39 @@ pub(crate) fn ask_for_summary(
     params.insert("stream".into(), Value::Bool(false));
     params.insert("max_tokens".into(), asked.into());
     Ok(usize::try_from(asked).unwrap_or(usize::MAX))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Answers.
+
+/// Anthropic's refusal for length: `prompt is too long: M tokens > N maximum`.
+pub(crate) static REFUSAL: RefusalWording = RefusalWording {
+    phrases: &["prompt is too long"],
+    window_after: &[],
+    window_between: Some(("tokens >", "maximum")),
+    requested_after: &["prompt is too long:"],
+    fields: None,
+};
+
+/// Anthropic's `usage`: `input_tokens` excludes both cache counts, so the input is the sum of
+/// all three. Without cache fields it reads as Responses' (the same names, the same sum).
+pub(crate) fn usage(f: &UsageFields) -> Option<Usage> {
+    let cached = f.cache_read_input_tokens.is_some() || f.cache_creation_input_tokens.is_some();
+    let counted = f.input_tokens.is_some() || f.output_tokens.is_some();
+    (cached && counted).then(|| {
+        let read = f.cache_read_input_tokens.unwrap_or(0);
+        let write = f.cache_creation_input_tokens.unwrap_or(0);
+        Usage {
+            input: f
+                .input_tokens
+                .unwrap_or(0)
+                .saturating_add(read)
+                .saturating_add(write),
+            output: f.output_tokens.unwrap_or(0),
+            cache_read: read,
+            cache_write: write,
+        }
+    })
 }
 
 #[cfg(test)]

@@ -17,6 +17,7 @@
 //! `json`; [`outputs`] finds tool outputs in any of them and replaces them in place (masking
 //! old observations).
 
+pub mod answer;
 pub mod chat;
 pub mod gemini;
 pub(crate) mod json;
@@ -1068,6 +1069,7 @@ mod tests {
             assert_eq!(DialectKind::detect(&sample), Some(d));
         }
         assert_eq!(Api::ALL.len(), DialectKind::COUNT);
+        assert_eq!(Api::default(), Api::ChatCompletions, "when unknown");
         for api in Api::ALL {
             assert_eq!(DialectKind::of_api(api).api(), api);
             assert_eq!(

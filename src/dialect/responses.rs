@@ -31,6 +31,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
+use super::answer::{RefusalWording, Usage, UsageFields};
 use super::json::NodeSeed;
 use super::json::{as_tokens, fast_node, leaf_weight, node_counts, Rules, StrWeight};
 use super::outputs;
@@ -480,6 +481,30 @@ pub(crate) fn ask_for_summary(
         params.insert("tool_choice".into(), "none".into());
     }
     Ok(max_output as usize)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Answers.
+
+/// The Responses API's refusal for length, as a status or a `response.failed` event: `Your
+/// input exceeds the context window of this model …` (code `context_length_exceeded`).
+pub(crate) static REFUSAL: RefusalWording = RefusalWording {
+    phrases: &["exceeds the context window", "context_length_exceeded"],
+    window_after: &[],
+    window_between: None,
+    requested_after: &[],
+    fields: None,
+};
+
+/// The Responses API's `usage`: `input_tokens` is the whole input, cached ones
+/// (`input_tokens_details.cached_tokens`) included; no cache writes.
+pub(crate) fn usage(f: &UsageFields) -> Option<Usage> {
+    (f.input_tokens.is_some() || f.output_tokens.is_some()).then(|| Usage {
+        input: f.input_tokens.unwrap_or(0),
+        output: f.output_tokens.unwrap_or(0),
+        cache_read: f.cached_tokens.unwrap_or(0),
+        cache_write: 0,
+    })
 }
 
 #[cfg(test)]

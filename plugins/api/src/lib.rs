@@ -180,32 +180,30 @@ macro_rules! wire_formats {
     };
 }
 
-/// Declares [`Api`] from the list.
+/// Declares [`Api`] from the list, its first format the default.
 macro_rules! declare_api {
-    ($($(#[$doc:meta])* $variant:ident,)+) => {
+    ($(#[$first_doc:meta])* $first:ident, $($(#[$doc:meta])* $variant:ident,)*) => {
         /// The wire API of the request being compacted, so a backend that calls the caller's
         /// own provider can speak that provider's language (an Anthropic upstream does not
-        /// serve `/chat/completions`). [`Api::ChatCompletions`] when unknown.
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        /// serve `/chat/completions`). The first of the list (Chat Completions) when unknown.
+        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
         pub enum Api {
-            $($(#[$doc])* $variant,)+
+            $(#[$first_doc])*
+            #[default]
+            $first,
+            $($(#[$doc])* $variant,)*
         }
 
         impl Api {
             /// Every wire API, in the list's order (compactor's `DialectKind::ALL` is in the
             /// same order, so an index converts one into the other).
-            pub const ALL: [Api; [$(Api::$variant),+].len()] = [$(Api::$variant),+];
+            pub const ALL: [Api; [Api::$first, $(Api::$variant),*].len()] =
+                [Api::$first, $(Api::$variant),*];
         }
     };
 }
 
 wire_formats!(declare_api);
-
-impl Default for Api {
-    fn default() -> Api {
-        Api::ChatCompletions
-    }
-}
 
 /// The destination and credentials of the request being compacted.
 ///
