@@ -49,7 +49,7 @@ use crate::compaction::models::{window_model, LearnedWindow, WindowKey, WindowSo
 use crate::compaction::prompt::summary_message;
 use crate::compaction::trigger::{BackgroundOutcome, CompactionOutcome, Limits, Trigger};
 use crate::compaction::{Attempts, CompactionResult, MAX_ATTEMPTS_PER_REQUEST};
-use crate::config::{Config, Mode, Price, StoreBackend, Strategy};
+use crate::config::{Config, Mode, Price, Strategy};
 use crate::cost::{cached_prefix, Bill, Repeats};
 use crate::dialect::reply::first_reply;
 use crate::dialect::scan_memo::{Remembering, ScanMemo};
@@ -58,11 +58,9 @@ use crate::event_log::{self, Event, EventLog};
 use crate::metrics::Metrics;
 use crate::overflow::Overflow;
 use crate::session::hash::SESSION_ID_MESSAGES;
-use crate::session::redis::CLAIM_TTL;
 use crate::session::{
     derived_session_ids, session_id, ChainMemo, Checkpoint, Claim, LatestRequest, Lease, MaskFloor,
-    MaskNeed, MemoryStore, RedisSettings, RedisStore, SessionCost, SessionIdMemo, SessionStore,
-    SingleFlight, Staged, StoreError, StoreLimits, TenantId,
+    MaskNeed, SessionCost, SessionIdMemo, SessionStore, SingleFlight, Staged, StoreError, TenantId,
 };
 use crate::transcript::Transcript;
 
@@ -326,40 +324,9 @@ impl Pipeline {
         self
     }
 
-    /// A pipeline with the store `[store]` describes: in memory, or shared through Redis
-    /// (with a memory store of this process's own beside it).
+    /// A pipeline with the store `[store]` describes ([`session::store::configured`]).
     pub fn new(config: &Config, summarizer: Arc<dyn Summarizer>, metrics: Arc<Metrics>) -> Self {
-        let memory = || {
-            MemoryStore::new(StoreLimits {
-                max_sessions: config.store.max_sessions,
-                max_bytes: config.store.max_bytes,
-                max_sessions_per_tenant: config.store.max_sessions_per_tenant,
-                ttl: config.store_ttl(),
-            })
-            .with_breaker_cooldown(config.breaker_cooldown())
-        };
-        let store: Arc<dyn SessionStore> = match config.store.backend {
-            StoreBackend::Memory => Arc::new(memory()),
-            StoreBackend::Redis => {
-                let settings = RedisSettings {
-                    key_prefix: config.store.key_prefix.clone(),
-                    ttl: config.store_ttl(),
-                    timeout: config.redis_timeout(),
-                    max_shared_request_bytes: config.store.max_shared_request_bytes,
-                    breaker_cooldown: config.breaker_cooldown(),
-                    claim_ttl: CLAIM_TTL,
-                };
-                match RedisStore::new(&config.store.redis_url, settings, memory(), metrics.clone())
-                {
-                    Ok(redis) => Arc::new(redis),
-                    Err(e) => {
-                        // Validation accepted the URL, so this is not expected; fail open.
-                        tracing::error!(error = %e, "redis store unavailable; sessions stay in memory");
-                        Arc::new(memory())
-                    }
-                }
-            }
-        };
+        let store = crate::session::store::configured(config, metrics.clone());
         Pipeline::with_store(config, summarizer, metrics, store)
     }
 

@@ -5,6 +5,7 @@
 //! and the person's own words pinned.
 use super::*;
 use crate::compaction::engine::{LATEST_USER_CLOSE, LATEST_USER_OPEN};
+use crate::session::{MemoryStore, StoreLimits};
 use crate::testing::{
     body, caller, chat, compactions, compactor, config, messages_of, FakeSummarizer, Reply, SMALL,
 };

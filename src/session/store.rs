@@ -19,9 +19,13 @@ use serde::{Serialize, Serializer};
 
 use super::breaker::BreakerState;
 use super::hash::{ChainHash, TenantId};
+use super::memory::MemoryStore;
+use super::redis::{RedisSettings, RedisStore, CLAIM_TTL};
 use crate::compaction::models::{LearnedWindow, WindowKey};
 use crate::compaction::CompactionResult;
+use crate::config::{Config, StoreBackend};
 use crate::dialect::DialectKind;
+use crate::metrics::Metrics;
 
 /// Fixed per-checkpoint overhead added to its text when sizing a store.
 pub const CHECKPOINT_OVERHEAD_BYTES: usize = 256;
@@ -556,6 +560,42 @@ pub fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
+}
+
+/// The store `[store]` describes: in memory, or shared through Redis with a memory store of
+/// this process's own beside it (and in its place, failing open, should the Redis client not
+/// build).
+pub fn configured(config: &Config, metrics: Arc<Metrics>) -> Arc<dyn SessionStore> {
+    let memory = || {
+        MemoryStore::new(StoreLimits {
+            max_sessions: config.store.max_sessions,
+            max_bytes: config.store.max_bytes,
+            max_sessions_per_tenant: config.store.max_sessions_per_tenant,
+            ttl: config.store_ttl(),
+        })
+        .with_breaker_cooldown(config.breaker_cooldown())
+    };
+    match config.store.backend {
+        StoreBackend::Memory => Arc::new(memory()),
+        StoreBackend::Redis => {
+            let settings = RedisSettings {
+                key_prefix: config.store.key_prefix.clone(),
+                ttl: config.store_ttl(),
+                timeout: config.redis_timeout(),
+                max_shared_request_bytes: config.store.max_shared_request_bytes,
+                breaker_cooldown: config.breaker_cooldown(),
+                claim_ttl: CLAIM_TTL,
+            };
+            match RedisStore::new(&config.store.redis_url, settings, memory(), metrics) {
+                Ok(redis) => Arc::new(redis),
+                Err(e) => {
+                    // Validation accepted the URL, so this is not expected; fail open.
+                    tracing::error!(error = %e, "redis store unavailable; sessions stay in memory");
+                    Arc::new(memory())
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]
