@@ -1,7 +1,7 @@
 //! What a provider answers, as each wire format words it: the token counts of its `usage`
 //! and its refusal of a request for its length. Each format module declares its own
-//! (`usage`, `REFUSAL`); `crate::usage` finds the counts in a response's bytes and
-//! `crate::overflow` finds the refusal, trying every format's words in [`DialectKind::ALL`]'s
+//! (`usage`, `REFUSAL`); src/usage.rs finds the counts in a response's bytes and
+//! src/overflow.rs finds the refusal, trying every format's words in [`DialectKind::ALL`]'s
 //! order, since a gateway may answer a request of one format in another's.
 
 use super::{chat, gemini, messages, responses, DialectKind};

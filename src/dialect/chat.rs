@@ -632,7 +632,7 @@ impl<'de> Deserialize<'de> for PartCounts {
 // Answers.
 
 /// OpenAI's refusal for length, and the wordings of the servers that speak its API (vLLM,
-/// llama.cpp, Ollama, OpenRouter); see `crate::overflow`.
+/// llama.cpp, Ollama, OpenRouter); see src/overflow.rs.
 pub(crate) static REFUSAL: RefusalWording = RefusalWording {
     phrases: &[
         "context_length_exceeded",
