@@ -324,7 +324,7 @@ impl Pipeline {
         self
     }
 
-    /// A pipeline with the store `[store]` describes ([`session::store::configured`]).
+    /// A pipeline with the store `[store]` describes ([`crate::session::store::configured`]).
     pub fn new(config: &Config, summarizer: Arc<dyn Summarizer>, metrics: Arc<Metrics>) -> Self {
         let store = crate::session::store::configured(config, metrics.clone());
         Pipeline::with_store(config, summarizer, metrics, store)
