@@ -534,3 +534,93 @@ fn the_readme_replay_example_is_what_the_binary_prints() {
         );
     }
 }
+
+/// A transcript in Gemini's shape (`systemInstruction`, `contents` of `user` and `model`
+/// entries with `functionCall` / `functionResponse` parts) is recognised by its shape and
+/// replayed as Gemini requests at the default Gemini model: one request before each model
+/// entry, compactions on the way, the stored summary reused after each, never more forwarded
+/// than received.
+#[test]
+fn a_gemini_transcript_replays_as_gemini_requests() {
+    let messages = transcript("swe-agent-marshmallow-function-calling.json");
+    let (system, rest) = messages.split_first().expect("a system prompt");
+    let mut contents: Vec<Value> = Vec::new();
+    for m in rest {
+        let text = m["content"].as_str().unwrap_or_default();
+        match m["role"].as_str() {
+            Some("assistant") => {
+                let mut parts = vec![json!({"text": text})];
+                for call in m["tool_calls"].as_array().into_iter().flatten() {
+                    let args: Value = serde_json::from_str(
+                        call["function"]["arguments"].as_str().unwrap_or("{}"),
+                    )
+                    .unwrap_or(json!({}));
+                    parts.push(json!({"functionCall": {"id": call["id"],
+                        "name": call["function"]["name"], "args": args}}));
+                }
+                contents.push(json!({"role": "model", "parts": parts}));
+            }
+            Some("tool") => {
+                let part = json!({"functionResponse": {"id": m["tool_call_id"],
+                    "name": m["name"].as_str().unwrap_or("tool"),
+                    "response": {"output": text}}});
+                // Parallel calls are answered in one user entry.
+                match contents.last_mut() {
+                    Some(last)
+                        if last["role"] == "user"
+                            && last["parts"][0].get("functionResponse").is_some() =>
+                    {
+                        last["parts"].as_array_mut().expect("parts").push(part);
+                    }
+                    _ => contents.push(json!({"role": "user", "parts": [part]})),
+                }
+            }
+            _ => contents.push(json!({"role": "user", "parts": [{"text": text}]})),
+        }
+    }
+    let model_entries = contents.iter().filter(|c| c["role"] == "model").count();
+    let ends_on_model = contents.last().is_some_and(|c| c["role"] == "model");
+    let gemini = json!({
+        "systemInstruction": {"parts": [{"text": system["content"]}]},
+        "contents": contents,
+    });
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = write(dir.path(), "replay.toml", TUNED);
+    let file = write(dir.path(), "gemini.json", &gemini.to_string());
+    let (sections, stdout) = run_ok(dir.path(), &["replay", "--config", &config, &file]);
+    assert_eq!(sections.len(), 1, "{stdout}");
+    let section = &sections[0];
+    assert!(
+        section
+            .heading
+            .contains("gemini transcript, model gemini-2.5-pro"),
+        "{}",
+        section.heading
+    );
+    assert_eq!(
+        section.rows.len(),
+        model_entries + usize::from(!ends_on_model),
+        "{stdout}"
+    );
+    let last = section.rows.last().expect("rows");
+    assert!(last.compactions >= 1, "{stdout}");
+    assert_eq!(last.calls, last.compactions, "{stdout}");
+    assert!(
+        section
+            .rows
+            .iter()
+            .any(|r| r.outcome.starts_with("summary #")),
+        "the stored summary is reused:\n{stdout}"
+    );
+    assert!(
+        section.rows.iter().all(|r| r.forwarded <= r.received),
+        "{stdout}"
+    );
+    assert!(
+        section
+            .summary
+            .contains("for gemini-2.5-pro (context window 1048576"),
+        "the path's model decides the window: {}",
+        section.summary
+    );
+}
