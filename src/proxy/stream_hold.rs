@@ -655,6 +655,21 @@ mod tests {
             verdict_in_pieces(ChatCompletions, &format!("{CHAT_ROLE}{CHAT_ERROR}")),
             length(Some(4096), Some(6100))
         );
+        // Gemini: an error chunk in place of the first answer; a candidates chunk is content.
+        assert_eq!(
+            verdict_in_pieces(
+                Gemini,
+                "data: {\"error\":{\"code\":400,\"message\":\"The input token count (1196265) exceeds the maximum number of tokens allowed (1048575).\",\"status\":\"INVALID_ARGUMENT\"}}\r\n\r\n"
+            ),
+            length(Some(1_048_575), Some(1_196_265))
+        );
+        assert_eq!(
+            verdict_in_pieces(
+                Gemini,
+                "data: {\"candidates\":[{\"content\":{\"parts\":[{\"text\":\"hi\"}],\"role\":\"model\"}}]}\r\n\r\n"
+            ),
+            Verdict::Content
+        );
         // Split over two `data:` lines, joined by a line break as SSE says.
         assert_eq!(
             verdict(
