@@ -315,6 +315,27 @@ async fn auto_summarises_gemini_through_the_callers_gemini() {
             "never in a URL compactor builds"
         );
     }
+    // Asked inside the conversation first (gemini-2.5-flash reads its cache at a tenth of
+    // input): the request as received, its tools not callable, then the turn asking for the
+    // summary; the mock answers it, so no standalone prompt follows.
+    assert_eq!(summary_calls.len(), 1, "one call, inside the conversation");
+    let asked: Value = serde_json::from_slice(&summary_calls[0].body).expect("json");
+    let sent: Value = serde_json::from_slice(&request(6, 40)).expect("json");
+    let asked_contents = asked["contents"].as_array().expect("contents");
+    let sent_contents = sent["contents"].as_array().expect("contents");
+    assert_eq!(
+        &asked_contents[..sent_contents.len() - 1],
+        &sent_contents[..sent_contents.len() - 1],
+        "the conversation as sent"
+    );
+    let turn = asked_contents.last().expect("the turn")["parts"]
+        .as_array()
+        .and_then(|p| p.last())
+        .and_then(|p| p["text"].as_str())
+        .unwrap_or_default();
+    assert!(turn.starts_with("<task>"), "{turn}");
+    assert_eq!(asked["toolConfig"]["functionCallingConfig"]["mode"], "NONE");
+    assert_eq!(asked["systemInstruction"], sent["systemInstruction"]);
     let chat = received
         .iter()
         .rfind(|r| r.path().ends_with(":streamGenerateContent"))
