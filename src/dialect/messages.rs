@@ -350,25 +350,7 @@ pub(super) fn rewrite(
     boundary: usize,
     summary_message: &str,
 ) -> Result<Vec<u8>, DialectError> {
-    let after = match scan.messages.get(boundary) {
-        Some(raw) => {
-            let first = message(raw, boundary)?;
-            if first.role != Role::User {
-                None
-            } else if first.is_tool_answer() {
-                return Err(DialectError::TailStartsWithToolResult);
-            } else {
-                Some(*raw)
-            }
-        }
-        None => None,
-    };
-    let before = match head.checked_sub(1) {
-        Some(last) if message(scan.messages[last], last)?.role == Role::User => {
-            Some(scan.messages[last])
-        }
-        _ => None,
-    };
+    let (before, after) = scan.user_neighbours(head, boundary)?;
     let extra = summary_message.len() + before.map_or(0, str::len) + after.map_or(0, str::len);
     let start = if before.is_some() { head - 1 } else { head };
     scan.splice(start, boundary, after.is_some(), extra, |out| {

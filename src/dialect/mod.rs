@@ -273,6 +273,35 @@ impl<'a> Scan<'a> {
         }
     }
 
+    /// The user neighbours a summary joins where roles must alternate (Anthropic, Gemini):
+    /// the head's last message when it is the user's, and the first kept message when it is
+    /// the user's. A tail opening with tool answers is refused: they must follow the calls
+    /// they answer, which the boundary rules never cut away.
+    fn user_neighbours(
+        &self,
+        head: usize,
+        boundary: usize,
+    ) -> Result<(Option<&'a str>, Option<&'a str>), DialectError> {
+        let after = match self.messages.get(boundary) {
+            Some(raw) => {
+                let first = self.message(boundary)?;
+                if first.role != Role::User {
+                    None
+                } else if first.is_tool_answer() {
+                    return Err(DialectError::TailStartsWithToolResult);
+                } else {
+                    Some(*raw)
+                }
+            }
+            None => None,
+        };
+        let before = match head.checked_sub(1) {
+            Some(last) if self.message(last)?.role == Role::User => Some(self.messages[last]),
+            _ => None,
+        };
+        Ok((before, after))
+    }
+
     /// Byte range of message `index` in the body.
     fn span(&self, index: usize) -> Result<Range<usize>, DialectError> {
         self.messages
