@@ -198,25 +198,24 @@ impl AnthropicSummarizer {
             deadline,
             timeout: request.timeout,
         };
-        if let Some(body) = self.in_conversation(request) {
-            match self.ask(&exchange, body).await {
-                Err(e) if transport::standalone_may_succeed(&e) => tracing::debug!(
-                    backend = "anthropic",
-                    error = %e,
-                    "the summary asked inside the conversation failed; asking with the standalone prompt"
-                ),
-                answered => return answered,
-            }
-        }
-        let body = json!({
-            "model": model,
-            "max_tokens": output_budget(self.config.max_tokens, request.max_output_tokens),
-            "system": SYSTEM_PROMPT,
-            "messages": [{"role": "user", "content": request.prompt}],
-        });
-        let body = serde_json::to_vec(&body)
-            .map_err(|e| SummarizeError::Config(format!("cannot encode request: {e}")))?;
-        self.ask(&exchange, Bytes::from(body)).await
+        let standalone = || {
+            let body = json!({
+                "model": model,
+                "max_tokens": output_budget(self.config.max_tokens, request.max_output_tokens),
+                "system": SYSTEM_PROMPT,
+                "messages": [{"role": "user", "content": request.prompt}],
+            });
+            serde_json::to_vec(&body)
+                .map(Bytes::from)
+                .map_err(|e| SummarizeError::Config(format!("cannot encode request: {e}")))
+        };
+        transport::inside_first(
+            "anthropic",
+            self.in_conversation(request),
+            standalone,
+            |body| self.ask(&exchange, body),
+        )
+        .await
     }
 
     /// The request asking for the summary inside the conversation, when this backend sends it:

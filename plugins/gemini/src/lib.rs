@@ -221,26 +221,25 @@ impl GeminiSummarizer {
             deadline,
             timeout: request.timeout,
         };
-        if let Some(body) = self.in_conversation(request) {
-            match self.ask(&exchange, body).await {
-                Err(e) if transport::standalone_may_succeed(&e) => tracing::debug!(
-                    backend = "gemini",
-                    error = %e,
-                    "the summary asked inside the conversation failed; asking with the standalone prompt"
-                ),
-                answered => return answered,
-            }
-        }
-        let body = json!({
-            "systemInstruction": {"parts": [{"text": SYSTEM_PROMPT}]},
-            "contents": [{"role": "user", "parts": [{"text": request.prompt}]}],
-            "generationConfig": {
-                "maxOutputTokens": output_budget(self.config.max_tokens, request.max_output_tokens),
-            },
-        });
-        let body = serde_json::to_vec(&body)
-            .map_err(|e| SummarizeError::Config(format!("cannot encode request: {e}")))?;
-        self.ask(&exchange, Bytes::from(body)).await
+        let standalone = || {
+            let body = json!({
+                "systemInstruction": {"parts": [{"text": SYSTEM_PROMPT}]},
+                "contents": [{"role": "user", "parts": [{"text": request.prompt}]}],
+                "generationConfig": {
+                    "maxOutputTokens": output_budget(self.config.max_tokens, request.max_output_tokens),
+                },
+            });
+            serde_json::to_vec(&body)
+                .map(Bytes::from)
+                .map_err(|e| SummarizeError::Config(format!("cannot encode request: {e}")))
+        };
+        transport::inside_first(
+            "gemini",
+            self.in_conversation(request),
+            standalone,
+            |body| self.ask(&exchange, body),
+        )
+        .await
     }
 
     /// The request asking for the summary inside the conversation, when this backend sends it:

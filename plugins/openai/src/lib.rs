@@ -209,17 +209,13 @@ impl OpenAiSummarizer {
             deadline,
             timeout: request.timeout,
         };
-        if let Some(body) = self.in_conversation(request) {
-            match self.ask(&exchange, body).await {
-                Err(e) if transport::standalone_may_succeed(&e) => tracing::debug!(
-                    backend = "openai",
-                    error = %e,
-                    "the summary asked inside the conversation failed; asking with the standalone prompt"
-                ),
-                answered => return answered,
-            }
-        }
-        self.ask(&exchange, self.body(wire, model, request)).await
+        transport::inside_first(
+            "openai",
+            self.in_conversation(request),
+            || Ok(self.body(wire, model, request)),
+            |body| self.ask(&exchange, body),
+        )
+        .await
     }
 
     /// The request asking for the summary inside the conversation, when this backend sends it:

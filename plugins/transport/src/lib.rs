@@ -9,9 +9,10 @@
 //! and maps every way the exchange can fail onto the summarizer contract's [`SummarizeError`]:
 //! deadline → `Timeout`, connect/IO → `Transport`, non-2xx → `Status` with the provider's own
 //! message (bounded, secrets removed), unreadable JSON → `InvalidOutput`, a body over the
-//! client's bound (see [`HttpClient::with_max_response_bytes`]) → `TooLarge`. The `openai` and
-//! `anthropic` backends use it, and the helpers they share (endpoint, model and output budget
-//! of a summary request) live here with it.
+//! client's bound (see [`HttpClient::with_max_response_bytes`]) → `TooLarge`. The `openai`,
+//! `anthropic` and `gemini` backends use it, and the helpers they share (endpoint, model and
+//! output budget of a summary request, and [`inside_first`], the order of the summary asked
+//! inside the conversation and the standalone prompt) live here with it.
 #![deny(missing_docs)]
 
 use std::error::Error as StdError;
@@ -32,7 +33,7 @@ use rustls::pki_types::CertificateDer;
 use tokio::time::Instant;
 
 use compactor_plugin_api::{
-    Caller, InvalidSetting, SummarizeError, SummaryRequest, DEFAULT_MAX_SUMMARY_BYTES,
+    Caller, InvalidSetting, SummarizeError, Summary, SummaryRequest, DEFAULT_MAX_SUMMARY_BYTES,
     SUMMARY_ENVELOPE_BYTES,
 };
 
@@ -253,6 +254,33 @@ pub fn standalone_may_succeed(e: &SummarizeError) -> bool {
     }
 }
 
+/// Asks for a summary inside the conversation first, when the backend has that request
+/// (`inside`), and with the standalone prompt when there is none or when it failed in a way
+/// the standalone prompt may not ([`standalone_may_succeed`]); any other outcome of the first
+/// request is the answer. The order every backend calling the caller's own model follows;
+/// `ask` sends one request body, `standalone` builds the standalone one (only when needed).
+pub async fn inside_first<B, Fut>(
+    backend: &str,
+    inside: Option<B>,
+    standalone: impl FnOnce() -> Result<B, SummarizeError>,
+    ask: impl Fn(B) -> Fut,
+) -> Result<Summary, SummarizeError>
+where
+    Fut: std::future::Future<Output = Result<Summary, SummarizeError>>,
+{
+    if let Some(body) = inside {
+        match ask(body).await {
+            Err(e) if standalone_may_succeed(&e) => tracing::debug!(
+                backend,
+                error = %e,
+                "the summary asked inside the conversation failed; asking with the standalone prompt"
+            ),
+            answered => return answered,
+        }
+    }
+    ask(standalone()?).await
+}
+
 /// The credential headers of one request, and the secret values they carry (so that a
 /// provider echoing one back can be redacted).
 #[derive(Default)]
@@ -445,6 +473,72 @@ pub fn tls_config(extra_ca_file: Option<&Path>) -> Result<rustls::ClientConfig, 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The first request inside the conversation, the standalone one only when that failed in
+    /// a way it may not, or when there is no first; each body asked once, in that order.
+    #[test]
+    fn inside_first_falls_back_only_when_the_standalone_prompt_may_succeed() {
+        use std::cell::RefCell;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        type Reply = fn() -> Result<Summary, SummarizeError>;
+        let ok: Reply = || Summary::new("from inside");
+        let refused: Reply = || {
+            Err(SummarizeError::Status {
+                status: 400,
+                message: "unsupported".into(),
+            })
+        };
+        let tool_call: Reply = || Err(SummarizeError::InvalidOutput("a tool call".into()));
+        let rate_limited: Reply = || {
+            Err(SummarizeError::Status {
+                status: 429,
+                message: "slow down".into(),
+            })
+        };
+        let cases: [(Option<Reply>, &[&str], Option<&str>); 5] = [
+            (None, &["standalone"], Some("from standalone")),
+            (Some(ok), &["inside"], Some("from inside")),
+            (
+                Some(refused),
+                &["inside", "standalone"],
+                Some("from standalone"),
+            ),
+            (
+                Some(tool_call),
+                &["inside", "standalone"],
+                Some("from standalone"),
+            ),
+            (Some(rate_limited), &["inside"], None),
+        ];
+        for (inside, asked, expected) in cases {
+            let sent = RefCell::new(Vec::new());
+            let answer = rt.block_on(inside_first(
+                "test",
+                inside.map(|_| "inside"),
+                || Ok("standalone"),
+                |body: &str| {
+                    sent.borrow_mut().push(body.to_string());
+                    std::future::ready(match (body, inside) {
+                        ("inside", Some(reply)) => reply(),
+                        _ => Summary::new("from standalone"),
+                    })
+                },
+            ));
+            assert_eq!(*sent.borrow(), asked);
+            assert_eq!(answer.ok().map(|s| s.text), expected.map(str::to_string));
+        }
+
+        // A standalone body that cannot be built is the answer's error.
+        let failed = rt.block_on(inside_first(
+            "test",
+            None::<&str>,
+            || Err(SummarizeError::Config("cannot encode".into())),
+            |_| std::future::ready(Summary::new("never")),
+        ));
+        assert!(matches!(failed, Err(SummarizeError::Config(_))));
+    }
 
     #[test]
     fn provider_messages_are_extracted_redacted_and_bounded() {
