@@ -889,13 +889,14 @@ fn caller(
             Some((name.to_string(), value.to_string()))
         })
         .collect();
-    let key_in_query = query
-        .into_iter()
-        .flat_map(|q| q.split('&'))
-        .find_map(|pair| pair.strip_prefix(GEMINI_KEY_PARAMETER)?.strip_prefix('='));
-    if let Some(key) = key_in_query.filter(|k| !k.is_empty()) {
-        if dialect == DialectKind::Gemini && !credentials.iter().any(|(n, _)| n == "x-goog-api-key")
-        {
+    // Only Gemini reads a key from the query, and only when no header carries one.
+    let header_key = credentials.iter().any(|(n, _)| n == "x-goog-api-key");
+    if dialect == DialectKind::Gemini && !header_key {
+        let key_in_query = query
+            .into_iter()
+            .flat_map(|q| q.split('&'))
+            .find_map(|pair| pair.strip_prefix(GEMINI_KEY_PARAMETER)?.strip_prefix('='));
+        if let Some(key) = key_in_query.filter(|k| !k.is_empty()) {
             credentials.push(("x-goog-api-key".into(), key.to_string()));
         }
     }

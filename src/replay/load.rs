@@ -169,10 +169,10 @@ fn item_count(request: &Map<String, Value>) -> usize {
         (Some(Value::Array(m)), _) => m.len(),
         (_, Some(Value::Array(items))) => items.len(),
         (_, Some(Value::String(_))) => 1,
-        _ if request.get("contents").is_some_and(Value::is_array) => {
-            request["contents"].as_array().map_or(0, Vec::len)
-        }
-        _ => 0,
+        _ => request
+            .get("contents")
+            .and_then(Value::as_array)
+            .map_or(0, Vec::len),
     }
 }
 
