@@ -1058,8 +1058,10 @@ pub fn probe_table(reports: &[FileReport]) -> String {
 }
 
 /// The replay's totals as JSON (`--json OUT`): per report the file, strategy, summarizer,
-/// steps, compactions, summarizer calls, tokens forwarded, and `probes`, per category (and
-/// `all`) the probes `kept` of the `total` its compactions touched.
+/// steps, compactions, summarizer calls, tokens forwarded, `probes`, per category (and
+/// `all`) the probes `kept` of the `total` its compactions touched, and, when its model has a
+/// price, `cost`: the `== cost` table's figures in USD (`null` where unpriced) with the
+/// summarizer's estimated tokens split as [`SummarizerTokens`] splits them.
 pub fn to_json(reports: &[FileReport]) -> serde_json::Value {
     let tally = |t: Tally| serde_json::json!({"kept": t.kept, "total": t.total});
     let reports: Vec<serde_json::Value> = reports
@@ -1070,6 +1072,27 @@ pub fn to_json(reports: &[FileReport]) -> serde_json::Value {
                 probes.insert(c.label().to_string(), tally(r.probes.get(c)));
             }
             probes.insert("all".to_string(), tally(r.probes.all()));
+            let cost = r.price.map(|price| {
+                let (requests, without) = r.input_cost(&price);
+                let own = r.own_compaction(&price);
+                let t = r.summarizer_tokens;
+                serde_json::json!({
+                    "requests_usd": requests,
+                    "summarizer_usd": r.summarizer_cost(),
+                    "summarizer_as_llm_usd": r.summarizer_cost_as_llm(&price),
+                    "no_compaction_usd": without,
+                    "agent_own_usd": (!own.over_window).then_some(own.usd),
+                    "agent_own_compactions": own.compactions,
+                    "cached_share": r.cached_share(),
+                    "summarizer_tokens": {
+                        "prompt": t.prompt,
+                        "prompt_offered_inside": t.prompt_offered_inside,
+                        "inside_new": t.inside_new,
+                        "inside_cached": t.inside_cached,
+                        "summary": t.summary,
+                    },
+                })
+            });
             serde_json::json!({
                 "file": r.name,
                 "strategy": r.strategy.label(),
@@ -1079,6 +1102,7 @@ pub fn to_json(reports: &[FileReport]) -> serde_json::Value {
                 "summarizer_calls": r.summarizer_calls(),
                 "tokens_forwarded": r.tokens_forwarded(),
                 "probes": probes,
+                "cost": cost,
             })
         })
         .collect();

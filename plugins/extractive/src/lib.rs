@@ -18,12 +18,16 @@
 //! - **Section 3** only counts the files read and modified: compactor appends both lists to
 //!   the summary message itself, so they are not repeated.
 //! - The tools used, the last error lines seen in tool outputs, the steps taken, the latest
-//!   assistant text as the current work, the focus instructions of a manual compaction, and
-//!   the prior summary carried forward under its own heading.
-//! - **The lists are cumulative.** A prior summary of this backend's own has its section 6
-//!   items and system instructions listed again first (see `carry`), so the carried-forward
-//!   copy, which is cut to the output budget oldest part first, never holds the only copy of
-//!   what the person said.
+//!   assistant text as the current work, and the focus instructions of a manual compaction.
+//! - **One updated summary, not a nest.** A prior summary of this backend's own is merged
+//!   into the new one (see `carry`): its user messages and system instructions are listed
+//!   again first, its tool counts added to this slice's, its error lines and steps come before
+//!   this slice's under the same caps, and its current work stands when this slice has none.
+//!   So the summary stays about the same size however many compactions a session has (what
+//!   the compaction prompt asks an LLM for: "merge it with them into one updated summary"),
+//!   instead of growing by a nested copy each time. A prior written by another backend (an
+//!   LLM's) holds the only copy of what it summarised: it is carried forward under its own
+//!   heading, and carried on by every later merge.
 //!
 //! The same request always yields the same text, so it is the offline default and the safe
 //! last fallback.
@@ -66,9 +70,6 @@ const MASKED_PREFIX: &str = "[output masked";
 /// A prior summary from another backend is never cut below this many characters, whatever
 /// the budget: it holds the only copy of the earlier requests.
 const MIN_PRIOR_CHARS: usize = 2_000;
-/// The floor for a prior of this backend's own, whose lists are already listed again above
-/// it: what remains of it (tools, errors, steps of earlier slices) gives way to the budget.
-const MIN_OWN_PRIOR_CHARS: usize = 500;
 /// Rough characters per token, to turn `max_output_tokens` into a character budget.
 const CHARS_PER_TOKEN: usize = 4;
 /// How the engine marks a mid-conversation system message it renders as a user entry.
@@ -173,12 +174,43 @@ pub fn extract(request: &SummaryRequest, config: &ExtractiveConfig) -> String {
             _ => None,
         })
         .collect();
+    let tools = merged_tool_counts(carried.tools, &tool_calls);
+    let mut errors = carried.errors;
+    for line in error_lines(&request.entries) {
+        push_unique(&mut errors, line);
+    }
+    let errors = keep_last(errors, MAX_ERROR_LINES);
+    let mut steps = carried.steps;
+    steps.extend(
+        tool_calls
+            .iter()
+            .map(|(name, args)| format!("{name}({})", clip(args, MAX_ARGUMENT_CHARS))),
+    );
+    let omitted = carried.omitted_steps + steps.len().saturating_sub(MAX_STEPS);
+    let steps = keep_last(steps, MAX_STEPS);
     let latest_assistant = request
         .entries
         .iter()
         .rev()
         .filter(|e| e.role == Role::Assistant)
         .find_map(entry_text);
+    // This slice's current work, else the prior's (a slice of tool results only).
+    let current_work = match (&latest_assistant, tool_calls.last()) {
+        (None, None) => carried.current,
+        (text, last_call) => {
+            let mut items = Vec::new();
+            if let Some(text) = text {
+                items.push(clip(text, max));
+            }
+            if let Some((name, args)) = last_call {
+                items.push(format!(
+                    "{LAST_CALL}{name}({})",
+                    clip(args, MAX_ARGUMENT_CHARS)
+                ));
+            }
+            items
+        }
+    };
     let focus = request
         .instructions
         .as_deref()
@@ -209,7 +241,7 @@ pub fn extract(request: &SummaryRequest, config: &ExtractiveConfig) -> String {
             "No message of the user's own in the summarised turns.",
         ),
     }
-    if prior.is_some() && carried.rest_only {
+    if carried.foreign.is_some() {
         item(
             &mut out,
             "Earlier requests are in the prior summary carried forward at the end.",
@@ -224,12 +256,11 @@ pub fn extract(request: &SummaryRequest, config: &ExtractiveConfig) -> String {
     }
 
     section(&mut out, 2, "Key Technical Concepts");
-    let tools = tool_counts(&tool_calls);
     if tools.is_empty() {
         item(&mut out, "No tools were used in the summarised turns.");
     } else {
         let list: Vec<String> = tools.iter().map(|(n, c)| format!("{n} ×{c}")).collect();
-        item(&mut out, &format!("Tools used: {}", list.join(", ")));
+        item(&mut out, &format!("{TOOLS_USED}{}", list.join(", ")));
     }
     if let Some(model) = &request.model {
         item(&mut out, &format!("Model: {model}"));
@@ -242,30 +273,22 @@ pub fn extract(request: &SummaryRequest, config: &ExtractiveConfig) -> String {
     );
 
     section(&mut out, 4, "Errors and fixes");
-    let errors = error_lines(&request.entries);
     if errors.is_empty() {
-        item(&mut out, "No errors seen in tool outputs.");
+        item(&mut out, NO_ERRORS);
     }
     for line in &errors {
         item(&mut out, line);
     }
 
     section(&mut out, 5, "Problem Solving");
-    if tool_calls.is_empty() {
-        item(&mut out, "No tool calls in the summarised turns.");
+    if steps.is_empty() {
+        item(&mut out, NO_STEPS);
     } else {
-        let skipped = tool_calls.len().saturating_sub(MAX_STEPS);
-        if skipped > 0 {
-            item(
-                &mut out,
-                &format!("({skipped} earlier tool calls omitted; latest last)"),
-            );
+        if omitted > 0 {
+            item(&mut out, &format!("({omitted}{OMITTED_TAIL}"));
         }
-        for (name, args) in &tool_calls[skipped..] {
-            item(
-                &mut out,
-                &format!("{name}({})", clip(args, MAX_ARGUMENT_CHARS)),
-            );
+        for step in &steps {
+            item(&mut out, step);
         }
     }
 
@@ -307,15 +330,11 @@ pub fn extract(request: &SummaryRequest, config: &ExtractiveConfig) -> String {
     }
 
     section(&mut out, 8, "Current Work");
-    match &latest_assistant {
-        Some(text) => item(&mut out, &clip(text, max)),
-        None => item(&mut out, "No assistant text in the summarised turns."),
+    if current_work.is_empty() {
+        item(&mut out, NO_CURRENT_WORK);
     }
-    if let Some((name, args)) = tool_calls.last() {
-        item(
-            &mut out,
-            &format!("Last tool call: {name}({})", clip(args, MAX_ARGUMENT_CHARS)),
-        );
+    for line in &current_work {
+        item(&mut out, line);
     }
 
     section(&mut out, 9, "Optional Next Step");
@@ -331,19 +350,16 @@ pub fn extract(request: &SummaryRequest, config: &ExtractiveConfig) -> String {
         },
     );
 
-    if prior.is_some() {
+    if let Some(foreign) = &carried.foreign {
         let _ = writeln!(out, "\n{PRIOR_HEADER}");
         let room = if budget == 0 {
             usize::MAX
         } else {
-            let floor = if carried.rest_only {
-                MIN_PRIOR_CHARS
-            } else {
-                MIN_OWN_PRIOR_CHARS
-            };
-            budget.saturating_sub(out.chars().count()).max(floor)
+            budget
+                .saturating_sub(out.chars().count())
+                .max(MIN_PRIOR_CHARS)
         };
-        out.push_str(&cut(&carried.rest, room));
+        out.push_str(&cut(foreign, room));
         out.push('\n');
     }
     out
@@ -351,6 +367,8 @@ pub fn extract(request: &SummaryRequest, config: &ExtractiveConfig) -> String {
 
 /// Heads the prior summary carried forward.
 const PRIOR_HEADER: &str = "Prior summary (carried forward):";
+/// How every summary of this backend starts: a prior that does is merged, not carried.
+const OWN_OPENING: &str = "(Summary of compaction #";
 /// Introduces the system instructions in section 1.
 const SYSTEM_HEADER: &str =
     "   - System instructions given during the conversation (verbatim, in order):";
@@ -358,68 +376,129 @@ const SYSTEM_HEADER: &str =
 const SYSTEM_LEAD: &str = "     - ";
 /// Opens section 6.
 const USER_HEADER: &str = "6. All user messages:";
-/// Stands where the lists of a carried-forward summary were.
-const MERGED: &str = "   - (listed again in this summary's own lists above)";
+/// Leads each item of the other sections.
+const ITEM_LEAD: &str = "   - ";
+/// Starts section 2's list of tools.
+const TOOLS_USED: &str = "Tools used: ";
+/// Section 4 when no error was seen.
+const NO_ERRORS: &str = "No errors seen in tool outputs.";
+/// Section 5 when no tool was called.
+const NO_STEPS: &str = "No tool calls in the summarised turns.";
+/// Ends section 5's count of the steps left out, after the number.
+const OMITTED_TAIL: &str = " earlier tool calls omitted; latest last)";
+/// Section 8 when there is nothing to say.
+const NO_CURRENT_WORK: &str = "No assistant text in the summarised turns.";
+/// Starts section 8's last tool call.
+const LAST_CALL: &str = "Last tool call: ";
 
-/// What an earlier summary of this backend contributes to the next one.
+/// What an earlier summary contributes to the next one.
 #[derive(Debug, Default)]
 struct Carried {
     /// Its section 6 items, as written (already cut), in order.
     user: Vec<String>,
     /// Its system instructions, as written.
     system: Vec<String>,
-    /// The summary without those items, to carry forward (and cut when long).
-    rest: String,
-    /// Whether no list was found: the prior was written by another backend (an LLM), so the
-    /// person's earlier words live only in `rest`.
-    rest_only: bool,
+    /// Its tools with their call counts, in order of first use.
+    tools: Vec<(String, usize)>,
+    /// Its error lines, oldest first.
+    errors: Vec<String>,
+    /// Its steps (section 5's tool calls), oldest first.
+    steps: Vec<String>,
+    /// The steps it had already left out.
+    omitted_steps: usize,
+    /// Its current work (section 8's items).
+    current: Vec<String>,
+    /// A summary written by another backend: the prior itself, or the one a prior of this
+    /// backend carried forward. It holds the only copy of what it summarised, so it is
+    /// carried on.
+    foreign: Option<String>,
 }
 
-/// Splits a prior summary into its lists and the rest.
+/// Reads a prior summary for merging.
 ///
-/// Every extractive summary lists again what the one before listed, so the lists are
-/// cumulative and the carried-forward prior no longer has to hold them: when the prior is cut
-/// to fit the budget (its oldest, nested part goes first), no user message or system
-/// instruction goes with it. Only the prior's own top level is read (the first section 6 and
-/// system block, before any summary nested in it). A prior written by another backend has no
-/// such lists and is carried forward whole.
+/// A summary of this backend's own (it starts with [`OWN_OPENING`]) is read section by
+/// section at its top level, before any summary it carried forward: the lists come back as
+/// items to merge with the new slice's, and the summary it carried forward (another
+/// backend's) is carried on. Any other prior is carried forward whole.
 fn carry(prior: &str) -> Carried {
+    if !prior.starts_with(OWN_OPENING) {
+        return Carried {
+            foreign: Some(prior.to_owned()),
+            ..Carried::default()
+        };
+    }
     let lines: Vec<&str> = prior.lines().collect();
-    // Only the top level: stop at the summary this one carried forward.
     let top = lines
         .iter()
         .position(|l| *l == PRIOR_HEADER)
         .unwrap_or(lines.len());
-    let mut dropped = vec![false; lines.len()];
-    let system = take_items(
-        &lines[..top],
-        SYSTEM_HEADER,
-        |l| l.starts_with(SYSTEM_LEAD).then_some(SYSTEM_LEAD.len()),
-        &mut dropped,
-    );
-    let user = take_items(&lines[..top], USER_HEADER, numbered_lead, &mut dropped);
-    let found = !user.is_empty() || !system.is_empty();
-    let mut rest = String::with_capacity(prior.len());
-    let mut marked = false;
-    for (line, dropped) in lines.iter().zip(&dropped) {
-        if *dropped {
-            if !marked {
-                rest.push_str(MERGED);
-                rest.push('\n');
-                marked = true;
-            }
-            continue;
+    let foreign = lines
+        .get(top + 1..)
+        .map(|rest| rest.join("\n").trim().to_owned())
+        .filter(|rest| !rest.is_empty());
+    let lines = &lines[..top];
+    let system = take_items(lines, SYSTEM_HEADER, |l| {
+        l.starts_with(SYSTEM_LEAD).then_some(SYSTEM_LEAD.len())
+    });
+    let user = take_items(lines, USER_HEADER, numbered_lead);
+    let tools = section_items(lines, 2)
+        .find_map(|i| i.strip_prefix(TOOLS_USED))
+        .map(parse_tool_counts)
+        .unwrap_or_default();
+    let errors = section_items(lines, 4)
+        .filter(|i| *i != NO_ERRORS)
+        .map(str::to_owned)
+        .collect();
+    let mut omitted_steps = 0;
+    let mut steps = Vec::new();
+    for step in section_items(lines, 5).filter(|i| *i != NO_STEPS) {
+        match step
+            .strip_prefix('(')
+            .and_then(|s| s.strip_suffix(OMITTED_TAIL))
+            .and_then(|n| n.parse::<usize>().ok())
+        {
+            Some(n) => omitted_steps += n,
+            None => steps.push(step.to_owned()),
         }
-        marked = false;
-        rest.push_str(line);
-        rest.push('\n');
     }
+    let current = section_items(lines, 8)
+        .filter(|i| *i != NO_CURRENT_WORK)
+        .map(str::to_owned)
+        .collect();
     Carried {
         user,
         system,
-        rest: rest.trim_end().to_owned(),
-        rest_only: !found,
+        tools,
+        errors,
+        steps,
+        omitted_steps,
+        current,
+        foreign,
     }
+}
+
+/// The one-line items (`   - …`) of section `n` among `lines`: from its `n. Title:` header
+/// to the next blank line.
+fn section_items<'a>(lines: &'a [&'a str], n: u32) -> impl Iterator<Item = &'a str> + 'a {
+    let header = format!("{n}. ");
+    let start = lines
+        .iter()
+        .position(|l| l.starts_with(&header) && l.ends_with(':'))
+        .map_or(lines.len(), |i| i + 1);
+    lines[start..]
+        .iter()
+        .take_while(|l| !l.is_empty())
+        .filter_map(|l| l.strip_prefix(ITEM_LEAD))
+}
+
+/// `name ×count` pairs of a `Tools used:` list.
+fn parse_tool_counts(list: &str) -> Vec<(String, usize)> {
+    list.split(", ")
+        .filter_map(|pair| {
+            let (name, count) = pair.rsplit_once(" ×")?;
+            Some((name.to_owned(), count.parse().ok()?))
+        })
+        .collect()
 }
 
 /// The length of a `   N. ` lead at the start of `line`, if it has one.
@@ -434,13 +513,8 @@ fn numbered_lead(line: &str) -> Option<usize> {
 
 /// The items after the first line equal to `header` in `lines`, as [`quote`] wrote them: an
 /// item starts on a line where `lead` finds a lead, and runs on over the lines indented by
-/// that lead's width (and the blank lines between them). Marks the item lines in `dropped`.
-fn take_items(
-    lines: &[&str],
-    header: &str,
-    lead: impl Fn(&str) -> Option<usize>,
-    dropped: &mut [bool],
-) -> Vec<String> {
+/// that lead's width (and the blank lines between them).
+fn take_items(lines: &[&str], header: &str, lead: impl Fn(&str) -> Option<usize>) -> Vec<String> {
     let Some(start) = lines.iter().position(|l| *l == header) else {
         return Vec::new();
     };
@@ -448,7 +522,6 @@ fn take_items(
     let mut i = start + 1;
     while let Some(width) = lines.get(i).and_then(|l| lead(l)) {
         let mut text = lines[i][width..].to_owned();
-        dropped[i] = true;
         i += 1;
         let indent = " ".repeat(width);
         loop {
@@ -458,7 +531,6 @@ fn take_items(
                 Some(j) if lines[j].starts_with(&indent) => {
                     text.extend(std::iter::repeat_n('\n', j - i + 1));
                     text.push_str(&lines[j][width..]);
-                    dropped[i..=j].iter_mut().for_each(|d| *d = true);
                     i = j + 1;
                 }
                 _ => break,
@@ -510,7 +582,7 @@ fn section(out: &mut String, n: u32, title: &str) {
 }
 
 fn item(out: &mut String, text: &str) {
-    let _ = writeln!(out, "   - {text}");
+    let _ = writeln!(out, "{ITEM_LEAD}{text}");
 }
 
 /// The one line of section 3: compactor lists the files after the summary text itself.
@@ -561,16 +633,24 @@ fn entry_text(entry: &Entry) -> Option<String> {
     (!texts.is_empty()).then(|| texts.join("\n"))
 }
 
-/// Tool names with their call counts, in order of first use.
-fn tool_counts<'a>(calls: &[(&'a str, &str)]) -> Vec<(&'a str, usize)> {
-    let mut counts: Vec<(&str, usize)> = Vec::new();
+/// The prior's tool counts with the calls of this slice added, in order of first use.
+fn merged_tool_counts(
+    mut counts: Vec<(String, usize)>,
+    calls: &[(&str, &str)],
+) -> Vec<(String, usize)> {
     for (name, _) in calls {
         match counts.iter_mut().find(|(n, _)| n == name) {
             Some((_, c)) => *c += 1,
-            None => counts.push((name, 1)),
+            None => counts.push(((*name).to_owned(), 1)),
         }
     }
     counts
+}
+
+/// The last `n` of `items`.
+fn keep_last(mut items: Vec<String>, n: usize) -> Vec<String> {
+    let skip = items.len().saturating_sub(n);
+    items.split_off(skip)
 }
 
 /// The latest distinct error lines of tool outputs, oldest first, each prefixed by its tool.
@@ -607,8 +687,7 @@ fn error_lines(entries: &[Entry]) -> Vec<String> {
             }
         }
     }
-    let skip = lines.len().saturating_sub(MAX_ERROR_LINES);
-    lines.split_off(skip)
+    keep_last(lines, MAX_ERROR_LINES)
 }
 
 /// Whether a trimmed, non-empty tool-output line reports an error. Numbered source listings
@@ -847,6 +926,130 @@ mod tests {
         }
         // The latest keeps its full cut.
         assert!(six.contains(&format!("obs 59: {}", "x".repeat(200))));
+    }
+
+    /// A slice of a session: the agent's text, then `bash` called `calls` times, each output
+    /// reporting an error numbered from `first`.
+    fn slice(k: usize, calls: usize, first: usize) -> Vec<Entry> {
+        let mut parts = vec![Part::Text {
+            text: format!("step {k}: looking into it"),
+        }];
+        for i in 0..calls {
+            parts.push(Part::ToolCall {
+                name: "bash".into(),
+                arguments: format!("{{\"command\": \"make test-{k}-{i}\"}}"),
+            });
+            parts.push(Part::ToolResult {
+                name: "bash".into(),
+                output: format!("compiling\nerror: failure number {}", first + i),
+                is_error: false,
+            });
+        }
+        vec![Entry {
+            role: Role::Assistant,
+            parts,
+        }]
+    }
+
+    #[test]
+    fn refinements_merge_into_one_summary_of_about_the_same_size() {
+        // Each compaction refines the previous summary: tool counts add up, steps and error
+        // lines run on across slices under the same caps, the current work is the latest,
+        // and nothing is nested, so the 30th summary is about as long as the 3rd.
+        let mut prior: Option<String> = None;
+        let mut sizes = Vec::new();
+        for k in 0..30 {
+            let mut entries = slice(k, 3, 3 * k);
+            if k == 0 {
+                entries.insert(0, text(Role::User, "make the tests pass"));
+            }
+            entries.push(Entry {
+                role: Role::Assistant,
+                parts: vec![Part::ToolCall {
+                    name: "edit".into(),
+                    arguments: format!("{{\"path\": \"src/m{k}.rs\"}}"),
+                }],
+            });
+            let mut r = request(entries);
+            r.prior_summary = prior.take();
+            r.max_output_tokens = 4_096;
+            let s = extract(&r, &ExtractiveConfig::default());
+            sizes.push(s.len());
+            prior = Some(s);
+        }
+        let s = prior.expect("a summary");
+        assert!(!s.contains(PRIOR_HEADER), "nothing nested: {s}");
+        assert!(s.contains("Tools used: bash ×90, edit ×30"), "{s}");
+        // 120 calls in all, the last 12 listed, oldest first, across the last 3 slices.
+        assert!(
+            s.contains("(108 earlier tool calls omitted; latest last)"),
+            "{s}"
+        );
+        let five = &s[s.find("5. Problem Solving:").expect("5")..s.find("6. All").expect("6")];
+        assert_eq!(
+            five.matches("   - bash(").count() + five.matches("   - edit(").count(),
+            12
+        );
+        assert!(
+            five.find("make test-27-0").expect("27") < five.find("make test-29-2").expect("29")
+        );
+        // The last 8 distinct error lines of the session, wherever they were seen.
+        let four = &s[s.find("4. Errors").expect("4")..s.find("5. Problem").expect("5")];
+        for n in 82..90 {
+            assert!(
+                four.contains(&format!("failure number {n}\n")),
+                "{n}: {four}"
+            );
+        }
+        assert!(!four.contains("failure number 81\n"), "{four}");
+        assert!(s.contains("   1. make the tests pass\n"), "{s}");
+        assert!(s.contains(
+            "8. Current Work:\n   - step 29: looking into it\n   - Last tool call: edit("
+        ));
+        // Bounded: the last summary within a tenth of the third (the numbers grow a digit).
+        assert!(sizes[29] < sizes[2] + sizes[2] / 10, "{sizes:?}");
+    }
+
+    #[test]
+    fn a_slice_without_assistant_text_or_calls_keeps_the_prior_current_work() {
+        let mut first = request(slice(0, 1, 0));
+        first.entries.insert(0, text(Role::User, "fix it"));
+        let prior = extract(&first, &ExtractiveConfig::default());
+        let mut next = request(vec![text(Role::User, "and the docs")]);
+        next.prior_summary = Some(prior);
+        let s = extract(&next, &ExtractiveConfig::default());
+        assert!(
+            s.contains(
+                "8. Current Work:\n   - step 0: looking into it\n   - Last tool call: bash("
+            ),
+            "{s}"
+        );
+        assert!(s.contains("   1. fix it\n   2. and the docs\n"), "{s}");
+        assert!(s.contains("Tools used: bash ×1"), "{s}");
+        assert!(s.contains("   - [bash] error: failure number 0\n"), "{s}");
+    }
+
+    #[test]
+    fn another_backends_summary_is_carried_on_through_merges() {
+        // An LLM wrote the first summary, the extractive fallback the next two: the LLM's
+        // text holds the only copy of what it summarised, so every merge carries it on.
+        let mut prior = Some("LLM SUMMARY: the user asked for a CLI in Rust".to_owned());
+        for k in 0..3 {
+            let mut r = request(slice(k, 1, k));
+            r.prior_summary = prior.take();
+            r.max_output_tokens = 4_096;
+            prior = Some(extract(&r, &ExtractiveConfig::default()));
+        }
+        let s = prior.expect("a summary");
+        assert_eq!(s.matches(PRIOR_HEADER).count(), 1, "{s}");
+        assert!(
+            s.ends_with(
+                "Prior summary (carried forward):\nLLM SUMMARY: the user asked for a CLI in Rust\n"
+            ),
+            "{s}"
+        );
+        assert!(s.contains("Earlier requests are in the prior summary carried forward"));
+        assert!(s.contains("Tools used: bash ×3"), "{s}");
     }
 
     #[test]
