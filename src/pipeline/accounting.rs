@@ -88,11 +88,13 @@ impl Pipeline {
     }
 
     /// Adds what the request's cached history cost to its conversation's rent ([`payback`]),
-    /// for a priced model when the cost trigger is on, forwarded in `shape`.
+    /// for a priced model when the cost trigger is on, forwarded in `shape` with `summary` in
+    /// it (if any).
     pub(super) fn pay_rent(
         &self,
         request: &Request<'_, '_>,
         shape: Shape,
+        summary: Option<&str>,
         estimate: Option<&ForwardedEstimate>,
     ) {
         let (Some(payback), Some(estimate)) = (&self.payback, estimate) else {
@@ -118,6 +120,7 @@ impl Pipeline {
             (estimate.received, estimate.tokens),
             extra,
             &economics,
+            || summary.map(|s| self.engine.estimator().text(s)),
         );
     }
 }

@@ -16,7 +16,9 @@
 //! per turn is least (the reads grow with the part, the compactions' share shrinks with it);
 //! for one that stops growing it never spends more than twice the best choice made knowing the
 //! future. The summarizer's reading of the removed turns is left out of the cost: each turn is
-//! summarised once whatever the schedule.
+//! summarised once whatever the schedule. The summary a compaction writes is expected to be as
+//! long as the one the request already carries ([`SUMMARY_TOKENS`] before the first): the rule
+//! weighs what this conversation's summarizer writes, not a constant.
 //!
 //! Prices are the conversation's model's (a summarizer on a cheaper model only makes
 //! compacting pay sooner). A model without a price never compacts early. What is followed is
@@ -33,8 +35,10 @@ use crate::config::Price;
 /// Conversations followed at most (forgotten all at once when full).
 const MAX_FOLLOWED: usize = 16_384;
 
-/// Tokens of a summary the rule expects a compaction to write (the agents' own summaries run
-/// 1,000 to 4,000 tokens).
+/// Tokens of a summary the rule expects a first compaction to write (the agents' own summaries
+/// run 1,000 to 4,000 tokens). Once a summary is in the request, the next is expected to be as
+/// long as it: each refines the one before, and a summarizer writes summaries of about the same
+/// size (the `extractive` backend ~600 tokens, an LLM what its model makes of the prompt).
 pub const SUMMARY_TOKENS: usize = 2_000;
 
 /// Tokens of the summarizer's instructions around what it summarises.
@@ -72,13 +76,14 @@ impl Economics {
         })
     }
 
-    /// What one compaction costs, in input tokens, when `kept` tokens stay in the request:
-    /// the kept part sent anew instead of read from the cache, the previous summary and the
-    /// instructions read by the summarizer, and the new summary written.
-    pub fn compaction(&self, kept: usize) -> f64 {
+    /// What one compaction costs, in input tokens, when `kept` tokens stay in the request and
+    /// its summary is `summary` tokens long: the kept part sent anew instead of read from the
+    /// cache, the previous summary and the instructions read by the summarizer, and the new
+    /// summary written.
+    pub fn compaction(&self, kept: usize, summary: usize) -> f64 {
         (self.write - self.read).max(0.0) * kept as f64
-            + (INSTRUCTIONS_TOKENS + SUMMARY_TOKENS) as f64
-            + self.output * SUMMARY_TOKENS as f64
+            + (INSTRUCTIONS_TOKENS + summary) as f64
+            + self.output * summary as f64
     }
 }
 
@@ -89,6 +94,9 @@ struct Cycle {
     shape: Shape,
     /// Estimated tokens forwarded at the cycle's first request.
     base: usize,
+    /// Tokens of the summary a compaction is expected to write: the summary in the request,
+    /// [`SUMMARY_TOKENS`] before the first.
+    summary: usize,
     /// Estimated tokens received and forwarded at its latest request.
     received: usize,
     forwarded: usize,
@@ -111,10 +119,11 @@ pub struct Shape {
 }
 
 impl Cycle {
-    fn new(shape: Shape, received: usize, forwarded: usize) -> Cycle {
+    fn new(shape: Shape, received: usize, forwarded: usize, summary: usize) -> Cycle {
         Cycle {
             shape,
             base: forwarded,
+            summary,
             received,
             forwarded,
             rent: 0.0,
@@ -144,6 +153,8 @@ impl Payback {
     /// first compaction will add to that (0 once a summary is in the request). A request of
     /// another shape than the last (a summary spliced in, outputs masked) or a shorter one
     /// (an edit) starts a new cycle; the same request again (a retry) pays nothing more.
+    /// `summary` gives the tokens of the summary in the request (`None` without one); it is
+    /// asked only when a cycle starts.
     pub fn observe(
         &self,
         key: &impl Hash,
@@ -151,17 +162,27 @@ impl Payback {
         (received, forwarded): (usize, usize),
         extra: usize,
         economics: &Economics,
+        summary: impl FnOnce() -> Option<usize>,
     ) {
         let key = hash(key);
         let mut conversations = self.lock();
         if conversations.len() >= MAX_FOLLOWED && !conversations.contains_key(&key) {
             conversations.clear();
         }
-        let cycle = conversations
-            .entry(key)
-            .or_insert_with(|| Cycle::new(shape, received, forwarded));
+        let start = |summary: Option<usize>| {
+            Cycle::new(
+                shape,
+                received,
+                forwarded,
+                summary.unwrap_or(SUMMARY_TOKENS),
+            )
+        };
+        let Some(cycle) = conversations.get_mut(&key) else {
+            conversations.insert(key, start(summary()));
+            return;
+        };
         if shape != cycle.shape || forwarded < cycle.forwarded || received < cycle.received {
-            *cycle = Cycle::new(shape, received, forwarded);
+            *cycle = start(summary());
             return;
         }
         if received == cycle.received {
@@ -171,7 +192,7 @@ impl Payback {
         cycle.rent += economics.read * forwarded.saturating_sub(kept) as f64;
         cycle.received = received;
         cycle.forwarded = forwarded;
-        cycle.due = cycle.rent >= economics.compaction(kept);
+        cycle.due = cycle.rent >= economics.compaction(kept, cycle.summary);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Cycle>> {
@@ -213,7 +234,8 @@ mod tests {
         let anthropic = Economics::of(&sonnet, true).expect("priced");
         assert!((anthropic.write - 1.25).abs() < 1e-9, "{anthropic:?}");
         // Keeping 10,000 tokens costs their rewrite less their read: 1.15 each on Anthropic.
-        let kept = anthropic.compaction(10_000) - anthropic.compaction(0);
+        let kept =
+            anthropic.compaction(10_000, SUMMARY_TOKENS) - anthropic.compaction(0, SUMMARY_TOKENS);
         assert!((kept - 11_500.0).abs() < 1e-6, "{kept}");
         let free = Price {
             input: 0.0,
@@ -231,7 +253,7 @@ mod tests {
     fn due_once_the_reads_of_the_removable_part_reach_a_compaction() {
         let payback = Payback::default();
         let e = gpt5();
-        let cost = e.compaction(12_000);
+        let cost = e.compaction(12_000, SUMMARY_TOKENS);
         let mut rent = 0.0;
         let mut turns = 0;
         for turn in 0..200 {
@@ -240,7 +262,7 @@ mod tests {
             if payback.due(&"c") {
                 break;
             }
-            payback.observe(&"c", Shape::default(), (tokens, tokens), 7_000, &e);
+            payback.observe(&"c", Shape::default(), (tokens, tokens), 7_000, &e, || None);
             rent += 0.1 * tokens.saturating_sub(12_000) as f64;
             turns = turn;
         }
@@ -261,12 +283,45 @@ mod tests {
         let e = gpt5();
         for step in 0..1_000 {
             let tokens = from + step * 1_000;
-            payback.observe(&key, shape, (tokens, tokens), 0, &e);
+            payback.observe(&key, shape, (tokens, tokens), 0, &e, || None);
             if payback.due(&key) {
                 return tokens;
             }
         }
         panic!("never due");
+    }
+
+    #[test]
+    fn the_summary_in_the_request_sets_what_the_next_compaction_is_expected_to_cost() {
+        // The same growth after a 600-token summary and after a 4,000-token one: a short
+        // summary makes the next compaction cheap, so it pays sooner.
+        let e = gpt5();
+        let reach = |summary: usize| {
+            let payback = Payback::default();
+            let shape = Shape {
+                summary: 1,
+                masked: 0,
+            };
+            let mut asked = 0;
+            for step in 0..1_000 {
+                let tokens = 8_000 + step * 1_000;
+                payback.observe(&"c", shape, (tokens, tokens), 0, &e, || {
+                    asked += 1;
+                    Some(summary)
+                });
+                if payback.due(&"c") {
+                    // Asked once, when the cycle started.
+                    assert_eq!(asked, 1);
+                    return tokens;
+                }
+            }
+            panic!("never due");
+        };
+        let (short, long) = (reach(600), reach(4_000));
+        assert!(short < long, "{short} vs {long}");
+        // Without a summary in the request, a first one is expected to be SUMMARY_TOKENS long.
+        let first = grow_until_due(&Payback::default(), "c", Shape::default(), 8_000);
+        assert!(short < first && first < long, "{short} {first} {long}");
     }
 
     #[test]
@@ -281,11 +336,25 @@ mod tests {
             summary: 1,
             masked: 0,
         };
-        payback.observe(&"c", summarised, (reached + 500, reached + 500), 0, &e);
+        payback.observe(
+            &"c",
+            summarised,
+            (reached + 500, reached + 500),
+            0,
+            &e,
+            || None,
+        );
         assert!(!payback.due(&"c"));
         // The same request again, many times: no rent.
         for _ in 0..1_000 {
-            payback.observe(&"c", summarised, (reached + 500, reached + 500), 0, &e);
+            payback.observe(
+                &"c",
+                summarised,
+                (reached + 500, reached + 500),
+                0,
+                &e,
+                || None,
+            );
         }
         assert!(!payback.due(&"c"));
         // The cycle runs from there, longer than the first: it keeps more, which costs more
@@ -300,10 +369,10 @@ mod tests {
             summary: 1,
             masked: 10,
         };
-        payback.observe(&"c", masked, (again + 1_000, again), 0, &e);
+        payback.observe(&"c", masked, (again + 1_000, again), 0, &e, || None);
         assert!(!payback.due(&"c"));
         grow_until_due(&payback, "c", masked, again);
-        payback.observe(&"c", masked, (1_000, 1_000), 0, &e);
+        payback.observe(&"c", masked, (1_000, 1_000), 0, &e, || None);
         assert!(!payback.due(&"c"));
     }
 }

@@ -188,17 +188,17 @@ impl Pipeline {
         if let (Some(events), true) = (&self.events, cohort.compacts() && self.strategy.masks()) {
             events.masked(&session, masked_outputs, scan.tokens, forwarded);
         }
+        let summary = match &processed.outcome {
+            Outcome::Rewritten { result, .. } | Outcome::Reused { result, .. } => Some(result),
+            Outcome::Masked { .. } | Outcome::Unchanged | Outcome::Failed => None,
+        };
         let shape = Shape {
-            summary: match &processed.outcome {
-                Outcome::Rewritten { result, .. } | Outcome::Reused { result, .. } => {
-                    result.compaction_num
-                }
-                Outcome::Masked { .. } | Outcome::Unchanged | Outcome::Failed => 0,
-            },
+            summary: summary.map_or(0, |r| r.compaction_num),
             masked: masked_outputs,
         };
         if cohort.compacts() {
-            self.pay_rent(&request, shape, processed.estimate.as_ref());
+            let summary = summary.map(|r| r.summary.as_str());
+            self.pay_rent(&request, shape, summary, processed.estimate.as_ref());
         }
         let done = match &processed.outcome {
             Outcome::Rewritten { .. } => Done::Compacted,
