@@ -756,7 +756,7 @@ impl Default for CompactionConfig {
             mask_block: DEFAULT_MASK_BLOCK,
             observation_pattern: String::new(),
             trigger_ratio: 0.85,
-            background_ratio: 0.95,
+            background_ratio: 0.9,
             cost_trigger: true,
             preserve_ratio: 0.25,
             default_context_window: 128_000,

@@ -999,6 +999,9 @@ fn metric_sum(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
 }
 
 /// The summarizing strategy with background summaries on (the default ratio), a 16k window.
+/// The cost trigger is off: its rent is followed per process, so replicas that each see half
+/// of a conversation compact later than one that sees all of it (by design), and these tests
+/// compare the summaries the window's trigger asks for.
 fn background_toml(mock: &MockUpstream, redis: Option<&RedisServer>) -> String {
     let store = match redis {
         Some(r) => format!(
@@ -1008,7 +1011,8 @@ fn background_toml(mock: &MockUpstream, redis: Option<&RedisServer>) -> String {
         None => String::new(),
     };
     format!(
-        "{}[compaction]\nstrategy = \"summarize\"\n[models.\"gpt-4o\"]\ncontext_window = 16000\n{store}",
+        "{}[compaction]\nstrategy = \"summarize\"\ncost_trigger = false\n\
+         [models.\"gpt-4o\"]\ncontext_window = 16000\n{store}",
         upstream_toml(&mock.url())
     )
 }

@@ -514,18 +514,30 @@ fn the_long_session_is_rounds_of_the_recorded_one() {
 /// in user turns) and OpenAI Responses (Codex: `function_call` and `function_call_output`
 /// items, `store: false`). Same messages, same outputs.
 fn long_session_shapes() -> Vec<(&'static str, serde_json::Value)> {
+    shapes_of(serde_json::from_str(&read(LONG_SESSION)).expect("the long session"))
+}
+
+/// A Chat Completions transcript in the three request shapes (see [`long_session_shapes`]). A
+/// person's text after tool results joins the tool results' user message in Messages, as
+/// Claude Code sends it.
+fn shapes_of(chat: serde_json::Value) -> Vec<(&'static str, serde_json::Value)> {
     use serde_json::{json, Value};
-    let chat: Value = serde_json::from_str(&read(LONG_SESSION)).expect("the long session");
     let messages = chat["messages"].as_array().expect("messages");
     let (system, rest) = messages.split_first().expect("a system prompt");
     let text = |m: &Value| m["content"].as_str().unwrap_or_default().to_string();
     let calls = |m: &Value| m["tool_calls"].as_array().cloned().unwrap_or_default();
-    let mut anthropic = Vec::new();
+    let mut anthropic: Vec<Value> = Vec::new();
     let mut responses = Vec::new();
     for m in rest {
         match m["role"].as_str() {
             Some("user") => {
-                anthropic.push(json!({"role": "user", "content": text(m)}));
+                match anthropic.last_mut() {
+                    Some(last) if last["role"] == "user" && last["content"].is_array() => {
+                        let blocks = last["content"].as_array_mut().expect("blocks");
+                        blocks.push(json!({"type": "text", "text": text(m)}));
+                    }
+                    _ => anthropic.push(json!({"role": "user", "content": text(m)})),
+                }
                 responses.push(json!({"type": "message", "role": "user",
                     "content": [{"type": "input_text", "text": text(m)}]}));
             }
@@ -625,6 +637,102 @@ fn the_long_session_findings_hold_in_every_dialect() {
         assert!(
             hybrid.stable * 10 >= hybrid.compared * 9 && hybrid.stable + 1 >= summarize.stable,
             "{dialect}: {hybrid:?} {summarize:?}"
+        );
+    }
+}
+
+/// What the person says between rounds of the long session in
+/// [`user_words_and_files_survive_the_defaults_in_every_agent_shape`]: three lines, so each
+/// message gives three probes (its first, middle and last line).
+fn instruction(round: usize) -> String {
+    format!(
+        "Round {round}: thanks, that part looks right now.\n\
+         Next, check that TimeDelta serialization rounds half up for precision unit {round}, \
+         and add a regression test named test_timedelta_precision_{round}.\n\
+         Keep the existing tests green and leave setup.py and the changelog alone."
+    )
+}
+
+/// Issue 29's probe goals on agent-shaped sessions: the long session with a person's
+/// instruction after every round of tool calls (12 of them), in each agent family's request
+/// shape and at its model's prices, replayed with every setting at its default at a 32,000-token
+/// window: at least 95% of the user-word probes and 90% of the file probes its compactions
+/// touch are still in the forwarded requests, and it still spends at most 90% of what the
+/// agent compacting itself spends.
+#[test]
+fn user_words_and_files_survive_the_defaults_in_every_agent_shape() {
+    use serde_json::{json, Value};
+    let mut chat: Value = serde_json::from_str(&read(LONG_SESSION)).expect("the long session");
+    let messages = chat["messages"].as_array().expect("messages").clone();
+    let mut with_words = Vec::new();
+    let mut round = 0;
+    for (i, m) in messages.iter().enumerate() {
+        with_words.push(m.clone());
+        // After the last tool result of a round: the next message starts the round again
+        // with the assistant, every 11 tool steps.
+        let next_is_assistant = messages
+            .get(i + 1)
+            .is_some_and(|n| n["role"] == "assistant");
+        if m["role"] == "tool"
+            && next_is_assistant
+            && with_words.iter().filter(|m| m["role"] == "tool").count() % 11 == 0
+        {
+            round += 1;
+            with_words.push(json!({"role": "user", "content": instruction(round)}));
+        }
+    }
+    assert!(round >= 10, "{round} rounds");
+    chat["messages"] = Value::Array(with_words);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json_out = dir.path().join("probes.json");
+    for (dialect, mut body) in shapes_of(chat) {
+        let model = SHAPE_MODELS
+            .iter()
+            .find(|(d, _)| *d == dialect)
+            .map(|(_, m)| *m)
+            .expect("a model per shape");
+        body["model"] = model.into();
+        let path = dir.path().join(format!("words-{dialect}.json"));
+        std::fs::write(&path, body.to_string()).expect("write session");
+        let config = dir.path().join(format!("{dialect}.toml"));
+        std::fs::write(
+            &config,
+            format!("[models.\"{model}\"]\ncontext_window = 32000\n"),
+        )
+        .expect("write config");
+        let output = compactor(&[
+            "replay",
+            "--json",
+            json_out.to_str().expect("utf-8 path"),
+            "--config",
+            config.to_str().expect("utf-8 path"),
+            path.to_str().expect("utf-8 path"),
+        ]);
+        let report: Value =
+            serde_json::from_str(&std::fs::read_to_string(&json_out).expect("json written"))
+                .expect("json");
+        let report = &report["reports"][0];
+        let share = |category: &str| {
+            let t = &report["probes"][category];
+            let (kept, total) = (
+                t["kept"].as_u64().expect("kept"),
+                t["total"].as_u64().expect("total"),
+            );
+            assert!(
+                total > 0,
+                "{dialect}: no {category} probe touched:\n{output}"
+            );
+            kept as f64 / total as f64
+        };
+        assert!(share("user_words") >= 0.95, "{dialect}: {report}");
+        assert!(share("files") >= 0.90, "{dialect}: {report}");
+        let cost = &report["cost"];
+        let spent = cost["requests_usd"].as_f64().expect("requests")
+            + cost["summarizer_as_llm_usd"].as_f64().expect("summaries");
+        let own = cost["agent_own_usd"].as_f64().expect("the agent's own");
+        assert!(
+            spent <= 0.9 * own,
+            "{dialect}: {spent} against {own}: {report}"
         );
     }
 }

@@ -242,9 +242,12 @@ async fn admin_session(proxy: &TestProxy, id: &str) -> Value {
     serde_json::from_str(&text).expect("session JSON")
 }
 
+/// Compaction by message count alone: no background summaries, and no cost trigger (the
+/// mock's summaries are a few tokens long, which makes compacting pay after every request or
+/// two, and these tests follow the count's compactions).
 fn proxy_toml(mock: &MockUpstream, max_messages: usize) -> String {
     format!(
-        "{}[compaction]\nmax_messages = {max_messages}\nbackground_ratio = 0\n",
+        "{}[compaction]\nmax_messages = {max_messages}\nbackground_ratio = 0\ncost_trigger = false\n",
         upstream_toml(&mock.url())
     )
 }
