@@ -442,7 +442,15 @@ earlier part, merge it with what follows into one updated summary. The <read-fil
 <modified-files> lists below are appended to your summary automatically: do not copy them, \
 name only the files that matter and why. Reply with the summary only, using these sections:";
 
-/// `<task>`: `intro`, the numbered sections and any focus instructions.
+/// Words the task asks a summary to stay within (about 1,000 tokens). What a compaction
+/// costs is mostly its summary: written at the output price, then read again with every later
+/// request, so a summary half as long makes compacting pay twice as soon (the cost trigger
+/// weighs the summary in use). The nine sections of an agent's session fit in it when the file
+/// lists are appended separately, as they are; the `extractive` backend writes 600 to 1,000
+/// tokens on the replayed sessions, every user message and error line included.
+pub const SUMMARY_TARGET_WORDS: usize = 750;
+
+/// `<task>`: `intro`, the numbered sections, the length to aim for and any focus instructions.
 fn task(s: &mut String, intro: &str, instructions: Option<&str>) {
     s.push_str("<task>\n");
     s.push_str(intro);
@@ -450,6 +458,12 @@ fn task(s: &mut String, intro: &str, instructions: Option<&str>) {
     for (i, (name, what)) in SUMMARY_SECTIONS.iter().enumerate() {
         let _ = writeln!(s, "{}. {name} — {what}", i + 1);
     }
+    let _ = writeln!(
+        s,
+        "Keep it short: the summary is sent again with every later request. Aim for at most \
+         about {SUMMARY_TARGET_WORDS} words, but never leave out a user instruction, a file path \
+         or an error message to get there."
+    );
     if let Some(focus) = instructions.map(str::trim).filter(|f| !f.is_empty()) {
         s.push_str("\nFocus instructions for this summary: ");
         s.push_str(focus);
@@ -553,6 +567,35 @@ mod tests {
                 "Optional Next Step",
             ]
         );
+    }
+
+    #[test]
+    fn both_prompts_ask_for_a_short_summary_after_the_sections() {
+        let input = PromptInput {
+            prior_summary: None,
+            read_files: &[],
+            modified_files: &[],
+            instructions: Some("the parser"),
+        };
+        let standalone = build_prompt(&input, Vec::new(), 100_000, &LazyEstimator::default())
+            .expect("fits")
+            .prompt;
+        for prompt in [standalone, follow_up_prompt(&input)] {
+            let target = format!("Aim for at most about {SUMMARY_TARGET_WORDS} words");
+            let at = prompt.find(&target).expect("the length to aim for");
+            assert!(
+                prompt.find("9. Optional Next Step").expect("sections") < at,
+                "{prompt}"
+            );
+            assert!(
+                at < prompt.find("Focus instructions").expect("focus"),
+                "{prompt}"
+            );
+            assert!(
+                at < prompt.find("</task>").expect("end of task"),
+                "{prompt}"
+            );
+        }
     }
 
     #[test]
