@@ -93,6 +93,8 @@ pub struct Processed {
     pub outcome: Outcome,
     /// The session id (`x-compactor-session`), when the body was a conversation.
     pub session_id: Option<String>,
+    /// The caller's tenant (hashed from its credential once, for the pipeline and the proxy).
+    pub tenant: TenantId,
     /// Time spent waiting for summaries (not compactor's own overhead).
     pub summarizer_time: Duration,
     /// The request's model and the raw estimate of the forwarded input, for comparing with

@@ -277,7 +277,7 @@ async fn forward(
             recorded = processed
                 .session_id
                 .clone()
-                .map(|id| (TenantId::from_caller(&caller), id));
+                .map(|id| (processed.tenant, id));
             let forwarded_tokens = estimate.as_ref().map_or(0, |e| e.tokens);
             let forwarded = annotate(
                 &mut chat_headers,

@@ -149,6 +149,7 @@ impl Pipeline {
         let mut processed = Processed {
             outcome,
             session_id: None,
+            tenant,
             summarizer_time: figures.summarizer_time,
             estimate: None,
             cohort,

@@ -52,6 +52,13 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct TenantId(pub [u8; 16]);
 
+impl Default for TenantId {
+    /// [`TenantId::ANONYMOUS`].
+    fn default() -> Self {
+        TenantId::ANONYMOUS
+    }
+}
+
 impl TenantId {
     /// The tenant of requests that carry no credential.
     pub const ANONYMOUS: TenantId = TenantId([0; 16]);
