@@ -205,9 +205,7 @@ impl AnthropicSummarizer {
                 "system": SYSTEM_PROMPT,
                 "messages": [{"role": "user", "content": request.prompt}],
             });
-            serde_json::to_vec(&body)
-                .map(Bytes::from)
-                .map_err(|e| SummarizeError::Config(format!("cannot encode request: {e}")))
+            transport::json_body(&body)
         };
         transport::inside_first(
             "anthropic",

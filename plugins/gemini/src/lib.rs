@@ -229,9 +229,7 @@ impl GeminiSummarizer {
                     "maxOutputTokens": output_budget(self.config.max_tokens, request.max_output_tokens),
                 },
             });
-            serde_json::to_vec(&body)
-                .map(Bytes::from)
-                .map_err(|e| SummarizeError::Config(format!("cannot encode request: {e}")))
+            transport::json_body(&body)
         };
         transport::inside_first(
             "gemini",

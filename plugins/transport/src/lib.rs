@@ -37,6 +37,13 @@ use compactor_plugin_api::{
     SUMMARY_ENVELOPE_BYTES,
 };
 
+/// `body` encoded as a request body; an error that cannot encode is a configuration error.
+pub fn json_body(body: &serde_json::Value) -> Result<Bytes, SummarizeError> {
+    serde_json::to_vec(body)
+        .map(Bytes::from)
+        .map_err(|e| SummarizeError::Config(format!("cannot encode request: {e}")))
+}
+
 /// The largest answer body read from a provider when summaries may take `max_summary_bytes`:
 /// the summary plus [`SUMMARY_ENVELOPE_BYTES`] for the JSON around it.
 pub fn response_limit(max_summary_bytes: usize) -> usize {
@@ -115,9 +122,7 @@ impl HttpClient {
         deadline: Instant,
         timeout: Duration,
     ) -> Result<serde_json::Value, SummarizeError> {
-        let bytes = serde_json::to_vec(body)
-            .map_err(|e| SummarizeError::Config(format!("cannot encode request: {e}")))?;
-        self.post(url, headers, Bytes::from(bytes), secrets, deadline, timeout)
+        self.post(url, headers, json_body(body)?, secrets, deadline, timeout)
             .await
     }
 
