@@ -50,7 +50,7 @@ pub struct Calibration {
 
 #[derive(Debug, Default)]
 struct Inner {
-    models: HashMap<String, Entry>,
+    models: HashMap<String, Entry, foldhash::fast::RandomState>,
     /// Logical clock for least-recently-observed eviction.
     tick: u64,
 }

@@ -9,9 +9,8 @@
 //! a conversation never moves between cohorts mid-way (it would lose its summary and its
 //! provider cache) unless the ratio changes.
 
-use std::collections::hash_map::DefaultHasher;
 use std::collections::HashSet;
-use std::hash::{Hash, Hasher};
+use std::hash::{BuildHasher, Hash};
 use std::sync::{Mutex, PoisonError};
 
 use sha2::{Digest, Sha256};
@@ -101,19 +100,20 @@ pub fn sampled(session: &str, ratio: f64) -> bool {
 /// conversation still going is counted a second time.
 #[derive(Debug, Default)]
 pub struct Conversations {
-    seen: Mutex<HashSet<u64>>,
+    seen: Mutex<HashSet<u64, foldhash::fast::RandomState>>,
+    /// Fingerprints conversation keys (foldhash, seeded per process: a lookup per request).
+    keys: foldhash::fast::RandomState,
 }
 
 impl Conversations {
     /// Whether this is the first request of conversation `key` seen (and remembers it).
     pub fn first(&self, key: &impl Hash) -> bool {
-        let mut hasher = DefaultHasher::new();
-        key.hash(&mut hasher);
+        let key = self.keys.hash_one(key);
         let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
         if seen.len() >= MAX_REMEMBERED {
             seen.clear();
         }
-        seen.insert(hasher.finish())
+        seen.insert(key)
     }
 }
 

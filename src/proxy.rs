@@ -72,7 +72,12 @@ pub const HEADER_COMPACTION_NUM: HeaderName = HeaderName::from_static("x-compact
 /// Request headers whose values are credentials: handed to summarizers that call the caller's
 /// own provider, never logged. Gemini's key may come as the `key` query parameter instead; it
 /// is handed on as `x-goog-api-key` ([`GEMINI_KEY_PARAMETER`]).
-const CREDENTIAL_HEADERS: [&str; 4] = ["authorization", "x-api-key", "api-key", "x-goog-api-key"];
+const CREDENTIAL_HEADERS: [HeaderName; 4] = [
+    header::AUTHORIZATION,
+    HeaderName::from_static("x-api-key"),
+    HeaderName::from_static("api-key"),
+    HeaderName::from_static("x-goog-api-key"),
+];
 
 /// The query parameter Gemini's API reads a key from when no `x-goog-api-key` header is sent.
 const GEMINI_KEY_PARAMETER: &str = "key";
@@ -885,8 +890,8 @@ fn caller(
     let mut credentials: Vec<(String, String)> = CREDENTIAL_HEADERS
         .iter()
         .filter_map(|name| {
-            let value = headers.get(*name)?.to_str().ok()?;
-            Some((name.to_string(), value.to_string()))
+            let value = headers.get(name)?.to_str().ok()?;
+            Some((name.as_str().to_string(), value.to_string()))
         })
         .collect();
     // Only Gemini reads a key from the query, and only when no header carries one.

@@ -497,6 +497,17 @@ fn merge(fields: &mut Fields, raw: RawUsage) {
     );
 }
 
+/// The bytes that matter inside a value outside strings: strings and brackets.
+const VALUE_STRUCTURE: [bool; 256] = {
+    let mut table = [false; 256];
+    table[b'"' as usize] = true;
+    table[b'{' as usize] = true;
+    table[b'}' as usize] = true;
+    table[b'[' as usize] = true;
+    table[b']' as usize] = true;
+    table
+};
+
 /// Incremental scan of one JSON document for its top-level `usage` value.
 #[derive(Debug, Default)]
 struct JsonScan {
@@ -525,26 +536,33 @@ impl JsonScan {
     fn feed(&mut self, chunk: &[u8]) {
         let mut i = 0;
         while i < chunk.len() && !self.stopped {
-            if self.in_string {
-                if !self.in_key && !self.capturing && !self.escaped {
-                    // Fast path: skip string contents nobody keeps.
-                    match chunk[i..].iter().position(|&b| b == b'"' || b == b'\\') {
-                        Some(n) => i += n,
-                        None => return,
-                    }
+            // Fast paths, copying what they pass over when capturing: a string's contents up
+            // to a quote or backslash, and, inside a value (depth 2 and more), everything up
+            // to a string or a bracket (only those matter there).
+            if self.in_string && !self.in_key && !self.escaped {
+                let n = memchr::memchr2(b'"', b'\\', &chunk[i..]);
+                if !self.keep_run(&chunk[i..i + n.unwrap_or(chunk.len() - i)]) {
+                    return;
                 }
+                match n {
+                    Some(n) => i += n,
+                    None => return,
+                }
+            } else if !self.in_string && self.depth >= 2 {
+                let n = chunk[i..]
+                    .iter()
+                    .position(|&b| VALUE_STRUCTURE[usize::from(b)]);
+                if !self.keep_run(&chunk[i..i + n.unwrap_or(chunk.len() - i)]) {
+                    return;
+                }
+                match n {
+                    Some(n) => i += n,
+                    None => return,
+                }
+            }
+            if self.in_string {
                 self.string_byte(chunk[i]);
             } else {
-                if self.depth >= 2 && !self.capturing {
-                    // Fast path: inside a value nobody keeps only strings and nesting matter.
-                    match chunk[i..]
-                        .iter()
-                        .position(|&b| matches!(b, b'"' | b'{' | b'}' | b'[' | b']'))
-                    {
-                        Some(n) => i += n,
-                        None => return,
-                    }
-                }
                 self.structural_byte(chunk[i]);
             }
             i += 1;
@@ -628,6 +646,21 @@ impl JsonScan {
             _ if self.depth == 0 => self.stopped = true,
             _ => self.keep(b),
         }
+    }
+
+    /// Appends bytes of the `usage` value while capturing; gives up past the limit (and
+    /// answers `false`: stopped).
+    fn keep_run(&mut self, run: &[u8]) -> bool {
+        if self.capturing {
+            if self.capture.len() + run.len() > JSON_CAPTURE_LIMIT {
+                self.capturing = false;
+                self.capture = Vec::new();
+                self.stopped = true;
+                return false;
+            }
+            self.capture.extend_from_slice(run);
+        }
+        true
     }
 
     /// Appends a byte of the `usage` value while capturing; gives up past the limit.

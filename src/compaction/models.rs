@@ -30,7 +30,7 @@ pub struct Entry {
 /// The compiled models table.
 #[derive(Debug, Clone)]
 pub struct ModelTable {
-    exact: HashMap<String, Entry>,
+    exact: HashMap<String, Entry, foldhash::fast::RandomState>,
     /// Lowercased patterns containing `*`, longest first.
     globs: Vec<(Glob, Entry)>,
     default_window: usize,
@@ -56,7 +56,7 @@ impl ModelTable {
 
     /// The table of `models`, as written.
     pub fn new(models: &BTreeMap<String, ModelConfig>, default_window: usize) -> ModelTable {
-        let mut exact = HashMap::new();
+        let mut exact = HashMap::default();
         let mut globs = Vec::new();
         for (name, model) in models {
             let key = name.to_ascii_lowercase();

@@ -53,8 +53,8 @@ struct Head<'a> {
 }
 
 impl<'a> Head<'a> {
-    /// Reads the object's leading `"key": "string"` pairs (no escapes) until both keys are
-    /// known or a value is not a plain string. `None` when the leading keys named neither
+    /// Reads the object's leading `"key": "string"` pairs (no escapes) until the message is
+    /// settled or a value is not a plain string. `None` when the leading keys named neither
     /// `role` nor a `type` that settles it.
     fn leading(raw: &'a str) -> Option<Head<'a>> {
         let mut head = Head::default();
@@ -70,7 +70,8 @@ impl<'a> Head<'a> {
                 "type" => head.kind = Some(value),
                 _ => {}
             }
-            if head.role.is_some() && head.kind.is_some() {
+            // Read no further than needed: the values after it may be the message's text.
+            if head.settled() {
                 break;
             }
             match after.trim_start().strip_prefix(',') {
@@ -78,9 +79,13 @@ impl<'a> Head<'a> {
                 None => break,
             }
         }
-        // A role settles it; so does a Responses item type other than `message`.
-        let settled = head.role.is_some() || head.kind.is_some_and(|k| k != "message");
-        settled.then_some(head)
+        head.settled().then_some(head)
+    }
+
+    /// A role settles who wrote a message (only messages have one); so does a Responses item
+    /// type other than `message`.
+    fn settled(&self) -> bool {
+        self.role.is_some() || self.kind.is_some_and(|k| k != "message")
     }
 
     /// Parses the whole message for its `role` and `type` (anything unreadable: neither).
@@ -105,7 +110,7 @@ impl<'a> Head<'a> {
 /// A JSON string without escapes at the start of `s`: its contents and what follows it.
 fn plain_string(s: &str) -> Option<(&str, &str)> {
     let body = s.strip_prefix('"')?;
-    let end = body.find(['"', '\\'])?;
+    let end = memchr::memchr2(b'"', b'\\', body.as_bytes())?;
     (body.as_bytes()[end] == b'"').then(|| (&body[..end], &body[end + 1..]))
 }
 

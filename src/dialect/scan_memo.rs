@@ -248,14 +248,16 @@ impl Known {
 }
 
 /// The length of the longest common prefix of `a` and `b`, compared a block at a time (the
-/// blocks as slices, which the compiler turns into `memcmp`) and byte by byte only within the
-/// first block that differs.
+/// blocks as slices, which the compiler turns into `memcmp`): 4 KiB blocks, then 64-byte ones
+/// within the first large block that differs, and byte by byte only within the first small
+/// one.
 fn common_prefix(a: &[u8], b: &[u8]) -> usize {
-    const BLOCK: usize = 4096;
     let n = a.len().min(b.len());
     let mut at = 0;
-    while at + BLOCK <= n && a[at..at + BLOCK] == b[at..at + BLOCK] {
-        at += BLOCK;
+    for block in [4096, 64] {
+        while at + block <= n && a[at..at + block] == b[at..at + block] {
+            at += block;
+        }
     }
     at + a[at..n]
         .iter()
@@ -477,6 +479,20 @@ mod tests {
             let whole = body(dialect, &turns);
             let broken = Bytes::from([&whole[..whole.len() - 2], b"x}".as_slice()].concat());
             scan_both(&memo, scope, dialect, &broken)?;
+        }
+    }
+
+    #[test]
+    fn common_prefix_stops_at_the_first_difference_in_any_block() {
+        let a: Vec<u8> = (0..10_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        for differs in [0, 1, 63, 64, 65, 4095, 4096, 4097, 4160, 8191, 9_999] {
+            let mut b = a.clone();
+            b[differs] ^= 1;
+            assert_eq!(common_prefix(&a, &b), differs, "differs at {differs}");
+        }
+        for len in [0, 1, 64, 100, 4096, 5000, 10_000] {
+            assert_eq!(common_prefix(&a, &a[..len]), len);
+            assert_eq!(common_prefix(&a[..len], &a), len);
         }
     }
 

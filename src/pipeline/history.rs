@@ -80,7 +80,7 @@ impl Point {
 /// The recent requests of every followed conversation.
 #[derive(Debug, Default)]
 pub struct History {
-    sessions: Mutex<HashMap<String, VecDeque<Point>>>,
+    sessions: Mutex<HashMap<String, VecDeque<Point>, foldhash::fast::RandomState>>,
 }
 
 impl History {

@@ -18,9 +18,8 @@
 //! only makes its turns look longer and its start later. The map is bounded and forgotten all
 //! at once when full (at worst one conversation starts at the plain watermark again).
 
-use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
+use std::hash::{BuildHasher, Hash};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
@@ -62,7 +61,9 @@ struct Growth {
 pub struct Pace {
     /// Predicts nothing ([`Pace::off`]).
     off: bool,
-    conversations: Mutex<HashMap<u64, Growth>>,
+    conversations: Mutex<HashMap<u64, Growth, foldhash::fast::RandomState>>,
+    /// Fingerprints conversation keys (foldhash, seeded per process: a lookup per request).
+    keys: foldhash::fast::RandomState,
     /// Running average of a summary's duration, in seconds.
     summary_secs: Mutex<Option<f64>>,
 }
@@ -107,7 +108,7 @@ impl Pace {
             .summary_secs
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        let key = hash(key);
+        let key = self.keys.hash_one(key);
         let mut conversations = self
             .conversations
             .lock()
@@ -173,14 +174,6 @@ fn average(old: Option<f64>, new: f64) -> f64 {
         None => new,
         Some(old) => old + NEWEST * (new - old),
     }
-}
-
-/// A conversation key's fingerprint, for the bounded maps that follow conversations (this
-/// one's, and [`super::payback`]'s).
-pub(super) fn hash(key: &impl Hash) -> u64 {
-    let mut hasher = DefaultHasher::new();
-    key.hash(&mut hasher);
-    hasher.finish()
 }
 
 #[cfg(test)]

@@ -26,10 +26,9 @@
 //! replica sees only the requests routed to it, which makes it compact later, never sooner.
 
 use std::collections::HashMap;
-use std::hash::Hash;
+use std::hash::{BuildHasher, Hash};
 use std::sync::{Mutex, PoisonError};
 
-use super::pace::hash;
 use crate::config::Price;
 
 /// Conversations followed at most (forgotten all at once when full).
@@ -135,7 +134,9 @@ impl Cycle {
 /// The rent of every followed conversation.
 #[derive(Debug, Default)]
 pub struct Payback {
-    conversations: Mutex<HashMap<u64, Cycle>>,
+    conversations: Mutex<HashMap<u64, Cycle, foldhash::fast::RandomState>>,
+    /// Fingerprints conversation keys (foldhash, seeded per process: a lookup per request).
+    keys: foldhash::fast::RandomState,
 }
 
 impl Payback {
@@ -143,7 +144,7 @@ impl Payback {
     /// remove have cost, since its forwarded request last became smaller, at least what a
     /// compaction costs.
     pub fn due(&self, key: &impl Hash) -> bool {
-        let key = hash(key);
+        let key = self.keys.hash_one(key);
         self.lock().get(&key).is_some_and(|c| c.due)
     }
 
@@ -164,7 +165,7 @@ impl Payback {
         economics: &Economics,
         summary: impl FnOnce() -> Option<usize>,
     ) {
-        let key = hash(key);
+        let key = self.keys.hash_one(key);
         let mut conversations = self.lock();
         if conversations.len() >= MAX_FOLLOWED && !conversations.contains_key(&key) {
             conversations.clear();
@@ -195,7 +196,7 @@ impl Payback {
         cycle.due = cycle.rent >= economics.compaction(kept, cycle.summary);
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Cycle>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Cycle, foldhash::fast::RandomState>> {
         self.conversations
             .lock()
             .unwrap_or_else(PoisonError::into_inner)

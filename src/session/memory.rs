@@ -44,6 +44,11 @@ use super::store::{
 use super::windows::LearnedWindows;
 use crate::compaction::models::{LearnedWindow, WindowKey};
 
+/// The maps' hasher: foldhash, randomly seeded per map. SipHash was most of the store's work
+/// on a small request (several lookups each); a seed a client cannot learn keeps the keys a
+/// client chooses (session ids from a header) from being aimed at one bucket.
+type Fast = foldhash::fast::RandomState;
+
 /// Checkpoints kept per session; the oldest beyond this are dropped (the newest covers the
 /// longest prefix, older ones only serve retried or forked requests).
 pub const MAX_CHECKPOINTS_PER_SESSION: usize = 8;
@@ -510,7 +515,7 @@ struct TenantUsage {
 /// least recently accepted forgotten first.
 #[derive(Default)]
 struct Confirmed {
-    by_tenant: HashMap<TenantId, u64>,
+    by_tenant: HashMap<TenantId, u64, Fast>,
     order: BTreeMap<u64, TenantId>,
 }
 
@@ -541,19 +546,19 @@ impl Confirmed {
 
 #[derive(Default)]
 struct Inner {
-    sessions: HashMap<SessionKey, SessionEntry>,
+    sessions: HashMap<SessionKey, SessionEntry, Fast>,
     /// Last-use order: the first entry is the least recently used.
     lru: BTreeMap<u64, SessionKey>,
     /// The same order for the sessions of unconfirmed tenants only: evicted first.
     unconfirmed: BTreeMap<u64, SessionKey>,
     confirmed: Confirmed,
     /// Admin lookups by id alone: the tenants having a session with that id.
-    by_id: HashMap<Arc<str>, Vec<TenantId>>,
-    checkpoints: HashMap<ChainHash, StoredCheckpoint>,
+    by_id: HashMap<Arc<str>, Vec<TenantId>, Fast>,
+    checkpoints: HashMap<ChainHash, StoredCheckpoint, Fast>,
     /// Per tenant, how many checkpoints cover each prefix length: the lengths worth probing.
-    covered: HashMap<TenantId, BTreeMap<usize, usize>>,
+    covered: HashMap<TenantId, BTreeMap<usize, usize>, Fast>,
     /// Per tenant, its sessions and bytes: an entry exists while the tenant has a session.
-    tenants: HashMap<TenantId, TenantUsage>,
+    tenants: HashMap<TenantId, TenantUsage, Fast>,
     tick: u64,
     bytes: usize,
     evictions: u64,

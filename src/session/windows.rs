@@ -16,7 +16,7 @@ pub const MAX_LEARNED_WINDOWS: usize = 256;
 /// Learned windows by key.
 #[derive(Debug, Default)]
 pub struct LearnedWindows {
-    windows: HashMap<WindowKey, (LearnedWindow, u64)>,
+    windows: HashMap<WindowKey, (LearnedWindow, u64), foldhash::fast::RandomState>,
     /// Logical clock for least-recently-learned eviction.
     tick: u64,
 }
