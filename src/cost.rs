@@ -79,13 +79,16 @@ impl Repeats {
     /// How many leading `messages` repeat the previous request of `tenant`'s `session`, and
     /// remembers these as the previous request. `known`: the leading messages the scan memo
     /// found byte for byte in an earlier request of the tenant's conversation (0 when it
-    /// found none).
+    /// found none); `held`: whether the memo now holds this request's messages (then the next
+    /// request's `known` answers for them, and they are not fingerprinted; if the memo drops
+    /// them before, that request counts no repeats: an underestimate).
     pub fn repeated(
         &self,
         tenant: &TenantId,
         session: &str,
         messages: &[&str],
         known: usize,
+        held: bool,
     ) -> usize {
         let key = (*tenant, xxh3_64_with_seed(session.as_bytes(), self.seed));
         let previous = self
@@ -94,9 +97,19 @@ impl Repeats {
             .unwrap_or_else(PoisonError::into_inner)
             .get(&key)
             .copied();
-        if known > 0 && previous.is_some() {
-            self.remember(key, messages.len(), None);
-            return known.min(messages.len());
+        match previous {
+            Some(_) if known > 0 => {
+                self.remember(key, messages.len(), None);
+                return known.min(messages.len());
+            }
+            // Nothing to compare with, and the memo holds this request for the next one: no
+            // fingerprint is needed (a new conversation's first request, or one whose earlier
+            // requests the memo could not hold).
+            Some((_, None)) | None if held => {
+                self.remember(key, messages.len(), None);
+                return 0;
+            }
+            _ => {}
         }
         // One pass hashes each message once: the fingerprint of the previous request's count
         // of messages is taken on the way to the whole request's.
@@ -304,69 +317,99 @@ mod tests {
         let repeats = Repeats::default();
         let t = TenantId::from_credential("k");
         assert_eq!(
-            repeats.repeated(&t, "s", &["a", "b"], 0),
+            repeats.repeated(&t, "s", &["a", "b"], 0, false),
             0,
             "nothing before"
         );
-        assert_eq!(repeats.repeated(&t, "s", &["a", "b", "c", "d"], 0), 2);
-        assert_eq!(repeats.repeated(&t, "s", &["a", "b", "c", "d", "e"], 0), 4);
         assert_eq!(
-            repeats.repeated(&t, "s", &["a", "b", "c", "d", "e"], 0),
+            repeats.repeated(&t, "s", &["a", "b", "c", "d"], 0, false),
+            2
+        );
+        assert_eq!(
+            repeats.repeated(&t, "s", &["a", "b", "c", "d", "e"], 0, false),
+            4
+        );
+        assert_eq!(
+            repeats.repeated(&t, "s", &["a", "b", "c", "d", "e"], 0, false),
             5,
             "the same request again (a retry) repeats all of it"
         );
         assert_eq!(
-            repeats.repeated(&t, "s", &["a", "b", "c", "d"], 0),
+            repeats.repeated(&t, "s", &["a", "b", "c", "d"], 0, false),
             0,
             "shorter: an edit"
         );
-        assert_eq!(repeats.repeated(&t, "s", &["a", "b", "c", "d", "e"], 0), 4);
+        assert_eq!(
+            repeats.repeated(&t, "s", &["a", "b", "c", "d", "e"], 0, false),
+            4
+        );
         // An edit (or the agent's own compaction): nothing repeated, and it is the new base.
         assert_eq!(
-            repeats.repeated(&t, "s", &["a", "x", "c", "d", "e", "f"], 0),
+            repeats.repeated(&t, "s", &["a", "x", "c", "d", "e", "f"], 0, false),
             0
         );
         assert_eq!(
-            repeats.repeated(&t, "s", &["a", "x", "c", "d", "e", "f", "g"], 0),
+            repeats.repeated(&t, "s", &["a", "x", "c", "d", "e", "f", "g"], 0, false),
             6
         );
         // Other sessions and tenants are apart; messages joined differently do not match.
-        assert_eq!(repeats.repeated(&t, "other", &["a", "b", "c"], 0), 0);
+        assert_eq!(repeats.repeated(&t, "other", &["a", "b", "c"], 0, false), 0);
         let u = TenantId::from_credential("u");
         assert_eq!(
-            repeats.repeated(&u, "s", &["a", "x", "c", "d", "e", "f", "g"], 0),
+            repeats.repeated(&u, "s", &["a", "x", "c", "d", "e", "f", "g"], 0, false),
             0
         );
-        assert_eq!(repeats.repeated(&t, "other", &["ab", "c", "d"], 0), 0);
+        assert_eq!(
+            repeats.repeated(&t, "other", &["ab", "c", "d"], 0, false),
+            0
+        );
         // Where the scan memo compared the request with the conversation's previous one, its
         // shared leading messages repeat it, up to the first that differs (a prefix cache
         // serves them), without hashing; the memo finding none falls back to the fingerprint,
         // which a memo-answered request did not leave: nothing repeats then.
         let v = TenantId([9; 16]);
         assert_eq!(
-            repeats.repeated(&v, "s", &["a", "b"], 0),
+            repeats.repeated(&v, "s", &["a", "b"], 0, false),
             0,
             "nothing before"
         );
-        assert_eq!(repeats.repeated(&v, "s", &["a", "b", "c"], 2), 2);
+        assert_eq!(repeats.repeated(&v, "s", &["a", "b", "c"], 2, false), 2);
         assert_eq!(
-            repeats.repeated(&v, "s", &["a", "x", "c", "d"], 1),
+            repeats.repeated(&v, "s", &["a", "x", "c", "d"], 1, false),
             1,
             "an edit"
         );
         assert_eq!(
-            repeats.repeated(&v, "s", &["a", "x", "c", "d"], 9),
+            repeats.repeated(&v, "s", &["a", "x", "c", "d"], 9, false),
             4,
             "a retry"
         );
-        assert_eq!(repeats.repeated(&v, "s", &["a", "x", "c", "d", "e"], 0), 0);
         assert_eq!(
-            repeats.repeated(&v, "s", &["a", "x", "c", "d", "e", "f"], 0),
+            repeats.repeated(&v, "s", &["a", "x", "c", "d", "e"], 0, false),
+            0
+        );
+        assert_eq!(
+            repeats.repeated(&v, "s", &["a", "x", "c", "d", "e", "f"], 0, false),
             5
         );
         // A session not seen before repeats nothing, whatever the memo knows (another
         // conversation's request that opened alike).
-        assert_eq!(repeats.repeated(&v, "new", &["a", "x"], 2), 0);
+        assert_eq!(repeats.repeated(&v, "new", &["a", "x"], 2, false), 0);
+        // A request the memo holds is not fingerprinted: the next one learns from the memo,
+        // and when the memo has dropped it by then, nothing repeats (an underestimate).
+        let w = TenantId([7; 16]);
+        assert_eq!(repeats.repeated(&w, "s", &["a", "b"], 0, true), 0);
+        assert_eq!(repeats.repeated(&w, "s", &["a", "b", "c"], 2, true), 2);
+        assert_eq!(
+            repeats.repeated(&w, "s", &["a", "b", "c", "d"], 0, false),
+            0
+        );
+        // Once fingerprinted (the memo could not hold it), the next request is compared with
+        // it even when the memo holds that one.
+        assert_eq!(
+            repeats.repeated(&w, "s", &["a", "b", "c", "d", "e"], 0, true),
+            4
+        );
     }
 
     #[test]

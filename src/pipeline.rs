@@ -52,7 +52,7 @@ use crate::compaction::{Attempts, CompactionResult, MAX_ATTEMPTS_PER_REQUEST};
 use crate::config::{Config, Mode, Price, Strategy};
 use crate::cost::{cached_prefix, Bill, Repeats};
 use crate::dialect::reply::first_reply;
-use crate::dialect::scan_memo::{Remembering, ScanMemo};
+use crate::dialect::scan_memo::{MemoUse, Remembering, ScanMemo};
 use crate::dialect::{DialectError, DialectKind, Scan};
 use crate::event_log::{self, Event, EventLog};
 use crate::metrics::Metrics;

@@ -20,7 +20,7 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use bytes::Bytes;
@@ -106,15 +106,26 @@ impl ScanMemo {
 }
 
 /// A request's use of the memo: the memo, the request's body (entries keep slices of it), the
-/// scope its entries live under, and where the scan says how many leading elements it took
-/// from the memo (byte for byte those of an earlier request of the scope: what the
-/// counterfactual cost's repeat check needs not hash again).
+/// scope its entries live under, and where the scan says what the memo did for it.
 #[derive(Debug, Clone, Copy)]
 pub struct Remembering<'m> {
     pub memo: &'m ScanMemo,
     pub body: &'m Bytes,
     pub scope: [u8; 16],
-    pub known: &'m AtomicUsize,
+    pub used: &'m MemoUse,
+}
+
+/// What the memo did for one request, for the counterfactual cost's repeat check
+/// ([`crate::cost::Repeats`]), which need not hash what the memo vouches for. Atomics only
+/// because the request's future is `Send`: one request writes them, then reads them.
+#[derive(Debug, Default)]
+pub struct MemoUse {
+    /// Leading elements taken from the memo: byte for byte those of an earlier request of the
+    /// scope.
+    pub known: AtomicUsize,
+    /// Whether the memo now holds the request's array, so the next request of its
+    /// conversation will find its elements there.
+    pub held: AtomicBool,
 }
 
 impl ScanMemo {
@@ -142,8 +153,9 @@ impl ScanMemo {
     }
 
     /// Remembers the array `elements` were read from, replacing `extended` (the entry it
-    /// grew from). Nothing when the array is not a slice of `body`, `body` takes more than a
-    /// bucket's share of the budget, or the array adds nothing to `extended`.
+    /// grew from), and answers whether the memo holds it. Nothing when the array is not a
+    /// slice of `body`, `body` takes more than a bucket's share of the budget (not held), or
+    /// the array adds nothing to `extended` (held already).
     fn remember(
         &self,
         key: ([u8; 16], u64),
@@ -151,26 +163,29 @@ impl ScanMemo {
         text: &str,
         (elements, counts, marks): &Conversation<'_>,
         extended: Option<&(Arc<Known>, usize)>,
-    ) {
+    ) -> bool {
         // Nothing new: the array is the remembered one (or a prefix of it).
         let same = extended
             .is_some_and(|(k, shared)| *shared == k.spans.len() && k.spans.len() >= elements.len());
-        if body.len() > self.budget / BUCKET || same {
-            return;
+        if same {
+            return true;
+        }
+        if body.len() > self.budget / BUCKET {
+            return false;
         }
         let Some(last) = elements.last() else {
-            return;
+            return false;
         };
         let origin = text.as_ptr() as usize;
         let offset = |s: &str| (s.as_ptr() as usize).checked_sub(origin);
         let Some(end) = offset(last).map(|at| at + last.len()) else {
-            return;
+            return false;
         };
         let Some(start) = origin.checked_sub(body.as_ptr() as usize) else {
-            return;
+            return false;
         };
         if start.checked_add(end).is_none_or(|stop| stop > body.len()) {
-            return;
+            return false;
         }
         let spans: Option<Vec<(u32, u32)>> = elements
             .iter()
@@ -182,7 +197,7 @@ impl ScanMemo {
             })
             .collect();
         let Some(spans) = spans else {
-            return;
+            return false;
         };
         let figures = spans.len()
             * (std::mem::size_of::<(u32, u32)>()
@@ -213,6 +228,7 @@ impl ScanMemo {
         let held = known.held;
         bucket.push(known);
         table.held = table.held + held - freed;
+        true
     }
 }
 
@@ -292,7 +308,7 @@ pub(crate) fn read_conversation<'a, T: Deserialize<'a> + Into<Counts>>(
         return Ok((with_marks(read, Vec::new()), len));
     };
     let found = m.memo.find(&key, text);
-    m.known.store(
+    m.used.known.store(
         found.as_ref().map_or(0, |(_, shared)| *shared),
         Ordering::Relaxed,
     );
@@ -308,8 +324,10 @@ pub(crate) fn read_conversation<'a, T: Deserialize<'a> + Into<Counts>>(
             .map_or_else(Vec::new, |(k, shared)| k.marks[..*shared].to_vec()),
     );
     if let Some(conversation) = &read {
-        m.memo
+        let held = m
+            .memo
             .remember(key, m.body, text, conversation, found.as_ref());
+        m.used.held.store(held, Ordering::Relaxed);
     }
     Ok((read, len))
 }
@@ -388,22 +406,36 @@ mod tests {
     ) -> Result<usize, TestCaseError> {
         let est = LazyEstimator::default();
         let known = memo.known(&scope, body);
-        let taken = AtomicUsize::new(0);
+        let used = MemoUse::default();
         let at = Remembering {
             memo,
             body,
             scope,
-            known: &taken,
+            used: &used,
         };
         let with = dialect.scan_remembering(&at, &est).map(|s| figures(&s));
         let without = dialect.scan(body, &est).map(|s| figures(&s));
-        match (with, without) {
-            (Ok(a), Ok(b)) => prop_assert_eq!(a, b),
-            (Err(a), Err(b)) => prop_assert_eq!(a.to_string(), b.to_string()),
-            (a, b) => prop_assert!(false, "with the memo {a:?}, without {b:?}"),
+        // (A body whose array reads but whose messages do not scans to an error.)
+        let elements = match (&with, without) {
+            (Ok(a), Ok(b)) => {
+                prop_assert_eq!(a, &b);
+                Some(a.0.len())
+            }
+            (Err(a), Err(b)) => {
+                prop_assert_eq!(a.to_string(), b.to_string());
+                None
+            }
+            (a, b) => {
+                prop_assert!(false, "with the memo {a:?}, without {b:?}");
+                None
+            }
+        };
+        // The scan says how many elements it took from the memo (those it knew), and whether
+        // the memo now holds them all (the next request's repeat check relies on it).
+        prop_assert_eq!(used.known.load(Ordering::Relaxed), known);
+        if let (true, Some(elements)) = (used.held.load(Ordering::Relaxed), elements) {
+            prop_assert_eq!(memo.known(&scope, body), elements);
         }
-        // The scan says how many elements it took from the memo: those it knew.
-        prop_assert_eq!(taken.load(Ordering::Relaxed), known);
         Ok(known)
     }
 
@@ -518,12 +550,12 @@ mod tests {
             sum
         };
         let scan = |b: &Bytes| {
-            let taken = AtomicUsize::new(0);
+            let used = MemoUse::default();
             let at = Remembering {
                 memo: &memo,
                 body: b,
                 scope,
-                known: &taken,
+                used: &used,
             };
             dialect.scan_remembering(&at, &est).expect("scan");
         };

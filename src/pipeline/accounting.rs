@@ -1,16 +1,18 @@
 //! What each request is counted as: tokens received and forwarded per cohort, what shadow
 //! mode would have forwarded, and the rent the cost trigger charges a conversation's old turns.
 
+use std::sync::atomic::Ordering;
+
 use super::*;
 
 impl Pipeline {
     /// Token metrics of one request, and the estimate its response's usage is compared with;
-    /// `remembered`: its leading messages the scan took from the memo.
+    /// `memo`: what the scan memo did for it.
     pub(super) fn record_tokens(
         &self,
         request: &Request<'_, '_>,
         long_context: bool,
-        remembered: usize,
+        memo: &MemoUse,
         processed: &mut Processed,
     ) {
         let scan = request.scan;
@@ -40,9 +42,13 @@ impl Pipeline {
             .as_deref()
             .and_then(|m| self.engine.models().price(&window_model(m, long_context)));
         let received_cached = if price.is_some() {
-            let repeated =
-                self.repeats
-                    .repeated(&request.tenant, request.session, &scan.messages, remembered);
+            let repeated = self.repeats.repeated(
+                &request.tenant,
+                request.session,
+                &scan.messages,
+                memo.known.load(Ordering::Relaxed),
+                memo.held.load(Ordering::Relaxed),
+            );
             let bytes = |messages: &[&str]| messages.iter().map(|m| m.len()).sum::<usize>();
             let all = bytes(&scan.messages).max(1);
             // `as` saturates; the share is at most 1.

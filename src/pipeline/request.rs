@@ -2,8 +2,6 @@
 //! forwarded as received, with a stored summary spliced in, or compacted ([`Pipeline::handle`]);
 //! a panic anywhere in it is caught and the original forwarded.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use super::*;
 
 impl Pipeline {
@@ -57,12 +55,12 @@ impl Pipeline {
             return Processed::default();
         }
         let tenant = TenantId::from_caller(context.caller);
-        let remembered = AtomicUsize::new(0);
+        let used = MemoUse::default();
         let remembering = Remembering {
             memo: &self.scan_memo,
             body,
             scope: tenant.0,
-            known: &remembered,
+            used: &used,
         };
         let scan = match dialect.scan_remembering(&remembering, self.engine.estimator()) {
             Ok(scan) => scan.with_model_from_prefix(&context.caller.api_prefix),
@@ -154,12 +152,7 @@ impl Pipeline {
             estimate: None,
             cohort,
         };
-        self.record_tokens(
-            &request,
-            context.long_context,
-            remembered.load(Ordering::Relaxed),
-            &mut processed,
-        );
+        self.record_tokens(&request, context.long_context, &used, &mut processed);
         let would_forward = match cohort {
             Cohort::Shadow => self.shadow_forwarded(dialect, body, context).await,
             _ => None,
