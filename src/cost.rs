@@ -49,10 +49,11 @@ const MAX_REPEATS: usize = 65_536;
 /// per tenant and session (bounded, emptied when full). Where the scan memo compared the
 /// request with the conversation's previous one byte for byte, its leading messages up to the
 /// first that differs repeat it (what a prefix cache serves), and nothing is hashed. Otherwise
-/// (a request too short for the memo, a memo emptied or not yet holding the conversation) the
-/// previous request's message count and a fingerprint of those messages' bytes (XXH3, random
-/// seed per process) decide: a request that starts with all of them repeats them, one that
-/// does not repeats none (an underestimate).
+/// (a request too short or too large for the memo, a memo emptied) the previous request's
+/// message count and a fingerprint of those messages' bytes (XXH3, random seed per process)
+/// decide: a request that starts with all of them repeats them, one that does not repeats none
+/// (an underestimate). A request the memo holds is not fingerprinted: the next one will be
+/// compared by the memo.
 #[derive(Debug)]
 pub struct Repeats {
     seed: u64,

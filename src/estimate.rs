@@ -391,9 +391,11 @@ pub fn json_literal_weight(text: &[u8]) -> Option<(usize, usize)> {
         return None;
     }
     let inside = text.get(1..)?;
-    let first = quote_or_backslash(inside)?;
+    // A literal without escapes (most, and most plain text): its closing quote is the first
+    // quote or backslash, looked for with SIMD (`memchr2`: a long literal's search was a
+    // tenth of a scan as a word-at-a-time loop).
+    let first = memchr::memchr2(b'"', b'\\', inside)?;
     if inside.get(first) == Some(&b'"') {
-        // No escape (most short strings, and plain text): the closing quote is the first.
         let inner = inside.get(..first)?;
         if inner.iter().fold(0xff, |min: u8, &b| min.min(b)) < 0x20 {
             return None;
