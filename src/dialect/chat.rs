@@ -25,7 +25,9 @@ use super::json::{
     as_tokens, fast_object, fast_skip, fast_text, leaf_weight, skip_scalars, OneOf,
     StrWeightVisitor, TextWeight,
 };
-use super::outputs::{fields_of, holds, replaceable, string, WireOutput, MARKERS};
+use super::outputs::{
+    chat_member_marks, fields_of, holds, replaceable, string, WireOutput, MARKERS,
+};
 use super::scan_memo::{read_conversation, Remembering};
 use super::split::{decode, field, object_fields, present, value};
 use super::{DialectError, DialectKind, Scan, ScanFields};
@@ -43,7 +45,7 @@ pub fn scan<'a>(
 ) -> Result<Scan<'a>, DialectError> {
     let mut conversation = None;
     let fields = object_fields(body, "messages", |rest| {
-        let fast = |m| fast_message(m).map(|(stats, len)| (stats.0, len));
+        let fast = |m| fast_message(m).map(|(stats, len, marks)| (stats.0, len, Some(marks)));
         let (read, len) =
             read_conversation::<MessageStats>(DialectKind::ChatCompletions, rest, fast, memo)?;
         conversation = read;
@@ -393,11 +395,13 @@ impl<'de> Deserialize<'de> for MessageStats {
 /// reads them. `None` (serde reads the whole message, and answers any error) for anything
 /// else: a key with an escape, `tool_calls` (serde bounds how deep the calls nest counting
 /// from the message, which a value read on its own would not), a `content` literal with a
-/// `\u` escape, anything malformed.
-fn fast_message(text: &str) -> Option<(MessageStats, usize)> {
+/// `\u` escape, anything malformed. Its output marks are found member by member on the way
+/// ([`chat_member_marks`]), the text of a `content` literal not read again.
+fn fast_message(text: &str) -> Option<(MessageStats, usize, u32)> {
     let mut counts = Counts::default();
+    let mut marks = 0;
     let len = fast_object(text, |key, rest| {
-        Some(match key {
+        let len = match key {
             "content" if rest.starts_with('"') => {
                 let (len, text) = json_literal_weight(rest.as_bytes())?;
                 counts.add(Counts { text, images: 0 });
@@ -415,9 +419,11 @@ fn fast_message(text: &str) -> Option<(MessageStats, usize)> {
                 len
             }
             _ => fast_skip(rest)?,
-        })
+        };
+        marks |= chat_member_marks(key, rest.get(..len)?);
+        Some(len)
     })?;
-    Some((MessageStats(counts), len))
+    Some((MessageStats(counts), len, marks))
 }
 
 /// `tool_calls`: the string leaves of each call's `function` (name, arguments) or `custom`
@@ -745,9 +751,10 @@ mod tests {
             for after in ["", ",{\"role\":\"user\"}]"] {
                 let text = format!("{message}{after}");
                 match fast_message(&text) {
-                    Some((stats, len)) => {
+                    Some((stats, len, marks)) => {
                         assert_eq!(stats.0, expected.0, "{message}");
                         assert_eq!(len, message.len(), "{message}");
+                        assert_eq!(marks, all_marks(message), "{message}");
                     }
                     // A `\u` in `content`: left to serde, which decodes it.
                     None => assert!(message.contains("\\u00e9"), "{message}"),
@@ -766,6 +773,46 @@ mod tests {
             r#"["content"]"#,
         ] {
             assert!(fast_message(left).is_none(), "{left}");
+        }
+    }
+
+    /// The marks a substring search of the whole message finds.
+    fn all_marks(message: &str) -> u32 {
+        crate::dialect::outputs::marks(DialectKind::ChatCompletions, message)
+    }
+
+    proptest::proptest! {
+        /// Breaks if the marks the fast reader finds member by member differ from those a
+        /// search of the whole message finds.
+        #[test]
+        fn marks_found_member_by_member_are_the_whole_message_s(
+            members in proptest::collection::vec(
+                (
+                    "role|content|name|user|tool|x",
+                    proptest::collection::vec(
+                        "user|tool|function|compaction|\"|\\\\|\n|[a-z ]{0,4}",
+                        0..6,
+                    ),
+                    0..3u8,
+                ),
+                0..5,
+            ),
+        ) {
+            let mut object = serde_json::Map::new();
+            for (key, pieces, shape) in members {
+                let text = pieces.concat();
+                let value = match shape {
+                    0 => json!(text),
+                    1 => json!([{"type": "text", "text": text}]),
+                    _ => json!({"nested": text, "role": "user"}),
+                };
+                object.insert(key, value);
+            }
+            let message = serde_json::Value::Object(object).to_string();
+            if let Some((_, len, marks)) = fast_message(&message) {
+                proptest::prop_assert_eq!(len, message.len());
+                proptest::prop_assert_eq!(marks, all_marks(&message), "{}", message);
+            }
         }
     }
 

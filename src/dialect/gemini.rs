@@ -115,7 +115,7 @@ pub fn scan<'a>(
 ) -> Result<Scan<'a>, DialectError> {
     let mut conversation = None;
     let fields = object_fields(body, "contents", |rest| {
-        let fast = |m| fast_entry(m).map(|(stats, len)| (stats.0, len));
+        let fast = |m| fast_entry(m).map(|(stats, len)| (stats.0, len, None));
         let (read, len) = read_conversation::<EntryStats>(DialectKind::Gemini, rest, fast, memo)?;
         conversation = read;
         Ok(len)

@@ -75,7 +75,7 @@ pub fn scan<'a>(
 ) -> Result<Scan<'a>, DialectError> {
     let mut conversation = None;
     let fields = object_fields(body, "messages", |rest| {
-        let fast = |m| fast_message(m).map(|(stats, len)| (stats.0, len));
+        let fast = |m| fast_message(m).map(|(stats, len)| (stats.0, len, None));
         let (read, len) =
             read_conversation::<MessageStats>(DialectKind::Messages, rest, fast, memo)?;
         conversation = read;

@@ -152,6 +152,44 @@ pub(super) fn marks(dialect: DialectKind, raw: &str) -> u32 {
     outputs | user | summary | reference
 }
 
+/// The [`marks`] of one member of a Chat Completions message, `key` its (unescaped) name and
+/// `value` its bytes: the message's marks are those of its members together. Chat's mark
+/// patterns are all JSON strings (`"tool"`, `"function"`, `"user"`, `"compaction"`), and
+/// inside a string literal every quote is escaped, so within a literal value one can only
+/// end at its closing quote (after an escaped quote, or as the whole literal): a literal is
+/// tested at its end, not searched, which spares reading a message's text three more times.
+pub(super) fn chat_member_marks(key: &str, value: &str) -> u32 {
+    /// The mark of a string holding exactly `word`.
+    fn word_mark(word: &[u8]) -> u32 {
+        match word {
+            b"tool" | b"function" => 1,
+            b"user" => USER,
+            b"compaction" => SUMMARY,
+            _ => 0,
+        }
+    }
+    let key = word_mark(key.as_bytes());
+    let Some(inner) = value
+        .strip_prefix('"')
+        .and_then(|v| v.strip_suffix('"'))
+        .map(str::as_bytes)
+    else {
+        return key | marks(DialectKind::ChatCompletions, value);
+    };
+    // The literal is the word, or ends with a quote and the word.
+    let ends_with = |word: &[u8]| {
+        inner == word
+            || inner
+                .strip_suffix(word)
+                .is_some_and(|before| before.ends_with(b"\""))
+    };
+    let value = [b"tool".as_slice(), b"function", b"user", b"compaction"]
+        .into_iter()
+        .filter(|word| ends_with(word))
+        .fold(0, |marks, word| marks | word_mark(word));
+    key | value
+}
+
 /// How far back from an output [`CallNames::name`] looks for the call it answers.
 pub const CALL_SEARCH_MESSAGES: usize = 64;
 

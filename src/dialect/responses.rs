@@ -79,7 +79,7 @@ pub fn scan<'a>(
             return value_len(rest);
         }
         // Items read by hand when plain (`super::json::fast_node`), by serde otherwise.
-        let fast = |item| fast_node(item, &RULES, 0);
+        let fast = |item| fast_node(item, &RULES, 0).map(|(counts, len)| (counts, len, None));
         let (read, len) =
             read_conversation::<ItemCounts>(DialectKind::Responses, rest, fast, memo)?;
         read_items = read;

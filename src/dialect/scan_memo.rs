@@ -285,27 +285,49 @@ fn common_prefix(a: &[u8], b: &[u8]) -> usize {
 /// A conversation array as read: each element's slice, counts and output marks.
 pub(crate) type Conversation<'a> = (Vec<&'a str>, Vec<Counts>, Vec<u32>);
 
+/// What a dialect's fast reader makes of one element: its counts, its length, and its output
+/// marks when the reader found them on the way (else they are searched for in its bytes).
+pub(crate) type FastRead = (Counts, usize, Option<u32>);
+
 /// Reads a conversation array of `dialect` at the start of `text` as
 /// [`read_array_after`](super::split::read_array_after) does (each element's counts by `fast`,
 /// else serde as `T`), after what `memo` remembers of it, and remembers what it read. Each
-/// element's output marks ([`marks`]) are found for the elements the memo did not hold.
+/// element's output marks ([`marks`]) are found for the elements the memo did not hold,
+/// unless `fast` found them.
 pub(crate) fn read_conversation<'a, T: Deserialize<'a> + Into<Counts>>(
     dialect: DialectKind,
     text: &'a str,
-    fast: impl FnMut(&'a str) -> Option<(Counts, usize)>,
+    mut fast: impl FnMut(&'a str) -> Option<FastRead>,
     memo: Option<&Remembering<'_>>,
 ) -> Result<(Option<Conversation<'a>>, usize), DialectError> {
-    let with_marks = |read: Option<(Vec<&'a str>, Vec<Counts>)>, mut known: Vec<u32>| {
+    // The marks `fast` found, by the address of their element (in the array's order).
+    let mut marked: Vec<(usize, u32)> = Vec::new();
+    let mut fast = |element: &'a str| {
+        let (counts, len, marks) = fast(element)?;
+        if let Some(marks) = marks {
+            marked.push((element.as_ptr() as usize, marks));
+        }
+        Some((counts, len))
+    };
+    let with_marks = |read: Option<(Vec<&'a str>, Vec<Counts>)>,
+                      mut known: Vec<u32>,
+                      marked: &[(usize, u32)]| {
         read.map(|(elements, counts)| {
             let from = known.len().min(elements.len());
             known.truncate(from);
-            known.extend(elements[from..].iter().map(|e| marks(dialect, e)));
+            let mut marked = marked.iter().peekable();
+            known.extend(elements[from..].iter().map(|e| {
+                match marked.next_if(|(at, _)| *at == e.as_ptr() as usize) {
+                    Some(&(_, found)) => found,
+                    None => marks(dialect, e),
+                }
+            }));
             (elements, counts, known)
         })
     };
     let Some((m, key)) = memo.and_then(|m| Some((m, m.memo.key(&m.scope, text)?))) else {
-        let (read, len) = read_array_after::<T, Counts>(text, fast, None)?;
-        return Ok((with_marks(read, Vec::new()), len));
+        let (read, len) = read_array_after::<T, Counts>(text, &mut fast, None)?;
+        return Ok((with_marks(read, Vec::new(), &marked), len));
     };
     let found = m.memo.find(&key, text);
     m.used.known.store(
@@ -316,12 +338,13 @@ pub(crate) fn read_conversation<'a, T: Deserialize<'a> + Into<Counts>>(
         .as_ref()
         .map(|(k, shared)| k.read(text, *shared))
         .transpose()?;
-    let (read, len) = read_array_after::<T, Counts>(text, fast, known)?;
+    let (read, len) = read_array_after::<T, Counts>(text, &mut fast, known)?;
     let read = with_marks(
         read,
         found
             .as_ref()
             .map_or_else(Vec::new, |(k, shared)| k.marks[..*shared].to_vec()),
+        &marked,
     );
     if let Some(conversation) = &read {
         let held = m
