@@ -22,12 +22,10 @@ use serde_json::{Map, Value};
 
 use super::answer::{RefusalWording, Usage, UsageFields};
 use super::json::{
-    as_tokens, fast_object, fast_skip, fast_text, leaf_weight, skip_scalars, OneOf,
+    as_tokens, fast_object, fast_skip, fast_text, leaf_weight, skip_scalars, OneOf, Piece,
     StrWeightVisitor, TextWeight,
 };
-use super::outputs::{
-    chat_member_marks, fields_of, holds, replaceable, string, WireOutput, MARKERS,
-};
+use super::outputs::{fields_of, holds, replaceable, string, MarksFound, WireOutput, MARKERS};
 use super::scan_memo::{read_conversation, Remembering};
 use super::split::{decode, field, object_fields, present, value};
 use super::{DialectError, DialectKind, Scan, ScanFields};
@@ -396,10 +394,10 @@ impl<'de> Deserialize<'de> for MessageStats {
 /// else: a key with an escape, `tool_calls` (serde bounds how deep the calls nest counting
 /// from the message, which a value read on its own would not), a `content` literal with a
 /// `\u` escape, anything malformed. Its output marks are found member by member on the way
-/// ([`chat_member_marks`]), the text of a `content` literal not read again.
+/// ([`MarksFound`]), the text of a `content` literal not read again.
 fn fast_message(text: &str) -> Option<(MessageStats, usize, u32)> {
     let mut counts = Counts::default();
-    let mut marks = 0;
+    let mut found = MarksFound::new(DialectKind::ChatCompletions);
     let len = fast_object(text, |key, rest| {
         let len = match key {
             "content" if rest.starts_with('"') => {
@@ -420,10 +418,11 @@ fn fast_message(text: &str) -> Option<(MessageStats, usize, u32)> {
             }
             _ => fast_skip(rest)?,
         };
-        marks |= chat_member_marks(key, rest.get(..len)?);
+        found.see(Piece::Key(key));
+        found.see(Piece::Value(rest.get(..len)?));
         Some(len)
     })?;
-    Some((MessageStats(counts), len, marks))
+    Some((MessageStats(counts), len, found.marks))
 }
 
 /// `tool_calls`: the string leaves of each call's `function` (name, arguments) or `custom`

@@ -493,40 +493,58 @@ fn fast_scalar(text: &str) -> Option<(Counts, usize)> {
         .map(|word| (Counts::default(), word.len()))
 }
 
-/// [`ContentSeed`] of the value at the start of `text`, and the bytes it takes.
+/// What the fast readers pass over without reading further: each key of an object (its text:
+/// a key with an escape is left to serde), and each value they do not descend into, as
+/// written. A caller looking for substrings of a message sees every byte that could hold one
+/// this way ([`super::outputs::value_marks`]).
+pub(crate) enum Piece<'a> {
+    Key(&'a str),
+    Value(&'a str),
+}
+
+/// [`ContentSeed`] of the value at the start of `text`, and the bytes it takes; `seen` is
+/// shown the [`Piece`]s passed over.
 pub(crate) fn fast_content(
     text: &str,
     rules: &'static Rules,
     depth: usize,
+    seen: &mut dyn FnMut(Piece<'_>),
 ) -> Option<(Counts, usize)> {
     if depth > FAST_DEPTH {
         return None;
     }
+    let scalar = |text: &str, seen: &mut dyn FnMut(Piece<'_>)| {
+        let (counts, len) = fast_scalar(text)?;
+        seen(Piece::Value(text.get(..len)?));
+        Some((counts, len))
+    };
     match text.as_bytes().first()? {
         b'[' => {
             let mut counts = Counts::default();
             let len = fast_array(text, |element| {
                 // Each element a node: an object, or a scalar (an array is left to serde).
                 let (c, len) = if element.starts_with('{') {
-                    fast_node(element, rules, depth + 1)?
+                    fast_node(element, rules, depth + 1, seen)?
                 } else {
-                    fast_scalar(element)?
+                    scalar(element, seen)?
                 };
                 counts.add(c);
                 Some(len)
             })?;
             Some((counts, len))
         }
-        b'{' => fast_node(text, rules, depth),
-        _ => fast_scalar(text),
+        b'{' => fast_node(text, rules, depth, seen),
+        _ => scalar(text, seen),
     }
 }
 
-/// [`NodeSeed`] of the object at the start of `text`, and the bytes it takes.
+/// [`NodeSeed`] of the object at the start of `text`, and the bytes it takes; `seen` is shown
+/// the [`Piece`]s passed over.
 pub(crate) fn fast_node(
     text: &str,
     rules: &'static Rules,
     depth: usize,
+    seen: &mut dyn FnMut(Piece<'_>),
 ) -> Option<(Counts, usize)> {
     if depth > FAST_DEPTH {
         return None;
@@ -535,7 +553,8 @@ pub(crate) fn fast_node(
     let mut counts = Counts::default();
     let len = fast_object(text, |key, rest| {
         let kind = KeySeed(rules).visit_str::<serde_json::Error>(key).ok()?;
-        Some(match kind {
+        seen(Piece::Key(key));
+        let len = match kind {
             KeyKind::Type => {
                 let (kind, len) = fast_str(rest)?;
                 image = rules.image_types.contains(&kind);
@@ -547,9 +566,9 @@ pub(crate) fn fast_node(
             }
             KeyKind::Skip => fast_skip(rest)?,
             KeyKind::Nested => {
-                let (c, len) = fast_content(rest, rules, depth + 1)?;
+                let (c, len) = fast_content(rest, rules, depth + 1, seen)?;
                 counts.add(c);
-                len
+                return Some(len);
             }
             KeyKind::Raw => {
                 let (raw, len) = value::<&RawValue>(rest)?;
@@ -561,7 +580,9 @@ pub(crate) fn fast_node(
                 counts.add(Counts::text(weight));
                 len
             }
-        })
+        };
+        seen(Piece::Value(rest.get(..len)?));
+        Some(len)
     })?;
     let counts = if image {
         Counts { text: 0, images: 1 }
@@ -615,7 +636,7 @@ mod tests {
             let expected = node_counts(node, &RULES).expect("serde counts it");
             for after in ["", ",{\"k\":1}]"] {
                 let text = format!("{node}{after}");
-                let (counts, len) = fast_node(&text, &RULES, 0).expect("fast");
+                let (counts, len) = fast_node(&text, &RULES, 0, &mut |_| {}).expect("fast");
                 assert_eq!((counts, len), (expected, node.len()), "{node}");
             }
         }
@@ -629,7 +650,7 @@ mod tests {
             r#"{"a":"b""#,
             deep.as_str(),
         ] {
-            assert!(fast_node(left, &RULES, 0).is_none(), "{left}");
+            assert!(fast_node(left, &RULES, 0, &mut |_| {}).is_none(), "{left}");
         }
     }
 

@@ -35,9 +35,9 @@ use serde_json::{Map, Value};
 use super::answer::{RefusalWording, Usage, UsageFields};
 use super::json::{
     as_tokens, fast_content, fast_object, fast_skip, fast_str, leaf_weight, node_counts,
-    ContentSeed, OneOf, OrderedObject, Rules,
+    ContentSeed, OneOf, OrderedObject, Piece, Rules,
 };
-use super::outputs::{self, fields_of, holds, replaceable, WireOutput, MARKERS};
+use super::outputs::{self, fields_of, holds, replaceable, MarksFound, WireOutput, MARKERS};
 use super::scan_memo::{read_conversation, Remembering};
 use super::split::{decode, field, object_fields, present, read_array};
 use super::{DialectError, DialectKind, Scan, ScanFields};
@@ -75,7 +75,7 @@ pub fn scan<'a>(
 ) -> Result<Scan<'a>, DialectError> {
     let mut conversation = None;
     let fields = object_fields(body, "messages", |rest| {
-        let fast = |m| fast_message(m).map(|(stats, len)| (stats.0, len, None));
+        let fast = |m| fast_message(m).map(|(stats, len, marks)| (stats.0, len, Some(marks)));
         let (read, len) =
             read_conversation::<MessageStats>(DialectKind::Messages, rest, fast, memo)?;
         conversation = read;
@@ -165,24 +165,31 @@ impl<'de> Deserialize<'de> for MessageStats {
 
 /// [`MessageStats`] of the message at the start of `text` read by hand
 /// ([`super::json::fast_object`]), and the bytes it takes; `None` leaves it to serde (an
-/// unknown role too, so serde says what is wrong).
-fn fast_message(text: &str) -> Option<(MessageStats, usize)> {
+/// unknown role too, so serde says what is wrong). Its output marks are found on the way
+/// ([`MarksFound`]).
+fn fast_message(text: &str) -> Option<(MessageStats, usize, u32)> {
     let mut counts = Counts::default();
     let mut role_ok = false;
-    let len = fast_object(text, |key, rest| match key {
-        "role" => {
-            let (role, len) = fast_str(rest)?;
-            role_ok = ROLES.contains(&role);
-            Some(len)
-        }
-        "content" => {
-            let (c, len) = fast_content(rest, &RULES, 1)?;
-            counts.add(c);
-            Some(len)
-        }
-        _ => fast_skip(rest),
+    let mut found = MarksFound::new(DialectKind::Messages);
+    let len = fast_object(text, |key, rest| {
+        found.see(Piece::Key(key));
+        let len = match key {
+            "role" => {
+                let (role, len) = fast_str(rest)?;
+                role_ok = ROLES.contains(&role);
+                len
+            }
+            "content" => {
+                let (c, len) = fast_content(rest, &RULES, 1, &mut |p| found.see(p))?;
+                counts.add(c);
+                return Some(len);
+            }
+            _ => fast_skip(rest)?,
+        };
+        found.see(Piece::Value(rest.get(..len)?));
+        Some(len)
     })?;
-    role_ok.then_some((MessageStats(counts), len))
+    role_ok.then_some((MessageStats(counts), len, found.marks))
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ use memchr::memmem::Finder;
 use serde::de::IgnoredAny;
 use serde_json::Value;
 
+use super::json::Piece;
 use super::split::{decode, object_fields, present, read_array, value_len, Field};
 use super::{span_in, DialectError, DialectKind, Scan};
 use crate::transcript::Role;
@@ -94,6 +95,9 @@ pub(super) static MARKERS: LazyLock<Markers> = LazyLock::new(|| Markers {
 /// [`PROVIDER_SUMMARY_KIND`](crate::transcript::PROVIDER_SUMMARY_KIND) as a JSON string.
 const PROVIDER_SUMMARY_MARK: &str = "\"compaction\"";
 
+/// [`PROVIDER_SUMMARY_MARK`] without its quotes.
+const PROVIDER_SUMMARY_WORD: &[u8] = b"compaction";
+
 /// Whether `raw` holds what `marker` finds.
 pub(super) fn holds(raw: &str, marker: &Finder<'_>) -> bool {
     marker.find(raw.as_bytes()).is_some()
@@ -152,42 +156,177 @@ pub(super) fn marks(dialect: DialectKind, raw: &str) -> u32 {
     outputs | user | summary | reference
 }
 
-/// The [`marks`] of one member of a Chat Completions message, `key` its (unescaped) name and
-/// `value` its bytes: the message's marks are those of its members together. Chat's mark
-/// patterns are all JSON strings (`"tool"`, `"function"`, `"user"`, `"compaction"`), and
-/// inside a string literal every quote is escaped, so within a literal value one can only
-/// end at its closing quote (after an escaped quote, or as the whole literal): a literal is
-/// tested at its end, not searched, which spares reading a message's text three more times.
-pub(super) fn chat_member_marks(key: &str, value: &str) -> u32 {
-    /// The mark of a string holding exactly `word`.
-    fn word_mark(word: &[u8]) -> u32 {
-        match word {
-            b"tool" | b"function" => 1,
-            b"user" => USER,
-            b"compaction" => SUMMARY,
-            _ => 0,
+/// A dialect's mark patterns as member-by-member reading finds them ([`value_marks`]): the
+/// JSON strings that are a pattern whole, and the text a string ending with it stands for.
+struct StringMarks {
+    /// Strings equal to the word (`"user"`), or ending with an escaped quote and the word.
+    quoted: &'static [(&'static [u8], Mark)],
+    /// Strings ending with the word (`tool_result`: a block's type; `_call_output`: an item's).
+    ending: &'static [(&'static [u8], Mark)],
+    /// The last bytes of all the words: a string ending otherwise (most) is none of them.
+    last: [bool; 256],
+}
+
+impl StringMarks {
+    const fn new(
+        quoted: &'static [(&'static [u8], Mark)],
+        ending: &'static [(&'static [u8], Mark)],
+    ) -> StringMarks {
+        let mut last = [false; 256];
+        let mut i = 0;
+        while i < quoted.len() + ending.len() {
+            let word = if i < quoted.len() {
+                quoted[i].0
+            } else {
+                ending[i - quoted.len()].0
+            };
+            if let [.., end] = word {
+                last[*end as usize] = true;
+            }
+            i += 1;
+        }
+        StringMarks {
+            quoted,
+            ending,
+            last,
         }
     }
-    let key = word_mark(key.as_bytes());
-    let Some(inner) = value
-        .strip_prefix('"')
-        .and_then(|v| v.strip_suffix('"'))
-        .map(str::as_bytes)
-    else {
-        return key | marks(DialectKind::ChatCompletions, value);
+}
+
+/// What one pattern found says.
+#[derive(Debug, Clone, Copy)]
+enum Mark {
+    /// An output more (counted).
+    Output,
+    /// The message holds an output (at most one).
+    HasOutput,
+    /// A flag of the marks.
+    Flag(u32),
+}
+
+fn string_marks(dialect: DialectKind) -> &'static StringMarks {
+    const USER_WORD: (&[u8], Mark) = (b"user", Mark::Flag(USER));
+    const SUMMARY_WORD: (&[u8], Mark) = (PROVIDER_SUMMARY_WORD, Mark::Flag(SUMMARY));
+    static CHAT: StringMarks = StringMarks::new(
+        &[
+            (b"tool", Mark::HasOutput),
+            (b"function", Mark::HasOutput),
+            USER_WORD,
+            SUMMARY_WORD,
+        ],
+        &[],
+    );
+    static MESSAGES: StringMarks = StringMarks::new(
+        &[USER_WORD, SUMMARY_WORD],
+        &[(b"tool_result", Mark::Output)],
+    );
+    static RESPONSES: StringMarks = StringMarks::new(
+        &[
+            USER_WORD,
+            SUMMARY_WORD,
+            (b"item_reference", Mark::Flag(REFERENCE)),
+        ],
+        &[(b"_call_output", Mark::HasOutput)],
+    );
+    static GEMINI: StringMarks = StringMarks::new(
+        &[
+            (b"functionResponse", Mark::Output),
+            (b"function_response", Mark::Output),
+            USER_WORD,
+            SUMMARY_WORD,
+        ],
+        &[],
+    );
+    match dialect {
+        DialectKind::ChatCompletions => &CHAT,
+        DialectKind::Messages => &MESSAGES,
+        DialectKind::Responses => &RESPONSES,
+        DialectKind::Gemini => &GEMINI,
+    }
+}
+
+/// The marks of a JSON string whose inside (as written, escapes and all) is `inner`: a key, or
+/// a value. A quoted pattern (a whole JSON string: `"user"`) can end inside a string only at
+/// its closing quote, every other quote in it being escaped: the string is the word, or ends
+/// with an escaped quote and the word; a search of the message finds no other. An unquoted
+/// pattern counts when the string ends with it, as every real output's `type` does
+/// (`"tool_result"`, `"function_call_output"`); a search also counts text that mentions one
+/// further in, which holds no output: fewer marks, never fewer than the outputs.
+fn string_marks_of(dialect: DialectKind, inner: &[u8]) -> u32 {
+    let Some(&last) = inner.last() else {
+        return 0;
     };
-    // The literal is the word, or ends with a quote and the word.
-    let ends_with = |word: &[u8]| {
-        inner == word
-            || inner
-                .strip_suffix(word)
-                .is_some_and(|before| before.ends_with(b"\""))
+    let patterns = string_marks(dialect);
+    // Most strings end otherwise than every pattern: one byte tells, before any comparison.
+    if !patterns.last[usize::from(last)] {
+        return 0;
+    }
+    let before = |word: &[u8]| {
+        (word.last() == Some(&last))
+            .then(|| inner.strip_suffix(word))
+            .flatten()
     };
-    let value = [b"tool".as_slice(), b"function", b"user", b"compaction"]
-        .into_iter()
-        .filter(|word| ends_with(word))
-        .fold(0, |marks, word| marks | word_mark(word));
-    key | value
+    let mut marks = 0;
+    for &(word, mark) in patterns.quoted {
+        if before(word).is_some_and(|b| b.is_empty() || b.ends_with(b"\"")) {
+            marks = add_marks(dialect, marks, found(mark));
+        }
+    }
+    for &(word, mark) in patterns.ending {
+        if before(word).is_some() {
+            marks = add_marks(dialect, marks, found(mark));
+        }
+    }
+    marks
+}
+
+/// The marks one found pattern gives.
+fn found(mark: Mark) -> u32 {
+    match mark {
+        Mark::Output | Mark::HasOutput => 1,
+        Mark::Flag(bit) => bit,
+    }
+}
+
+/// The marks of two parts of one message together: flags of either; outputs added where
+/// they are counted (Anthropic's `tool_result` blocks, Gemini's responses), else at most one.
+fn add_marks(dialect: DialectKind, a: u32, b: u32) -> u32 {
+    let outputs = match dialect {
+        DialectKind::Messages | DialectKind::Gemini => ((a & OUTPUTS) + (b & OUTPUTS)).min(OUTPUTS),
+        DialectKind::ChatCompletions | DialectKind::Responses => (a | b) & OUTPUTS,
+    };
+    outputs | (a | b) & !OUTPUTS
+}
+
+/// The marks of a message found piece by piece as a fast reader passes over it
+/// ([`Piece`]): the same as [`marks`] of the whole message but for text that mentions an
+/// unquoted pattern further in than its end ([`string_marks_of`]).
+pub(super) struct MarksFound {
+    dialect: DialectKind,
+    pub(super) marks: u32,
+}
+
+impl MarksFound {
+    pub(super) fn new(dialect: DialectKind) -> MarksFound {
+        MarksFound { dialect, marks: 0 }
+    }
+
+    pub(super) fn see(&mut self, piece: Piece<'_>) {
+        let marks = match piece {
+            Piece::Key(key) => string_marks_of(self.dialect, key.as_bytes()),
+            Piece::Value(value) => value_marks(self.dialect, value),
+        };
+        self.marks = add_marks(self.dialect, self.marks, marks);
+    }
+}
+
+/// The marks of one value of a message as written, for readers that read a message member by
+/// member: a string is tested at its end ([`string_marks_of`]), anything else searched.
+fn value_marks(dialect: DialectKind, value: &str) -> u32 {
+    match value.strip_prefix('"').and_then(|v| v.strip_suffix('"')) {
+        Some(inner) => string_marks_of(dialect, inner.as_bytes()),
+        None => marks(dialect, value),
+    }
 }
 
 /// How far back from an output [`CallNames::name`] looks for the call it answers.
@@ -550,6 +689,78 @@ mod tests {
     use super::*;
     use crate::estimate::LazyEstimator;
     use serde_json::json;
+
+    /// A body of `dialect` holding one message of each shape its agents send, `text` in every
+    /// place a message holds text.
+    fn shapes_body(dialect: DialectKind, text: &str) -> String {
+        let body = match dialect {
+            DialectKind::ChatCompletions => json!({"model": "m", "messages": [
+                {"role": "system", "content": text},
+                {"role": "user", "content": [{"type": "text", "text": text}]},
+                {"role": "tool", "tool_call_id": "c1", "content": text},
+                {"role": "assistant", "content": text, "name": text},
+            ]}),
+            DialectKind::Messages => json!({"model": "m", "max_tokens": 1, "messages": [
+                {"role": "user", "content": text},
+                {"role": "assistant", "content": [{"type": "text", "text": text},
+                    {"type": "tool_use", "id": "t1", "name": "sh", "input": {"cmd": text}}]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "t1", "content": text},
+                    {"type": "tool_result", "tool_use_id": "t2",
+                     "content": [{"type": "text", "text": text}]},
+                    {"type": "text", "text": text}]},
+            ]}),
+            DialectKind::Responses => json!({"model": "m", "input": [
+                {"type": "message", "role": "user",
+                 "content": [{"type": "input_text", "text": text}]},
+                {"type": "function_call", "call_id": "c1", "name": "sh", "arguments": text},
+                {"type": "function_call_output", "call_id": "c1", "output": text},
+                {"type": "message", "role": "assistant",
+                 "content": [{"type": "output_text", "text": text}]},
+                {"type": "reasoning", "summary": [{"type": "summary_text", "text": text}]},
+            ]}),
+            DialectKind::Gemini => json!({"contents": [
+                {"role": "user", "parts": [{"text": text}]},
+                {"role": "model", "parts": [{"functionCall": {"name": "f", "args": {"a": text}}}]},
+                {"role": "user", "parts": [
+                    {"functionResponse": {"name": "f", "response": {"out": text}}},
+                    {"text": text}]},
+            ]}),
+        };
+        body.to_string()
+    }
+
+    proptest::proptest! {
+        /// Breaks if the marks a fast reader finds on the way are not those a search of each
+        /// message finds (the same flags; outputs no more than the search counts, and never
+        /// fewer than the message holds), or if a message's outputs exceed its bound.
+        #[test]
+        fn marks_found_on_the_way_bound_the_outputs_as_a_search_does(
+            pieces in proptest::collection::vec(
+                "user|tool|function|compaction|tool_result|_call_output|function_call_output|item_reference|functionResponse|\"|\\\\|[a-z ]{0,4}",
+                0..6,
+            ),
+        ) {
+            let text = pieces.concat();
+            let est = LazyEstimator::default();
+            for dialect in [
+                DialectKind::ChatCompletions,
+                DialectKind::Messages,
+                DialectKind::Responses,
+                DialectKind::Gemini,
+            ] {
+                let body = shapes_body(dialect, &text);
+                let scan = dialect.scan(body.as_bytes(), &est).expect("scans");
+                for (i, raw) in scan.messages.iter().enumerate() {
+                    let (found, searched) = (scan.marks[i], marks(dialect, raw));
+                    proptest::prop_assert_eq!(found & !OUTPUTS, searched & !OUTPUTS, "{}", raw);
+                    proptest::prop_assert!(found & OUTPUTS <= searched & OUTPUTS, "{}", raw);
+                    let outputs = scan.outputs(i).expect("outputs").len();
+                    proptest::prop_assert!(outputs <= scan.outputs_bound(i, false), "{}", raw);
+                }
+            }
+        }
+    }
 
     #[test]
     fn the_provider_summary_mark_is_its_kind_as_a_json_string() {

@@ -35,7 +35,7 @@ use super::answer::{RefusalWording, Usage, UsageFields};
 use super::json::NodeSeed;
 use super::json::{as_tokens, fast_node, leaf_weight, node_counts, Rules, StrWeight};
 use super::outputs;
-use super::outputs::{fields_of, holds, replaceable, string, WireOutput, MARKERS};
+use super::outputs::{fields_of, holds, replaceable, string, MarksFound, WireOutput, MARKERS};
 use super::scan_memo::{read_conversation, Remembering};
 use super::split::{decode, field, object_fields, present, value_len};
 use super::{DialectError, DialectKind, Scan, ScanFields};
@@ -79,7 +79,11 @@ pub fn scan<'a>(
             return value_len(rest);
         }
         // Items read by hand when plain (`super::json::fast_node`), by serde otherwise.
-        let fast = |item| fast_node(item, &RULES, 0).map(|(counts, len)| (counts, len, None));
+        let fast = |item| {
+            let mut found = MarksFound::new(DialectKind::Responses);
+            let (counts, len) = fast_node(item, &RULES, 0, &mut |p| found.see(p))?;
+            Some((counts, len, Some(found.marks)))
+        };
         let (read, len) =
             read_conversation::<ItemCounts>(DialectKind::Responses, rest, fast, memo)?;
         read_items = read;
