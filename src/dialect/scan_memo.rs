@@ -115,9 +115,9 @@ pub struct Remembering<'m> {
     pub used: &'m MemoUse,
 }
 
-/// What the memo did for one request, for the counterfactual cost's repeat check
-/// ([`crate::cost::Repeats`]), which need not hash what the memo vouches for. Atomics only
-/// because the request's future is `Send`: one request writes them, then reads them.
+/// What the memo did for one request, for the counterfactual cost's repeat check (the
+/// pipeline's), which need not hash what the memo vouches for. Atomics only because the
+/// request's future is `Send`: one request writes them, then reads them.
 #[derive(Debug, Default)]
 pub struct MemoUse {
     /// Leading elements taken from the memo: byte for byte those of an earlier request of the
