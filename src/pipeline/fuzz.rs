@@ -333,6 +333,13 @@ fn check_rewrite(
         ))
     })?;
     ensure(text == summary, "the summary message holds the summary")?;
+    // A Gemini user entry right after the summary takes it in; when that entry has no parts,
+    // the merged entry holds the summary alone, as an entry of its own would: tell by
+    // whether the original entry still follows the summary.
+    let merged = merged
+        || (dialect == DialectKind::Gemini
+            && scan.message(boundary).is_ok_and(|m| m.role == Role::User)
+            && after.messages.get(at_summary + 1) != scan.messages.get(boundary));
     let tail = boundary + usize::from(merged);
     ensure(
         after.len() == at_summary + 1 + (len - tail.min(len)),
