@@ -596,6 +596,10 @@ struct Hot {
     lookups: [IntCounter; 2],
     /// `compactor_upstream_usage_tokens_total`, in [`UsageKind::ALL`] order.
     usage: [IntCounter; 4],
+    /// `compactor_cost_usd_total` per dialect, in [`COST_KINDS`] order (every priced
+    /// response adds to four of them), and `compactor_cost_without_compactor_usd_total`.
+    cost: [[prometheus::Counter; 4]; DialectKind::COUNT],
+    cost_without: [prometheus::Counter; DialectKind::COUNT],
 }
 
 impl Hot {
@@ -608,6 +612,7 @@ impl Hot {
         context_utilization: &HistogramVec,
         checkpoint_lookups: &IntCounterVec,
         upstream_usage_tokens: &IntCounterVec,
+        (cost, cost_without): (&CounterVec, &CounterVec),
     ) -> Hot {
         let routes: [Option<DialectKind>; ROUTES] =
             std::array::from_fn(|i| DIALECTS.get(i).copied());
@@ -622,6 +627,9 @@ impl Hot {
             utilization: DIALECTS.map(|d| context_utilization.with_label_values(&[d.label()])),
             lookups: LOOKUP_RESULTS.map(|r| checkpoint_lookups.with_label_values(&[r])),
             usage: UsageKind::ALL.map(|k| upstream_usage_tokens.with_label_values(&[k.label()])),
+            cost: DIALECTS
+                .map(|d| COST_KINDS.map(|kind| cost.with_label_values(&[d.label(), kind]))),
+            cost_without: DIALECTS.map(|d| cost_without.with_label_values(&[d.label()])),
         }
     }
 }
@@ -715,6 +723,26 @@ impl Metrics {
              cached and cache-write tokens).",
             &["kind"],
         )?;
+        let cost = register(
+            r,
+            CounterVec::new(
+                Opts::new(
+                    "compactor_cost_usd_total",
+                    "What the provider billed for forwarded chat requests, in USD, from each response's usage and the model's price (models without a price are not counted), by kind: input (read without the prompt cache), cache_read, cache_write, output; and summarizer, what the summarizer's model billed for summaries (backends that report usage).",
+                ),
+                &["dialect", "kind"],
+            )?,
+        )?;
+        let cost_without = register(
+            r,
+            CounterVec::new(
+                Opts::new(
+                    "compactor_cost_without_compactor_usd_total",
+                    "What the chat requests the agents sent would have cost without compactor, in USD (input and output; priced models only): the request as received, scaled by the response's actual / estimated input, its part repeating the session's previous request read from the prompt cache.",
+                ),
+                &["dialect"],
+            )?,
+        )?;
         let hot = Hot::resolve(
             &request_duration,
             &overhead,
@@ -722,6 +750,7 @@ impl Metrics {
             &context_utilization,
             &checkpoint_lookups,
             &upstream_usage_tokens,
+            (&cost, &cost_without),
         );
         let m = Metrics {
             requests: counter_vec(
@@ -787,26 +816,8 @@ impl Metrics {
                 "Summaries made off the request path, by outcome.",
                 &["outcome"],
             )?,
-            cost: register(
-                r,
-                CounterVec::new(
-                    Opts::new(
-                        "compactor_cost_usd_total",
-                        "What the provider billed for forwarded chat requests, in USD, from each response's usage and the model's price (models without a price are not counted), by kind: input (read without the prompt cache), cache_read, cache_write, output; and summarizer, what the summarizer's model billed for summaries (backends that report usage).",
-                    ),
-                    &["dialect", "kind"],
-                )?,
-            )?,
-            cost_without: register(
-                r,
-                CounterVec::new(
-                    Opts::new(
-                        "compactor_cost_without_compactor_usd_total",
-                        "What the chat requests the agents sent would have cost without compactor, in USD (input and output; priced models only): the request as received, scaled by the response's actual / estimated input, its part repeating the session's previous request read from the prompt cache.",
-                    ),
-                    &["dialect"],
-                )?,
-            )?,
+            cost,
+            cost_without,
             over_window_without: counter_vec(
                 r,
                 "compactor_over_window_without_compactor_total",
@@ -1399,10 +1410,8 @@ impl Metrics {
     /// A forwarded `dialect` request's response was billed `usd`, by kind in [`COST_KINDS`]
     /// order (input, cache read, cache write, output).
     pub fn cost(&self, dialect: DialectKind, usd: [f64; 4]) {
-        for (kind, usd) in COST_KINDS.into_iter().zip(usd) {
-            self.cost
-                .with_label_values(&[dialect.label(), kind])
-                .inc_by(usd);
+        for (counter, usd) in self.hot.cost[dialect.index()].iter().zip(usd) {
+            counter.inc_by(usd);
         }
     }
 
@@ -1415,9 +1424,7 @@ impl Metrics {
 
     /// Without compactor, a `dialect` request would have cost `usd`.
     pub fn cost_without_compactor(&self, dialect: DialectKind, usd: f64) {
-        self.cost_without
-            .with_label_values(&[dialect.label()])
-            .inc_by(usd);
+        self.hot.cost_without[dialect.index()].inc_by(usd);
     }
 
     /// Without compactor, a `dialect` request would have been over its model's window.
