@@ -34,8 +34,8 @@ use serde_json::{Map, Value};
 
 use super::answer::{RefusalWording, Usage, UsageFields};
 use super::json::{
-    as_tokens, fast_content, fast_object, fast_skip, fast_str, leaf_weight, node_counts,
-    ContentSeed, OneOf, OrderedObject, Piece, Rules,
+    as_tokens, fast_role_content, leaf_weight, node_counts, ContentSeed, OneOf, OrderedObject,
+    Rules,
 };
 use super::outputs::{self, fields_of, holds, MarksFound, WireOutput, MARKERS};
 use super::scan_memo::{read_conversation, Remembering};
@@ -220,28 +220,11 @@ impl<'de> Deserialize<'de> for EntryStats {
 /// [`EntryStats`] of the entry at the start of `text` read by hand, and the bytes it takes;
 /// `None` leaves it to serde.
 fn fast_entry(text: &str) -> Option<(EntryStats, usize, u32)> {
-    let mut counts = Counts::default();
-    let mut role_ok = true;
     let mut found = MarksFound::new(DialectKind::Gemini);
-    let len = fast_object(text, |key, rest| {
-        found.see(Piece::Key(key));
-        let len = match key {
-            "role" => {
-                let (role, len) = fast_str(rest)?;
-                role_ok = ROLES.contains(&role);
-                len
-            }
-            "parts" => {
-                let (c, len) = fast_content(rest, &RULES, 1, &mut |p| found.see(p))?;
-                counts.add(c);
-                return Some(len);
-            }
-            _ => fast_skip(rest)?,
-        };
-        found.see(Piece::Value(rest.get(..len)?));
-        Some(len)
-    })?;
-    role_ok.then_some((EntryStats(counts), len, found.marks))
+    // The role is optional (a missing one is the user's).
+    let shape = ("parts", ROLES, false);
+    let (counts, len) = fast_role_content(text, shape, &RULES, &mut |p| found.see(p))?;
+    Some((EntryStats(counts), len, found.marks))
 }
 
 // ---------------------------------------------------------------------------------------------

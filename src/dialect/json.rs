@@ -538,6 +538,37 @@ pub(crate) fn fast_content(
     }
 }
 
+/// The counts of a message of a `role` (one of `roles`; when `role_required`, present) and
+/// content under `content_key` (Anthropic's `content`, Gemini's `parts`) at the start of
+/// `text`, read by hand, and the bytes it takes; `seen` is shown the [`Piece`]s passed over.
+/// `None` leaves the message to serde (an unknown role too, so serde says what is wrong).
+pub(crate) fn fast_role_content(
+    text: &str,
+    (content_key, roles, role_required): (&str, &[&str], bool),
+    rules: &'static Rules,
+    seen: &mut dyn FnMut(Piece<'_>),
+) -> Option<(Counts, usize)> {
+    let mut counts = Counts::default();
+    let mut role_ok = !role_required;
+    let len = fast_object(text, |key, rest| {
+        seen(Piece::Key(key));
+        let len = if key == "role" {
+            let (role, len) = fast_str(rest)?;
+            role_ok = roles.contains(&role);
+            len
+        } else if key == content_key {
+            let (c, len) = fast_content(rest, rules, 1, seen)?;
+            counts.add(c);
+            return Some(len);
+        } else {
+            fast_skip(rest)?
+        };
+        seen(Piece::Value(rest.get(..len)?));
+        Some(len)
+    })?;
+    role_ok.then_some((counts, len))
+}
+
 /// [`NodeSeed`] of the object at the start of `text`, and the bytes it takes; `seen` is shown
 /// the [`Piece`]s passed over.
 pub(crate) fn fast_node(

@@ -34,8 +34,8 @@ use serde_json::{Map, Value};
 
 use super::answer::{RefusalWording, Usage, UsageFields};
 use super::json::{
-    as_tokens, fast_content, fast_object, fast_skip, fast_str, leaf_weight, node_counts,
-    ContentSeed, OneOf, OrderedObject, Piece, Rules,
+    as_tokens, fast_role_content, leaf_weight, node_counts, ContentSeed, OneOf, OrderedObject,
+    Rules,
 };
 use super::outputs::{self, fields_of, holds, replaceable, MarksFound, WireOutput, MARKERS};
 use super::scan_memo::{read_conversation, Remembering};
@@ -168,28 +168,10 @@ impl<'de> Deserialize<'de> for MessageStats {
 /// unknown role too, so serde says what is wrong). Its output marks are found on the way
 /// ([`MarksFound`]).
 fn fast_message(text: &str) -> Option<(MessageStats, usize, u32)> {
-    let mut counts = Counts::default();
-    let mut role_ok = false;
     let mut found = MarksFound::new(DialectKind::Messages);
-    let len = fast_object(text, |key, rest| {
-        found.see(Piece::Key(key));
-        let len = match key {
-            "role" => {
-                let (role, len) = fast_str(rest)?;
-                role_ok = ROLES.contains(&role);
-                len
-            }
-            "content" => {
-                let (c, len) = fast_content(rest, &RULES, 1, &mut |p| found.see(p))?;
-                counts.add(c);
-                return Some(len);
-            }
-            _ => fast_skip(rest)?,
-        };
-        found.see(Piece::Value(rest.get(..len)?));
-        Some(len)
-    })?;
-    role_ok.then_some((MessageStats(counts), len, found.marks))
+    let shape = ("content", ROLES, true);
+    let (counts, len) = fast_role_content(text, shape, &RULES, &mut |p| found.see(p))?;
+    Some((MessageStats(counts), len, found.marks))
 }
 
 // ---------------------------------------------------------------------------------------------
