@@ -496,7 +496,7 @@ fn fast_scalar(text: &str) -> Option<(Counts, usize)> {
 /// What the fast readers pass over without reading further: each key of an object (its text:
 /// a key with an escape is left to serde), and each value they do not descend into, as
 /// written. A caller looking for substrings of a message sees every byte that could hold one
-/// this way ([`super::outputs::value_marks`]).
+/// this way ([`super::outputs::MarksFound`]).
 pub(crate) enum Piece<'a> {
     Key(&'a str),
     Value(&'a str),
