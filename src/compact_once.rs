@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use compactor_plugin_api::Caller;
 
+use crate::compaction::prompt::OUTPUT_CHARS_READ;
 use crate::compaction::{Attempts, CompactionInput};
 use crate::config::Config;
 use crate::dialect::DialectKind;
@@ -76,7 +77,7 @@ pub async fn compact(
         .map_err(not_understood)?;
     let limits = engine.limits(scan.model.as_deref(), scan.requested_output);
     let transcript = scan
-        .transcript(limits.opening_budget)
+        .transcript_cutting_outputs(limits.opening_budget, OUTPUT_CHARS_READ)
         .map_err(not_understood)?;
     let mut notes = String::new();
     let _ = writeln!(

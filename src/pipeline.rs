@@ -46,7 +46,7 @@ use crate::compaction::engine::{
 };
 use crate::compaction::mask_rule::MaskRule;
 use crate::compaction::models::{window_model, LearnedWindow, WindowKey, WindowSource};
-use crate::compaction::prompt::summary_message;
+use crate::compaction::prompt::{summary_message, OUTPUT_CHARS_READ};
 use crate::compaction::trigger::{BackgroundOutcome, CompactionOutcome, Limits, Trigger};
 use crate::compaction::{Attempts, CompactionResult, MAX_ATTEMPTS_PER_REQUEST};
 use crate::config::{Config, Mode, Price, Strategy};
@@ -557,6 +557,7 @@ mod splice;
 mod windows;
 
 use background::Background;
+use compacting::transcript_to_summarise;
 use history::{Done, History, Point};
 use mask_candidates::{Found, Masker, Masking};
 use pace::Pace;

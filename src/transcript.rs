@@ -185,6 +185,23 @@ impl Message {
         self.parts.iter().any(Part::is_reasoning)
     }
 
+    /// Cuts the text of its tool outputs (a tool-role message's parts, the content of its
+    /// tool-result parts) to at most `chars` characters each, freeing the rest. For a
+    /// transcript read only to be summarised, whose prompt shows the start of each output and
+    /// no more: the outputs are most of an agent's request, and holding them whole beside the
+    /// request's own bytes held that request twice over.
+    pub fn cut_outputs(&mut self, chars: usize) {
+        if self.role == Role::Tool {
+            cut_texts(&mut self.parts, chars);
+            return;
+        }
+        for part in &mut self.parts {
+            if let Part::ToolResult(result) = part {
+                cut_texts(&mut result.content, chars);
+            }
+        }
+    }
+
     /// Its text parts joined by newlines (the output of a tool result).
     pub fn text(&self) -> String {
         let mut out = String::new();
@@ -468,6 +485,24 @@ pub fn parts_counts(parts: &[Part]) -> Counts {
         }
     }
     counts
+}
+
+/// Cuts every text in `parts` (nested tool results' included) to at most `chars` characters,
+/// returning what it frees to the allocator ([`Message::cut_outputs`]).
+fn cut_texts(parts: &mut [Part], chars: usize) {
+    for part in parts {
+        match part {
+            // No longer in characters than in bytes: nothing to search.
+            Part::Text(text) | Part::Reasoning(text) if text.len() > chars => {
+                if let Some((cut, _)) = text.char_indices().nth(chars) {
+                    text.truncate(cut);
+                    text.shrink_to_fit();
+                }
+            }
+            Part::ToolResult(result) => cut_texts(&mut result.content, chars),
+            _ => {}
+        }
+    }
 }
 
 #[cfg(test)]

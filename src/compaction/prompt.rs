@@ -25,6 +25,12 @@ pub const MAX_TOOL_ARGS_CHARS: usize = 500;
 /// Tool outputs are cut to this many characters in the prompt.
 pub const MAX_TOOL_OUTPUT_CHARS: usize = 2_000;
 
+/// How much of each tool output a compaction reads: [`MAX_TOOL_OUTPUT_CHARS`] characters, and
+/// one more to tell [`truncate`] that the output goes on. Cutting each text of an output there
+/// before the prompt is built leaves the prompt as it would be: flattened, the output starts
+/// with the same characters and is cut at the same place.
+pub const OUTPUT_CHARS_READ: usize = MAX_TOOL_OUTPUT_CHARS + 1;
+
 /// Appended to anything cut short.
 pub const TRUNCATION_MARKER: &str = " [...truncated]";
 
@@ -686,6 +692,86 @@ mod tests {
             crate::compaction::mask_rule::mask_observations(&mut expected, total.saturating_sub(k));
             assert_eq!(to_entries_masking(&messages, k), expected, "{k} masked");
         }
+    }
+
+    /// Text of `len` characters drawn from ASCII, two- and three-byte characters and line
+    /// breaks, so a cut by characters and one by bytes differ.
+    fn varied_text(len: usize, seed: usize) -> String {
+        const CHARS: [char; 6] = ['a', 'é', '漢', '\n', ' ', 'z'];
+        (0..len).map(|i| CHARS[(i * 7 + seed) % CHARS.len()]).collect()
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+        /// A transcript whose outputs were cut to [`OUTPUT_CHARS_READ`] characters makes the
+        /// same prompt entries as the whole one, whatever is masked: outputs of one text or
+        /// several (a multi-part output is flattened before it is cut), nested, of any length
+        /// around the limit; the texts that are not outputs are left whole.
+        #[test]
+        fn outputs_cut_to_what_is_read_make_the_same_entries(
+            lens in proptest::collection::vec(0usize..4_200, 1..7),
+            near in proptest::collection::vec(1_990usize..2_010, 0..3),
+            seed in 0usize..6,
+        ) {
+            let lens: Vec<usize> = lens.into_iter().chain(near).collect();
+            let texts: Vec<String> = lens.iter().enumerate().map(|(i, &n)| varied_text(n, seed + i)).collect();
+            let result = |id: &str, content: Vec<Part>| {
+                Part::ToolResult(crate::transcript::ToolResult {
+                    call_id: Some(id.into()),
+                    name: Some("read".into()),
+                    content,
+                    is_error: false,
+                })
+            };
+            let mut tool = Message::tool_result(Some("c1".into()), texts[0].clone());
+            tool.parts.extend(texts[1..].iter().take(2).map(|t| Part::Text(t.clone())));
+            tool.parts.push(Part::Image);
+            let long_user = varied_text(5_000, seed);
+            let messages = vec![
+                text(Role::User, &long_user),
+                Message::new(Role::Assistant, vec![Part::Text(long_user.clone()), call("c1", "read", "{}")]),
+                tool,
+                Message::new(Role::Assistant, vec![call("c2", "read", "{}"), call("c3", "read", "{}")]),
+                Message::new(Role::User, vec![
+                    result("c2", texts.iter().rev().map(|t| Part::Text(t.clone())).collect()),
+                    result("c3", vec![
+                        Part::Reasoning(texts[texts.len() / 2].clone()),
+                        result("nested", vec![Part::Text(texts[texts.len() - 1].clone())]),
+                    ]),
+                    Part::Text(long_user.clone()),
+                ]),
+            ];
+            let mut cut = messages.clone();
+            cut.iter_mut().for_each(|m| m.cut_outputs(OUTPUT_CHARS_READ));
+            // Texts outside outputs are whole; every output text is at most the cut.
+            proptest::prop_assert_eq!(&cut[0], &messages[0]);
+            proptest::prop_assert_eq!(&cut[1], &messages[1]);
+            proptest::prop_assert_eq!(&cut[4].parts[2], &messages[4].parts[2]);
+            let entries = |m: &[Message], k: usize| {
+                let mut e = to_entries_masking(m, k);
+                truncate_entries(&mut e);
+                e
+            };
+            for k in 0..=count_outputs(&messages) {
+                proptest::prop_assert_eq!(entries(&cut, k), entries(&messages, k), "{} masked", k);
+            }
+        }
+    }
+
+    #[test]
+    fn an_output_is_cut_by_characters_and_frees_the_rest() {
+        let mut m = Message::tool_result(None, varied_text(10_000, 1));
+        let whole = m.clone();
+        m.cut_outputs(OUTPUT_CHARS_READ);
+        let Part::Text(cut) = &m.parts[0] else {
+            panic!("a text part")
+        };
+        assert_eq!(cut.chars().count(), OUTPUT_CHARS_READ);
+        assert!(cut.capacity() < 3 * OUTPUT_CHARS_READ, "{} bytes kept", cut.capacity());
+        assert!(whole.text().starts_with(cut.as_str()));
+        // The estimate is the whole message's.
+        assert_eq!(m.tokens, whole.tokens);
     }
 
     #[test]

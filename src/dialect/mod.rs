@@ -240,9 +240,26 @@ impl<'a> Scan<'a> {
     /// opening kept in the head when it is at most `opening_budget` tokens
     /// ([`Transcript::keeping_opening`]).
     pub fn transcript(&self, opening_budget: usize) -> Result<Transcript, DialectError> {
+        self.transcript_cutting_outputs(opening_budget, usize::MAX)
+    }
+
+    /// [`Scan::transcript`] with each tool output's text cut to at most `output_chars`
+    /// characters as it is read ([`Message::cut_outputs`]; the token estimates stay those of
+    /// the whole messages): for a compaction, whose prompt shows no more of an output, so a
+    /// request being summarised is held about once rather than twice (its bytes, and a copy of
+    /// every output).
+    pub fn transcript_cutting_outputs(
+        &self,
+        opening_budget: usize,
+        output_chars: usize,
+    ) -> Result<Transcript, DialectError> {
         let messages = (0..self.messages.len())
-            .map(|i| self.message(i))
-            .collect::<Result<Vec<_>, _>>()?;
+            .map(|i| {
+                let mut message = self.message(i)?;
+                message.cut_outputs(output_chars);
+                Ok(message)
+            })
+            .collect::<Result<Vec<_>, DialectError>>()?;
         let mut transcript = Transcript::new(messages).keeping_opening(opening_budget);
         transcript.resolve_tool_names();
         Ok(transcript)

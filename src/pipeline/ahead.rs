@@ -151,7 +151,7 @@ impl Pipeline {
             return BackgroundOutcome::Failed;
         };
         let scan = scan.with_model_from_prefix(&job.caller.api_prefix);
-        let Ok(transcript) = scan.transcript(job.limits.opening_budget) else {
+        let Ok(transcript) = transcript_to_summarise(&scan, job.limits.opening_budget) else {
             return BackgroundOutcome::Failed;
         };
         let request = Request {

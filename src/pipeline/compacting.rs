@@ -5,6 +5,15 @@
 
 use super::*;
 
+/// The transcript a compaction reads: `scan`'s, with each tool output cut to what a
+/// compaction prompt can show of it ([`OUTPUT_CHARS_READ`]).
+pub(super) fn transcript_to_summarise(
+    scan: &Scan<'_>,
+    opening_budget: usize,
+) -> Result<Transcript, DialectError> {
+    scan.transcript_cutting_outputs(opening_budget, OUTPUT_CHARS_READ)
+}
+
 impl Pipeline {
     /// Whether the conversation's breaker lets a compaction run now. Every path that may call
     /// the summarizer asks (the trigger, a refusal for length, a summary made ahead, a manual

@@ -65,7 +65,7 @@ impl Pipeline {
                 scan.requested_output,
             )
             .await;
-        let Ok(transcript) = scan.transcript(limits.opening_budget) else {
+        let Ok(transcript) = transcript_to_summarise(&scan, limits.opening_budget) else {
             return not_understood;
         };
         let request = Request {

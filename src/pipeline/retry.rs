@@ -110,7 +110,7 @@ impl Pipeline {
             );
             return None;
         }
-        let Ok(transcript) = scan.transcript(request.limits.opening_budget) else {
+        let Ok(transcript) = transcript_to_summarise(&scan, request.limits.opening_budget) else {
             self.record(Trigger::Overflow, CompactionOutcome::Failed);
             return None;
         };
