@@ -495,8 +495,9 @@ fn cut_texts(parts: &mut [Part], chars: usize) {
             // No longer in characters than in bytes: nothing to search.
             Part::Text(text) | Part::Reasoning(text) if text.len() > chars => {
                 if let Some((cut, _)) = text.char_indices().nth(chars) {
-                    text.truncate(cut);
-                    text.shrink_to_fit();
+                    // A copy, then the whole text freed: shrunk in place, its freed end would
+                    // be too short for the next output read, and the heap would grow by each.
+                    *text = text[..cut].to_string();
                 }
             }
             Part::ToolResult(result) => cut_texts(&mut result.content, chars),

@@ -698,7 +698,9 @@ mod tests {
     /// breaks, so a cut by characters and one by bytes differ.
     fn varied_text(len: usize, seed: usize) -> String {
         const CHARS: [char; 6] = ['a', 'é', '漢', '\n', ' ', 'z'];
-        (0..len).map(|i| CHARS[(i * 7 + seed) % CHARS.len()]).collect()
+        (0..len)
+            .map(|i| CHARS[(i * 7 + seed) % CHARS.len()])
+            .collect()
     }
 
     proptest::proptest! {
@@ -768,7 +770,11 @@ mod tests {
             panic!("a text part")
         };
         assert_eq!(cut.chars().count(), OUTPUT_CHARS_READ);
-        assert!(cut.capacity() < 3 * OUTPUT_CHARS_READ, "{} bytes kept", cut.capacity());
+        assert!(
+            cut.capacity() < 3 * OUTPUT_CHARS_READ,
+            "{} bytes kept",
+            cut.capacity()
+        );
         assert!(whole.text().starts_with(cut.as_str()));
         // The estimate is the whole message's.
         assert_eq!(m.tokens, whole.tokens);

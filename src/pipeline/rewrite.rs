@@ -134,7 +134,8 @@ impl Pipeline {
         trigger: Trigger,
         figures: &mut Figures,
     ) -> Outcome {
-        let transcript = match transcript_to_summarise(request.scan, request.limits.opening_budget) {
+        let transcript = match transcript_to_summarise(request.scan, request.limits.opening_budget)
+        {
             Ok(t) => t,
             Err(e) => return self.not_understood(Some(trigger), &e),
         };
