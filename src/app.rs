@@ -11,6 +11,7 @@ use crate::error::Error;
 use crate::event_log::EventLog;
 use crate::metrics::Metrics;
 use crate::pipeline::Pipeline;
+use crate::proxy::body_pool::BodyPool;
 use crate::proxy::tunnel::Tunnels;
 use crate::summarizer;
 use crate::upstream::Upstream;
@@ -31,6 +32,8 @@ pub struct App {
     pub route_pipelines: Vec<Option<Arc<Pipeline>>>,
     /// `server.max_buffered_bytes`: chat bodies held at once (kept across reloads).
     pub buffers: Arc<BufferBudget>,
+    /// Freed buffers of large chat bodies, for the next of their size (kept across reloads).
+    pub bodies: Arc<BodyPool>,
     /// Upgraded connections joined to the upstream (kept across reloads, closed at shutdown).
     pub tunnels: Arc<Tunnels>,
     /// `server.event_log`, open (kept across reloads that leave it as it is).
@@ -77,6 +80,7 @@ impl App {
             pipeline,
             route_pipelines,
             buffers: self.buffers.clone(),
+            bodies: self.bodies.clone(),
             tunnels: self.tunnels.clone(),
             events,
         })
@@ -93,6 +97,8 @@ impl App {
         );
         let upstream = Upstream::new(&config)?;
         let buffers = BufferBudget::new(config.server.max_buffered_bytes);
+        // Idle buffers: a quarter of what bodies in flight may hold.
+        let bodies = BodyPool::new(config.server.max_buffered_bytes / 4);
         let tunnels = Tunnels::new(config.server.max_connections);
         let route_pipelines = route_pipelines(&config, &pipeline, &metrics, &events)?;
         Ok(App {
@@ -102,6 +108,7 @@ impl App {
             pipeline,
             route_pipelines,
             buffers,
+            bodies,
             tunnels,
             events,
         })

@@ -47,6 +47,7 @@ use crate::upstream::{
 };
 use crate::usage::{self, Encoding, Format, Observed, Usage};
 
+pub mod body_pool;
 mod client_body;
 pub mod stream_hold;
 pub mod tunnel;
@@ -241,6 +242,7 @@ async fn forward(
                 app.config.server.max_body_bytes,
                 app.config.client_timeout(),
                 &app.buffers,
+                &app.bodies,
             )
             .await?;
             let (original, held) = match read {

@@ -14,12 +14,13 @@ use std::time::Duration;
 
 use std::sync::Arc;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::header::{self, HeaderMap};
 use http_body_util::BodyExt;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use tokio::time::Sleep;
 
+use super::body_pool::BodyPool;
 use crate::budget::{BufferBudget, Held};
 use crate::error::Error;
 use crate::upstream::{BoxError, ProxyBody};
@@ -55,6 +56,7 @@ pub async fn read(
     limit: usize,
     timeout: Duration,
     budget: &Arc<BufferBudget>,
+    pool: &Arc<BodyPool>,
 ) -> Result<Read, Error> {
     let declared = headers
         .get(header::CONTENT_LENGTH)
@@ -84,7 +86,10 @@ pub async fn read(
     tokio::pin!(expired);
     // A declared body is copied into one buffer as it arrives (each chunk freed at once):
     // never twice its size in memory.
-    let mut whole = BytesMut::with_capacity(declared.unwrap_or(0));
+    let mut whole = match declared {
+        Some(len) => pool.take(len),
+        None => Vec::new(),
+    };
     let mut chunks: Vec<Bytes> = Vec::new();
     let mut len = 0usize;
     loop {
@@ -109,7 +114,7 @@ pub async fn read(
             let total = len + data.len();
             chunks.push(data);
             return Ok(Read::OverBudget(Streaming {
-                prefix: Some(concat(chunks, total)),
+                prefix: Some(concat(chunks, total, pool)),
                 rest: body,
                 held: Some(held),
                 limit,
@@ -124,23 +129,23 @@ pub async fn read(
     }
     held.shrink_to(len);
     let body = if declared.is_some() {
-        whole.freeze()
+        pool.freeze(whole)
     } else {
-        concat(chunks, len)
+        concat(chunks, len, pool)
     };
     Ok(Read::Whole(body, held))
 }
 
 /// The chunks as one buffer (without a copy when there is one).
-fn concat(mut chunks: Vec<Bytes>, len: usize) -> Bytes {
+fn concat(mut chunks: Vec<Bytes>, len: usize, pool: &Arc<BodyPool>) -> Bytes {
     if chunks.len() == 1 {
         return chunks.pop().unwrap_or_default();
     }
-    let mut whole = BytesMut::with_capacity(len);
+    let mut whole = pool.take(len);
     for chunk in chunks {
         whole.extend_from_slice(&chunk);
     }
-    whole.freeze()
+    pool.freeze(whole)
 }
 
 impl Streaming {
