@@ -1,8 +1,9 @@
 //! Bounded memory, through the real proxy: a chat body the buffer budget
 //! (`server.max_buffered_bytes`) cannot hold is streamed upstream byte for byte, uncompacted,
 //! never refused, and counted; one that fits waits for room others hold; a chunked body over
-//! `server.max_body_bytes` gets 413 whatever else is going on; and the compactor process's peak RSS stays under a documented
-//! bound while 32 clients send 1 MB chat bodies at once.
+//! `server.max_body_bytes` gets 413 whatever else is going on; the compactor process's peak RSS stays under a documented
+//! bound while 32 clients send 1 MB chat bodies at once, and a body being summarised is held
+//! about once; large bodies whose buffers are reused reach the provider byte for byte.
 
 mod support;
 
@@ -379,4 +380,64 @@ async fn a_body_being_summarised_is_held_about_once() {
     // 1.3 × measured; 2.3 × (2.05–2.10 × in release) while every output was copied into the
     // transcript.
     assert!(held < 1.6, "a summarised body held {held:.2} times over");
+}
+
+/// Large bodies of one conversation, one after another, each reaching the provider byte for
+/// byte: their buffers are freed as the next requests replace them (in the session store and
+/// the scan memo) and handed to later bodies of their size (`src/proxy/body_pool.rs`), shorter
+/// ones included, so a buffer reused with anything of its last body left would show here.
+#[tokio::test]
+async fn large_bodies_of_a_conversation_reach_the_provider_byte_for_byte() {
+    let mock = answering_mock().await;
+    let proxy = TestProxy::start(&format!(
+        "{}[compaction]\nmax_messages = 100000\n[models.\"wide\"]\ncontext_window = 100000000\n",
+        upstream_toml(&mock.url())
+    ))
+    .await;
+    let history: Vec<Value> = (0..2_000)
+        .map(|i| {
+            let role = if i % 2 == 0 { "user" } else { "assistant" };
+            json!({"role": role, "content": format!("turn {i}: ").repeat(60)})
+        })
+        .collect();
+    // All within one size class (2–2.25 MiB): each buffer fits every later body.
+    for (n, len) in [
+        2_300_000, 2_150_000, 2_350_000, 2_120_000, 2_300_000, 2_200_000,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut messages = history.clone();
+        messages.push(json!({"role": "user", "content": ""}));
+        let mut body = json!({"model": "wide", "messages": messages}).to_string();
+        let pad = len - body.len();
+        let last: String = format!("{n}").repeat(pad);
+        let mut messages = history.clone();
+        messages.push(json!({"role": "user", "content": last}));
+        body = json!({"model": "wide", "messages": messages}).to_string();
+        assert_eq!(body.len(), len);
+        let got = TestClient::http1()
+            .exchange(
+                "POST",
+                &proxy.url("/v1/chat/completions"),
+                &[("content-type", "application/json")],
+                body.clone(),
+            )
+            .await;
+        assert_eq!(got.status, 200);
+        assert_eq!(
+            got.headers
+                .get("x-compactor-compacted")
+                .and_then(|v| v.to_str().ok()),
+            Some("false")
+        );
+        // Not `assert_eq!`: two megabytes printed help no one.
+        let received = mock.last_request().body;
+        assert!(
+            received == body.as_bytes(),
+            "request {n} ({len} bytes) reached the provider as {} other bytes",
+            received.len()
+        );
+    }
+    proxy.shutdown().await;
 }

@@ -53,10 +53,7 @@ impl BodyPool {
         let capacity = class(len);
         if capacity >= MIN_POOLED {
             let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
-            let found = idle
-                .buffers
-                .iter()
-                .rposition(|b| b.capacity() == capacity);
+            let found = idle.buffers.iter().rposition(|b| b.capacity() == capacity);
             if let Some(mut buffer) = found.and_then(|at| idle.buffers.remove(at)) {
                 idle.bytes -= buffer.capacity();
                 buffer.clear();
@@ -154,7 +151,11 @@ mod tests {
             assert_eq!(class(c), c, "{len} → {c}");
         }
         assert_eq!(class(MIN_POOLED - 1), MIN_POOLED - 1);
-        assert_eq!(class(4_000_000), class(4_050_000), "a turn's growth stays in its class");
+        assert_eq!(
+            class(4_000_000),
+            class(4_050_000),
+            "a turn's growth stays in its class"
+        );
         assert_eq!(class(4_000_000), 4_194_304);
     }
 
