@@ -136,8 +136,9 @@ impl ScanMemo {
 
     /// The remembered array that `text` shares the most elements with from its start (all of
     /// them when `text` starts with its bytes; fewer when a later element was edited or
-    /// replaced, as a conversation's last turn may be), and how many.
-    fn find(&self, key: &([u8; 16], u64), text: &str) -> Option<(Arc<Known>, usize)> {
+    /// replaced, as a conversation's last turn may be), and those elements as slices of
+    /// `text`.
+    fn find<'a>(&self, key: &([u8; 16], u64), text: &'a str) -> Option<(Arc<Known>, Vec<&'a str>)> {
         let bucket: Vec<Arc<Known>> = {
             let table = self.table.lock().unwrap_or_else(PoisonError::into_inner);
             table.entries.get(key)?.clone()
@@ -145,11 +146,11 @@ impl ScanMemo {
         bucket
             .into_iter()
             .map(|k| {
-                let shared = k.shared(text.as_bytes());
+                let shared = k.shared(text);
                 (k, shared)
             })
-            .filter(|(_, shared)| *shared > 0)
-            .max_by_key(|(k, shared)| (*shared, k.bytes.len()))
+            .filter(|(_, shared)| !shared.is_empty())
+            .max_by_key(|(k, shared)| (shared.len(), k.bytes.len()))
     }
 
     /// Remembers the array `elements` were read from, replacing `extended` (the entry it
@@ -232,34 +233,46 @@ impl ScanMemo {
     }
 }
 
-impl Known {
-    /// How many of its elements `text` starts with: all when `text` starts with its bytes,
-    /// else those that end before the first differing byte with the byte after them (their
-    /// delimiter) the same too.
-    fn shared(&self, text: &[u8]) -> usize {
-        let common = common_prefix(&self.bytes, text);
-        if common == self.bytes.len() {
-            return self.spans.len();
-        }
-        self.spans
-            .partition_point(|&(at, len)| (at as usize + len as usize) < common)
-    }
+/// Bytes compared at a time by [`Known::shared`]: small enough that the elements within them
+/// are still in the first-level cache when they are sliced.
+const COMPARED: usize = 16 << 10;
 
-    /// Its first `n` elements as slices of `text`, which starts with their bytes, their counts,
-    /// and where the last ends.
-    fn read<'a>(&self, text: &'a str, n: usize) -> Result<Read<'a, Counts>, DialectError> {
-        let spans = self.spans.get(..n).unwrap_or(&self.spans);
-        let elements = spans
-            .iter()
-            .map(|&(at, len)| {
-                let (at, len) = (at as usize, len as usize);
-                text.get(at..at + len).ok_or(DialectError::Malformed { at })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let end = spans
-            .last()
-            .map_or(0, |&(at, len)| at as usize + len as usize);
-        Ok((elements, self.counts[..spans.len()].to_vec(), end))
+impl Known {
+    /// The elements `text` starts with, as slices of `text`: all of them when `text` starts
+    /// with its bytes, else those that end before the first differing byte with the byte after
+    /// them (their delimiter) the same too. The bytes are compared [`COMPARED`] at a time and
+    /// the elements within them sliced right after, while they are in cache: slicing a
+    /// 4 MB request's 15,000 elements after comparing it whole read each element's first and
+    /// last bytes from memory again.
+    fn shared<'a>(&self, text: &'a str) -> Vec<&'a str> {
+        let (old, new) = (&self.bytes[..], text.as_bytes());
+        let n = old.len().min(new.len());
+        let mut elements = Vec::new();
+        // `old[..equal]` and `new[..equal]` are the same; `differs` once a byte after them is not.
+        let (mut equal, mut differs) = (0, false);
+        for &(at, len) in &self.spans {
+            let (at, end) = (at as usize, at as usize + len as usize);
+            // The element and its delimiter (the array's last element has none here).
+            let needed = (end + 1).min(old.len());
+            while equal < needed && !differs {
+                let to = (equal + COMPARED).min(n);
+                if to > equal && old[equal..to] == new[equal..to] {
+                    equal = to;
+                } else {
+                    equal += common_prefix(&old[equal..to], &new[equal..to]);
+                    differs = true;
+                }
+            }
+            if equal < needed {
+                break;
+            }
+            // Never fails: these bytes are the remembered ones, which were text cut here.
+            match text.get(at..end) {
+                Some(element) => elements.push(element),
+                None => break,
+            }
+        }
+        elements
     }
 }
 
@@ -329,15 +342,22 @@ pub(crate) fn read_conversation<'a, T: Deserialize<'a> + Into<Counts>>(
         let (read, len) = read_array_after::<T, Counts>(text, &mut fast, None)?;
         return Ok((with_marks(read, Vec::new(), &marked), len));
     };
-    let found = m.memo.find(&key, text);
+    let (found, known) = match m.memo.find(&key, text) {
+        Some((k, elements)) => {
+            let n = elements.len();
+            let end = k
+                .spans
+                .get(n.saturating_sub(1))
+                .map_or(0, |&(at, len)| at as usize + len as usize);
+            let known: Read<'a, Counts> = (elements, k.counts[..n].to_vec(), end);
+            (Some((k, n)), Some(known))
+        }
+        None => (None, None),
+    };
     m.used.known.store(
         found.as_ref().map_or(0, |(_, shared)| *shared),
         Ordering::Relaxed,
     );
-    let known = found
-        .as_ref()
-        .map(|(k, shared)| k.read(text, *shared))
-        .transpose()?;
     let (read, len) = read_array_after::<T, Counts>(text, &mut fast, known)?;
     let read = with_marks(
         read,
@@ -475,7 +495,7 @@ mod tests {
             let array = &text[text[at..].find('[').map_or(0, |i| at + i)..];
             self.key(scope, array)
                 .and_then(|key| self.find(&key, array))
-                .map_or(0, |(_, shared)| shared)
+                .map_or(0, |(_, shared)| shared.len())
         }
     }
 
@@ -534,6 +554,53 @@ mod tests {
             let whole = body(dialect, &turns);
             let broken = Bytes::from([&whole[..whole.len() - 2], b"x}".as_slice()].concat());
             scan_both(&memo, scope, dialect, &broken)?;
+        }
+    }
+
+    /// A conversation several [`COMPARED`] blocks long, edited in the turn that spans each
+    /// block boundary, the turns around it, its first and its last: every element before the
+    /// edit is taken as read (the comparison goes on from block to block), none after it, and
+    /// the scan is the one made afresh.
+    #[test]
+    fn elements_across_compared_blocks_are_shared_up_to_the_first_edit() {
+        let dialect = DialectKind::ChatCompletions;
+        let turns: Vec<String> = (0..600)
+            .map(|i| format!("turn {i} é ").repeat(12))
+            .collect();
+        let whole = body(dialect, &turns);
+        let array = whole
+            .windows(12)
+            .position(|w| w == b"\"messages\":[")
+            .expect("messages")
+            + 11;
+        let scan = dialect
+            .scan(&whole, &LazyEstimator::default())
+            .expect("scan");
+        // Each turn's element (after the system prompt) from the array's `[`.
+        let spans: Vec<(usize, usize)> = scan.messages[1..]
+            .iter()
+            .map(|m| {
+                let at = m.as_ptr() as usize - whole.as_ptr() as usize - array;
+                (at, at + m.len())
+            })
+            .collect();
+        assert!(spans.last().expect("turns").1 > 3 * COMPARED);
+        let mut edits = vec![0, turns.len() - 1];
+        for boundary in (1..=3).map(|k| k * COMPARED) {
+            let i = spans
+                .iter()
+                .position(|&(_, end)| end >= boundary)
+                .expect("a turn across the boundary");
+            edits.extend([i - 1, i, i + 1]);
+        }
+        for i in edits {
+            let memo = ScanMemo::default();
+            let scope = [3; 16];
+            assert_eq!(scan_both(&memo, scope, dialect, &whole).expect("first"), 0);
+            let mut edited = turns.clone();
+            edited[i].push('!');
+            let known = scan_both(&memo, scope, dialect, &body(dialect, &edited)).expect("edited");
+            assert_eq!(known, i + 1, "edit in turn {i}, bytes {:?}", spans[i]);
         }
     }
 
