@@ -245,23 +245,33 @@ fn peak_rss(pid: u32) -> u64 {
 /// clients sending 1 MB chat bodies at once keep compactor's peak RSS under this.
 const RSS_BOUND: u64 = 64 * 1024 * 1024;
 
-#[tokio::test]
-async fn peak_rss_stays_bounded_while_32_clients_send_1_mb_bodies() {
-    let mock = answering_mock().await;
-    mock.set_recording(false);
+/// The compactor binary in front of `mock`, summarising with the extractive backend, with
+/// `settings` (TOML, continuing the `[server]` table) beside; the directory holds its config.
+async fn serve_extractive(mock: &MockUpstream, settings: &str) -> (tempfile::TempDir, Binary) {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = dir.path().join("compactor.toml");
     std::fs::write(
         &config,
         format!(
             "{}[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n\
-             max_buffered_bytes = 8388608\n[compaction]\nmax_messages = 40\n\
-             background_ratio = 0\n[summarizer]\nbackend = \"extractive\"\n",
+             {settings}[summarizer]\nbackend = \"extractive\"\n",
             upstream_toml(&mock.url())
         ),
     )
     .expect("config");
     let binary = Binary::serve_with_log(&config, dir.path(), "info").await;
+    (dir, binary)
+}
+
+#[tokio::test]
+async fn peak_rss_stays_bounded_while_32_clients_send_1_mb_bodies() {
+    let mock = answering_mock().await;
+    mock.set_recording(false);
+    let (_dir, binary) = serve_extractive(
+        &mock,
+        "max_buffered_bytes = 8388608\n[compaction]\nmax_messages = 40\nbackground_ratio = 0\n",
+    )
+    .await;
     let baseline = peak_rss(binary.pid);
     let url = format!("http://{}/v1/chat/completions", binary.proxy);
     // 60 messages of ~17 KB: about 1 MB, over max_messages (compacted when buffered).
@@ -341,19 +351,11 @@ fn agent_conversation(target: usize) -> Vec<u8> {
 async fn a_body_being_summarised_is_held_about_once() {
     let mock = answering_mock().await;
     mock.set_recording(false);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let config = dir.path().join("compactor.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "{}[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n\
-             [compaction]\nmax_messages = 100\nbackground_ratio = 0\n\
-             [summarizer]\nbackend = \"extractive\"\n",
-            upstream_toml(&mock.url())
-        ),
+    let (_dir, binary) = serve_extractive(
+        &mock,
+        "[compaction]\nmax_messages = 100\nbackground_ratio = 0\n",
     )
-    .expect("config");
-    let binary = Binary::serve_with_log(&config, dir.path(), "info").await;
+    .await;
     let baseline = peak_rss(binary.pid);
     let body = Bytes::from(agent_conversation(16 << 20));
     let got = TestClient::http1()
