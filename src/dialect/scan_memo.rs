@@ -188,18 +188,15 @@ impl ScanMemo {
         if start.checked_add(end).is_none_or(|stop| stop > body.len()) {
             return false;
         }
-        let spans: Option<Vec<(u32, u32)>> = elements
-            .iter()
-            .map(|e| {
-                Some((
-                    u32::try_from(offset(e)?).ok()?,
-                    u32::try_from(e.len()).ok()?,
-                ))
-            })
-            .collect();
-        let Some(spans) = spans else {
-            return false;
-        };
+        // Sized up front: collected through `Option`, the vector grew from nothing.
+        let mut spans = Vec::with_capacity(elements.len());
+        for e in elements {
+            let at = offset(e).and_then(|at| u32::try_from(at).ok());
+            let (Some(at), Ok(len)) = (at, u32::try_from(e.len())) else {
+                return false;
+            };
+            spans.push((at, len));
+        }
         let figures = spans.len()
             * (std::mem::size_of::<(u32, u32)>()
                 + std::mem::size_of::<Counts>()
