@@ -234,6 +234,11 @@ impl ScanMemo {
 /// are still in the first-level cache when they are sliced.
 const COMPARED: usize = 16 << 10;
 
+/// Elements a request is expected to add after those the memo knows (its new turn): the
+/// vectors of known elements and their counts are made with this much room, so that reading
+/// the new ones does not copy a 15,000-element vector into a larger one.
+const ROOM: usize = 8;
+
 impl Known {
     /// The elements `text` starts with, as slices of `text`: all of them when `text` starts
     /// with its bytes, else those that end before the first differing byte with the byte after
@@ -262,6 +267,10 @@ impl Known {
             }
             if equal < needed {
                 break;
+            }
+            if elements.is_empty() {
+                // Room for every remembered element and the few a request adds after them.
+                elements.reserve(self.spans.len() + ROOM);
             }
             // Never fails: these bytes are the remembered ones, which were text cut here.
             match text.get(at..end) {
@@ -346,7 +355,9 @@ pub(crate) fn read_conversation<'a, T: Deserialize<'a> + Into<Counts>>(
                 .spans
                 .get(n.saturating_sub(1))
                 .map_or(0, |&(at, len)| at as usize + len as usize);
-            let known: Read<'a, Counts> = (elements, k.counts[..n].to_vec(), end);
+            let mut counts = Vec::with_capacity(n + ROOM);
+            counts.extend_from_slice(&k.counts[..n]);
+            let known: Read<'a, Counts> = (elements, counts, end);
             (Some((k, n)), Some(known))
         }
         None => (None, None),
@@ -358,9 +369,11 @@ pub(crate) fn read_conversation<'a, T: Deserialize<'a> + Into<Counts>>(
     let (read, len) = read_array_after::<T, Counts>(text, &mut fast, known)?;
     let read = with_marks(
         read,
-        found
-            .as_ref()
-            .map_or_else(Vec::new, |(k, shared)| k.marks[..*shared].to_vec()),
+        found.as_ref().map_or_else(Vec::new, |(k, shared)| {
+            let mut marks = Vec::with_capacity(shared + ROOM);
+            marks.extend_from_slice(&k.marks[..*shared]);
+            marks
+        }),
         &marked,
     );
     if let Some(conversation) = &read {
