@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use compactor_plugin_api::Caller;
+use futures_util::FutureExt as _;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response};
 use http_body_util::{BodyExt, Empty, Full};
@@ -384,8 +385,8 @@ async fn forward(
 
 /// Counts what the provider billed for a response, when its model has a price (under the
 /// name its window is looked up by: a long-context request is priced as such, or not at all),
-/// and what the request as received would have cost; adds both to the session's totals, off
-/// the response path.
+/// and what the request as received would have cost; adds both to the session's totals (a
+/// store that waits on the network does it off the response path).
 fn bill(
     app: &Arc<App>,
     estimate: &ForwardedEstimate,
@@ -430,12 +431,18 @@ fn bill(
         return;
     };
     let (app, tenant, id) = (app.clone(), *tenant, id.clone());
-    runtime.spawn(async move {
+    let mut recording = Box::pin(async move {
         let store = app.pipeline.store();
         if let Err(e) = store.record_cost(tenant, &id, cost).await {
             tracing::debug!(error = %e, "session cost not recorded");
         }
     });
+    // The memory store records at once: a task only for a store that waits on the network
+    // (Redis). A task per request was a wake of a parked worker thread per request (a system
+    // call and a context switch on the other core) to add two numbers.
+    if (&mut recording).now_or_never().is_none() {
+        runtime.spawn(recording);
+    }
 }
 
 /// A successful request whose `usage` (input plus output) is more than the window it was
