@@ -204,6 +204,7 @@ enum Mark {
     Flag(u32),
 }
 
+#[inline]
 fn string_marks(dialect: DialectKind) -> &'static StringMarks {
     const USER_WORD: (&[u8], Mark) = (b"user", Mark::Flag(USER));
     const SUMMARY_WORD: (&[u8], Mark) = (PROVIDER_SUMMARY_WORD, Mark::Flag(SUMMARY));
@@ -252,28 +253,42 @@ fn string_marks(dialect: DialectKind) -> &'static StringMarks {
 /// pattern counts when the string ends with it, as every real output's `type` does
 /// (`"tool_result"`, `"function_call_output"`); a search also counts text that mentions one
 /// further in, which holds no output: fewer marks, never fewer than the outputs.
+///
+/// Most strings end otherwise than every pattern: one byte tells, inlined where the readers
+/// pass (a key and a value of every member of every message), and only a string that ends
+/// like a pattern is compared with them, out of line.
+#[inline]
 fn string_marks_of(dialect: DialectKind, inner: &[u8]) -> u32 {
-    let Some(&last) = inner.last() else {
-        return 0;
-    };
     let patterns = string_marks(dialect);
-    // Most strings end otherwise than every pattern: one byte tells, before any comparison.
-    if !patterns.last[usize::from(last)] {
-        return 0;
+    match inner.last() {
+        Some(&last) if patterns.last[usize::from(last)] => {
+            string_marks_compared(dialect, patterns, inner, last)
+        }
+        _ => 0,
     }
-    let before = |word: &[u8]| {
-        (word.last() == Some(&last))
-            .then(|| inner.strip_suffix(word))
-            .flatten()
-    };
+}
+
+/// [`string_marks_of`] for a string whose last byte ends a pattern.
+#[inline(never)]
+fn string_marks_compared(
+    dialect: DialectKind,
+    patterns: &StringMarks,
+    inner: &[u8],
+    last: u8,
+) -> u32 {
     let mut marks = 0;
     for &(word, mark) in patterns.quoted {
-        if before(word).is_some_and(|b| b.is_empty() || b.ends_with(b"\"")) {
+        // The string is the word, or ends with a quote (escaped) and the word: where the
+        // word would start tells, before the bytes are compared.
+        let quoted = inner.len().checked_sub(word.len()).is_some_and(|start| {
+            (start == 0 || inner.get(start - 1) == Some(&b'"')) && inner.ends_with(word)
+        });
+        if quoted {
             marks = add_marks(dialect, marks, found(mark));
         }
     }
     for &(word, mark) in patterns.ending {
-        if before(word).is_some() {
+        if word.last() == Some(&last) && inner.ends_with(word) {
             marks = add_marks(dialect, marks, found(mark));
         }
     }
@@ -311,17 +326,22 @@ impl MarksFound {
         MarksFound { dialect, marks: 0 }
     }
 
+    #[inline]
     pub(super) fn see(&mut self, piece: Piece<'_>) {
         let marks = match piece {
             Piece::Key(key) => string_marks_of(self.dialect, key.as_bytes()),
             Piece::Value(value) => value_marks(self.dialect, value),
         };
-        self.marks = add_marks(self.dialect, self.marks, marks);
+        // Adding none changes nothing (most pieces).
+        if marks != 0 {
+            self.marks = add_marks(self.dialect, self.marks, marks);
+        }
     }
 }
 
 /// The marks of one value of a message as written, for readers that read a message member by
 /// member: a string is tested at its end ([`string_marks_of`]), anything else searched.
+#[inline]
 fn value_marks(dialect: DialectKind, value: &str) -> u32 {
     match value.strip_prefix('"').and_then(|v| v.strip_suffix('"')) {
         Some(inner) => string_marks_of(dialect, inner.as_bytes()),
