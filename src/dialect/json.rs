@@ -459,6 +459,11 @@ pub(crate) fn fast_str(text: &str) -> Option<(&str, usize)> {
 /// Skips the value at the start of `text` (as [`IgnoredAny`]): the bytes it takes.
 pub(crate) fn fast_skip(text: &str) -> Option<usize> {
     if text.starts_with('"') {
+        // Most strings skipped are short and plain (roles, ids, names): found without
+        // weighing them.
+        if let Some((_, len)) = fast_str(text) {
+            return Some(len);
+        }
         if let Some((len, _)) = json_literal_weight(text.as_bytes()) {
             return Some(len);
         }
