@@ -337,7 +337,7 @@ impl MarksFound {
         MarksFound { dialect, marks: 0 }
     }
 
-    #[inline]
+    #[inline(always)]
     pub(super) fn see(&mut self, piece: Piece<'_>) {
         let marks = match piece {
             Piece::Key(key) => string_marks_of(self.dialect, key.as_bytes()),
@@ -352,7 +352,7 @@ impl MarksFound {
 
 /// The marks of one value of a message as written, for readers that read a message member by
 /// member: a string is tested at its end ([`string_marks_of`]), anything else searched.
-#[inline]
+#[inline(always)]
 fn value_marks(dialect: DialectKind, value: &str) -> u32 {
     match value.strip_prefix('"').and_then(|v| v.strip_suffix('"')) {
         Some(inner) => string_marks_of(dialect, inner.as_bytes()),
