@@ -508,6 +508,15 @@ const VALUE_STRUCTURE: [bool; 256] = {
     table
 };
 
+/// The bytes that matter at the top level outside strings: those of [`VALUE_STRUCTURE`], and
+/// the commas and colons between members.
+const MEMBER_STRUCTURE: [bool; 256] = {
+    let mut table = VALUE_STRUCTURE;
+    table[b',' as usize] = true;
+    table[b':' as usize] = true;
+    table
+};
+
 /// Incremental scan of one JSON document for its top-level `usage` value.
 #[derive(Debug, Default)]
 struct JsonScan {
@@ -537,21 +546,29 @@ impl JsonScan {
         let mut i = 0;
         while i < chunk.len() && !self.stopped {
             // Fast paths, copying what they pass over when capturing: a string's contents up
-            // to a quote or backslash, and, inside a value (depth 2 and more), everything up
-            // to a string or a bracket (only those matter there).
-            if self.in_string && !self.in_key && !self.escaped {
+            // to a quote or backslash (a key's noted too), and outside strings everything up
+            // to a string or a bracket, and at the top level a comma or colon (only those
+            // matter there).
+            if self.in_string && !self.escaped {
                 let n = memchr::memchr2(b'"', b'\\', &chunk[i..]);
-                if !self.keep_run(&chunk[i..i + n.unwrap_or(chunk.len() - i)]) {
+                let run = &chunk[i..i + n.unwrap_or(chunk.len() - i)];
+                if self.in_key {
+                    self.key_run(run);
+                }
+                if !self.keep_run(run) {
                     return;
                 }
                 match n {
                     Some(n) => i += n,
                     None => return,
                 }
-            } else if !self.in_string && self.depth >= 2 {
-                let n = chunk[i..]
-                    .iter()
-                    .position(|&b| VALUE_STRUCTURE[usize::from(b)]);
+            } else if !self.in_string && self.depth >= 1 {
+                let structure = if self.depth == 1 {
+                    &MEMBER_STRUCTURE
+                } else {
+                    &VALUE_STRUCTURE
+                };
+                let n = chunk[i..].iter().position(|&b| structure[usize::from(b)]);
                 if !self.keep_run(&chunk[i..i + n.unwrap_or(chunk.len() - i)]) {
                     return;
                 }
@@ -586,6 +603,18 @@ impl JsonScan {
         } else {
             self.key_byte(b);
         }
+    }
+
+    /// A run of a key's bytes (no quote or backslash among them).
+    fn key_run(&mut self, run: &[u8]) {
+        let take = run.len().min(self.key.len().saturating_sub(self.key_len));
+        if let (Some(to), Some(from)) = (
+            self.key.get_mut(self.key_len..self.key_len + take),
+            run.get(..take),
+        ) {
+            to.copy_from_slice(from);
+        }
+        self.key_len = self.key_len.saturating_add(run.len());
     }
 
     fn key_byte(&mut self, b: u8) {
