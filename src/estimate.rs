@@ -154,7 +154,7 @@ const _: () = assert!(CHUNK <= u8::MAX as usize);
 /// Bytes the class count's vector loop takes at a time (SSE2's 16 lanes, x86-64's baseline;
 /// also a multiple of NEON's and of AVX2's halves). [`CHUNK`] is a multiple of it.
 const LANES: usize = 16;
-const _: () = assert!(CHUNK.is_multiple_of(LANES));
+const _: () = assert!(CHUNK % LANES == 0);
 
 /// What [`Classes::count`] pads a text's last chunk with: a symbol (no class but ASCII counts
 /// it, and the count takes the chunk's length for that) above every control character (so
