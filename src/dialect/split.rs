@@ -87,6 +87,11 @@ pub(crate) fn read_array_with<'a, T: serde::Deserialize<'a>>(
     read_array_after::<T, T>(text, fast, None)
 }
 
+/// The bytes an element of a read array is first assumed to take, to size its vectors: about
+/// a short chat message (an agent's, carrying tool output, take more; then this is room to
+/// spare, a few bytes for every 512 of the body).
+const BYTES_PER_ELEMENT: usize = 512;
+
 /// Leading elements of an array already read: their slices and values, and where the last
 /// ends (from the array's `[`).
 pub(crate) type Read<'a, V> = (Vec<&'a str>, Vec<V>, usize);
@@ -118,7 +123,10 @@ pub(crate) fn read_array_after<'a, T: serde::Deserialize<'a> + Into<V>, V>(
             if b.get(i) == Some(&b']') {
                 return Ok((Some((Vec::new(), Vec::new())), i + 1));
             }
-            (Vec::with_capacity(64), Vec::with_capacity(64), i)
+            // Room for an element every `BYTES_PER_ELEMENT` bytes: from 64, the vectors of
+            // a 769-message request were copied into larger ones four times each.
+            let room = (b.len() / BYTES_PER_ELEMENT).clamp(64, 1 << 16);
+            (Vec::with_capacity(room), Vec::with_capacity(room), i)
         }
     };
     loop {
