@@ -619,10 +619,7 @@ impl JsonScan {
 
     fn key_byte(&mut self, b: u8) {
         if self.in_key {
-            if self.key_len < self.key.len() {
-                self.key[self.key_len] = b;
-            }
-            self.key_len = self.key_len.saturating_add(1);
+            self.key_run(&[b]);
         }
     }
 

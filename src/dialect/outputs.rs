@@ -268,8 +268,8 @@ fn string_marks(dialect: DialectKind) -> &'static StringMarks {
 /// further in, which holds no output: fewer marks, never fewer than the outputs.
 ///
 /// Most strings end otherwise than every pattern: the last byte, then the last two, tell,
-/// inlined where the readers pass (a key and a value of every member of every message), and only a string
-/// that ends like a pattern is compared with them, out of line.
+/// inlined where the readers pass (a key and a value of every member of every message), and
+/// only a string that ends like a pattern is compared with them, out of line.
 #[inline]
 fn string_marks_of(dialect: DialectKind, inner: &[u8]) -> u32 {
     let patterns = string_marks(dialect);
