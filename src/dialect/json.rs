@@ -24,7 +24,8 @@ use serde_json::Value;
 
 use super::split::{skip_ws, value};
 use crate::estimate::{
-    json_literal_weight, json_string_weight, json_weight, quote_or_backslash, text_weight, Counts,
+    json_literal_weight, json_string_weight, json_weight, quote_backslash_or_control, text_weight,
+    Counts,
 };
 
 /// The [`Visitor`] methods for the JSON scalars the model does not read (booleans, numbers,
@@ -450,10 +451,8 @@ fn fast_sequence<'a>(
 /// (keys, types, roles): its text and the bytes it takes.
 pub(crate) fn fast_str(text: &str) -> Option<(&str, usize)> {
     let inside = text.strip_prefix('"')?;
-    let len = quote_or_backslash(inside.as_bytes())?;
-    let inner = inside.get(..len)?;
-    (inside.as_bytes().get(len) == Some(&b'"') && !inner.bytes().any(|c| c < 0x20))
-        .then_some((inner, len + 2))
+    let len = quote_backslash_or_control(inside.as_bytes())?;
+    (inside.as_bytes().get(len) == Some(&b'"')).then_some((inside.get(..len)?, len + 2))
 }
 
 /// Skips the value at the start of `text` (as [`IgnoredAny`]): the bytes it takes.
