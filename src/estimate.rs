@@ -152,9 +152,10 @@ impl LazyEstimator {
     }
 }
 
-/// Bytes per chunk counted in byte lanes: a lane counts at most one per byte, so a `u8` cannot
-/// overflow up to 255. Each chunk ends by widening every counter, which at 64 bytes cost a
-/// quarter of the count; at 192 it is a few percent (instructions counted under callgrind).
+/// Bytes per chunk of the escapes' count ([`Escapes::pairs`]) and of [`json_literal_weight`]'s
+/// pass over a literal with escapes, counted in `u8` scalars: at most 255 each. Each chunk ends
+/// by widening every counter, which at 64 bytes cost a quarter of the count; at 192 it is a
+/// few percent (instructions counted under callgrind).
 const CHUNK: usize = 192;
 const _: () = assert!(CHUNK <= u8::MAX as usize);
 
@@ -163,7 +164,7 @@ const _: () = assert!(CHUNK <= u8::MAX as usize);
 const LANES: usize = 16;
 const _: () = assert!(CHUNK % LANES == 0);
 
-/// What [`Classes::count`] pads a text's last chunk with: a symbol (no class but ASCII counts
+/// What [`Classes::count`] pads a text's last block with: a symbol (no class but ASCII counts
 /// it, and the count takes the chunk's length for that) above every control character (so
 /// the lowest byte still tells whether the text held one).
 const PAD: u8 = b'!';
@@ -184,6 +185,116 @@ struct Classes {
     /// Backslashes (symbols; counted so a JSON string literal free of escapes is known
     /// without another pass).
     backslashes: usize,
+}
+
+/// Bytes per chunk of [`Classes::count`]: each of its [`LANES`] byte lanes counts at most one
+/// per [`LANES`] bytes, so a lane cannot overflow up to 255 of them.
+const LANE_CHUNK: usize = 255 * LANES;
+
+/// The class count's per-lane counters: lane `i` counts the bytes at `i` modulo [`LANES`],
+/// which is what a vector register's lanes do, so the compiler keeps each counter in one
+/// register (counted in `u8` scalars per chunk, the loop was unrolled into twice as many
+/// counters as registers hold, and widened every [`CHUNK`] bytes).
+struct Lanes {
+    letters: [u8; LANES],
+    blanks: [u8; LANES],
+    newlines: [u8; LANES],
+    digits: [u8; LANES],
+    backslashes: [u8; LANES],
+    any: [u8; LANES],
+    low: [u8; LANES],
+}
+
+impl Lanes {
+    fn new() -> Lanes {
+        Lanes {
+            letters: [0; LANES],
+            blanks: [0; LANES],
+            newlines: [0; LANES],
+            digits: [0; LANES],
+            backslashes: [0; LANES],
+            any: [0; LANES],
+            low: [u8::MAX; LANES],
+        }
+    }
+
+    /// Counts one block's ASCII classes (see [`Classes::count`] for `LITERAL`).
+    #[inline(always)]
+    fn ascii<const LITERAL: bool>(&mut self, block: &[u8; LANES]) {
+        for (i, &b) in block.iter().enumerate() {
+            // `| 0x20` folds upper case onto lower case; non-ASCII bytes land above `z`.
+            self.letters[i] += u8::from((b | 0x20).wrapping_sub(b'a') < 26);
+            self.digits[i] += u8::from(b.wrapping_sub(b'0') < 10);
+            self.any[i] |= b;
+            if LITERAL {
+                // The inside of a literal without escapes: tabs and line breaks are control
+                // characters, which make it invalid (the lowest byte tells), and it holds no
+                // backslash.
+                self.blanks[i] += u8::from(b == b' ');
+                self.low[i] = self.low[i].min(b);
+            } else {
+                self.blanks[i] += u8::from(b == b' ') | u8::from(b == b'\t');
+                self.newlines[i] += u8::from(b == b'\n') | u8::from(b == b'\r');
+                self.backslashes[i] += u8::from(b == b'\\');
+            }
+        }
+    }
+}
+
+/// The non-ASCII classes of a chunk, in lanes as [`Lanes`].
+struct WideLanes {
+    ascii: [u8; LANES],
+    non_ascii: [u8; LANES],
+    cjk: [u8; LANES],
+}
+
+impl WideLanes {
+    #[inline(always)]
+    fn count(&mut self, block: &[u8; LANES]) {
+        for (i, &b) in block.iter().enumerate() {
+            self.ascii[i] += u8::from(b < 0x80);
+            // A character's first byte is 0xC0 or above; continuation bytes are 0x80..0xC0.
+            self.non_ascii[i] += u8::from(b >= 0xC0);
+            // 0xE3..=0xEF starts U+3000..U+FFFF: CJK punctuation, kana, CJK ideographs, Yi,
+            // hangul, private use and the fullwidth forms (U+FF00..).
+            self.cjk[i] += u8::from(b.wrapping_sub(0xE3) < 13);
+        }
+    }
+}
+
+/// A lane counter's total.
+fn sum(lanes: &[u8; LANES]) -> usize {
+    lanes.iter().map(|&l| usize::from(l)).sum()
+}
+
+/// Whether any lane of `low` (the lowest byte each lane saw) is a control character, tested
+/// as one 128-bit word: a fold over the lanes compiled to sixteen scalar comparisons.
+fn any_control(low: [u8; LANES]) -> bool {
+    const ONES: u128 = u128::from_le_bytes([1; LANES]);
+    const HIGHS: u128 = u128::from_le_bytes([0x80; LANES]);
+    let x = u128::from_le_bytes(low);
+    // A lane below 0x20 borrows into its high bit; a borrow only reaches lanes above such a
+    // lane, so "any" is exact.
+    x.wrapping_sub(ONES * 0x20) & !x & HIGHS != 0
+}
+
+/// Whether any lane of `any` (the bytes each lane saw, or-ed) has its high bit set: whether
+/// the chunk held a non-ASCII byte.
+fn any_non_ascii(any: [u8; LANES]) -> bool {
+    u128::from_le_bytes(any) & u128::from_le_bytes([0x80; LANES]) != 0
+}
+
+/// The last partial block of `chunk` (its last `rest` bytes, 0 < `rest` < [`LANES`]) as a
+/// full one, padded with [`PAD`]. (Its last 16 bytes with those counted already replaced
+/// saved the copy, but the compiler then shuffled the loop's counters between registers at
+/// every block: 27 instructions a block for 22.)
+#[inline(always)]
+fn last_block(chunk: &[u8], rest: usize) -> [u8; LANES] {
+    let mut block = [PAD; LANES];
+    if let (Some(to), Some(from)) = (block.get_mut(..rest), chunk.get(chunk.len() - rest..)) {
+        to.copy_from_slice(from);
+    }
+    block
 }
 
 /// The backslash pairs of the inside of a JSON string literal, by what an escape with that
@@ -255,83 +366,77 @@ impl Classes {
     /// Counts `bytes` (valid UTF-8) in one pass.
     ///
     /// Each byte is tested by arithmetic comparisons, not a lookup table, so the loop
-    /// vectorises; counts go into byte lanes per [`CHUNK`] and are widened once per chunk
-    /// (summing straight into `usize` would widen every lane to 64 bits and process a few
-    /// bytes per step).
+    /// vectorises; counts go into byte lanes ([`Lanes`]) and are widened once per
+    /// [`LANE_CHUNK`] (summing straight into `usize` would widen every lane to 64 bits and
+    /// process a few bytes per step).
     fn of(bytes: &[u8]) -> Classes {
         Classes::count::<false>(bytes).0
     }
 
-    /// The pass itself, and with `LOWEST` the lowest byte seen, or [`PAD`] when every byte is
-    /// above it (`u8::MAX` without: a JSON literal may hold no control character unescaped,
-    /// and [`json_literal_weight`] needs no other pass to know; elsewhere the comparison would
-    /// cost 5% for nothing). Most text an agent sends is ASCII: the ASCII classes are counted
-    /// first, noting on the way whether any byte was not, and only such a chunk is read again
-    /// (from the first-level cache) for the three classes of non-ASCII bytes. (Before, a
-    /// whole-text `is_ascii` pass chose between two counts: a pass more over every literal, 9%
-    /// of a scan of plain messages.)
+    /// The pass itself, and with `LITERAL` whether a control character (below 0x20) was seen:
+    /// a JSON literal may hold none unescaped, and [`json_literal_weight`] needs no other pass
+    /// to know (elsewhere the test would cost 5% for nothing). Most text an agent sends is
+    /// ASCII: the ASCII classes are counted first, noting on the way whether any byte was
+    /// not, and only such a chunk is read again (from the first-level cache) for the three
+    /// classes of non-ASCII bytes. (Before, a whole-text `is_ascii` pass chose between two
+    /// counts: a pass more over every literal, 9% of a scan of plain messages.)
     ///
-    /// The last chunk of a text is counted from a copy padded with [`PAD`] to a multiple of 16
-    /// bytes, which no class but ASCII counts: the loop's vector body then does all the work.
-    /// Left to the compiler's epilogues, the last few bytes were counted one at a time (about
-    /// twenty instructions each) after a narrower vector loop, a fixed cost per literal that
-    /// most message texts, a few hundred bytes long, paid in full.
-    fn count<const LOWEST: bool>(bytes: &[u8]) -> (Classes, u8) {
+    /// Counts go into [`Lanes`], widened once per [`LANE_CHUNK`] bytes (once per text for
+    /// most). A text's last partial block is counted from a copy padded with [`PAD`], which
+    /// no class but ASCII counts: the vector body does all the work.
+    /// Left to the compiler's epilogues, the last few bytes were counted one at a time
+    /// (about twenty instructions each), a fixed cost per literal that most message texts,
+    /// a few hundred bytes long, paid in full.
+    fn count<const LITERAL: bool>(bytes: &[u8]) -> (Classes, bool) {
         let mut total = Classes::default();
-        let mut lowest = u8::MAX;
-        let mut padded = [PAD; CHUNK];
-        for chunk in bytes.chunks(CHUNK) {
-            let lanes = chunk.len().next_multiple_of(LANES);
-            let counted = match padded.get_mut(..chunk.len()) {
-                Some(copy) if lanes != chunk.len() => {
-                    copy.copy_from_slice(chunk);
-                    padded.get(..lanes).unwrap_or(chunk)
+        let mut control = false;
+        for chunk in bytes.chunks(LANE_CHUNK) {
+            let mut lanes = Lanes::new();
+            let mut blocks = chunk.chunks_exact(LANES);
+            for block in blocks.by_ref() {
+                if let Ok(block) = <&[u8; LANES]>::try_from(block) {
+                    lanes.ascii::<LITERAL>(block);
                 }
-                _ => chunk,
+            }
+            let rest = blocks.remainder().len();
+            let last = (rest > 0).then(|| last_block(chunk, rest));
+            if let Some(last) = &last {
+                lanes.ascii::<LITERAL>(last);
+            }
+            if LITERAL {
+                control |= any_control(lanes.low);
+            }
+            total.letters += sum(&lanes.letters);
+            total.blanks += sum(&lanes.blanks);
+            total.digits += sum(&lanes.digits);
+            if !LITERAL {
+                total.newlines += sum(&lanes.newlines);
+                total.backslashes += sum(&lanes.backslashes);
+            }
+            if !any_non_ascii(lanes.any) {
+                total.ascii += chunk.len();
+                continue;
+            }
+            let mut wide = WideLanes {
+                ascii: [0; LANES],
+                non_ascii: [0; LANES],
+                cjk: [0; LANES],
             };
-            let (mut letters, mut blanks, mut newlines, mut digits) = (0u8, 0u8, 0u8, 0u8);
-            let (mut backslashes, mut any, mut low) = (0u8, 0u8, u8::MAX);
-            for &b in counted {
-                // `| 0x20` folds upper case onto lower case; non-ASCII bytes land above `z`.
-                letters += u8::from((b | 0x20).wrapping_sub(b'a') < 26);
-                digits += u8::from(b.wrapping_sub(b'0') < 10);
-                any |= b;
-                if LOWEST {
-                    // The inside of a literal without escapes: tabs and line breaks are
-                    // control characters, which make it invalid (the lowest byte tells), and
-                    // it holds no backslash.
-                    blanks += u8::from(b == b' ');
-                    low = low.min(b);
-                } else {
-                    blanks += u8::from(b == b' ') | u8::from(b == b'\t');
-                    newlines += u8::from(b == b'\n') | u8::from(b == b'\r');
-                    backslashes += u8::from(b == b'\\');
+            for block in chunk.chunks_exact(LANES) {
+                if let Ok(block) = <&[u8; LANES]>::try_from(block) {
+                    wide.count(block);
                 }
             }
-            lowest = lowest.min(low);
-            let (mut ascii, mut non_ascii, mut cjk) = (chunk.len() as u8, 0u8, 0u8);
-            if any >= 0x80 {
-                ascii = 0;
-                for &b in chunk {
-                    ascii += u8::from(b < 0x80);
-                    // A character's first byte is 0xC0 or above; continuation bytes are
-                    // 0x80..0xC0.
-                    non_ascii += u8::from(b >= 0xC0);
-                    // 0xE3..=0xEF starts U+3000..U+FFFF: CJK punctuation, kana, CJK
-                    // ideographs, Yi, hangul, private use and the fullwidth forms (U+FF00..).
-                    cjk += u8::from(b.wrapping_sub(0xE3) < 13);
-                }
+            if let Some(last) = &last {
+                wide.count(last);
             }
-            total.letters += usize::from(letters);
-            total.blanks += usize::from(blanks);
-            total.newlines += usize::from(newlines);
-            total.digits += usize::from(digits);
-            total.ascii += usize::from(ascii);
-            total.non_ascii += usize::from(non_ascii);
-            total.cjk += usize::from(cjk);
-            total.backslashes += usize::from(backslashes);
+            // The padding is ASCII.
+            let padding = if rest > 0 { LANES - rest } else { 0 };
+            total.ascii += sum(&wide.ascii) - padding;
+            total.non_ascii += sum(&wide.non_ascii);
+            total.cjk += sum(&wide.cjk);
         }
-        (total, lowest)
+        (total, control)
     }
 
     /// The counts of a literal's text from those of its raw bytes and its escapes, when every
@@ -440,8 +545,8 @@ pub fn json_literal_weight(text: &[u8]) -> Option<(usize, usize)> {
     // tenth of a scan as a word-at-a-time loop).
     let first = memchr::memchr2(b'"', b'\\', inside)?;
     if inside.get(first) == Some(&b'"') {
-        let (classes, lowest) = Classes::count::<true>(inside.get(..first)?);
-        if lowest < 0x20 {
+        let (classes, control) = Classes::count::<true>(inside.get(..first)?);
+        if control {
             return None;
         }
         return Some((first + 2, classes.weight()));
@@ -636,7 +741,8 @@ mod tests {
 
     #[test]
     fn the_count_crosses_chunks_at_every_offset() {
-        for prefix in 0..2 * CHUNK {
+        // Both chunk sizes: the escapes' and the class count's lanes'.
+        for prefix in (0..2 * CHUNK).chain(LANE_CHUNK - 2 * LANES..LANE_CHUNK + 2 * LANES) {
             let s = format!("{}{}", "a".repeat(prefix), "é日🦀x 1,\n".repeat(50));
             let expected = prefix * LETTER_WEIGHT
                 + 50 * (2 * OTHER_WEIGHT
