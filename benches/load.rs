@@ -24,7 +24,9 @@
 //! `LOAD_ROUNDS` (default 3) the rounds; the default run takes about 4 minutes.
 //! `LOAD_WORKLOADS` picks a subset by name, comma-separated: `1kb`, `200kb`, `stream` (default
 //! all); the goals of workloads left out are not checked. E.g.
-//! `LOAD_WORKLOADS=stream LOAD_ROUNDS=5 cargo bench --bench load`.
+//! `LOAD_WORKLOADS=stream LOAD_ROUNDS=5 cargo bench --bench load`. `LOAD_BASELINE`, the path
+//! of another compactor binary (the build before a change), adds it as a target of its own,
+//! `baseline`, configured as `compactor`: before and after in one run.
 //!
 //! Tools, each optional: nginx (on `PATH` or `/usr/sbin/nginx`) serves the fake provider as a
 //! fixed `return 200` answer (the streamed workload: a static file, chosen by the
@@ -93,6 +95,9 @@ enum Kind {
     Nginx,
     PassThrough,
     Compactor,
+    /// Another build of compactor (`LOAD_BASELINE`), configured as `Compactor`: a change
+    /// measured against the build before it in one run.
+    Baseline,
     LiteLlm,
 }
 
@@ -103,6 +108,7 @@ impl Kind {
             Kind::Nginx => "nginx",
             Kind::PassThrough => "pass-through",
             Kind::Compactor => "compactor",
+            Kind::Baseline => "baseline",
             Kind::LiteLlm => "litellm",
         }
     }
@@ -609,11 +615,17 @@ fn start_compactor(
          [compaction]\nenabled = {}\nmax_messages = 1000000\n\n\
          [summarizer]\nbackend = \"extractive\"\n\n\
          [models.\"{MODEL}\"]\ncontext_window = 10000000\n",
-        kind == Kind::Compactor
+        kind != Kind::PassThrough
     );
     let path = dir.join("compactor.toml");
     fs::write(&path, config).expect("write compactor.toml");
-    let mut command = Command::new(COMPACTOR);
+    let binary = match kind {
+        Kind::Baseline => {
+            std::env::var_os("LOAD_BASELINE").expect("LOAD_BASELINE: a compactor binary")
+        }
+        _ => COMPACTOR.into(),
+    };
+    let mut command = Command::new(binary);
     command
         .arg("serve")
         .arg("--config")
@@ -1172,6 +1184,15 @@ fn main() {
         Kind::Compactor,
     );
     targets.push(compactor);
+    if std::env::var_os("LOAD_BASELINE").is_some() {
+        let (baseline, _) = start_compactor(
+            &mut children,
+            &dir.path().join("baseline"),
+            &provider,
+            Kind::Baseline,
+        );
+        targets.push(baseline);
+    }
     match &litellm {
         Some(litellm) => targets.push(start_litellm(
             &mut children,
