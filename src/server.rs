@@ -33,11 +33,9 @@ use crate::error::Error;
 use crate::{admin, proxy};
 
 mod activity;
-mod self_wake;
 mod send_timeout;
 mod slots;
 
-use self_wake::SelfWake;
 use send_timeout::SendTimeout;
 use slots::{Reserved, Slot, Slots};
 
@@ -180,11 +178,7 @@ impl Server {
                 slot: slot.occupy(),
                 _drain: drain_tx.clone(),
             };
-            // hyper wakes an HTTP/1 connection's task from within when it hands its handler a
-            // body frame: served in place, not as a yield that wakes the other worker.
-            tokio::spawn(SelfWake::new(Box::pin(
-                connection.serve(stream, peer, listener, tls),
-            )));
+            tokio::spawn(connection.serve(stream, peer, listener, tls));
         }
 
         drop(proxy);
