@@ -20,6 +20,7 @@
 pub mod answer;
 pub mod chat;
 pub mod gemini;
+mod halves;
 pub(crate) mod json;
 pub mod messages;
 pub mod outputs;
