@@ -20,7 +20,6 @@
 pub mod answer;
 pub mod chat;
 pub mod gemini;
-mod halves;
 pub(crate) mod json;
 pub mod messages;
 pub mod outputs;

@@ -27,9 +27,8 @@ use bytes::Bytes;
 use serde::Deserialize;
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
-use super::halves;
 use super::outputs::marks;
-use super::split::Read;
+use super::split::{read_array_after, Read};
 use super::{DialectError, DialectKind};
 use crate::estimate::Counts;
 
@@ -317,9 +316,18 @@ pub(crate) type FastRead = (Counts, usize, Option<u32>);
 pub(crate) fn read_conversation<'a, T: Deserialize<'a> + Into<Counts>>(
     dialect: DialectKind,
     text: &'a str,
-    fast: impl Fn(&'a str) -> Option<FastRead> + Copy + Send,
+    mut fast: impl FnMut(&'a str) -> Option<FastRead>,
     memo: Option<&Remembering<'_>>,
 ) -> Result<(Option<Conversation<'a>>, usize), DialectError> {
+    // The marks `fast` found, by the address of their element (in the array's order).
+    let mut marked: Vec<(usize, u32)> = Vec::new();
+    let mut fast = |element: &'a str| {
+        let (counts, len, marks) = fast(element)?;
+        if let Some(marks) = marks {
+            marked.push((element.as_ptr() as usize, marks));
+        }
+        Some((counts, len))
+    };
     let with_marks = |read: Option<(Vec<&'a str>, Vec<Counts>)>,
                       mut known: Vec<u32>,
                       marked: &[(usize, u32)]| {
@@ -337,7 +345,7 @@ pub(crate) fn read_conversation<'a, T: Deserialize<'a> + Into<Counts>>(
         })
     };
     let Some((m, key)) = memo.and_then(|m| Some((m, m.memo.key(&m.scope, text)?))) else {
-        let ((read, len), marked, _) = halves::read::<T, _>(text, fast, None, halves::MIN_BYTES)?;
+        let (read, len) = read_array_after::<T, Counts>(text, &mut fast, None)?;
         return Ok((with_marks(read, Vec::new(), &marked), len));
     };
     let (found, known) = match m.memo.find(&key, text) {
@@ -358,7 +366,7 @@ pub(crate) fn read_conversation<'a, T: Deserialize<'a> + Into<Counts>>(
         found.as_ref().map_or(0, |(_, shared)| *shared),
         Ordering::Relaxed,
     );
-    let ((read, len), marked, _) = halves::read::<T, _>(text, fast, known, halves::MIN_BYTES)?;
+    let (read, len) = read_array_after::<T, Counts>(text, &mut fast, known)?;
     let read = with_marks(
         read,
         found.as_ref().map_or_else(Vec::new, |(k, shared)| {

@@ -102,49 +102,26 @@ pub(crate) type Read<'a, V> = (Vec<&'a str>, Vec<V>, usize);
 #[allow(clippy::type_complexity)]
 pub(crate) fn read_array_after<'a, T: serde::Deserialize<'a> + Into<V>, V>(
     text: &'a str,
-    fast: impl FnMut(&'a str) -> Option<(V, usize)>,
-    known: Option<Read<'a, V>>,
-) -> Result<(Option<(Vec<&'a str>, Vec<V>)>, usize), DialectError> {
-    match read_array_until::<T, V>(text, fast, known, usize::MAX)? {
-        Until::Done(read, len) => Ok((read, len)),
-        // No element starts at `usize::MAX`.
-        Until::At(read) => Err(malformed(read.2)),
-    }
-}
-
-/// Where [`read_array_until`] stopped.
-pub(crate) enum Until<'a, V> {
-    /// At the array's end (or a `null`): what [`read_array_after`] answers.
-    Done(Option<(Vec<&'a str>, Vec<V>)>, usize),
-    /// Before the first element that starts at or after the given offset: the elements read
-    /// and where the next one starts (not where the last ends).
-    At(Read<'a, V>),
-}
-
-/// [`read_array_after`] that stops before the first element starting at or after `until`.
-pub(crate) fn read_array_until<'a, T: serde::Deserialize<'a> + Into<V>, V>(
-    text: &'a str,
     mut fast: impl FnMut(&'a str) -> Option<(V, usize)>,
     known: Option<Read<'a, V>>,
-    until: usize,
-) -> Result<Until<'a, V>, DialectError> {
+) -> Result<(Option<(Vec<&'a str>, Vec<V>)>, usize), DialectError> {
     let b = text.as_bytes();
     if b.starts_with(b"null") {
-        return Ok(Until::Done(None, 4));
+        return Ok((None, 4));
     }
     expect(b, 0, b'[')?;
-    let (mut elements, mut values, i) = match known {
+    let (mut elements, mut values, mut i) = match known {
         Some((elements, values, end)) if !elements.is_empty() => {
             // Right after an element: a delimiter.
             match next(b, skip_ws(b, end))? {
                 Next::Element(i) => (elements, values, i),
-                Next::End(len) => return Ok(Until::Done(Some((elements, values)), len)),
+                Next::End(len) => return Ok((Some((elements, values)), len)),
             }
         }
         _ => {
             let i = skip_ws(b, 1);
             if b.get(i) == Some(&b']') {
-                return Ok(Until::Done(Some((Vec::new(), Vec::new())), i + 1));
+                return Ok((Some((Vec::new(), Vec::new())), i + 1));
             }
             // Room for an element every `BYTES_PER_ELEMENT` bytes: from 64, the vectors of
             // a 769-message request were copied into larger ones four times each.
@@ -152,39 +129,7 @@ pub(crate) fn read_array_until<'a, T: serde::Deserialize<'a> + Into<V>, V>(
             (Vec::with_capacity(room), Vec::with_capacity(room), i)
         }
     };
-    match read_elements::<T, V>(text, i, &mut fast, &mut elements, &mut values, until, None)? {
-        Reached::End(len) => Ok(Until::Done(Some((elements, values)), len)),
-        Reached::At(i) => Ok(Until::At((elements, values, i))),
-    }
-}
-
-/// Where [`read_elements`] stopped.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Reached {
-    /// The array's end: the bytes the array took from its `[`.
-    End(usize),
-    /// The start of an element not read: at or after `until`, or the first after `stop` was
-    /// set.
-    At(usize),
-}
-
-/// Reads the elements of the array in `text` from `i`, an element's start, into `elements`
-/// and `values`, up to the array's end or the first element that starts at or after `until`,
-/// or (checked between elements) until `stop` is set.
-pub(crate) fn read_elements<'a, T: serde::Deserialize<'a> + Into<V>, V>(
-    text: &'a str,
-    mut i: usize,
-    fast: &mut impl FnMut(&'a str) -> Option<(V, usize)>,
-    elements: &mut Vec<&'a str>,
-    values: &mut Vec<V>,
-    until: usize,
-    stop: Option<&std::sync::atomic::AtomicBool>,
-) -> Result<Reached, DialectError> {
-    let b = text.as_bytes();
     loop {
-        if i >= until || stop.is_some_and(|s| s.load(std::sync::atomic::Ordering::Relaxed)) {
-            return Ok(Reached::At(i));
-        }
         let rest = text.get(i..).ok_or_else(|| malformed(i))?;
         let len = match fast(rest) {
             Some((value, len)) => {
@@ -202,7 +147,7 @@ pub(crate) fn read_elements<'a, T: serde::Deserialize<'a> + Into<V>, V>(
         elements.push(slice(text, i, i + len)?);
         match next(b, skip_ws(b, i + len))? {
             Next::Element(next) => i = next,
-            Next::End(len) => return Ok(Reached::End(len)),
+            Next::End(len) => return Ok((Some((elements, values)), len)),
         }
     }
 }
