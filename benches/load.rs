@@ -256,12 +256,14 @@ fn stop(child: &mut Child) {
     let _ = child.wait();
 }
 
-/// `LOAD_SECS`, `LOAD_ROUNDS` and `LOAD_WORKLOADS`.
+/// `LOAD_SECS`, `LOAD_ROUNDS`, `LOAD_WORKLOADS` and `LOAD_BASELINE`.
 struct Settings {
     secs: u64,
     rounds: usize,
     /// The workloads to run, by key; `None`: all.
     workloads: Option<Vec<String>>,
+    /// Another compactor binary to run as the `baseline` target.
+    baseline: Option<PathBuf>,
 }
 
 impl Settings {
@@ -284,6 +286,7 @@ impl Settings {
                     .filter(|w| !w.is_empty())
                     .collect()
             }),
+            baseline: std::env::var_os("LOAD_BASELINE").map(PathBuf::from),
         }
     }
 }
@@ -602,6 +605,7 @@ fn start_compactor(
     dir: &Path,
     provider: &str,
     kind: Kind,
+    binary: &Path,
 ) -> (Target, u16) {
     fs::create_dir_all(dir).expect("compactor dir");
     let ports = free_ports(2);
@@ -619,12 +623,6 @@ fn start_compactor(
     );
     let path = dir.join("compactor.toml");
     fs::write(&path, config).expect("write compactor.toml");
-    let binary = match kind {
-        Kind::Baseline => {
-            std::env::var_os("LOAD_BASELINE").expect("LOAD_BASELINE: a compactor binary")
-        }
-        _ => COMPACTOR.into(),
-    };
     let mut command = Command::new(binary);
     command
         .arg("serve")
@@ -1175,6 +1173,7 @@ fn main() {
         &dir.path().join("pass-through"),
         &provider,
         Kind::PassThrough,
+        Path::new(COMPACTOR),
     );
     targets.push(pass_through);
     let (compactor, compactor_admin) = start_compactor(
@@ -1182,14 +1181,16 @@ fn main() {
         &dir.path().join("compactor"),
         &provider,
         Kind::Compactor,
+        Path::new(COMPACTOR),
     );
     targets.push(compactor);
-    if std::env::var_os("LOAD_BASELINE").is_some() {
+    if let Some(binary) = &settings.baseline {
         let (baseline, _) = start_compactor(
             &mut children,
             &dir.path().join("baseline"),
             &provider,
             Kind::Baseline,
+            binary,
         );
         targets.push(baseline);
     }
