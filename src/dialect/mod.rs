@@ -19,6 +19,7 @@
 
 pub mod answer;
 pub mod chat;
+pub mod early;
 pub mod gemini;
 pub(crate) mod json;
 pub mod messages;

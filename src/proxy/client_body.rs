@@ -49,7 +49,9 @@ pub struct Streaming {
 /// reserves in `budget` what the body may need (see [`super::budget`]), waiting for it up to
 /// `timeout`; a body the budget cannot hold (declared beyond it, or no room in time) is
 /// streamed through, and beyond `limit` ends in 413 all the same: the answer to a body over
-/// the limit never depends on other traffic.
+/// the limit never depends on other traffic. While a declared body arrives, `arriving` is
+/// given the bytes received so far after each chunk that leaves it incomplete, to read ahead
+/// in them ([`crate::dialect::early`]).
 pub async fn read(
     mut body: Incoming,
     headers: &HeaderMap,
@@ -57,6 +59,7 @@ pub async fn read(
     timeout: Duration,
     budget: &Arc<BufferBudget>,
     pool: &Arc<BodyPool>,
+    mut arriving: impl FnMut(&[u8]),
 ) -> Result<Read, Error> {
     let declared = headers
         .get(header::CONTENT_LENGTH)
@@ -121,8 +124,11 @@ pub async fn read(
             }));
         }
         len += data.len();
-        if declared.is_some() {
+        if let Some(declared) = declared {
             whole.extend_from_slice(&data);
+            if len < declared {
+                arriving(&whole);
+            }
         } else {
             chunks.push(data);
         }
