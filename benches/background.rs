@@ -81,7 +81,6 @@ async fn run(background_ratio: f64) -> (Vec<Duration>, Vec<Duration>) {
         let body = Bytes::from(json!({"model": "gpt-4o", "messages": messages}).to_string());
         // One client request: its own budget of summarizer calls.
         let context = RequestContext {
-            early: None,
             caller: &caller,
             session_header: None,
             long_context: false,

@@ -122,7 +122,6 @@ fn compaction(c: &mut Criterion) {
     for n in [100usize, 1_000, 10_000] {
         let body = Bytes::from(request("gpt-4o", conversation(n, 400)));
         let context = RequestContext {
-            early: None,
             caller: &caller,
             session_header: None,
             long_context: false,
@@ -183,7 +182,6 @@ fn hot_path(c: &mut Criterion) {
     group.throughput(Throughput::Bytes(body.len() as u64));
     let shared = Bytes::from(body.clone());
     let context = RequestContext {
-        early: None,
         caller: &caller,
         session_header: None,
         long_context: false,
@@ -228,7 +226,6 @@ fn small_request(c: &mut Criterion) {
     });
     let body = Bytes::from(request("gpt-4o-mini", conversation(4, 200)));
     let context = RequestContext {
-        early: None,
         caller: &caller,
         session_header: None,
         long_context: false,
@@ -267,7 +264,6 @@ fn agent_request(c: &mut Criterion) {
     messages.extend(conversation(8, 300).into_iter().skip(2));
     let body = Bytes::from(request("gpt-4o", messages));
     let context = RequestContext {
-        early: None,
         caller: &caller,
         session_header: None,
         long_context: false,

@@ -94,7 +94,6 @@ async fn measure(
     for (name, pipeline) in stores {
         let attempts = Attempts::per_request();
         let fresh = RequestContext {
-            early: None,
             attempts: &attempts,
             ..*context
         };
@@ -158,7 +157,6 @@ async fn main() {
         api: DialectKind::ChatCompletions.api(),
     });
     let context = RequestContext {
-        early: None,
         caller: &caller,
         session_header: None,
         long_context: false,

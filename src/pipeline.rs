@@ -51,7 +51,6 @@ use crate::compaction::trigger::{BackgroundOutcome, CompactionOutcome, Limits, T
 use crate::compaction::{Attempts, CompactionResult, MAX_ATTEMPTS_PER_REQUEST};
 use crate::config::{Config, Mode, Price, Strategy};
 use crate::cost::{cached_prefix, Bill, Repeats};
-use crate::dialect::early::Early;
 use crate::dialect::reply::first_reply;
 use crate::dialect::scan_memo::{MemoUse, Remembering, ScanMemo};
 use crate::dialect::{DialectError, DialectKind, Scan};
@@ -85,8 +84,6 @@ pub struct RequestContext<'a> {
     pub attempts: &'a Attempts,
     /// The request's own `x-compactor-mode` header, when it sent a valid one.
     pub mode: Option<Mode>,
-    /// What was read of the body's conversation while it arrived ([`Pipeline::early`]).
-    pub early: Option<&'a Early>,
 }
 
 /// The outcome of one request plus the session it belongs to.
@@ -458,18 +455,6 @@ impl Pipeline {
     /// read.
     pub fn enabled(&self) -> bool {
         self.enabled
-    }
-
-    /// A conversation to read as its body of `dialect` arrives from `caller` ([`Early`]):
-    /// `None` when chat bodies are not read at all.
-    pub fn early(&self, dialect: DialectKind, caller: &Caller) -> Option<Early> {
-        self.enabled
-            .then(|| Early::new(dialect, TenantId::from_caller(caller).0))
-    }
-
-    /// Reads ahead in `arrived`, the part of a body received so far ([`Early::read`]).
-    pub fn read_early(&self, early: &mut Early, arrived: &[u8]) {
-        early.read(&self.scan_memo, arrived);
     }
 
     /// The per-model calibration table.

@@ -237,15 +237,6 @@ async fn forward(
     let mut recorded = None;
     let body = match dialect {
         Some(dialect) if app.pipeline_for(resolved.route).enabled() => 'chat: {
-            let pipeline = app.pipeline_for(resolved.route);
-            let caller = Arc::new(caller(
-                &parts.headers,
-                parts.uri.query(),
-                &resolved,
-                dialect,
-            ));
-            // The conversation is read as far as it has arrived while the rest is on its way.
-            let mut early = pipeline.early(dialect, &caller);
             let read = client_body::read(
                 body,
                 &parts.headers,
@@ -253,11 +244,6 @@ async fn forward(
                 app.config.client_timeout(),
                 &app.buffers,
                 &app.bodies,
-                |arrived| {
-                    if let Some(early) = &mut early {
-                        pipeline.read_early(early, arrived);
-                    }
-                },
             )
             .await?;
             let (original, held) = match read {
@@ -268,6 +254,12 @@ async fn forward(
                     break 'chat streaming.into_body(app.config.client_timeout());
                 }
             };
+            let caller = Arc::new(caller(
+                &parts.headers,
+                parts.uri.query(),
+                &resolved,
+                dialect,
+            ));
             let session_header = parts
                 .headers
                 .get(app.config.session.header.as_str())
@@ -277,14 +269,16 @@ async fn forward(
             // a refusal for length gets what this one leaves.
             let attempts = Attempts::per_request();
             let context = RequestContext {
-                early: early.as_ref(),
                 caller: &caller,
                 session_header: session_header.as_deref(),
                 long_context: long_context(&parts.headers),
                 attempts: &attempts,
                 mode,
             };
-            let mut processed = pipeline.handle(dialect, &original, &context).await;
+            let mut processed = app
+                .pipeline_for(resolved.route)
+                .handle(dialect, &original, &context)
+                .await;
             let cohort = processed.cohort;
             overhead.exclude(processed.summarizer_time);
             estimate = processed.estimate.take();
@@ -731,7 +725,6 @@ async fn retry_after_refusal(
         );
     }
     let context = RequestContext {
-        early: None,
         caller: &retry.caller,
         session_header: retry.session_header.as_deref(),
         long_context: long_context(&retry.headers),

@@ -705,7 +705,6 @@ impl Replayer {
                 api: step.dialect.api(),
             });
             let context = RequestContext {
-                early: None,
                 caller: &caller,
                 session_header: None,
                 long_context: false,

@@ -387,7 +387,6 @@ async fn a_reload_moves_the_proxy_from_shadow_to_enforce() {
         async move {
             let attempts = Attempts::per_request();
             let context = RequestContext {
-                early: None,
                 caller: &caller,
                 session_header: None,
                 long_context: false,

@@ -26,7 +26,7 @@ use super::json::{
     StrWeightVisitor, TextWeight,
 };
 use super::outputs::{fields_of, holds, replaceable, string, MarksFound, WireOutput, MARKERS};
-use super::scan_memo::{read_conversation, FastRead, Remembering};
+use super::scan_memo::{read_conversation, Remembering};
 use super::split::{decode, field, object_fields, present, value};
 use super::{DialectError, DialectKind, Scan, ScanFields};
 use crate::estimate::{
@@ -43,6 +43,7 @@ pub fn scan<'a>(
 ) -> Result<Scan<'a>, DialectError> {
     let mut conversation = None;
     let fields = object_fields(body, "messages", |rest| {
+        let fast = |m| fast_message(m).map(|(stats, len, marks)| (stats.0, len, Some(marks)));
         let (read, len) =
             read_conversation::<MessageStats>(DialectKind::ChatCompletions, rest, fast, memo)?;
         conversation = read;
@@ -74,16 +75,6 @@ pub fn scan<'a>(
         marks,
         fields,
     ))
-}
-
-/// One message at the start of `rest`, read as [`scan`] reads it (see [`super::early`]).
-pub(super) fn element(rest: &str) -> Result<(Counts, usize, u32), DialectError> {
-    super::early::read_with::<MessageStats>(DialectKind::ChatCompletions, rest, fast)
-}
-
-/// A message read by hand when plain, with the output marks found on the way.
-fn fast(text: &str) -> Option<FastRead> {
-    fast_message(text).map(|(stats, len, marks)| (stats.0, len, Some(marks)))
 }
 
 /// One wire message in neutral form.

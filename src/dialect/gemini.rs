@@ -38,7 +38,7 @@ use super::json::{
     Rules,
 };
 use super::outputs::{self, fields_of, holds, MarksFound, WireOutput, MARKERS};
-use super::scan_memo::{read_conversation, FastRead, Remembering};
+use super::scan_memo::{read_conversation, Remembering};
 use super::split::{decode, field, object_fields, present, read_array};
 use super::{DialectError, DialectKind, Scan, ScanFields};
 use crate::estimate::{Counts, LazyEstimator};
@@ -115,6 +115,7 @@ pub fn scan<'a>(
 ) -> Result<Scan<'a>, DialectError> {
     let mut conversation = None;
     let fields = object_fields(body, "contents", |rest| {
+        let fast = |m| fast_entry(m).map(|(stats, len, marks)| (stats.0, len, Some(marks)));
         let (read, len) = read_conversation::<EntryStats>(DialectKind::Gemini, rest, fast, memo)?;
         conversation = read;
         Ok(len)
@@ -276,16 +277,6 @@ struct WireResponse<'a> {
     name: Option<Value>,
     #[serde(borrow, default)]
     response: Option<&'a RawValue>,
-}
-
-/// One entry at the start of `rest`, read as [`scan`] reads it (see [`super::early`]).
-pub(super) fn element(rest: &str) -> Result<(Counts, usize, u32), DialectError> {
-    super::early::read_with::<EntryStats>(DialectKind::Gemini, rest, fast)
-}
-
-/// An entry read by hand when plain, with the output marks found on the way.
-fn fast(text: &str) -> Option<FastRead> {
-    fast_entry(text).map(|(stats, len, marks)| (stats.0, len, Some(marks)))
 }
 
 /// One entry in neutral form.

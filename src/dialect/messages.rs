@@ -38,7 +38,7 @@ use super::json::{
     Rules,
 };
 use super::outputs::{self, fields_of, holds, replaceable, MarksFound, WireOutput, MARKERS};
-use super::scan_memo::{read_conversation, FastRead, Remembering};
+use super::scan_memo::{read_conversation, Remembering};
 use super::split::{decode, field, object_fields, present, read_array};
 use super::{DialectError, DialectKind, Scan, ScanFields};
 use crate::estimate::{Counts, LazyEstimator};
@@ -75,6 +75,7 @@ pub fn scan<'a>(
 ) -> Result<Scan<'a>, DialectError> {
     let mut conversation = None;
     let fields = object_fields(body, "messages", |rest| {
+        let fast = |m| fast_message(m).map(|(stats, len, marks)| (stats.0, len, Some(marks)));
         let (read, len) =
             read_conversation::<MessageStats>(DialectKind::Messages, rest, fast, memo)?;
         conversation = read;
@@ -181,16 +182,6 @@ struct WireMessage<'a> {
     role: String,
     #[serde(borrow, default)]
     content: Option<&'a RawValue>,
-}
-
-/// One message at the start of `rest`, read as [`scan`] reads it (see [`super::early`]).
-pub(super) fn element(rest: &str) -> Result<(Counts, usize, u32), DialectError> {
-    super::early::read_with::<MessageStats>(DialectKind::Messages, rest, fast)
-}
-
-/// A message read by hand when plain, with the output marks found on the way.
-fn fast(text: &str) -> Option<FastRead> {
-    fast_message(text).map(|(stats, len, marks)| (stats.0, len, Some(marks)))
 }
 
 /// One wire message in neutral form.

@@ -19,7 +19,6 @@
 
 pub mod answer;
 pub mod chat;
-pub mod early;
 pub mod gemini;
 pub(crate) mod json;
 pub mod messages;

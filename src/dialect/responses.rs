@@ -36,7 +36,7 @@ use super::json::NodeSeed;
 use super::json::{as_tokens, fast_node, leaf_weight, node_counts, Rules, StrWeight};
 use super::outputs;
 use super::outputs::{fields_of, holds, replaceable, string, MarksFound, WireOutput, MARKERS};
-use super::scan_memo::{read_conversation, FastRead, Remembering};
+use super::scan_memo::{read_conversation, Remembering};
 use super::split::{decode, field, object_fields, present, value_len};
 use super::{DialectError, DialectKind, Scan, ScanFields};
 use crate::estimate::{Counts, LazyEstimator};
@@ -78,6 +78,12 @@ pub fn scan<'a>(
         if !rest.starts_with('[') {
             return value_len(rest);
         }
+        // Items read by hand when plain (`super::json::fast_node`), by serde otherwise.
+        let fast = |item| {
+            let mut found = MarksFound::new(DialectKind::Responses);
+            let (counts, len) = fast_node(item, &RULES, 0, &mut |p| found.see(p))?;
+            Some((counts, len, Some(found.marks)))
+        };
         let (read, len) =
             read_conversation::<ItemCounts>(DialectKind::Responses, rest, fast, memo)?;
         read_items = read;
@@ -119,18 +125,6 @@ pub fn scan<'a>(
         marks,
         fields,
     ))
-}
-
-/// One input item at the start of `rest`, read as [`scan`] reads it (see [`super::early`]).
-pub(super) fn element(rest: &str) -> Result<(Counts, usize, u32), DialectError> {
-    super::early::read_with::<ItemCounts>(DialectKind::Responses, rest, fast)
-}
-
-/// An item read by hand when plain (`super::json::fast_node`), by serde otherwise, with the output marks found on the way.
-fn fast(text: &str) -> Option<FastRead> {
-    let mut found = MarksFound::new(DialectKind::Responses);
-    let (counts, len) = fast_node(text, &RULES, 0, &mut |p| found.see(p))?;
-    Some((counts, len, Some(found.marks)))
 }
 
 /// What the model reads of one input item, counted as a node.

@@ -27,7 +27,6 @@ use bytes::Bytes;
 use serde::Deserialize;
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
-use super::early::Early;
 use super::outputs::marks;
 use super::split::{read_array_after, Read};
 use super::{DialectError, DialectKind};
@@ -67,12 +66,12 @@ struct Table {
 /// One array as read: its bytes up to the end of its last element, and each element's place
 /// (from the `[`) and counts.
 #[derive(Debug)]
-pub(super) struct Known {
+struct Known {
     bytes: Bytes,
-    pub(super) spans: Vec<(u32, u32)>,
-    pub(super) counts: Vec<Counts>,
+    spans: Vec<(u32, u32)>,
+    counts: Vec<Counts>,
     /// Each element's output marks ([`marks`]).
-    pub(super) marks: Vec<u32>,
+    marks: Vec<u32>,
     /// What keeping it costs: the whole body `bytes` is a slice of, and the figures above.
     held: usize,
 }
@@ -114,8 +113,6 @@ pub struct Remembering<'m> {
     pub body: &'m Bytes,
     pub scope: [u8; 16],
     pub used: &'m MemoUse,
-    /// What was read of the body's conversation while the body was arriving.
-    pub early: Option<&'m Early>,
 }
 
 /// What the memo did for one request, for the counterfactual cost's repeat check (the
@@ -132,7 +129,7 @@ pub struct MemoUse {
 }
 
 impl ScanMemo {
-    pub(super) fn key(&self, scope: &[u8; 16], text: &str) -> Option<([u8; 16], u64)> {
+    fn key(&self, scope: &[u8; 16], text: &str) -> Option<([u8; 16], u64)> {
         let start = text.as_bytes().get(..KEY_BYTES)?;
         Some((*scope, xxh3_64_with_seed(start, self.seed ^ xxh3_64(scope))))
     }
@@ -141,11 +138,7 @@ impl ScanMemo {
     /// them when `text` starts with its bytes; fewer when a later element was edited or
     /// replaced, as a conversation's last turn may be), and those elements as slices of
     /// `text`.
-    pub(super) fn find<'a>(
-        &self,
-        key: &([u8; 16], u64),
-        text: &'a str,
-    ) -> Option<(Arc<Known>, Vec<&'a str>)> {
+    fn find<'a>(&self, key: &([u8; 16], u64), text: &'a str) -> Option<(Arc<Known>, Vec<&'a str>)> {
         let bucket: Vec<Arc<Known>> = {
             let table = self.table.lock().unwrap_or_else(PoisonError::into_inner);
             table.entries.get(key)?.clone()
@@ -153,7 +146,7 @@ impl ScanMemo {
         bucket
             .into_iter()
             .map(|k| {
-                let shared = k.shared(text, 0);
+                let shared = k.shared(text);
                 (k, shared)
             })
             .filter(|(_, shared)| !shared.is_empty())
@@ -244,61 +237,22 @@ const COMPARED: usize = 16 << 10;
 /// Elements a request is expected to add after those the memo knows (its new turn): the
 /// vectors of known elements and their counts are made with this much room, so that reading
 /// the new ones does not copy a 15,000-element vector into a larger one.
-pub(super) const ROOM: usize = 8;
+const ROOM: usize = 8;
 
 impl Known {
     /// The elements `text` starts with, as slices of `text`: all of them when `text` starts
     /// with its bytes, else those that end before the first differing byte with the byte after
-    /// them (their delimiter) the same too. The first `trusted` are known to be shared (found
-    /// so on a prefix of `text`): they are sliced, not compared again. The bytes are compared
-    /// [`COMPARED`] at a time and the elements within them sliced right after, while they are
-    /// in cache: slicing a 4 MB request's 15,000 elements after comparing it whole read each
-    /// element's first and last bytes from memory again.
-    pub(super) fn shared<'a>(&self, text: &'a str, trusted: usize) -> Vec<&'a str> {
-        let mut elements = Vec::new();
-        self.compare(text.as_bytes(), trusted, 0, |at, end| {
-            if elements.is_empty() {
-                // Room for every remembered element and the few a request adds after them.
-                elements.reserve(self.spans.len() + ROOM);
-            }
-            // Never fails: these bytes are the remembered ones, which were text cut here.
-            match text.get(at..end) {
-                Some(element) => {
-                    elements.push(element);
-                    true
-                }
-                None => false,
-            }
-        });
-        elements
-    }
-
-    /// How many elements `new` (an array's bytes from its `[`, which may end anywhere) shares
-    /// with it as [`Known::shared`] counts them, the first `trusted` known to be.
-    pub(super) fn shared_count(&self, new: &[u8], trusted: usize) -> usize {
-        trusted + self.compare(new, trusted, trusted, |_, _| true)
-    }
-
-    /// Compares `new` with its bytes, after the first `trusted` elements (known to be the
-    /// same), and calls `each` with the place of each shared element from the `from`th on
-    /// (`false` stops); answers how many it was called for.
-    fn compare(
-        &self,
-        new: &[u8],
-        trusted: usize,
-        from: usize,
-        mut each: impl FnMut(usize, usize) -> bool,
-    ) -> usize {
-        let old = &self.bytes[..];
+    /// them (their delimiter) the same too. The bytes are compared [`COMPARED`] at a time and
+    /// the elements within them sliced right after, while they are in cache: slicing a
+    /// 4 MB request's 15,000 elements after comparing it whole read each element's first and
+    /// last bytes from memory again.
+    fn shared<'a>(&self, text: &'a str) -> Vec<&'a str> {
+        let (old, new) = (&self.bytes[..], text.as_bytes());
         let n = old.len().min(new.len());
+        let mut elements = Vec::new();
         // `old[..equal]` and `new[..equal]` are the same; `differs` once a byte after them is not.
-        let mut equal = match trusted.checked_sub(1).and_then(|last| self.spans.get(last)) {
-            Some(&(at, len)) => (at as usize + len as usize + 1).min(n),
-            None => 0,
-        };
-        let mut differs = false;
-        let mut shared = 0;
-        for &(at, len) in self.spans.get(from..).unwrap_or_default() {
+        let (mut equal, mut differs) = (0, false);
+        for &(at, len) in &self.spans {
             let (at, end) = (at as usize, at as usize + len as usize);
             // The element and its delimiter (the array's last element has none here).
             let needed = (end + 1).min(old.len());
@@ -311,12 +265,20 @@ impl Known {
                     differs = true;
                 }
             }
-            if equal < needed || !each(at, end) {
+            if equal < needed {
                 break;
             }
-            shared += 1;
+            if elements.is_empty() {
+                // Room for every remembered element and the few a request adds after them.
+                elements.reserve(self.spans.len() + ROOM);
+            }
+            // Never fails: these bytes are the remembered ones, which were text cut here.
+            match text.get(at..end) {
+                Some(element) => elements.push(element),
+                None => break,
+            }
         }
-        shared
+        elements
     }
 }
 
@@ -337,30 +299,6 @@ fn common_prefix(a: &[u8], b: &[u8]) -> usize {
         .zip(&b[at..n])
         .take_while(|(x, y)| x == y)
         .count()
-}
-
-/// Leading elements of a conversation array known before it is read: the memo's entry that
-/// vouches for the first of them and how many (for the memo's books), the elements (as
-/// [`read_array_after`] takes them), and their output marks.
-pub(super) type Prior<'a> = (
-    Option<(Arc<Known>, usize)>,
-    Option<Read<'a, Counts>>,
-    Vec<u32>,
-);
-
-/// What the memo's entry `k` says of `elements`, the leading elements a text shares with it
-/// ([`Known::shared`]); its vectors have `room` for more.
-pub(super) fn from_memo<'a>(k: Arc<Known>, elements: Vec<&'a str>, room: usize) -> Prior<'a> {
-    let n = elements.len();
-    let end = k
-        .spans
-        .get(n.saturating_sub(1))
-        .map_or(0, |&(at, len)| at as usize + len as usize);
-    let mut counts = Vec::with_capacity(n + room);
-    counts.extend_from_slice(&k.counts[..n]);
-    let mut marks = Vec::with_capacity(n + room);
-    marks.extend_from_slice(&k.marks[..n]);
-    (Some((k, n)), Some((elements, counts, end)), marks)
 }
 
 /// A conversation array as read: each element's slice, counts and output marks.
@@ -410,20 +348,34 @@ pub(crate) fn read_conversation<'a, T: Deserialize<'a> + Into<Counts>>(
         let (read, len) = read_array_after::<T, Counts>(text, &mut fast, None)?;
         return Ok((with_marks(read, Vec::new(), &marked), len));
     };
-    // What this body's early read took (after the memo's elements it found then), else the memo.
-    let (found, known, known_marks) = match m.early.and_then(|e| e.taken(dialect, m.body, text)) {
-        Some(taken) => taken,
-        None => match m.memo.find(&key, text) {
-            Some((k, elements)) => from_memo(k, elements, ROOM),
-            None => (None, None, Vec::new()),
-        },
+    let (found, known) = match m.memo.find(&key, text) {
+        Some((k, elements)) => {
+            let n = elements.len();
+            let end = k
+                .spans
+                .get(n.saturating_sub(1))
+                .map_or(0, |&(at, len)| at as usize + len as usize);
+            let mut counts = Vec::with_capacity(n + ROOM);
+            counts.extend_from_slice(&k.counts[..n]);
+            let known: Read<'a, Counts> = (elements, counts, end);
+            (Some((k, n)), Some(known))
+        }
+        None => (None, None),
     };
     m.used.known.store(
         found.as_ref().map_or(0, |(_, shared)| *shared),
         Ordering::Relaxed,
     );
     let (read, len) = read_array_after::<T, Counts>(text, &mut fast, known)?;
-    let read = with_marks(read, known_marks, &marked);
+    let read = with_marks(
+        read,
+        found.as_ref().map_or_else(Vec::new, |(k, shared)| {
+            let mut marks = Vec::with_capacity(shared + ROOM);
+            marks.extend_from_slice(&k.marks[..*shared]);
+            marks
+        }),
+        &marked,
+    );
     if let Some(conversation) = &read {
         let held = m
             .memo
@@ -434,7 +386,7 @@ pub(crate) fn read_conversation<'a, T: Deserialize<'a> + Into<Counts>>(
 }
 
 #[cfg(test)]
-pub(super) mod tests {
+mod tests {
     use super::*;
     use crate::dialect::{DialectKind, Scan};
     use crate::estimate::LazyEstimator;
@@ -443,7 +395,7 @@ pub(super) mod tests {
 
     /// A request of `dialect` holding `turns` (alternating user and assistant, as each
     /// dialect writes them) after a system prompt long enough to key the memo.
-    pub(in crate::dialect) fn body(dialect: DialectKind, turns: &[String]) -> Bytes {
+    fn body(dialect: DialectKind, turns: &[String]) -> Bytes {
         let system = "You are a careful agent. ".repeat(40);
         let role = |i: usize| if i % 2 == 0 { "user" } else { "assistant" };
         let v = match dialect {
@@ -487,9 +439,7 @@ pub(super) mod tests {
     }
 
     /// What a scan says of a request, to compare one made with the memo and one without.
-    pub(in crate::dialect) fn figures(
-        scan: &Scan<'_>,
-    ) -> (Vec<String>, Vec<usize>, Vec<u32>, usize, usize) {
+    fn figures(scan: &Scan<'_>) -> (Vec<String>, Vec<usize>, Vec<u32>, usize, usize) {
         (
             scan.messages.iter().map(|m| m.to_string()).collect(),
             scan.message_tokens.clone(),
@@ -515,7 +465,6 @@ pub(super) mod tests {
             body,
             scope,
             used: &used,
-            early: None,
         };
         let with = dialect.scan_remembering(&at, &est).map(|s| figures(&s));
         let without = dialect.scan(body, &est).map(|s| figures(&s));
@@ -545,7 +494,7 @@ pub(super) mod tests {
 
     impl ScanMemo {
         /// How many leading elements of `body`'s conversation the memo holds.
-        pub(in crate::dialect) fn known(&self, scope: &[u8; 16], body: &Bytes) -> usize {
+        fn known(&self, scope: &[u8; 16], body: &Bytes) -> usize {
             let text = std::str::from_utf8(body).expect("utf-8");
             let Some(at) = text
                 .find("\"messages\":")
@@ -707,7 +656,6 @@ pub(super) mod tests {
                 body: b,
                 scope,
                 used: &used,
-                early: None,
             };
             dialect.scan_remembering(&at, &est).expect("scan");
         };

@@ -131,8 +131,19 @@ pub(crate) fn read_array_after<'a, T: serde::Deserialize<'a> + Into<V>, V>(
     };
     loop {
         let rest = text.get(i..).ok_or_else(|| malformed(i))?;
-        let (value, len) = read_element::<T, V>(rest, &mut fast).map_err(|e| at(e, i))?;
-        values.push(value);
+        let len = match fast(rest) {
+            Some((value, len)) => {
+                values.push(value);
+                len
+            }
+            None => {
+                let mut stream = serde_json::Deserializer::from_str(rest).into_iter::<T>();
+                values.push(stream.next().ok_or_else(|| malformed(i))??.into());
+                // The stream stops right after the element: it looks no further than a
+                // delimiter.
+                stream.byte_offset()
+            }
+        };
         elements.push(slice(text, i, i + len)?);
         match next(b, skip_ws(b, i + len))? {
             Next::Element(next) => i = next,
@@ -141,31 +152,8 @@ pub(crate) fn read_array_after<'a, T: serde::Deserialize<'a> + Into<V>, V>(
     }
 }
 
-/// The element at the start of `rest`: its value (by `fast`, else decoded by serde as `T`) and
-/// the bytes it takes. An element that is not JSON is an error found at 0.
-pub(crate) fn read_element<'a, T: serde::Deserialize<'a> + Into<V>, V>(
-    rest: &'a str,
-    fast: &mut impl FnMut(&'a str) -> Option<(V, usize)>,
-) -> Result<(V, usize), DialectError> {
-    if let Some(read) = fast(rest) {
-        return Ok(read);
-    }
-    let mut stream = serde_json::Deserializer::from_str(rest).into_iter::<T>();
-    let value = stream.next().ok_or_else(|| malformed(0))??.into();
-    // The stream stops right after the element: it looks no further than a delimiter.
-    Ok((value, stream.byte_offset()))
-}
-
-/// `e` found `at` bytes further into the text.
-fn at(e: DialectError, at: usize) -> DialectError {
-    match e {
-        DialectError::Malformed { at: within } => malformed(at + within),
-        e => e,
-    }
-}
-
 /// What follows an array element.
-pub(crate) enum Next {
+enum Next {
     /// Another element, starting here.
     Element(usize),
     /// The array's end: the bytes it took.
@@ -173,7 +161,7 @@ pub(crate) enum Next {
 }
 
 /// The delimiter at `i`, after an element.
-pub(crate) fn next(b: &[u8], i: usize) -> Result<Next, DialectError> {
+fn next(b: &[u8], i: usize) -> Result<Next, DialectError> {
     match b.get(i) {
         Some(b',') => Ok(Next::Element(skip_ws(b, i + 1))),
         Some(b']') => Ok(Next::End(i + 1)),

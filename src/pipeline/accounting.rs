@@ -84,7 +84,6 @@ impl Pipeline {
         let shadow = self.shadow.as_ref()?;
         let attempts = Attempts::per_request();
         let context = RequestContext {
-            early: None,
             mode: Some(Mode::Enforce),
             attempts: &attempts,
             ..*context

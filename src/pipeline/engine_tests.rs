@@ -584,7 +584,6 @@ async fn a_long_context_request_is_summarised_within_the_usual_window() {
     let body = json!({"model": "tiny", "max_tokens": 10, "messages": messages}).to_string();
     let caller = caller();
     let context = RequestContext {
-        early: None,
         caller: &caller,
         session_header: None,
         long_context: true,

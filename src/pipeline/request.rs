@@ -13,7 +13,6 @@ impl Pipeline {
         caller: &Arc<Caller>,
     ) -> Outcome {
         let context = RequestContext {
-            early: None,
             caller,
             session_header: None,
             long_context: false,
@@ -62,7 +61,6 @@ impl Pipeline {
             body,
             scope: tenant.0,
             used: &used,
-            early: context.early,
         };
         let scan = match dialect.scan_remembering(&remembering, self.engine.estimator()) {
             Ok(scan) => scan.with_model_from_prefix(&context.caller.api_prefix),

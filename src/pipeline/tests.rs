@@ -28,7 +28,6 @@ async fn session_of_request(
     messages: Vec<Value>,
 ) -> String {
     let context = RequestContext {
-        early: None,
         caller,
         session_header: None,
         long_context: false,
@@ -522,7 +521,6 @@ async fn a_manual_compaction_not_stored_answers_and_counts_the_same() {
         ..Caller::default()
     });
     let context = RequestContext {
-        early: None,
         caller: &caller,
         session_header: Some("manual-not-stored"),
         long_context: false,
@@ -653,7 +651,6 @@ async fn turns_that_waited(pacing: bool, output_lines: usize) -> (Vec<usize>, us
     let mut waited = Vec::new();
     for turn in 0..120 {
         let context = RequestContext {
-            early: None,
             caller: &caller,
             session_header: None,
             long_context: false,
@@ -742,7 +739,6 @@ async fn a_request_over_the_trigger_goes_on_while_its_summary_is_made_if_it_fits
         async move {
             tokio::time::sleep(Duration::from_millis(500)).await;
             let context = RequestContext {
-                early: None,
                 caller: &caller,
                 session_header: None,
                 long_context: false,
@@ -810,7 +806,6 @@ async fn cost_compactions(toml: &str, model: &str) -> (Vec<usize>, Option<usize>
     let (mut spliced, mut largest) = (Vec::new(), 0);
     for turn in 0..60 {
         let context = RequestContext {
-            early: None,
             caller: &caller,
             session_header: None,
             long_context: false,

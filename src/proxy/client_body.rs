@@ -49,9 +49,7 @@ pub struct Streaming {
 /// reserves in `budget` what the body may need (see [`super::budget`]), waiting for it up to
 /// `timeout`; a body the budget cannot hold (declared beyond it, or no room in time) is
 /// streamed through, and beyond `limit` ends in 413 all the same: the answer to a body over
-/// the limit never depends on other traffic. While a declared body arrives, `arriving` is
-/// given the bytes received so far after each chunk that leaves it incomplete, to read ahead
-/// in them ([`crate::dialect::early`]).
+/// the limit never depends on other traffic.
 pub async fn read(
     mut body: Incoming,
     headers: &HeaderMap,
@@ -59,7 +57,6 @@ pub async fn read(
     timeout: Duration,
     budget: &Arc<BufferBudget>,
     pool: &Arc<BodyPool>,
-    mut arriving: impl FnMut(&[u8]),
 ) -> Result<Read, Error> {
     let declared = headers
         .get(header::CONTENT_LENGTH)
@@ -124,11 +121,8 @@ pub async fn read(
             }));
         }
         len += data.len();
-        if let Some(declared) = declared {
+        if declared.is_some() {
             whole.extend_from_slice(&data);
-            if len < declared {
-                arriving(&whole);
-            }
         } else {
             chunks.push(data);
         }
