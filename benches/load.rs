@@ -22,8 +22,9 @@
 //!
 //! Run: `cargo bench --bench load`. `LOAD_SECS` (default 3) sets the seconds per measurement,
 //! `LOAD_ROUNDS` (default 3) the rounds; the default run takes about 4 minutes.
-//! `LOAD_WORKLOADS` picks a subset by name, comma-separated: `1kb`, `200kb`, `stream` (default
-//! all); the goals of workloads left out are not checked. E.g.
+//! `LOAD_WORKLOADS` picks a subset by name, comma-separated: `1kb`, `200kb`, `200kb-new`,
+//! `4mb-new`, `4mb-tail`, `stream` (default all); the goals of workloads left out are not
+//! checked. E.g.
 //! `LOAD_WORKLOADS=stream LOAD_ROUNDS=5 cargo bench --bench load`. `LOAD_BASELINE`, the path
 //! of another compactor binary (the build before a change), adds it as a target of its own,
 //! `baseline`, configured as `compactor`: before and after in one run.
